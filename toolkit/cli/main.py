@@ -1,0 +1,71 @@
+"""`hpc` entry point: the command groups, the --debug flag, and the one place errors become exit codes.
+
+Exit codes: 0 success, 1 a failure or invalid input found, 2 a usage error (Typer/Click's own).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import typer
+
+from toolkit import __version__
+from toolkit.cli import cluster, recipes
+
+# rich_markup_mode=None keeps help rendering plain and cheap: `hpc --help` must stay instant.
+app = typer.Typer(
+    name="hpc",
+    help="Distributed deep-learning training on Slurm clusters built with AWS ParallelCluster.",
+    no_args_is_help=True,
+    rich_markup_mode=None,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+)
+app.add_typer(cluster.app, name="cluster")
+app.add_typer(recipes.app, name="recipes")
+
+_debug = False
+
+
+def _version(value: bool) -> None:
+    if value:
+        print(f"hpc {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    debug: bool = typer.Option(False, "--debug", help="Show a traceback on errors."),
+    version: bool = typer.Option(False, "--version", callback=_version, is_eager=True, help="Print the version."),
+) -> None:
+    global _debug
+    _debug = debug
+
+
+def _report(message: str, fix: str | None) -> None:
+    sys.stderr.write(f"error: {message}\n")
+    if fix:
+        sys.stderr.write(f"  fix: {fix}\n")
+    if "--json" in sys.argv:
+        sys.stdout.write(json.dumps({"ok": False, "error": message, "fix": fix}) + "\n")
+
+
+def main() -> None:
+    from toolkit.errors import HpcError
+
+    try:
+        app()
+    except HpcError as exc:
+        if _debug:
+            raise
+        _report(exc.message, exc.fix)
+        sys.exit(exc.exit_code)
+    except KeyboardInterrupt:
+        sys.stderr.write("interrupted\n")
+        sys.exit(130)
+    except Exception as exc:  # an unexpected fault: one line, the traceback only with --debug
+        if _debug:
+            raise
+        _report(f"internal error: {type(exc).__name__}: {exc}", "re-run with --debug and report the traceback")
+        sys.exit(1)

@@ -1,0 +1,1 @@
+"""ParallelCluster configs: build (queues -> YAML), validate (offline), and read back into queues."""

@@ -1,0 +1,111 @@
+"""A cluster's Slurm queues as the job side needs them, read from a ParallelCluster v3 config.
+
+Toolkit-specific queue settings ride on the queue's own ParallelCluster `Tags` (the schema allows them and
+they are applied to the instances, so they are visible on the cluster too):
+  hpc:efa-stack       modern | legacy | none  (which EFA/NCCL environment the nodes' software wants)
+  hpc:ranks-per-node  ranks per node on a CPU queue (GPU queues use one rank per GPU)
+  hpc:cpus-per-task   overrides vCPUs / ranks (the local test cluster's nodes share two real cores)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any, Literal
+
+from toolkit.catalog import InstanceType, instance
+from toolkit.errors import HpcError
+
+EfaStack = Literal["modern", "legacy", "none"]
+EFA_STACKS = ("modern", "legacy", "none")
+HEAD_NODE_CONFIG = Path("/opt/parallelcluster/shared/cluster-config.yaml")
+TAG_EFA_STACK = "hpc:efa-stack"
+TAG_RANKS_PER_NODE = "hpc:ranks-per-node"
+TAG_CPUS_PER_TASK = "hpc:cpus-per-task"
+
+
+@dataclasses.dataclass(frozen=True)
+class Queue:
+    name: str
+    instance_type: str
+    max_nodes: int
+    efa_stack: EfaStack = "modern"
+    ranks_per_node: int | None = None
+    cpus_per_task_override: int | None = None
+    fsx_mount: str | None = None
+
+    @property
+    def instance(self) -> InstanceType:
+        return instance(self.instance_type)
+
+    @property
+    def gpus_per_node(self) -> int:
+        return self.instance.gpus if self.instance.accelerator != "none" else 0
+
+    @property
+    def tasks_per_node(self) -> int:
+        """One rank per GPU on accelerator queues; the declared count (default 1) on CPU queues."""
+        if self.gpus_per_node:
+            return self.gpus_per_node
+        return self.ranks_per_node or 1
+
+    @property
+    def cpus_per_task(self) -> int:
+        return self.cpus_per_task_override or max(1, self.instance.vcpus // self.tasks_per_node)
+
+
+def default_queue() -> Queue:
+    """The queue assumed when no cluster config is given or found: one p3dn.24xlarge queue."""
+    return Queue(name="p3dn", instance_type="p3dn.24xlarge", max_nodes=16, efa_stack="modern", fsx_mount="/fsx")
+
+
+def _tags(section: dict[str, Any]) -> dict[str, str]:
+    return {str(t.get("Key")): str(t.get("Value")) for t in section.get("Tags") or [] if isinstance(t, dict)}
+
+
+def queues_from_config(config: dict[str, Any], source: str = "<config>") -> dict[str, Queue]:
+    """Queues of a ParallelCluster v3 config dict, by name (first compute resource's instance type)."""
+    fsx_mount = next(
+        (s.get("MountDir") for s in config.get("SharedStorage") or [] if s.get("StorageType") == "FsxLustre"),
+        None,
+    )
+    queues: dict[str, Queue] = {}
+    for q in (config.get("Scheduling") or {}).get("SlurmQueues") or []:
+        name = q.get("Name")
+        resources = q.get("ComputeResources") or []
+        if not name or not resources:
+            raise HpcError(f"{source}: queue {name or '?'} has no name or no ComputeResources",
+                           fix="run `hpc cluster validate` on the file")
+        first = resources[0]
+        itype = first.get("InstanceType") or ((first.get("Instances") or [{}])[0].get("InstanceType"))
+        tags = _tags(q)
+        stack = tags.get(TAG_EFA_STACK, "modern" if instance(itype).has_efa else "none")
+        if stack not in EFA_STACKS:
+            raise HpcError(f"{source}: queue {name}: tag {TAG_EFA_STACK}={stack!r} is not one of {EFA_STACKS}",
+                           fix=f"set the tag to one of: {', '.join(EFA_STACKS)}")
+        queues[name] = Queue(
+            name=name,
+            instance_type=itype,
+            max_nodes=sum(int(r.get("MaxCount", 10)) for r in resources),
+            efa_stack=stack,  # type: ignore[arg-type]
+            ranks_per_node=int(tags[TAG_RANKS_PER_NODE]) if TAG_RANKS_PER_NODE in tags else None,
+            cpus_per_task_override=int(tags[TAG_CPUS_PER_TASK]) if TAG_CPUS_PER_TASK in tags else None,
+            fsx_mount=fsx_mount,
+        )
+    return queues
+
+
+def load_queues(path: str | Path) -> dict[str, Queue]:
+    import yaml
+
+    path = Path(path)
+    try:
+        config = yaml.safe_load(path.read_text())
+    except FileNotFoundError:
+        raise HpcError(f"cluster config {path} does not exist", fix="pass an existing file to --cluster") from None
+    except yaml.YAMLError as exc:
+        raise HpcError(f"{path}: not valid YAML: {exc}", fix="run `hpc cluster validate` on it") from None
+    if not isinstance(config, dict):
+        raise HpcError(f"{path}: not a ParallelCluster config (expected a mapping)",
+                       fix="run `hpc cluster validate` on it")
+    return queues_from_config(config, source=str(path))
