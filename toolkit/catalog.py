@@ -41,13 +41,42 @@ class InstanceType:
         return self.vcpus // self.cores
 
 
+@dataclasses.dataclass(frozen=True)
+class NcclFloor:
+    """The all-reduce bus bandwidth a healthy fabric reaches (see the nccl_floors comment in catalog.yaml)."""
+
+    instance: str
+    transport: Literal["efa", "tcp"]
+    min_nodes: int
+    min_bytes: int
+    published_busbw_gbs: float
+    floor_busbw_gbs: float
+    source: str
+    estimate: bool = False
+
+
 @functools.cache
-def catalog() -> dict[str, InstanceType]:
+def _catalog_data() -> dict:
     import yaml
 
-    text = resources.files("toolkit").joinpath("catalog.yaml").read_text()
-    entries = yaml.safe_load(text)["instances"]
+    return yaml.safe_load(resources.files("toolkit").joinpath("catalog.yaml").read_text())
+
+
+@functools.cache
+def catalog() -> dict[str, InstanceType]:
+    entries = _catalog_data()["instances"]
     return {name: InstanceType(name=name, **facts) for name, facts in entries.items()}
+
+
+@functools.cache
+def nccl_floors() -> tuple[NcclFloor, ...]:
+    return tuple(NcclFloor(**entry) for entry in _catalog_data().get("nccl_floors", []))
+
+
+def nccl_floor(instance_type: str, transport: str) -> NcclFloor | None:
+    """The floor for an instance type (validated against the catalog) and transport, or None if none is known."""
+    instance(instance_type)
+    return next((f for f in nccl_floors() if f.instance == instance_type and f.transport == transport), None)
 
 
 def instance(name: str) -> InstanceType:

@@ -1,0 +1,1 @@
+"""Reports from logs and run dirs: nccl-tests, training throughput, scaling; tables, JSON and PNG plots."""

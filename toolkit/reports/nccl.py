@@ -1,0 +1,376 @@
+"""Read nccl-tests results (text logs of every published format, and `-J` JSON), summarise them, judge them.
+
+Text parsing keys on the column header line, never on field counts alone: the header says which columns a row
+has (with or without `redop`/`root`, `#wrong` or the pre-2022 float `error`, `-I 1` per-iteration columns,
+`#bitdiff`, a `-S` timestamp) and how they split into the out-of-place and in-place groups. Lines may carry
+launcher prefixes (`[1,0]<stdout>:` from mpirun --tag-output, `0: ` from srun --label) and NCCL's own
+`host:pid:tid [dev] NCCL INFO ...` lines, even in the middle of a row (both write to the same stdout); such a
+row is stitched back together. One file may hold several tests (one per header).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+from pathlib import Path
+from typing import Literal
+
+from toolkit.errors import HpcError
+
+Status = Literal["PASS", "FAIL", "NO-VERDICT"]
+
+_PREFIX = re.compile(r"^(?:\[\d+,\d+\]<std(?:out|err)>:\s?|\s*\d+:\s)")
+# NCCL's debug prefix `host:pid:tid [dev] `: where it starts, the rest of the line is NCCL's, not the table's.
+_NCCL_LOG_TAIL = r":\d+:\d+ \[\d+\] "
+_NCCL_LOG = re.compile(r"[A-Za-z][\w.-]*" + _NCCL_LOG_TAIL)
+_NCCL_LOG_HOSTS = re.compile(r"(?m)^(?:\[\d+,\d+\]<std(?:out|err)>:\s?|\s*\d+:\s)?([A-Za-z][\w.-]*)" + _NCCL_LOG_TAIL)
+_HEADER = re.compile(r"^#\s*(?:size|bytes)\s+.*\bbusbw\b")
+_TEST_NAME = re.compile(r"\b([a-z][a-z0-9]*(?:_[a-z0-9]+)*)_perf(?:_mpi)?\b")
+_DEVICE = re.compile(r"^#\s*Rank\s+(\d+)\s+(?:Group\s+\d+\s+)?Pid\s+\d+\s+on\s+(\S+)\s+device\s+(\d+)\s+\[[^\]]*\]\s*(.*)$")
+_OUT_OF_BOUNDS = re.compile(r"^#\s*Out of bounds values\s*:\s*(\d+)")
+_AVG_BUSBW = re.compile(r"^#\s*Avg bus bandwidth\s*:\s*(\S+)")
+_TRANSPORTS = (  # NCCL INFO lines that name the network transport; the first match in a file wins
+    (re.compile(r"NET/AWS Libfabric|NET/OFI Selected [Pp]rovider is efa|Using network AWS Libfabric|NET/OFI.*\befa\b"), "efa"),
+    (re.compile(r"via NET/Socket|Using network Socket"), "tcp"),
+    (re.compile(r"via NET/IB|Using network IB"), "ib"),
+)
+_TIME_COLUMNS = ("time", "cputime")
+_WRONG_COLUMNS = ("#wrong", "wrong")
+_ERROR_COLUMNS = ("error", "res")  # before Aug 2022: a float max error, not a count
+
+
+@dataclasses.dataclass
+class Measure:
+    """One placement (out-of-place or in-place) of one size."""
+
+    time_us: float
+    algbw_gbs: float
+    busbw_gbs: float
+    wrong: int | None = None  # #wrong count; None when not checked (N/A) or the log has the float error column
+    error: float | None = None  # the pre-2022 float error column
+    extra: dict[str, float | None] = dataclasses.field(default_factory=dict)  # i_min, i_max, #bitdiff, ...
+
+
+@dataclasses.dataclass
+class Row:
+    size: int
+    count: int | None
+    dtype: str | None
+    redop: str | None
+    root: int | None
+    out_of_place: Measure | None
+    in_place: Measure | None
+    timestamp: str | None = None
+
+    def measures(self) -> list[Measure]:
+        return [m for m in (self.out_of_place, self.in_place) if m is not None]
+
+
+@dataclasses.dataclass
+class NcclTest:
+    name: str | None  # e.g. "all_reduce"; None when the log does not say
+    rows: list[Row]
+    source: str = ""
+    out_of_bounds: int | None = None  # footer "Out of bounds values"
+    avg_busbw_gbs: float | None = None  # footer "Avg bus bandwidth"
+    hosts: list[str] = dataclasses.field(default_factory=list)  # one per rank, from the "Using devices" lines
+    devices: list[str] = dataclasses.field(default_factory=list)
+    transport: str | None = None  # efa / tcp / ib, from NCCL INFO lines
+    format: str = ""  # "text: <header columns>" or "json v<version>"
+
+    @property
+    def ranks(self) -> int | None:
+        return len(self.hosts) or None
+
+    @property
+    def nodes(self) -> int | None:
+        return len(set(self.hosts)) or None
+
+
+@dataclasses.dataclass
+class Verdict:
+    status: Status
+    reason: str
+    floor_busbw_gbs: float | None = None
+    measured_busbw_gbs: float | None = None
+    source: str | None = None
+
+
+# ---- text ----------------------------------------------------------------------------------------------------
+
+@dataclasses.dataclass
+class _Layout:
+    keys: list[str]
+    groups: list[list[str]]
+    timestamp: bool
+
+    @classmethod
+    def from_header(cls, line: str) -> _Layout | None:
+        names = line.lstrip("#").split()
+        timestamp = bool(names) and names[-1] == "timestamp"
+        if timestamp:
+            names = names[:-1]
+        starts = [i for i, n in enumerate(names) if n in _TIME_COLUMNS]
+        if not starts:
+            return None
+        groups = [names[a:b] for a, b in zip(starts, starts[1:] + [len(names)])]
+        if not all({"algbw", "busbw"} <= set(g) for g in groups):
+            return None
+        return cls(names[: starts[0]], groups, timestamp)
+
+    @property
+    def width(self) -> int:
+        return len(self.keys) + sum(len(g) for g in self.groups) + (2 if self.timestamp else 0)
+
+    def parse(self, tokens: list[str]) -> Row | None:
+        if len(tokens) != self.width:
+            return None
+        try:
+            keys = dict(zip(self.keys, tokens))
+            size = int(keys.get("size", keys.get("bytes", "")))
+            count = keys.get("count", keys.get("N"))
+            root = keys.get("root")
+            pos = len(self.keys)
+            measures = []
+            for group in self.groups:
+                measures.append(_measure(group, tokens[pos: pos + len(group)]))
+                pos += len(group)
+            return Row(size=size, count=int(count) if count is not None else None, dtype=keys.get("type"),
+                       redop=keys.get("redop"), root=int(root) if root is not None else None,
+                       out_of_place=measures[0], in_place=measures[1] if len(measures) > 1 else None,
+                       timestamp=" ".join(tokens[pos:]) if self.timestamp else None)
+        except ValueError:
+            return None
+
+
+def _number(token: str) -> float | None:
+    """A table cell: N/A is None; the old error column marks a failed check with a trailing '*'."""
+    if token == "N/A":
+        return None
+    return float(token.rstrip("*"))
+
+
+def _measure(names: list[str], tokens: list[str]) -> Measure:
+    cells = dict(zip(names, tokens))
+    time_name = next(n for n in names if n in _TIME_COLUMNS)
+    wrong_name = next((n for n in names if n in _WRONG_COLUMNS), None)
+    error_name = next((n for n in names if n in _ERROR_COLUMNS), None)
+    wrong = _number(cells[wrong_name]) if wrong_name else None
+    skip = {time_name, "algbw", "busbw", wrong_name, error_name}
+    return Measure(time_us=float(cells[time_name]), algbw_gbs=float(cells["algbw"]), busbw_gbs=float(cells["busbw"]),
+                   wrong=int(wrong) if wrong is not None else None,
+                   error=_number(cells[error_name]) if error_name else None,
+                   extra={n: _number(cells[n]) for n in names if n not in skip})
+
+
+def _nccl_log_pattern(text: str) -> re.Pattern:
+    """NCCL's log prefix with this file's host names, so that a log line glued to a half-written row
+    (`... float     sumip-10-0-1-11:4100:4163 [0] NCCL INFO ...`) is cut where the host name starts."""
+    hosts = sorted(set(_NCCL_LOG_HOSTS.findall(text)), key=len, reverse=True)
+    if not hosts:
+        return _NCCL_LOG
+    return re.compile("(?:" + "|".join(map(re.escape, hosts)) + ")" + _NCCL_LOG_TAIL)
+
+
+def _clean(raw: str, nccl_log: re.Pattern) -> tuple[str, bool]:
+    """The line without launcher prefix and NCCL log text; and whether NCCL log text was cut off."""
+    line = _PREFIX.sub("", raw.rstrip("\r\n"), count=1)
+    match = nccl_log.search(line)
+    if match:
+        return line[: match.start()], True
+    return line, False
+
+
+def _test_name(text: str) -> str | None:
+    match = _TEST_NAME.search(text)
+    return match.group(1) if match else None
+
+
+def parse_text(text: str, source: str = "") -> list[NcclTest]:
+    """Every test in an nccl-tests text log (possibly with launcher prefixes and NCCL INFO lines)."""
+    tests: list[NcclTest] = []
+    transport = next((t for pattern, t in _TRANSPORTS if pattern.search(text)), None)
+    layout: _Layout | None = None
+    current: NcclTest | None = None
+    pending_name: str | None = None
+    pending_devices: list[tuple[str, str]] = []
+    partial = ""  # a row split by NCCL log text, waiting for its remainder
+    nccl_log = _nccl_log_pattern(text)
+    for raw in text.splitlines():
+        line, had_log = _clean(raw, nccl_log)
+        stripped = line.strip()
+        if stripped.startswith("#"):
+            partial = ""
+            if _HEADER.match(stripped):
+                layout = _Layout.from_header(stripped)
+                if layout is None:
+                    continue
+                devices = pending_devices or []
+                current = NcclTest(name=pending_name, rows=[], source=source, transport=transport,
+                                   hosts=[h for h, _ in devices], devices=[d for _, d in devices],
+                                   format="text: " + " | ".join([" ".join(layout.keys)] + [" ".join(g) for g in layout.groups])
+                                   + (" | timestamp" if layout.timestamp else ""))
+                tests.append(current)
+                pending_name, pending_devices = None, []
+            elif m := _DEVICE.match(stripped):
+                pending_devices.append((m.group(2), m.group(4).strip()))
+            elif (m := _OUT_OF_BOUNDS.match(stripped)) and current is not None:
+                current.out_of_bounds = int(m.group(1))
+            elif (m := _AVG_BUSBW.match(stripped)) and current is not None:
+                current.avg_busbw_gbs = _number(m.group(1))
+                layout = None  # the footer closes the table
+            elif "concluded" not in stripped and (name := _test_name(stripped)):
+                pending_name = name
+            continue
+        if not stripped:
+            continue
+        if layout is None or current is None:
+            if not had_log and (name := _test_name(stripped)):  # e.g. the launch command line
+                pending_name = name
+            continue
+        tokens = (partial + " " + stripped).split() if partial else stripped.split()
+        if len(tokens) < layout.width and _starts_row(tokens):
+            partial = " ".join(tokens)
+            continue
+        partial = ""
+        row = layout.parse(tokens)
+        if row is not None:
+            current.rows.append(row)
+    return [t for t in tests if t.rows]
+
+
+def _starts_row(tokens: list[str]) -> bool:
+    return bool(tokens) and tokens[0].isdigit()
+
+
+# ---- JSON (-J, nccl-tests >= 2.17.3) ------------------------------------------------------------------------
+
+def _json_measure(obj: dict | None, per_iter: dict | None) -> Measure | None:
+    if not obj:
+        return None
+    wrong = obj.get("nwrong")
+    extra = {}
+    if per_iter:
+        extra = {f"i_{k[:-3]}": v for k, v in per_iter.items() if k.endswith("_us") and isinstance(v, (int, float))}
+    return Measure(time_us=float(obj.get("time", obj.get("cpu_time"))), algbw_gbs=float(obj["alg_bw"]),
+                   busbw_gbs=float(obj["bus_bw"]), wrong=int(wrong) if wrong is not None else None, extra=extra)
+
+
+def parse_json(data: dict, source: str = "") -> list[NcclTest]:
+    """The test in an nccl-tests `-J` JSON file (one test per file)."""
+    if not isinstance(data, dict) or not isinstance(data.get("results"), list):
+        raise HpcError(f"{source or 'JSON input'} is not an nccl-tests -J result (no 'results' list)",
+                       fix="pass the file nccl-tests wrote with -J FILE, or its text output")
+    rows = []
+    for r in data["results"]:
+        root = str(r.get("root", "")).strip()
+        rows.append(Row(size=int(r["size"]), count=int(r["count"]) if "count" in r else None, dtype=r.get("type"),
+                        redop=r.get("redop"), root=int(root) if root.lstrip("-").isdigit() else None,
+                        out_of_place=_json_measure(r.get("out_of_place"), r.get("out_of_place_per_iter")),
+                        in_place=_json_measure(r.get("in_place"), r.get("in_place_per_iter"))))
+    devices = (data.get("config") or {}).get("devices") or data.get("devices") or []
+    args = data.get("args") or []
+    oob = data.get("out_of_bounds") or {}
+    avg = data.get("average_bus_bandwidth") or {}
+    return [NcclTest(name=_test_name(Path(args[0]).name) if args else None, rows=rows, source=source,
+                     out_of_bounds=oob.get("count"), avg_busbw_gbs=_json_float(avg.get("bandwidth")),
+                     hosts=[d.get("hostname", "") for d in devices], devices=[d.get("device_info", "") for d in devices],
+                     format=f"json v{data.get('version', '?')}")]
+
+
+def _json_float(value) -> float | None:
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return None
+
+
+def parse_file(path: str | Path) -> list[NcclTest]:
+    """Every test in a log or -J file; an HpcError when the file is missing or holds no nccl-tests table."""
+    path = Path(path)
+    try:
+        text = path.read_text(errors="replace")
+    except FileNotFoundError:
+        raise HpcError(f"no such file: {path}", fix="check the path of the nccl-tests log") from None
+    except IsADirectoryError:
+        raise HpcError(f"{path} is a directory, not a log file", fix="pass the log file itself") from None
+    if text.lstrip().startswith("{"):
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise HpcError(f"{path} looks like JSON but does not parse: {exc}",
+                           fix="the run may have been cut short; use its text output instead") from None
+        tests = parse_json(data, str(path))
+    else:
+        tests = parse_text(text, str(path))
+    if not tests:
+        raise HpcError(f"no nccl-tests results found in {path}",
+                       fix="pass the stdout of an nccl-tests binary (or -J JSON); its table header starts '#  size'")
+    return tests
+
+
+# ---- summary and verdict -----------------------------------------------------------------------------------
+
+def summarize(test: NcclTest) -> dict:
+    """Max and average busbw (average as nccl-tests computes it: over every out-of-place and in-place row),
+    wrong-value count and the largest float error (old format)."""
+    measures = [m for r in test.rows for m in r.measures()]
+    best = max(((m.busbw_gbs, r.size) for r in test.rows for m in r.measures()), default=(None, None))
+    wrongs = [m.wrong for m in measures if m.wrong is not None]
+    errors = [m.error for m in measures if m.error is not None]
+    computed_avg = sum(m.busbw_gbs for m in measures) / len(measures) if measures else None
+    return {
+        "test": test.name, "source": test.source, "format": test.format,
+        "ranks": test.ranks, "nodes": test.nodes, "transport": test.transport,
+        "max_busbw_gbs": best[0], "max_busbw_size": best[1],
+        "avg_busbw_gbs": test.avg_busbw_gbs if test.avg_busbw_gbs is not None else computed_avg,
+        "wrong_values": sum(wrongs) if wrongs else (None if not errors else 0),
+        "max_error": max(errors) if errors else None,
+        "out_of_bounds": test.out_of_bounds,
+    }
+
+
+def judge(test: NcclTest, instance_type: str | None = None, nodes: int | None = None,
+          transport: str | None = None) -> Verdict:
+    """PASS / FAIL / NO-VERDICT of one test against the catalog floor.
+
+    Wrong values are a FAIL whatever the bandwidth. The floor applies to all-reduce on >= its min_nodes nodes
+    and to sizes >= its min_bytes. The transport judged is the one given, else the instance's own (EFA if it
+    has it), so that an EFA instance that fell back to TCP sockets fails rather than passing a TCP floor.
+    """
+    from toolkit.catalog import instance, nccl_floor
+
+    summary = summarize(test)
+    wrong, out_of_bounds = summary["wrong_values"] or 0, test.out_of_bounds or 0
+    if wrong or out_of_bounds:
+        return Verdict("FAIL", f"{wrong} wrong values, {out_of_bounds} sizes out of bounds: "
+                               "the collective returned corrupt data")
+    if instance_type is None:
+        return Verdict("NO-VERDICT", "no instance type given (--instance TYPE) to pick a floor")
+    nodes = nodes or test.nodes
+    if nodes is None:
+        return Verdict("NO-VERDICT", "the node count is not in the log (pass --nodes N)")
+    if nodes < 2:
+        return Verdict("NO-VERDICT", "one node: NVLink only, the network was not measured")
+    if test.name not in (None, "all_reduce"):
+        return Verdict("NO-VERDICT", f"floors are for all_reduce; this test is {test.name}")
+    expected = transport or ("efa" if instance(instance_type).has_efa else "tcp")
+    floor = nccl_floor(instance_type, expected)
+    if floor is None:
+        return Verdict("NO-VERDICT", f"no published floor for {instance_type} over {expected.upper()} in the catalog")
+    if nodes < floor.min_nodes:
+        return Verdict("NO-VERDICT", f"the floor needs at least {floor.min_nodes} nodes; this run used {nodes}")
+    large = [m.busbw_gbs for r in test.rows if r.size >= floor.min_bytes for m in r.measures()]
+    if not large:
+        biggest = max(r.size for r in test.rows)
+        return Verdict("NO-VERDICT", f"largest message {biggest} B is under the floor's {floor.min_bytes} B "
+                                     "(run with -e 1G or more)", floor.floor_busbw_gbs, source=floor.source)
+    best = max(large)
+    note = ""
+    if test.transport and test.transport != expected:
+        note = f"; NCCL used {test.transport.upper()}, not {expected.upper()}: check the EFA stack (aws-ofi-nccl, FI_PROVIDER)"
+    status: Status = "PASS" if best >= floor.floor_busbw_gbs else "FAIL"
+    reason = (f"best busbw {best:g} GB/s at >= {floor.min_bytes} B vs floor {floor.floor_busbw_gbs:g} GB/s "
+              f"({instance_type}, {expected.upper()}, {nodes} nodes){note}")
+    return Verdict(status, reason, floor.floor_busbw_gbs, best, floor.source)
