@@ -16,7 +16,7 @@ import re
 from pathlib import Path
 from typing import Literal
 
-from toolkit.errors import HpcError
+from toolkit.errors import HpcError, UsageError
 
 Status = Literal["PASS", "FAIL", "NO-VERDICT"]
 
@@ -374,3 +374,24 @@ def judge(test: NcclTest, instance_type: str | None = None, nodes: int | None = 
     reason = (f"best busbw {best:g} GB/s at >= {floor.min_bytes} B vs floor {floor.floor_busbw_gbs:g} GB/s "
               f"({instance_type}, {expected.upper()}, {nodes} nodes){note}")
     return Verdict(status, reason, floor.floor_busbw_gbs, best, floor.source)
+
+
+def report(paths: list[str | Path], instance_type: str | None = None, nodes: int | None = None,
+           transport: str | None = None) -> tuple[dict, list[NcclTest]]:
+    """Every test in the given logs with its rows, summary and verdict; the overall status is FAIL if any test
+    fails, else PASS if any passes, else NO-VERDICT. Returns the JSON-ready report and the parsed tests."""
+    from toolkit.catalog import instance
+
+    if transport not in (None, "efa", "tcp"):
+        raise UsageError(f"unknown transport {transport!r}", fix="use --transport efa or --transport tcp")
+    if instance_type is not None:
+        instance(instance_type)
+    tests = [t for path in paths for t in parse_file(path)]
+    entries = []
+    for test in tests:
+        verdict = judge(test, instance_type, nodes, transport)
+        entries.append({**summarize(test), "verdict": dataclasses.asdict(verdict),
+                        "rows": [dataclasses.asdict(r) for r in test.rows]})
+    statuses = {e["verdict"]["status"] for e in entries}
+    status = "FAIL" if "FAIL" in statuses else "PASS" if "PASS" in statuses else "NO-VERDICT"
+    return {"status": status, "instance_type": instance_type, "tests": entries}, tests

@@ -1,0 +1,182 @@
+"""nccl-tests parsing over every published format (fixtures are format samples, see their first lines), and the verdict."""
+
+from pathlib import Path
+
+import pytest
+
+from toolkit.errors import HpcError
+from toolkit.reports.nccl import judge, parse_file, parse_text, report, summarize
+from toolkit.workloads.collectives import Layout, Measure, float_cell, header_lines, row_line
+
+FIXTURES = Path(__file__).parent / "fixtures" / "nccl"
+
+
+@pytest.mark.parametrize("name,test,rows,keys,ranks,nodes,transport", [
+    ("2019_no-root_float-error_mpirun-tagged.sample.log", "all_reduce", 14, "size count type redop", 16, 2, "efa"),
+    ("2019_all-gather_no-redop_unchecked.sample.log", "all_gather", 8, "size count type", 8, 1, None),
+    ("2022_root_wrong_srun-label.sample.log", "all_reduce", 16, "size count type redop root", 16, 2, "efa"),
+    ("v2.17_timestamp-S.sample.log", "all_reduce", 6, "size count type redop root", 16, 2, None),
+    ("v2.18_per-iteration-I1.sample.log", "all_reduce", 6, "size count type redop root", 16, 2, None),
+])
+def test_every_text_variant_parses_by_its_header(name, test, rows, keys, ranks, nodes, transport):
+    [parsed] = parse_file(FIXTURES / name)
+    assert parsed.name == test and len(parsed.rows) == rows
+    assert parsed.format.startswith(f"text: {keys} | ")
+    assert (parsed.ranks, parsed.nodes, parsed.transport) == (ranks, nodes, transport)
+    sizes = [r.size for r in parsed.rows]
+    assert sizes == sorted(sizes) and all(r.out_of_place and r.in_place for r in parsed.rows)
+    # the footer's average is nccl-tests' mean over both placements of the rows it printed
+    measures = [m.busbw_gbs for r in parsed.rows for m in r.measures()]
+    assert parsed.avg_busbw_gbs == pytest.approx(sum(measures) / len(measures), rel=1e-3)
+
+
+def test_old_float_error_column_is_an_error_not_a_count_and_split_row_is_stitched():
+    [t] = parse_file(FIXTURES / "2019_no-root_float-error_mpirun-tagged.sample.log")
+    first = t.rows[0]  # printed half, then NCCL INFO lines, then its second half
+    assert (first.size, first.count, first.redop, first.root) == (8, 2, "sum", None)
+    assert first.out_of_place.time_us == 60.0 and first.in_place.time_us == 59.4
+    assert t.rows[1].out_of_place.error == 2e-07 and t.rows[1].out_of_place.wrong is None
+    assert summarize(t)["max_error"] == 2e-07 and summarize(t)["wrong_values"] == 0
+
+
+def test_unchecked_run_has_no_wrong_counts():
+    [t] = parse_file(FIXTURES / "2019_all-gather_no-redop_unchecked.sample.log")
+    assert all(m.wrong is None and m.error is None for r in t.rows for m in r.measures())
+    assert t.rows[0].redop is None and summarize(t)["wrong_values"] is None
+
+
+def test_timestamp_and_per_iteration_columns():
+    [ts] = parse_file(FIXTURES / "v2.17_timestamp-S.sample.log")
+    assert ts.rows[0].timestamp == "2025-03-04 10:15:10" and ts.rows[0].in_place.wrong == 0
+    [pi] = parse_file(FIXTURES / "v2.18_per-iteration-I1.sample.log")
+    row = pi.rows[-1]
+    assert set(row.out_of_place.extra) == {"i_min", "i_max", "i_p99", "i_cv%"}
+    assert row.out_of_place.extra["i_min"] < row.out_of_place.time_us < row.out_of_place.extra["i_max"]
+    assert row.in_place.busbw_gbs == 433.91 and row.out_of_place.busbw_gbs == 438.25
+
+
+def test_json_output_of_minus_J():
+    [t] = parse_file(FIXTURES / "v2.17_json-J.sample.json")
+    assert t.name == "all_reduce" and t.format == "json v2" and (t.ranks, t.nodes) == (16, 2)
+    assert t.rows[-1].size == 1073741824 and t.rows[-1].root == -1 and t.rows[-1].out_of_place.wrong == 0
+    assert summarize(t)["avg_busbw_gbs"] == t.avg_busbw_gbs
+
+
+def test_three_tests_in_one_file_collapsed_whitespace_and_wrong_values():
+    tests = parse_file(FIXTURES / "v2.17_three-tests_collapsed_wrong.sample.log")
+    assert [t.name for t in tests] == ["all_reduce", "all_gather", "reduce_scatter"]
+    assert [len(t.rows) for t in tests] == [4, 4, 4]
+    assert tests[1].rows[0].redop == "none" and tests[1].rows[0].count * 4 * 4 == tests[1].rows[0].size
+    rs = summarize(tests[2])
+    assert rs["wrong_values"] == 6 and rs["out_of_bounds"] == 1
+    assert judge(tests[2]).status == "FAIL" and judge(tests[0]).status == "NO-VERDICT"
+
+
+def test_nccl_info_glued_after_root_and_multi_digit_srun_labels():
+    text = "\n".join([
+        "12: n1:77:77 [0] NCCL INFO Using network Socket",
+        *("0: " + line for line in header_lines()),
+        "0:      1048576        262144     float     sum      -1n1:77:90 [0] NCCL INFO Channel 00 : 0[0] -> 1[1] via NET/Socket/0",
+        "1: n2:78:78 [0] NCCL INFO Connected all rings",
+        "0:    100.00   10.49   10.49       0    101.00   10.38   10.38       0",
+        "0:  2097152  524288  float  sum  -1  200.0  10.49  10.49  0  201.0  10.43  10.43  0",
+        "0: # Out of bounds values : 0 OK",
+        "0: # Avg bus bandwidth    : 10.4475 ",
+    ])
+    [t] = parse_text(text)
+    assert [r.size for r in t.rows] == [1048576, 2097152]
+    assert t.rows[0].root == -1 and t.rows[0].out_of_place.time_us == 100.0 and t.transport == "tcp"
+
+
+def test_rows_that_do_not_fit_the_header_are_skipped_not_misread():
+    text = "\n".join(header_lines() + [
+        "        1024           256     float     sum      -1    10.00    0.10    0.10       0    10.00    0.10    0.10       0",
+        "        2048           512     float     sum      -1    10.00    0.20    0.20       0    10.00    0.20    0.20       0   EXTRA",
+        "     garbage           512     float     sum      -1    10.00    0.20    0.20       0    10.00    0.20    0.20       0",
+        "host: Test NCCL failure common.cu:1234 'unhandled system error'",
+    ])
+    [t] = parse_text(text)
+    assert [r.size for r in t.rows] == [1024]
+
+
+def test_bitwise_columns_of_the_newest_format():
+    header = ("#       size         count      type   redop    root     time   algbw   busbw  #wrong  #bitdiff"
+              "     time   algbw   busbw  #wrong  #bitdiff")
+    row = "     1048576        262144     float     sum      -1    50.00   20.97   39.32       0         0    51.00   20.56   38.55       0         0"
+    [t] = parse_text(header + "\n" + row)
+    assert t.rows[0].in_place.busbw_gbs == 38.55 and t.rows[0].out_of_place.extra == {"#bitdiff": 0.0}
+
+
+def test_our_collectives_rows_read_back_exactly():
+    lay = Layout(send=262144, recv=262144, count=262144, size=1048576)
+    line = row_line(lay, "float", "sum", [Measure(1234.5678, 0.8494, 1.2741, 0), Measure(99.0, 10.59, 15.89, None)])
+    [t] = parse_text("\n".join(header_lines() + [line]))
+    r = t.rows[0]
+    assert (r.size, r.count, r.root, r.out_of_place.time_us, r.out_of_place.busbw_gbs) == (1048576, 262144, -1, 1234.57, 1.27)
+    assert r.in_place.wrong is None and r.in_place.algbw_gbs == 10.59
+
+
+@pytest.mark.parametrize("value,width,text", [
+    (0.5, 6, "  0.50"), (1234.5678, 7, "1234.57"), (12345.6, 7, "12345.6"), (107434.0, 7, " 107434"),
+    (123456789.0, 7, "1.2e+08"),
+])
+def test_numbers_are_printed_like_nccl_tests(value, width, text):
+    assert float_cell(value, width) == text
+
+
+@pytest.mark.parametrize("content,message", [
+    (None, "no such file"), ("just some text\n", "no nccl-tests results"), ("{not json", "does not parse"),
+    ('{"version": 2}', "no 'results' list"),
+])
+def test_unreadable_inputs_are_clear_errors(tmp_path, content, message):
+    path = tmp_path / "log.txt"
+    if content is not None:
+        path.write_text(content)
+    with pytest.raises(HpcError) as err:
+        parse_file(path)
+    assert message in err.value.message and err.value.fix
+
+
+def _two_node_run(busbw: float, size: int = 1 << 30, network: str = "AWS Libfabric") -> str:
+    devices = [f"#  Rank {r:2d} Group  0 Pid {100 + r:6d} on {'a' if r < 8 else 'b':>10s} device {r % 8:2d} [0000:10:00] V100"
+               for r in range(16)]
+    row = f"{size:12d}  {size // 4:12d}     float     sum      -1    100.0   {busbw / 1.875:.2f}   {busbw:.2f}       0    100.0   {busbw / 1.875:.2f}   {busbw:.2f}       0"
+    return "\n".join([f"a:1:1 [0] NCCL INFO Using network {network}", "# Collective test starting: all_reduce_perf",
+                      "# Using devices", *devices, *header_lines(), row])
+
+
+@pytest.mark.parametrize("busbw,status", [(9.5, "PASS"), (3.1, "FAIL")])
+def test_verdict_against_the_p3dn_efa_floor(busbw, status):
+    [t] = parse_text(_two_node_run(busbw))
+    verdict = judge(t, "p3dn.24xlarge")
+    assert verdict.status == status and verdict.floor_busbw_gbs == 6.0 and verdict.measured_busbw_gbs == busbw
+    assert "nccl#235" in verdict.source
+
+
+def test_tcp_fallback_on_an_efa_instance_is_judged_against_efa_and_named():
+    [t] = parse_text(_two_node_run(3.1, network="Socket"))
+    verdict = judge(t, "p3dn.24xlarge")
+    assert verdict.status == "FAIL" and "NCCL used TCP" in verdict.reason
+    assert judge(t, "p3dn.24xlarge", transport="tcp").status == "PASS"  # deliberately over TCP: its own floor
+
+
+def test_no_verdict_cases():
+    [t] = parse_text(_two_node_run(9.5))
+    assert "NVLink only" in judge(t, "p3dn.24xlarge", nodes=1).reason
+    assert judge(t, None).status == "NO-VERDICT"
+    assert "no published floor" in judge(t, "m5.xlarge").reason
+    [small] = parse_text(_two_node_run(9.5, size=1 << 20))
+    assert "largest message" in judge(small, "p3dn.24xlarge").reason
+    with pytest.raises(HpcError):
+        judge(t, "p9.mega")
+
+
+def test_report_combines_files_and_rejects_unknown_transport(tmp_path):
+    (tmp_path / "a.log").write_text(_two_node_run(9.5))
+    (tmp_path / "b.log").write_text(_two_node_run(2.0))
+    data, tests = report([tmp_path / "a.log", tmp_path / "b.log"], "p3dn.24xlarge")
+    assert [t["verdict"]["status"] for t in data["tests"]] == ["PASS", "FAIL"] and data["status"] == "FAIL"
+    assert data["tests"][0]["rows"][0]["out_of_place"]["busbw_gbs"] == 9.5 and len(tests) == 2
+    with pytest.raises(HpcError) as err:
+        report([tmp_path / "a.log"], transport="infiniband")
+    assert err.value.exit_code == 2

@@ -1,0 +1,125 @@
+"""`hpc report`: nccl-tests bandwidth with a verdict, one run's summary, scaling efficiency across runs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+
+from toolkit.cli.output import JSON_OPTION, emit, info, table
+
+app = typer.Typer(help="Reports from logs and run dirs: nccl-tests bandwidth, one run, scaling efficiency.",
+                  no_args_is_help=True, rich_markup_mode=None)
+
+PLOT_OPTION = typer.Option(None, "--plot", help="Also write a PNG plot to this file.")
+
+
+def _num(value, digits: int = 2) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
+def _nccl_text(data: dict) -> str:
+    out = []
+    for test in data["tests"]:
+        out.append(f"== {test['source']}: {test['test'] or 'unknown test'}  ranks={test['ranks'] or '?'} "
+                   f"nodes={test['nodes'] or '?'} transport={test['transport'] or '?'}  [{test['format']}]")
+        rows = []
+        for r in test["rows"]:
+            cells = [r["size"], r["count"], r["dtype"], r["redop"]]
+            for m in (r["out_of_place"], r["in_place"]):
+                cells += [_num(m["time_us"]), _num(m["algbw_gbs"]), _num(m["busbw_gbs"]),
+                          m["wrong"] if m["wrong"] is not None else (f"{m['error']:g}" if m["error"] is not None else "N/A")] \
+                    if m else ["", "", "", ""]
+            rows.append(cells)
+        out.append(table(rows, ["size(B)", "count", "type", "redop", "time(us)", "algbw", "busbw", "#wrong",
+                                "in-place time", "algbw", "busbw", "#wrong"]))
+        wrong = test["wrong_values"] if test["wrong_values"] is not None else "-"
+        out.append(f"max busbw {_num(test['max_busbw_gbs'])} GB/s at {test['max_busbw_size']} B; "
+                   f"avg busbw {_num(test['avg_busbw_gbs'], 3)} GB/s; wrong values {wrong}")
+        v = test["verdict"]
+        out.append(f"verdict: {v['status']}: {v['reason']}")
+        if v["source"]:
+            out.append(f"  floor source: {v['source']}")
+        out.append("")
+    out.append(f"overall: {data['status']}")
+    return "\n".join(out)
+
+
+@app.command("nccl")
+def nccl(
+    logs: List[Path] = typer.Argument(..., help="nccl-tests (or collectives workload) logs, text or -J JSON."),
+    as_json: bool = JSON_OPTION,
+    plot: Optional[Path] = PLOT_OPTION,
+    instance: Optional[str] = typer.Option(None, "--instance", help="Instance type, to judge against its catalog floor."),
+    nodes: Optional[int] = typer.Option(None, "--nodes", min=1, help="Nodes in the run (default: from the log's device list)."),
+    transport: Optional[str] = typer.Option(None, "--transport", help="efa or tcp: the floor to judge against "
+                                            "(default: the instance's own, EFA when it has it)."),
+) -> None:
+    """Per-size bandwidth table, max/average bus bandwidth, wrong values and a PASS/FAIL/NO-VERDICT verdict.
+
+    Exit 1 when any test fails (bandwidth under the floor, or wrong values).
+    """
+    from toolkit.reports import nccl as nccl_report
+
+    data, tests = nccl_report.report(logs, instance, nodes, transport)
+    emit(data, as_json, _nccl_text)
+    if plot:
+        from toolkit.reports.plots import nccl_figure, save_png
+
+        floors = [t["verdict"]["floor_busbw_gbs"] for t in data["tests"] if t["verdict"]["floor_busbw_gbs"]]
+        info(f"plot: {save_png(nccl_figure(tests, floors[0] if floors else None), plot)}")
+    if data["status"] == "FAIL":
+        raise typer.Exit(1)
+
+
+def _run_text(run) -> str:
+    lines = [f"run {run.run_dir}: recipe {run.recipe or '?'}, nodes {run.nodes or '?'}, ranks {run.ranks or '?'}"
+             + (f", GPUs {run.gpus}" if run.gpus else ""), f"log: {run.log}"]
+    if run.training:
+        t = run.training
+        lines += [f"throughput: {_num(t['throughput'], 1)} {t['unit']} ({t['throughput_note']})",
+                  f"updates: {t['updates']}, epochs: {t['epochs']}, final loss: {_num(t['final_loss'], 3)} "
+                  f"(base {t['loss_base']}), {len(t['loss_curve'])} loss points, {len(t['valid_curve'])} validation points"]
+    for test in run.nccl or []:
+        lines.append(f"{test['test']}: max busbw {_num(test['max_busbw_gbs'])} GB/s, avg {_num(test['avg_busbw_gbs'], 3)}"
+                     f" GB/s, wrong values {test['wrong_values']}, verdict {test['verdict']['status']}: {test['verdict']['reason']}")
+    return "\n".join(lines)
+
+
+@app.command("run")
+def run(run_dir: Path = typer.Argument(..., help="A run directory (with metadata.json and its logs)."),
+        as_json: bool = JSON_OPTION) -> None:
+    """Summarise one run: throughput (warm-up excluded), loss, updates; or its nccl results."""
+    import dataclasses
+
+    from toolkit.reports.scaling import read_run
+
+    summary = read_run(run_dir)
+    emit(dataclasses.asdict(summary), as_json, lambda _: _run_text(summary))
+    if summary.nccl and any(t["verdict"]["status"] == "FAIL" for t in summary.nccl):
+        raise typer.Exit(1)
+
+
+@app.command("scaling")
+def scaling(run_dirs: List[Path] = typer.Argument(..., help="Run dirs of one recipe at different node counts."),
+            as_json: bool = JSON_OPTION, plot: Optional[Path] = PLOT_OPTION) -> None:
+    """Throughput, speed-up and scaling efficiency against the smallest run; optional PNG vs ideal scaling."""
+    import dataclasses
+
+    from toolkit.reports.scaling import read_run, scaling as scaling_rows
+
+    runs = [read_run(d) for d in run_dirs]
+    rows = scaling_rows(runs)
+    unit = runs[0].unit
+    data = {"recipe": runs[0].recipe, "unit": unit, "baseline": rows[0].run_dir,
+            "runs": [dataclasses.asdict(r) for r in rows]}
+    emit(data, as_json, lambda _: table(
+        [[r.run_dir, r.nodes or "?", r.ranks, _num(r.throughput, 1), f"{r.speedup:.2f}x", _num(r.ideal_throughput, 1),
+          f"{r.efficiency:.0%}"] for r in rows],
+        ["run", "nodes", "ranks", f"throughput ({unit})", "speed-up", "ideal", "efficiency"]))
+    if plot:
+        from toolkit.reports.plots import save_png, scaling_figure
+
+        title = f"{runs[0].recipe or 'run'} scaling"
+        info(f"plot: {save_png(scaling_figure(rows, unit, title), plot)}")

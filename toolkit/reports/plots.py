@@ -1,0 +1,79 @@
+"""Figures for the reports: built as matplotlib Figures (tests inspect them), saved as PNG with the Agg backend.
+
+matplotlib is imported inside the functions: it is heavy and only the plotting commands need it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from toolkit.errors import HpcError
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
+    from toolkit.reports.nccl import NcclTest
+    from toolkit.reports.scaling import ScalingRow
+
+
+def _figure():
+    try:
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from matplotlib.figure import Figure
+    except ImportError:
+        raise HpcError("plots need matplotlib", fix="pip install 'hpc-toolkit[reports]' (or matplotlib)") from None
+    fig = Figure(figsize=(8, 5), layout="constrained")  # no pyplot: no global state, no GUI backend
+    FigureCanvasAgg(fig)
+    return fig
+
+
+def nccl_figure(tests: list[NcclTest], floor_gbs: float | None = None) -> Figure:
+    """Bus bandwidth against message size, out-of-place and in-place per test, with the floor if one applies."""
+    fig = _figure()
+    ax = fig.add_subplot()
+    for test in tests:
+        label = test.name or "nccl test"
+        for placement, style in (("out_of_place", "-o"), ("in_place", "--s")):
+            points = [(r.size, getattr(r, placement).busbw_gbs) for r in test.rows if getattr(r, placement)]
+            if points:
+                ax.plot(*zip(*points), style, markersize=3, label=f"{label} {placement.replace('_', '-')}")
+    if floor_gbs is not None:
+        ax.axhline(floor_gbs, color="red", linestyle=":", label=f"floor {floor_gbs:g} GB/s")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("message size (bytes)")
+    ax.set_ylabel("bus bandwidth (GB/s)")
+    ax.set_title("nccl-tests bus bandwidth")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend()
+    return fig
+
+
+def scaling_figure(rows: list[ScalingRow], unit: str, title: str = "") -> Figure:
+    """Measured throughput against ranks beside ideal linear scaling from the smallest run."""
+    fig = _figure()
+    ax = fig.add_subplot()
+    ranks = [r.ranks for r in rows]
+    ax.plot(ranks, [r.throughput for r in rows], "-o", label="measured")
+    ax.plot(ranks, [r.ideal_throughput for r in rows], "--", color="gray", label="ideal (linear)")
+    for r in rows:
+        ax.annotate(f"{r.efficiency:.0%}", (r.ranks, r.throughput), textcoords="offset points", xytext=(4, -12))
+    ax.set_xlabel("ranks (GPUs or CPU processes)")
+    ax.set_ylabel(f"throughput ({unit})")
+    ax.set_title(title or "scaling")
+    ax.set_xticks(ranks)
+    ax.grid(True, alpha=0.3)
+    ax.legend()
+    return fig
+
+
+def save_png(fig: Figure, path: str | Path) -> Path:
+    path = Path(path)
+    if path.suffix.lower() != ".png":
+        raise HpcError(f"plot file {path} does not end in .png", fix="name the plot file *.png")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(path, format="png", dpi=110)
+    except OSError as exc:
+        raise HpcError(f"cannot write {path}: {exc.strerror}", fix="choose a writable path for --plot") from None
+    return path
