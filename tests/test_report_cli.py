@@ -10,7 +10,7 @@ NCCL = Path(__file__).parent / "fixtures" / "nccl"
 
 
 def test_nccl_table_and_pass_verdict():
-    res = run_hpc("report", "nccl", str(NCCL / "2019_no-root_float-error_mpirun-tagged.sample.log"),
+    res = run_hpc("report", "nccl", str(NCCL / "2019_no-root_float-error_mpirun-tagged.sample.txt"),
                   "--instance", "p3dn.24xlarge")
     assert res.returncode == 0, res.stderr
     assert "size(B)" in res.stdout and "536870912" in res.stdout
@@ -19,7 +19,7 @@ def test_nccl_table_and_pass_verdict():
 
 def test_nccl_below_the_floor_fails_with_exit_1(tmp_path):
     log = tmp_path / "slow.log"
-    log.write_text((NCCL / "2022_root_wrong_srun-label.sample.log").read_text())
+    log.write_text((NCCL / "2022_root_wrong_srun-label.sample.txt").read_text())
     res = run_hpc("report", "nccl", str(log), "--instance", "p5.48xlarge", "--json")
     assert res.returncode == 1
     data = json.loads(res.stdout)
@@ -27,7 +27,7 @@ def test_nccl_below_the_floor_fails_with_exit_1(tmp_path):
 
 
 def test_nccl_wrong_values_fail_and_json_lists_every_test():
-    res = run_hpc("report", "nccl", str(NCCL / "v2.17_three-tests_collapsed_wrong.sample.log"),
+    res = run_hpc("report", "nccl", str(NCCL / "v2.17_three-tests_collapsed_wrong.sample.txt"),
                   str(NCCL / "v2.17_json-J.sample.json"), "--json")
     assert res.returncode == 1
     data = json.loads(res.stdout)
@@ -38,7 +38,7 @@ def test_nccl_wrong_values_fail_and_json_lists_every_test():
 
 def test_nccl_one_node_is_no_verdict_and_plot_is_written(tmp_path):
     png = tmp_path / "busbw.png"
-    res = run_hpc("report", "nccl", str(NCCL / "2019_all-gather_no-redop_unchecked.sample.log"),
+    res = run_hpc("report", "nccl", str(NCCL / "2019_all-gather_no-redop_unchecked.sample.txt"),
                   "--instance", "p4d.24xlarge", "--plot", str(png))
     assert res.returncode == 0 and "NO-VERDICT" in res.stdout
     assert png.read_bytes()[:4] == b"\x89PNG"

@@ -12,11 +12,11 @@ FIXTURES = Path(__file__).parent / "fixtures" / "nccl"
 
 
 @pytest.mark.parametrize("name,test,rows,keys,ranks,nodes,transport", [
-    ("2019_no-root_float-error_mpirun-tagged.sample.log", "all_reduce", 14, "size count type redop", 16, 2, "efa"),
-    ("2019_all-gather_no-redop_unchecked.sample.log", "all_gather", 8, "size count type", 8, 1, None),
-    ("2022_root_wrong_srun-label.sample.log", "all_reduce", 16, "size count type redop root", 16, 2, "efa"),
-    ("v2.17_timestamp-S.sample.log", "all_reduce", 6, "size count type redop root", 16, 2, None),
-    ("v2.18_per-iteration-I1.sample.log", "all_reduce", 6, "size count type redop root", 16, 2, None),
+    ("2019_no-root_float-error_mpirun-tagged.sample.txt", "all_reduce", 14, "size count type redop", 16, 2, "efa"),
+    ("2019_all-gather_no-redop_unchecked.sample.txt", "all_gather", 8, "size count type", 8, 1, None),
+    ("2022_root_wrong_srun-label.sample.txt", "all_reduce", 16, "size count type redop root", 16, 2, "efa"),
+    ("v2.17_timestamp-S.sample.txt", "all_reduce", 6, "size count type redop root", 16, 2, None),
+    ("v2.18_per-iteration-I1.sample.txt", "all_reduce", 6, "size count type redop root", 16, 2, None),
 ])
 def test_every_text_variant_parses_by_its_header(name, test, rows, keys, ranks, nodes, transport):
     [parsed] = parse_file(FIXTURES / name)
@@ -31,7 +31,7 @@ def test_every_text_variant_parses_by_its_header(name, test, rows, keys, ranks, 
 
 
 def test_old_float_error_column_is_an_error_not_a_count_and_split_row_is_stitched():
-    [t] = parse_file(FIXTURES / "2019_no-root_float-error_mpirun-tagged.sample.log")
+    [t] = parse_file(FIXTURES / "2019_no-root_float-error_mpirun-tagged.sample.txt")
     first = t.rows[0]  # printed half, then NCCL INFO lines, then its second half
     assert (first.size, first.count, first.redop, first.root) == (8, 2, "sum", None)
     assert first.out_of_place.time_us == 60.0 and first.in_place.time_us == 59.4
@@ -40,15 +40,15 @@ def test_old_float_error_column_is_an_error_not_a_count_and_split_row_is_stitche
 
 
 def test_unchecked_run_has_no_wrong_counts():
-    [t] = parse_file(FIXTURES / "2019_all-gather_no-redop_unchecked.sample.log")
+    [t] = parse_file(FIXTURES / "2019_all-gather_no-redop_unchecked.sample.txt")
     assert all(m.wrong is None and m.error is None for r in t.rows for m in r.measures())
     assert t.rows[0].redop is None and summarize(t)["wrong_values"] is None
 
 
 def test_timestamp_and_per_iteration_columns():
-    [ts] = parse_file(FIXTURES / "v2.17_timestamp-S.sample.log")
+    [ts] = parse_file(FIXTURES / "v2.17_timestamp-S.sample.txt")
     assert ts.rows[0].timestamp == "2025-03-04 10:15:10" and ts.rows[0].in_place.wrong == 0
-    [pi] = parse_file(FIXTURES / "v2.18_per-iteration-I1.sample.log")
+    [pi] = parse_file(FIXTURES / "v2.18_per-iteration-I1.sample.txt")
     row = pi.rows[-1]
     assert set(row.out_of_place.extra) == {"i_min", "i_max", "i_p99", "i_cv%"}
     assert row.out_of_place.extra["i_min"] < row.out_of_place.time_us < row.out_of_place.extra["i_max"]
@@ -63,7 +63,7 @@ def test_json_output_of_minus_J():
 
 
 def test_three_tests_in_one_file_collapsed_whitespace_and_wrong_values():
-    tests = parse_file(FIXTURES / "v2.17_three-tests_collapsed_wrong.sample.log")
+    tests = parse_file(FIXTURES / "v2.17_three-tests_collapsed_wrong.sample.txt")
     assert [t.name for t in tests] == ["all_reduce", "all_gather", "reduce_scatter"]
     assert [len(t.rows) for t in tests] == [4, 4, 4]
     assert tests[1].rows[0].redop == "none" and tests[1].rows[0].count * 4 * 4 == tests[1].rows[0].size

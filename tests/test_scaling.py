@@ -45,7 +45,7 @@ def test_collectives_run_dir_is_summarised_as_nccl(tmp_path):
     run = tmp_path / "coll"
     run.mkdir()
     (run / "metadata.json").write_text(json.dumps({"recipe": "collectives", "nodes": 2, "ranks": 16}))
-    (run / "job.out").write_text((FIXTURES / "nccl" / "2022_root_wrong_srun-label.sample.log").read_text())
+    (run / "job.out").write_text((FIXTURES / "nccl" / "2022_root_wrong_srun-label.sample.txt").read_text())
     summary = read_run(run)
     assert summary.training is None and summary.nccl[0]["test"] == "all_reduce"
     assert summary.nccl[0]["verdict"]["status"] == "NO-VERDICT"
@@ -105,7 +105,7 @@ def test_scaling_figure_has_measured_and_ideal_series(tmp_path):
 
 
 def test_nccl_figure_series_per_placement_and_floor(tmp_path):
-    tests = parse_file(FIXTURES / "nccl" / "v2.17_timestamp-S.sample.log")
+    tests = parse_file(FIXTURES / "nccl" / "v2.17_timestamp-S.sample.txt")
     fig = nccl_figure(tests, floor_gbs=350.0)
     [ax] = fig.axes
     assert ax.get_xscale() == "log" and ax.get_ylabel() == "bus bandwidth (GB/s)"

@@ -8,7 +8,7 @@ import pytest
 from toolkit.errors import HpcError
 from toolkit.reports.training_logs import parse_training_file, parse_training_text, summarize_training, throughput
 
-FAIRSEQ = Path(__file__).parent / "fixtures" / "training" / "fairseq_translation.sample.log"
+FAIRSEQ = Path(__file__).parent / "fixtures" / "training" / "fairseq_translation.sample.txt"
 
 
 def test_fairseq_stdout_kinds_values_and_warm_up_excluded():
