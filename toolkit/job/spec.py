@@ -46,7 +46,7 @@ class RankVar(enum.Enum):
 
 
 Arg = Union[str, RankVar, tuple[Union[str, RankVar], ...]]
-Launcher = Literal["fairseq", "python-module", "binary"]
+LauncherKind = Literal["fairseq", "python-module", "binary"]
 
 
 def master_port(job_id: int) -> int:
@@ -83,7 +83,7 @@ class JobSpec:
     qos: str | None
     reservation: str | None
     dependency: str | None
-    launcher: Launcher
+    launcher: LauncherKind
     mpi: str | None  # srun --mpi=<this> for MPI binaries (nccl-tests)
     software: SoftwareEnv
     env: tuple[EnvVar, ...]
@@ -145,7 +145,7 @@ def _under(root: str, path: str) -> str:
     return path if path.startswith("/") else f"{root}/{path}"
 
 
-def _device_forms(launcher: Launcher, args: dict, on_gpu: bool, threads: int | None,
+def _device_forms(launcher: LauncherKind, args: dict, on_gpu: bool, threads: int | None,
                   world: int) -> tuple[dict, list[Derived]]:
     """The recipe's args in the queue's device form (GPU as published; CPU: gloo, no half precision)."""
     args = dict(args)
