@@ -20,3 +20,11 @@ test: venv
 
 clean:
 	rm -rf $(VENV) .pytest_cache
+
+# Reviewed renders in jobs/ (tests/test_jobs_dir.py checks they match today's rendering).
+JOBS := roberta:8 transformer:4 resnet50:8 nccl-tests:2
+.PHONY: jobs
+jobs: venv
+	@for job in $(JOBS); do name=$${job%%:*}; nodes=$${job##*:}; \
+	  $(BIN)/python -m toolkit recipes render $$name --nodes $$nodes --cluster jobs/p3dn-cluster.yaml --queue p3dn \
+	    -o jobs/$$name-$${nodes}xp3dn.sbatch --force || exit 1; done

@@ -4,7 +4,7 @@ import json
 from pathlib import Path
 
 from tests.conftest import run_hpc
-from tests.test_scaling import make_run
+from tests.test_report_scaling import make_run
 
 NCCL = Path(__file__).parent / "fixtures" / "nccl"
 

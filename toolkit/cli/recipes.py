@@ -2,6 +2,117 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Optional
+
 import typer
 
+from toolkit.cli.output import JSON_OPTION, emit, info, table
+
 app = typer.Typer(help="Training recipes: list, show, validate, render and submit.", no_args_is_help=True, rich_markup_mode=None)
+
+NODES = typer.Option(None, "--nodes", "-N", min=1, help="Nodes (default: the recipe's resources.nodes).")
+CLUSTER = typer.Option(None, "--cluster", help="A ParallelCluster v3 config (default: this cluster's own, else p3dn).")
+QUEUE = typer.Option(None, "--queue", "-q", help="Queue of the cluster config (default: its first queue).")
+PROFILE = typer.Option(None, "--profile", "-p", help="A named profile of the recipe (e.g. smoke).")
+SET = typer.Option([], "--set", help="Override a recipe value: KEY.PATH=VALUE (e.g. args.--lr=0.1); null removes.")
+
+
+def _spec(name: str, nodes, cluster, queue, profile, overrides, **passthrough):
+    from toolkit.cluster.queues import resolve_queue
+    from toolkit.job.spec import build_job_spec
+    from toolkit.recipes.load import load_recipe
+
+    recipe = load_recipe(name, profile=profile, overrides=overrides)
+    chosen, how = resolve_queue(cluster, queue)
+    info(f"queue: {how}")
+    return recipe, build_job_spec(recipe, chosen, nodes, profile=profile, **passthrough)
+
+
+@app.command("list")
+def list_(as_json: bool = JSON_OPTION) -> None:
+    """List the recipes (recipes/*.yaml, $HPC_RECIPES_DIR first)."""
+    from toolkit.recipes.load import list_recipe_files, load_recipe
+
+    rows = []
+    for path in list_recipe_files():
+        recipe = load_recipe(path)
+        rows.append({"name": recipe.name, "launcher": recipe.launcher.kind, "nodes": recipe.resources.nodes,
+                     "profiles": list(recipe.profiles), "description": recipe.description, "path": str(path)})
+    emit(rows, as_json, lambda rs: table(
+        [[r["name"], r["launcher"], r["nodes"], ",".join(r["profiles"]) or "-", r["description"]] for r in rs],
+        ["NAME", "LAUNCHER", "NODES", "PROFILES", "DESCRIPTION"]))
+
+
+@app.command()
+def show(name: str = typer.Argument(..., help="Recipe name or path to a recipe file."),
+         nodes: Optional[int] = NODES, cluster: Optional[Path] = CLUSTER, queue: Optional[str] = QUEUE,
+         profile: Optional[str] = PROFILE, overrides: list[str] = SET, as_json: bool = JSON_OPTION) -> None:
+    """Show a recipe and every value derived for a node count, with the rule behind it."""
+    import dataclasses
+    import shlex
+
+    from toolkit.job.spec import resolve_argv
+
+    recipe, spec = _spec(name, nodes, cluster, queue, profile, overrides)
+    rank0 = resolve_argv(spec, {"SLURM_PROCID": "0", "SLURM_LOCALID": "0", "MASTER_ADDR": "$MASTER_ADDR",
+                                "MASTER_PORT": "$MASTER_PORT"})
+    data = {"recipe": recipe.model_dump(mode="json", exclude={"profiles"}), "profiles": list(recipe.profiles),
+            "job": {"partition": spec.partition, "instance_type": spec.instance_type, "nodes": spec.nodes,
+                    "tasks_per_node": spec.tasks_per_node, "world_size": spec.world_size,
+                    "cpus_per_task": spec.cpus_per_task, "time_limit": spec.time_limit, "run_dir": spec.run_dir},
+            "derived": [dataclasses.asdict(d) for d in spec.derived],
+            "env": [dataclasses.asdict(v) for v in spec.env], "rank0_argv": rank0}
+
+    def human(d: dict) -> str:
+        lines = [f"{recipe.name}: {recipe.description}", f"source: {recipe.source}"]
+        lines += [f"notes: {recipe.notes}"] if recipe.notes else []
+        lines += [f"profiles: {', '.join(recipe.profiles) or '-'}",
+                  f"job: {spec.nodes} x {spec.instance_type} (partition {spec.partition}), {spec.tasks_per_node} ranks "
+                  f"per node, world size {spec.world_size}, time {spec.time_limit}", "", "derived values:",
+                  table([[x.key, x.value, x.rule] for x in spec.derived], ["VALUE OF", "IS", "BECAUSE"]), "",
+                  "environment:"]
+        lines += [f"  {v.name}={v.value}    # {v.doc}" for v in spec.env]
+        lines += ["", "rank 0 runs:", "  " + shlex.join(rank0)]
+        return "\n".join(lines)
+
+    emit(data, as_json, human)
+
+
+@app.command()
+def validate(file: Path = typer.Argument(..., help="Recipe file."), as_json: bool = JSON_OPTION) -> None:
+    """Validate a recipe file and each of its profiles (exit 1 with one line per fault)."""
+    from toolkit.recipes.load import validate_recipe_file
+
+    profiles = validate_recipe_file(file)
+    emit({"ok": True, "file": str(file), "profiles": profiles}, as_json,
+         f"{file}: ok" + (f" (profiles: {', '.join(profiles)})" if profiles else ""))
+
+
+@app.command()
+def render(name: str = typer.Argument(..., help="Recipe name or path to a recipe file."),
+           nodes: Optional[int] = NODES, cluster: Optional[Path] = CLUSTER, queue: Optional[str] = QUEUE,
+           profile: Optional[str] = PROFILE, overrides: list[str] = SET,
+           account: Optional[str] = typer.Option(None, "--account", help="Slurm account (passed through)."),
+           qos: Optional[str] = typer.Option(None, "--qos", help="Slurm QOS (passed through)."),
+           reservation: Optional[str] = typer.Option(None, "--reservation", help="Slurm reservation (passed through)."),
+           dependency: Optional[str] = typer.Option(None, "--dependency", help="Slurm dependency, e.g. afterok:123."),
+           output: Optional[Path] = typer.Option(None, "--output", "-o", help="Write the script here (default: stdout)."),
+           force: bool = typer.Option(False, "--force", help="Overwrite an existing --output file."),
+           as_json: bool = JSON_OPTION) -> None:
+    """Render a recipe as an sbatch script for a queue and node count."""
+    from toolkit.errors import HpcError
+    from toolkit.job.render import render_script
+
+    _, spec = _spec(name, nodes, cluster, queue, profile, overrides, account=account, qos=qos,
+                    reservation=reservation, dependency=dependency)
+    script = render_script(spec)
+    if output is not None:
+        if output.exists() and not force:
+            raise HpcError(f"{output} exists", fix="pass --force to overwrite it, or choose another -o FILE")
+        output.write_text(script)
+        info(f"wrote {output}")
+    if as_json:
+        emit({"script": script, "output": str(output) if output else None, "job_name": spec.job_name}, True)
+    elif output is None:
+        typer.echo(script, nl=False)

@@ -10,6 +10,7 @@ they are applied to the instances, so they are visible on the cluster too):
 from __future__ import annotations
 
 import dataclasses
+import os
 from pathlib import Path
 from typing import Any, Literal
 
@@ -19,6 +20,7 @@ from toolkit.errors import HpcError
 EfaStack = Literal["modern", "legacy", "none"]
 EFA_STACKS = ("modern", "legacy", "none")
 HEAD_NODE_CONFIG = Path("/opt/parallelcluster/shared/cluster-config.yaml")
+CLUSTER_CONFIG_ENV = "HPC_CLUSTER_CONFIG"
 TAG_EFA_STACK = "hpc:efa-stack"
 TAG_RANKS_PER_NODE = "hpc:ranks-per-node"
 TAG_CPUS_PER_TASK = "hpc:cpus-per-task"
@@ -109,3 +111,49 @@ def load_queues(path: str | Path) -> dict[str, Queue]:
         raise HpcError(f"{path}: not a ParallelCluster config (expected a mapping)",
                        fix="run `hpc cluster validate` on it")
     return queues_from_config(config, source=str(path))
+
+
+def cluster_config_candidates() -> list[Path]:
+    """Where the config of the cluster we run on is looked for, in order (the first existing file wins).
+
+    The one place to plug in another cluster's own config (e.g. the local test cluster's): $HPC_CLUSTER_CONFIG
+    first, then the ParallelCluster head node's copy.
+    """
+    explicit = os.environ.get(CLUSTER_CONFIG_ENV)
+    return ([Path(explicit)] if explicit else []) + [HEAD_NODE_CONFIG]
+
+
+def pick_queue(queues: dict[str, Queue], name: str | None, source: str) -> Queue:
+    """The named queue, or the config's first one (ParallelCluster makes the first queue the default partition)."""
+    if name is None:
+        return next(iter(queues.values()))
+    if name not in queues:
+        raise HpcError(f"{source} has no queue {name!r}", fix=f"use --queue {' | '.join(queues)}")
+    return queues[name]
+
+
+def resolve_queue(cluster: str | Path | None, queue: str | None) -> tuple[Queue, str]:
+    """The queue a job goes to, and a sentence saying where it came from.
+
+    `--cluster FILE [--queue Q]`, else the cluster's own config (cluster_config_candidates()), else
+    default_queue(), in which case the sentence says it was assumed (the CLI prints it on stderr).
+    """
+    explicit = os.environ.get(CLUSTER_CONFIG_ENV)
+    if cluster is None and explicit and not Path(explicit).is_file():
+        raise HpcError(f"${CLUSTER_CONFIG_ENV} names {explicit}, which does not exist",
+                       fix=f"point ${CLUSTER_CONFIG_ENV} at a cluster config, or unset it")
+    path = Path(cluster) if cluster is not None else next((p for p in cluster_config_candidates() if p.is_file()), None)
+    if path is not None:
+        queues = load_queues(path)
+        if not queues:
+            raise HpcError(f"{path} defines no Slurm queues", fix="add Scheduling/SlurmQueues to the config")
+        chosen = pick_queue(queues, queue, str(path))
+        how = "--cluster" if cluster is not None else "this cluster's own config"
+        return chosen, f"queue {chosen.name} ({chosen.instance_type}) from {path} ({how})"
+    default = default_queue()
+    if queue not in (None, default.name):
+        raise HpcError(f"--queue {queue} given, but no cluster config was given or found",
+                       fix="pass --cluster FILE (a ParallelCluster config) with --queue")
+    looked = ", ".join(str(p) for p in cluster_config_candidates())
+    return default, (f"assumed the default queue {default.name} ({default.instance_type}, "
+                     f"{default.gpus_per_node} GPUs per node): no --cluster given and no cluster config at {looked}")

@@ -1,0 +1,84 @@
+"""The job environment per instance kind and EFA stack, the submit allow-list, and no leaked credentials."""
+
+import os
+
+import pytest
+
+from tests.conftest import run_hpc
+from tests.jobhelpers import CPU, P3DN
+from toolkit.catalog import instance
+from toolkit.cluster.queues import Queue
+from toolkit.job.env import communication_env, filter_submit_env, submit_env_allowlist
+from toolkit.job.render import render_script
+from toolkit.job.spec import build_job_spec
+from toolkit.recipes.load import load_recipe
+
+
+def names(env):
+    return [v.name for v in env]
+
+
+@pytest.mark.parametrize("itype,stack,expected", [
+    ("p3dn.24xlarge", "modern", ["NCCL_DEBUG"]),
+    ("p5.48xlarge", "modern", ["NCCL_DEBUG"]),
+    ("p3dn.24xlarge", "legacy", ["NCCL_DEBUG", "FI_PROVIDER", "FI_EFA_TX_MIN_CREDITS", "NCCL_SOCKET_IFNAME"]),
+    ("p4d.24xlarge", "legacy", ["NCCL_DEBUG", "FI_PROVIDER", "FI_EFA_TX_MIN_CREDITS", "NCCL_SOCKET_IFNAME",
+                                "FI_EFA_USE_DEVICE_RDMA"]),
+    ("p3.16xlarge", "none", ["NCCL_DEBUG", "NCCL_SOCKET_NTHREADS", "NCCL_NSOCKS_PERTHREAD"]),
+    ("p3.16xlarge", "legacy", ["NCCL_DEBUG", "NCCL_SOCKET_NTHREADS", "NCCL_NSOCKS_PERTHREAD"]),  # no EFA: TCP
+    ("p3dn.24xlarge", "none", ["NCCL_DEBUG", "NCCL_SOCKET_NTHREADS", "NCCL_NSOCKS_PERTHREAD"]),
+])
+def test_communication_env_per_instance_and_stack(itype, stack, expected):
+    env = communication_env(instance(itype), stack)
+    assert names(env) == expected
+    assert all(v.doc for v in env)
+    threads = {v.name: int(v.value) for v in env if v.name in ("NCCL_SOCKET_NTHREADS", "NCCL_NSOCKS_PERTHREAD")}
+    if threads:
+        assert threads["NCCL_SOCKET_NTHREADS"] <= 16 and threads["NCCL_SOCKET_NTHREADS"] * threads["NCCL_NSOCKS_PERTHREAD"] <= 64
+
+
+def test_cpu_queue_gets_threads_and_no_nccl():
+    spec = build_job_spec(load_recipe("resnet50"), CPU, 2)
+    assert spec.environ["OMP_NUM_THREADS"] == "1" == str(spec.cpus_per_task)
+    assert not [n for n in spec.environ if n.startswith(("NCCL_", "FI_"))]
+    words = [w for w in spec.command if isinstance(w, str)]
+    assert words[words.index("--threads") + 1] == "1"
+
+
+def test_gpu_queue_leaves_thread_count_to_the_libraries():
+    assert "OMP_NUM_THREADS" not in build_job_spec(load_recipe("roberta"), P3DN, 1).environ
+
+
+def test_recipe_env_overrides_and_every_variable_is_documented_above_its_export():
+    recipe = load_recipe("roberta", overrides=["env.NCCL_DEBUG=WARN", "env.MY_SETTING=a b"])
+    spec = build_job_spec(recipe, Queue(name="q", instance_type="p3dn.24xlarge", max_nodes=8, efa_stack="legacy"), 1)
+    assert spec.environ["NCCL_DEBUG"] == "WARN" and spec.environ["MY_SETTING"] == "a b"
+    lines = render_script(spec).splitlines()
+    for var in spec.env:
+        at = next(i for i, line in enumerate(lines) if line.startswith(f"export {var.name}="))
+        assert lines[at - 1] == f"# {var.doc}"
+
+
+def test_the_job_prints_the_communication_values_in_effect():
+    script = render_script(build_job_spec(load_recipe("nccl-tests"), P3DN, 2))
+    assert "env | grep -E '^(NCCL_|FI_|RDMAV_|OMP_NUM_THREADS)' | sort" in script
+
+
+def test_only_allow_listed_submitter_variables_pass():
+    allowed = submit_env_allowlist()
+    assert "PATH" in allowed and not [n for n in allowed if n.startswith("AWS") or "TOKEN" in n]
+    assert filter_submit_env({"PATH": "/bin", "AWS_SECRET_ACCESS_KEY": "x", "HOME": "/h"}) == {"PATH": "/bin", "HOME": "/h"}
+
+
+def test_a_planted_credential_never_reaches_the_render():
+    secrets = {"AWS_ACCESS_KEY_ID": "AKIAFAKEFAKEFAKE1234", "AWS_SECRET_ACCESS_KEY": "fake/secret+KEY0987654321",
+               "AWS_SESSION_TOKEN": "FakeSessionToken123", "GITHUB_TOKEN": "ghp_fakefakefake", "HF_TOKEN": "hf_fake"}
+    env = {**os.environ, **secrets, "HPC_CLUSTER_CONFIG": ""}
+    for name in ("roberta", "resnet50", "nccl-tests"):
+        res = run_hpc("recipes", "render", name, env=env)
+        assert res.returncode == 0, res.stderr
+        export = next(line for line in res.stdout.splitlines() if line.startswith("#SBATCH --export="))
+        assert export == "#SBATCH --export=" + ",".join(submit_env_allowlist())
+        for name_, value in secrets.items():
+            assert value not in res.stdout and value not in res.stderr
+            assert name_ not in res.stdout

@@ -1,0 +1,72 @@
+"""Scaling arithmetic against the published reference values, for several node counts."""
+
+import pytest
+
+from tests.jobhelpers import CPU, P3DN
+from toolkit.cluster.queues import Queue
+from toolkit.errors import HpcError
+from toolkit.job.spec import build_job_spec
+from toolkit.recipes.load import load_recipe
+from toolkit.recipes.scaling import accumulation, apply_scaling, memory_cap
+
+
+def derived(spec, key):
+    return next(d.value for d in spec.derived if d.key == key)
+
+
+@pytest.mark.parametrize("name", ["transformer", "roberta", "resnet50"])
+def test_every_rule_reproduces_its_published_reference(name):
+    recipe = load_recipe(name)
+    for flag, rule in recipe.scaling.items():
+        world = rule.reference.world_size
+        args, _ = apply_scaling({flag: rule}, recipe.args, nodes=world // 8, ranks_per_node=8, max_nodes=64,
+                                gpu_memory_gib=32)
+        assert float(args[flag]) == pytest.approx(rule.reference.value)
+
+
+@pytest.mark.parametrize("nodes,update_freq", [(1, 16), (2, 8), (4, 4), (8, 2), (16, 1)])
+def test_roberta_keeps_2048_sequences_per_update(nodes, update_freq):
+    spec = build_job_spec(load_recipe("roberta"), P3DN, nodes)
+    assert derived(spec, "--update-freq") == str(update_freq)
+    assert 16 * update_freq * spec.world_size == 2048
+
+
+@pytest.mark.parametrize("nodes,update_freq", [(1, 16), (2, 8), (4, 4), (16, 1)])
+def test_transformer_keeps_128_gpus_worth_of_tokens(nodes, update_freq):
+    spec = build_job_spec(load_recipe("transformer"), P3DN, nodes)
+    assert derived(spec, "--update-freq") == str(update_freq)
+    assert 3584 * update_freq * spec.world_size == 3584 * 128
+
+
+@pytest.mark.parametrize("nodes,lr,warmup", [(1, "0.8", "1.25"), (2, "1.6", "2.5"), (4, "3.2", "5"),
+                                             (8, "6.4", "10"), (3, "2.4", "3.75")])
+def test_resnet_lr_and_warmup_follow_the_global_batch(nodes, lr, warmup):
+    spec = build_job_spec(load_recipe("resnet50"), P3DN, nodes)
+    assert (derived(spec, "--lr"), derived(spec, "--warmup-epochs")) == (lr, warmup)
+
+
+def test_a_fractional_update_freq_is_an_error_listing_the_node_counts_that_work():
+    with pytest.raises(HpcError) as err:
+        build_job_spec(load_recipe("roberta"), P3DN, 3)
+    assert "not a whole number" in err.value.message
+    assert err.value.fix == "use --nodes 1 | 2 | 4 | 8 | 16"
+
+
+def test_cpu_queue_world_size_drives_the_same_rule():
+    spec = build_job_spec(load_recipe("roberta"), CPU, 2)
+    assert spec.world_size == 4 and derived(spec, "--update-freq") == "32"
+
+
+def test_accumulation_is_none_when_not_whole():
+    assert accumulation(2048, 16, 8) == 16
+    assert accumulation(2048, 16, 24) is None
+    assert accumulation(16, 16, 2) is None  # less than one step per update
+
+
+@pytest.mark.parametrize("instance,expected", [("p3dn.24xlarge", "8192M"), ("p3.16xlarge", "4096M"),
+                                               ("p4d.24xlarge", "8192M")])
+def test_nccl_tests_max_size_is_capped_by_gpu_memory(instance, expected):
+    queue = Queue(name="q", instance_type=instance, max_nodes=4)
+    spec = build_job_spec(load_recipe("nccl-tests"), queue, 2)
+    assert spec.command[spec.command.index("-e") + 1] == expected
+    assert memory_cap(16, 3, 0.8) * 3 <= 16 * 2**30 * 0.8 < memory_cap(16, 3, 0.8) * 2 * 3

@@ -1,0 +1,121 @@
+"""Rendered sbatch scripts: valid bash, the right directives, CPU forms, and jobs/ matching today's render."""
+
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO
+from tests.jobhelpers import CPU, P3DN, parse_flags
+from toolkit.cluster.queues import Queue, load_queues
+from toolkit.errors import HpcError
+from toolkit.job.render import render_script
+from toolkit.job.spec import build_job_spec, master_port, resolve_argv, time_minutes
+from toolkit.recipes.load import list_recipe_files, load_recipe
+
+RECIPES = [p.stem for p in list_recipe_files()]
+QUEUES = [P3DN, CPU, Queue(name="p3", instance_type="p3.16xlarge", max_nodes=16, efa_stack="none"),
+          Queue(name="p4d", instance_type="p4d.24xlarge", max_nodes=16, efa_stack="legacy")]
+
+
+def renders():
+    for name in RECIPES:
+        recipe = load_recipe(name)
+        for queue in QUEUES:
+            if ("gpu" if queue.gpus_per_node else "cpu") in recipe.resources.runs_on:
+                for profile in [None, *recipe.profiles]:
+                    yield name, queue, profile
+
+
+@pytest.mark.parametrize("name,queue,profile", list(renders()), ids=lambda v: getattr(v, "name", v))
+def test_every_render_is_valid_bash(name, queue, profile):
+    recipe = load_recipe(name, profile=profile)
+    nodes = 1 if name != "nccl-tests" else 2
+    script = render_script(build_job_spec(recipe, queue, nodes, profile=profile))
+    res = subprocess.run(["bash", "-n"], input=script, capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr
+
+
+@pytest.mark.parametrize("path", sorted((REPO / "jobs").glob("*.sbatch")), ids=lambda p: p.name)
+def test_jobs_dir_matches_todays_rendering(path):
+    name, nodes = re.fullmatch(r"(.+)-(\d+)xp3dn\.sbatch", path.name).groups()
+    queue = load_queues(REPO / "jobs" / "p3dn-cluster.yaml")["p3dn"]
+    assert path.read_text() == render_script(build_job_spec(load_recipe(name), queue, int(nodes))), \
+        "jobs/ is stale: run `make jobs` and review the diff"
+
+
+def test_jobs_dir_has_the_reviewed_examples():
+    assert {p.name for p in (REPO / "jobs").glob("*.sbatch")} == {
+        "roberta-8xp3dn.sbatch", "transformer-4xp3dn.sbatch", "resnet50-8xp3dn.sbatch", "nccl-tests-2xp3dn.sbatch"}
+
+
+def test_gpu_directives():
+    script = render_script(build_job_spec(load_recipe("roberta"), P3DN, 8, account="ml-team", qos="high",
+                                          reservation="res1", dependency="afterok:12:13"))
+    directives = [line.removeprefix("#SBATCH ") for line in script.splitlines() if line.startswith("#SBATCH ")]
+    assert directives == [
+        "--job-name=roberta", "--partition=p3dn", "--nodes=8", "--ntasks-per-node=8", "--gpus-per-node=8",
+        "--cpus-per-task=12", "--time=5-00:00:00", "--exclusive", "--wait-all-nodes=1",
+        "--output=/fsx/runs/roberta/roberta-%j.out",
+        "--export=PATH,HOME,USER,LOGNAME,SHELL,LANG,LC_ALL,LC_CTYPE,TZ,TMPDIR",
+        "--account=ml-team", "--qos=high", "--reservation=res1", "--dependency=afterok:12:13"]
+    assert not [d for d in directives if d.startswith("--mem")]
+    srun = next(line for line in script.splitlines() if line.startswith("srun "))
+    assert "--cpus-per-task=12" in srun and "--ntasks-per-node=8" in srun and "--gpus-per-task" not in srun
+
+
+def test_cpu_queue_gets_the_cpu_forms_of_fairseq():
+    spec = build_job_spec(load_recipe("roberta"), CPU, 2)
+    flags = parse_flags(resolve_argv(spec, {"SLURM_PROCID": "0", "SLURM_LOCALID": "0", "MASTER_ADDR": "a",
+                                            "MASTER_PORT": "1"})[1:])
+    assert flags["--cpu"] == [] and flags["--distributed-backend"] == ["gloo"]
+    assert flags["--ddp-backend"] == ["legacy_ddp"] and flags["--distributed-no-spawn"] == []
+    assert not {"--fp16", "--memory-efficient-fp16", "--bf16"} & set(flags)
+    assert "--gpus-per-node" not in render_script(spec)
+
+
+def test_cpu_queue_gets_the_cpu_forms_of_our_trainer():
+    spec = build_job_spec(load_recipe("resnet50"), CPU, 2)
+    flags = parse_flags([w for w in spec.command if isinstance(w, str)][3:])
+    assert flags["--device"] == ["cpu"] and flags["--backend"] == ["gloo"] and flags["--threads"] == ["1"]
+    assert "--amp" not in flags
+
+
+def test_gaudi_is_not_supported_yet():
+    with pytest.raises(HpcError, match="not supported on Gaudi yet"):
+        build_job_spec(load_recipe("resnet50"), Queue(name="dl1", instance_type="dl1.24xlarge", max_nodes=4), 1)
+
+
+def test_gpu_only_recipe_refuses_a_cpu_queue():
+    with pytest.raises(HpcError, match="runs on gpu only"):
+        build_job_spec(load_recipe("nccl-tests"), CPU, 1)
+
+
+def test_nodes_beyond_the_queue_are_refused():
+    with pytest.raises(HpcError, match="at most 2"):
+        build_job_spec(load_recipe("resnet50"), CPU, 3)
+
+
+@pytest.mark.parametrize("field,value", [("account", "a\nrm -rf /"), ("qos", "x y"), ("dependency", "$(id)"),
+                                         ("reservation", "'r'")])
+def test_values_in_sbatch_lines_are_restricted(field, value):
+    with pytest.raises(HpcError, match="cannot go into an #SBATCH line"):
+        build_job_spec(load_recipe("resnet50"), P3DN, 1, **{field: value})
+
+
+def test_run_dir_from_a_hostile_root_is_refused(tmp_path):
+    with pytest.raises(HpcError, match="run dir"):
+        build_job_spec(load_recipe("resnet50", overrides=["dirs.root=/tmp/x\ntouch pwned"]), P3DN, 1)
+
+
+def test_master_port_is_stable_distinct_and_below_ephemeral_ports():
+    ports = [master_port(job_id) for job_id in range(1, 5000)]
+    assert len(set(ports)) == len(ports) and all(1024 < p < 32768 for p in ports)
+    assert master_port(7) == master_port(7)
+
+
+@pytest.mark.parametrize("text,minutes", [("30", 30), ("01:30", 2), ("02:00:00", 120), ("1-00:00:00", 1440),
+                                          ("2-3", 51 * 60), ("1-0:30", 1470)])
+def test_time_limit_in_minutes(text, minutes):
+    assert time_minutes(text) == minutes

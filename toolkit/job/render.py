@@ -1,0 +1,117 @@
+"""JobSpec -> sbatch script text (Jinja2). All quoting happens here, in Python; the template holds text only.
+
+Every value that reaches the script is either shlex-quoted, an element of a quoted bash array, or (in
+`#SBATCH` lines, which sbatch parses) restricted to a safe character set by toolkit.job.spec.
+"""
+
+from __future__ import annotations
+
+import functools
+import shlex
+
+from toolkit.job.env import COMMUNICATION_PREFIXES, submit_env_allowlist
+from toolkit.job.spec import MASTER_PORT_BASE, MASTER_PORT_SPAN, Arg, JobSpec, RankVar
+
+
+def sbatch_directives(spec: JobSpec) -> list[str]:
+    """The #SBATCH options of a job, without the prefix (no --mem: ParallelCluster schedules without it)."""
+    directives = [
+        f"--job-name={spec.job_name}",
+        f"--partition={spec.partition}",
+        f"--nodes={spec.nodes}",
+        f"--ntasks-per-node={spec.tasks_per_node}",
+    ]
+    if spec.gpus_per_node:
+        directives.append(f"--gpus-per-node={spec.gpus_per_node}")
+    directives += [f"--cpus-per-task={spec.cpus_per_task}", f"--time={spec.time_limit}"]
+    if spec.exclusive:
+        directives.append("--exclusive")
+    if spec.wait_all_nodes:
+        directives.append("--wait-all-nodes=1")
+    directives += [f"--output={spec.output}", f"--export={','.join(submit_env_allowlist())}"]
+    for option in ("account", "qos", "reservation", "dependency"):
+        if getattr(spec, option):
+            directives.append(f"--{option}={getattr(spec, option)}")
+    return directives
+
+
+def srun_options(spec: JobSpec) -> list[str]:
+    """srun's options: the step's shape is spelled out (Slurm >= 22.05 srun does not inherit --cpus-per-task)."""
+    options = ["--export=ALL", f"--nodes={spec.nodes}", f"--ntasks-per-node={spec.tasks_per_node}",
+               f"--cpus-per-task={spec.cpus_per_task}", "--kill-on-bad-exit=1"]
+    if spec.mpi:
+        options.append(f"--mpi={spec.mpi}")
+    return options
+
+
+def setup_lines(spec: JobSpec) -> list[str]:
+    """Shell lines that activate the nodes' software and export the job's variables (also submitit's setup)."""
+    software = spec.software
+    lines = [f"module load {shlex.quote(m)}" for m in software.modules]
+    if software.venv:
+        lines.append(f"set +u; source {shlex.quote(software.venv + '/bin/activate')}; set -u")
+    if software.conda_root:
+        lines.append(f"set +u; source {shlex.quote(software.conda_root + '/etc/profile.d/conda.sh')}; "
+                     f"conda activate {shlex.quote(software.conda_env or '')}; set -u")
+    for var in spec.env:
+        lines += [f"# {var.doc}", f"export {var.name}={shlex.quote(var.value)}"]
+    return lines
+
+
+def shell_word(arg: Arg) -> str:
+    """One argument as a bash word: literals single-quoted, RankVars as "${NAME}", tuples concatenated."""
+    parts = arg if isinstance(arg, tuple) else (arg,)
+    return "".join(shlex.quote(p) if isinstance(p, str) else f'"${{{p.value}}}"' for p in parts)
+
+
+def split_command(command: tuple[Arg, ...]) -> tuple[tuple[str, ...], tuple[Arg, ...]]:
+    """(literal head, per-rank tail): the head goes into the batch script's array, the tail to each task's bash.
+
+    The tail starts at the first per-rank value, or at the flag just before it (so `--flag "$VAR"` stays whole).
+    """
+    head = 0
+    while head < len(command) and isinstance(command[head], str):
+        head += 1
+    if 0 < head < len(command) and str(command[head - 1]).startswith("-"):
+        head -= 1
+    return command[:head], command[head:]  # type: ignore[return-value]
+
+
+def array_lines(words: tuple[str, ...]) -> list[str]:
+    """The array's quoted words, one flag and its values per line (layout only: bash sees the same words)."""
+    lines: list[list[str]] = []
+    for word in words:
+        if not lines or word.startswith("-"):
+            lines.append([])
+        lines[-1].append(shlex.quote(word))
+    return [" ".join(line) for line in lines]
+
+
+def rank_script(tail: tuple[Arg, ...]) -> str:
+    """The `bash -c` program each task runs: exec the array's command with the per-rank tail appended."""
+    return " ".join(['exec "$0" "$@"', *(shell_word(arg) for arg in tail)])
+
+
+@functools.cache
+def _template():
+    import jinja2
+
+    env = jinja2.Environment(loader=jinja2.PackageLoader("toolkit.job", "templates"), undefined=jinja2.StrictUndefined,
+                             trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True, autoescape=False)
+    return env.get_template("job.sbatch.j2")
+
+
+def render_script(spec: JobSpec) -> str:
+    """The sbatch script of a job."""
+    head, tail = split_command(spec.command)
+    return _template().render(
+        spec=spec,
+        directives=sbatch_directives(spec),
+        setup=setup_lines(spec),
+        port_base=MASTER_PORT_BASE,
+        port_span=MASTER_PORT_SPAN,
+        printed_pattern=shlex.quote("^(" + "|".join(COMMUNICATION_PREFIXES) + ")"),
+        array_lines=array_lines(head),
+        srun_options=" ".join(srun_options(spec)),
+        rank_script=shlex.quote(rank_script(tail)),
+    )

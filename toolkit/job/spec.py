@@ -1,0 +1,276 @@
+"""Recipe + queue + nodes -> JobSpec: every resource, device and environment decision of a job, in one place.
+
+The JobSpec is what both the sbatch renderer (toolkit.job.render) and the submitit path consume. Its per-rank
+command is a tuple of Args: literal strings, or RankVars (values only known inside each task), or tuples of
+both concatenated (`("tcp://", MASTER_ADDR, ":", MASTER_PORT)`). No user value is ever a template:
+resolve_argv() fills RankVars from a task's environment in Python, and the rendered script expands exactly
+the same variables per task in shell, so both paths give every rank the identical argv.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import os
+import re
+from typing import Literal, Mapping, Union
+
+from toolkit.cluster.queues import Queue
+from toolkit.errors import HpcError
+from toolkit.job.env import EnvVar, job_env
+from toolkit.recipes.scaling import Derived, apply_scaling
+from toolkit.recipes.schema import Recipe, flag_words
+
+# MASTER_PORT = BASE + job id % SPAN: concurrent jobs on shared nodes get different ports, and the range stays
+# below Linux's ephemeral ports (32768+), which outgoing connections may already hold.
+MASTER_PORT_BASE = 15000
+MASTER_PORT_SPAN = 16000
+
+# Values that reach `#SBATCH` lines, which sbatch (not the shell) parses: no quoting can make a newline safe
+# there (it would end the comment and start a shell command), so such values are restricted instead.
+DIRECTIVE_SAFE = re.compile(r"^[A-Za-z0-9_.:,+=@%/?-]+$")
+
+FAIRSEQ_HALF_PRECISION = ("--fp16", "--bf16", "--memory-efficient-fp16", "--memory-efficient-bf16", "--amp")
+FAIRSEQ_DISTRIBUTED = ("--distributed-world-size", "--distributed-rank", "--device-id", "--distributed-init-method",
+                       "--distributed-backend", "--distributed-no-spawn", "--distributed-port", "--cpu")
+TRAINER_DEVICE = ("--device", "--backend", "--threads")  # our trainers' (toolkit.workloads) device flags
+
+
+class RankVar(enum.Enum):
+    """A per-rank value, named by the environment variable that carries it inside each task."""
+
+    RANK = "SLURM_PROCID"
+    LOCAL_RANK = "SLURM_LOCALID"
+    MASTER_ADDR = "MASTER_ADDR"
+    MASTER_PORT = "MASTER_PORT"
+
+
+Arg = Union[str, RankVar, tuple[Union[str, RankVar], ...]]
+LauncherKind = Literal["fairseq", "python-module", "binary"]
+
+
+def master_port(job_id: int) -> int:
+    """The rendezvous port of a job: every path (sbatch script, submitit) uses this."""
+    return MASTER_PORT_BASE + job_id % MASTER_PORT_SPAN
+
+
+@dataclasses.dataclass(frozen=True)
+class SoftwareEnv:
+    """How the nodes activate the training environment (absolute paths)."""
+
+    modules: tuple[str, ...] = ()
+    venv: str | None = None
+    conda_root: str | None = None
+    conda_env: str | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class JobSpec:
+    job_name: str
+    recipe: str
+    profile: str | None
+    partition: str
+    instance_type: str
+    nodes: int
+    tasks_per_node: int
+    gpus_per_node: int
+    cpus_per_task: int
+    threads_per_rank: int | None  # OMP_NUM_THREADS / --threads on CPU queues; None leaves libraries' defaults
+    time_limit: str
+    exclusive: bool
+    wait_all_nodes: bool
+    account: str | None
+    qos: str | None
+    reservation: str | None
+    dependency: str | None
+    launcher: LauncherKind
+    mpi: str | None  # srun --mpi=<this> for MPI binaries (nccl-tests)
+    software: SoftwareEnv
+    env: tuple[EnvVar, ...]
+    command: tuple[Arg, ...]
+    run_dir: str
+    derived: tuple[Derived, ...]
+
+    @property
+    def world_size(self) -> int:
+        return self.nodes * self.tasks_per_node
+
+    @property
+    def environ(self) -> dict[str, str]:
+        return {var.name: var.value for var in self.env}
+
+    @property
+    def output(self) -> str:
+        """The Slurm stdout/stderr file pattern (%j = job id)."""
+        return f"{self.run_dir}/{self.job_name}-%j.out"
+
+    @property
+    def time_limit_minutes(self) -> int:
+        return time_minutes(self.time_limit)
+
+
+def time_minutes(text: str) -> int:
+    """Slurm --time (MM, MM:SS, HH:MM:SS, D-HH[:MM[:SS]]) in whole minutes, rounded up."""
+    days, dash, rest = text.partition("-")
+    if not dash:
+        days, rest = "0", days
+    parts = [int(p) for p in rest.split(":")]
+    if dash:
+        hours, minutes, seconds = (parts + [0, 0])[:3]
+    else:
+        hours, minutes, seconds = {1: (0, parts[0], 0), 2: (0, *parts), 3: tuple(parts)}[len(parts)]
+    total = ((int(days) * 24 + hours) * 60 + minutes) * 60 + seconds
+    return -(-total // 60)
+
+
+def resolve_argv(spec: JobSpec, rank_env: Mapping[str, str]) -> list[str]:
+    """The argv of one rank: RankVars taken from `rank_env` (SLURM_PROCID, SLURM_LOCALID, MASTER_ADDR, MASTER_PORT)."""
+    def value(part: str | RankVar) -> str:
+        if isinstance(part, str):
+            return part
+        if part.value not in rank_env:
+            raise HpcError(f"the rank's environment has no {part.value}", fix="run the rank under srun (Slurm sets it)")
+        return rank_env[part.value]
+
+    return ["".join(value(p) for p in (arg if isinstance(arg, tuple) else (arg,))) for arg in spec.command]
+
+
+def _check_directive(what: str, value: str | None) -> None:
+    if value is not None and not DIRECTIVE_SAFE.match(value):
+        raise HpcError(f"{what} {value!r} cannot go into an #SBATCH line: only letters, digits and _.:,+=@%/?- "
+                       "are allowed there", fix=f"choose a {what} without spaces, quotes or shell characters")
+
+
+def _under(root: str, path: str) -> str:
+    return path if path.startswith("/") else f"{root}/{path}"
+
+
+def _device_forms(launcher: LauncherKind, args: dict, on_gpu: bool, threads: int | None,
+                  world: int) -> tuple[dict, list[Derived]]:
+    """The recipe's args in the queue's device form (GPU as published; CPU: gloo, no half precision)."""
+    args = dict(args)
+    why = "GPU queue" if on_gpu else "CPU queue"
+    derived: list[Derived] = []
+
+    def put(flag: str, value, reason: str) -> None:
+        args[flag] = value
+        derived.append(Derived(flag, "set" if value is True else str(value), f"{why}: {reason}"))
+
+    def drop(flags: tuple[str, ...], reason: str) -> None:
+        for flag in flags:
+            if args.pop(flag, None) is not None:
+                derived.append(Derived(flag, "removed", f"{why}: {reason}"))
+
+    if launcher == "fairseq":
+        if on_gpu:
+            put("--distributed-backend", "nccl", "NCCL between GPUs")
+        else:
+            drop(FAIRSEQ_HALF_PRECISION, "no half precision on CPU")
+            put("--cpu", True, "train on CPU")
+            put("--distributed-backend", "gloo", "gloo is the CPU collective backend")
+            put("--ddp-backend", "legacy_ddp", "pytorch_ddp/c10d pass GPU device_ids and fail on CPU")
+        put("--distributed-world-size", world, "world size = nodes x ranks per node")
+        put("--distributed-no-spawn", True, "srun starts one process per rank; fairseq must not spawn more")
+    elif launcher == "python-module":
+        if on_gpu:
+            put("--device", "cuda", "one GPU per rank (LOCAL_RANK)")
+            put("--backend", "nccl", "NCCL between GPUs")
+        else:
+            drop(("--amp",), "no mixed precision on CPU")
+            put("--device", "cpu", "no GPUs")
+            put("--backend", "gloo", "gloo is the CPU collective backend")
+            put("--threads", threads, "torch threads = CPUs per task (oversubscription costs 2-3x)")
+    return args, derived
+
+
+def build_job_spec(recipe: Recipe, queue: Queue, nodes: int | None = None, *, profile: str | None = None,
+                   account: str | None = None, qos: str | None = None, reservation: str | None = None,
+                   dependency: str | None = None, run_dir: str | None = None) -> JobSpec:
+    """The job for `recipe` on `nodes` nodes of `queue` (recipe's resources.nodes when None)."""
+    instance = queue.instance
+    if instance.accelerator == "gaudi":
+        raise HpcError(f"queue {queue.name} runs {queue.instance_type} (Gaudi): recipes are not supported on Gaudi "
+                       "yet (it is catalog and cluster-config only for now)", fix="use a GPU or CPU queue (--queue)")
+    on_gpu = queue.gpus_per_node > 0
+    device = "gpu" if on_gpu else "cpu"
+    if device not in recipe.resources.runs_on:
+        raise HpcError(f"recipe {recipe.name} runs on {' or '.join(recipe.resources.runs_on)} only; queue "
+                       f"{queue.name} ({queue.instance_type}) has {'GPUs' if on_gpu else 'no GPUs'}",
+                       fix="choose another queue with --cluster FILE --queue Q")
+    nodes = nodes or recipe.resources.nodes
+    if nodes > queue.max_nodes:
+        raise HpcError(f"{nodes} nodes requested; queue {queue.name} has at most {queue.max_nodes}",
+                       fix=f"use --nodes 1..{queue.max_nodes} or a bigger queue")
+    controlled = FAIRSEQ_DISTRIBUTED if recipe.launcher.kind == "fairseq" else \
+        TRAINER_DEVICE if recipe.launcher.kind == "python-module" else ()
+    for flag in controlled:
+        if flag in recipe.args:
+            raise HpcError(f"recipe {recipe.name}: args.{flag} is set by the toolkit from the queue",
+                           fix=f"remove {flag} from the recipe (or --set args.{flag}=null)")
+
+    tasks, cpus = queue.tasks_per_node, queue.cpus_per_task
+    threads = None if on_gpu else cpus
+    world = nodes * tasks
+    root = recipe.dirs.root and os.path.abspath(recipe.dirs.root) or queue.fsx_mount or os.getcwd()
+    root_rule = ("dirs.root of the recipe" if recipe.dirs.root else
+                 f"queue {queue.name}'s FSx mount" if queue.fsx_mount else "no FSx mount on the queue: the current directory")
+    job_name = recipe.name if profile is None else f"{recipe.name}-{profile}"
+    run_dir = run_dir or f"{root}/runs/{job_name}"
+    for what, value in (("run dir", run_dir), ("partition", queue.name), ("account", account), ("qos", qos),
+                        ("reservation", reservation), ("dependency", dependency)):
+        _check_directive(what, value)
+
+    derived = [
+        Derived("ranks per node", str(tasks), f"one per GPU ({queue.gpus_per_node} x {instance.gpu_model})" if on_gpu
+                else f"queue {queue.name} declares {tasks} ranks per node (CPU queue)"),
+        Derived("world size", str(world), f"{nodes} nodes x {tasks} ranks per node"),
+        Derived("cpus per task", str(cpus), "queue override" if queue.cpus_per_task_override else
+                f"{instance.vcpus} vCPUs / {tasks} ranks"),
+        Derived("dirs root", root, root_rule),
+    ]
+    args, scaled = apply_scaling(recipe.scaling, recipe.args, nodes=nodes, ranks_per_node=tasks,
+                                 max_nodes=queue.max_nodes, gpu_memory_gib=instance.gpu_memory_gib if on_gpu else None)
+    args, forms = _device_forms(recipe.launcher.kind, args, on_gpu, threads, world)
+    derived += scaled + forms
+
+    positional: list[str] = []
+    for name in ("data", "checkpoints", "logs"):
+        entry = getattr(recipe.dirs, name)
+        if entry is None:
+            continue
+        path = _under(root, entry.dir)
+        derived.append(Derived(f"{name} dir", path, f"dirs.{name}.dir under the dirs root" if path != entry.dir
+                               else f"dirs.{name}.dir (absolute)"))
+        if entry.arg == "positional":
+            positional.append(path)
+        elif entry.arg:
+            args[entry.arg] = path
+
+    launcher = recipe.launcher
+    program = {"fairseq": ["fairseq-train"], "python-module": ["python", "-m", launcher.module or ""],
+               "binary": [_under(root, launcher.program or "")]}[launcher.kind]
+    command: list[Arg] = [*program, *positional]
+    for flag, value in args.items():
+        command += flag_words(flag, value)
+    if launcher.kind == "fairseq":  # explicit rendezvous: fairseq's own Slurm auto-detection is unsafe
+        command += ["--distributed-rank", RankVar.RANK, "--device-id", RankVar.LOCAL_RANK,
+                    "--distributed-init-method", ("tcp://", RankVar.MASTER_ADDR, ":", RankVar.MASTER_PORT)]
+
+    software = recipe.software
+    return JobSpec(
+        job_name=job_name, recipe=recipe.name, profile=profile, partition=queue.name,
+        instance_type=queue.instance_type, nodes=nodes, tasks_per_node=tasks,
+        gpus_per_node=queue.gpus_per_node, cpus_per_task=cpus, threads_per_rank=threads,
+        time_limit=recipe.resources.time, exclusive=recipe.resources.exclusive, wait_all_nodes=True,
+        account=account, qos=qos, reservation=reservation, dependency=dependency,
+        launcher=launcher.kind, mpi=launcher.mpi,
+        software=SoftwareEnv(
+            modules=tuple(software.modules),
+            venv=software.venv and _under(root, software.venv),
+            conda_root=software.conda_root and _under(root, software.conda_root),
+            conda_env=software.conda_env,
+        ),
+        env=job_env(instance, queue.efa_stack, threads_per_rank=threads, launcher_kind=launcher.kind,
+                    recipe_env=recipe.env, recipe_name=recipe.name),
+        command=tuple(command), run_dir=run_dir, derived=tuple(derived),
+    )

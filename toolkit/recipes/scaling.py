@@ -1,0 +1,111 @@
+"""Scaling rules: how a recipe's flags follow the world size (nodes x ranks per node).
+
+Each rule derives one flag's value and says why, so `hpc recipes show` can print the arithmetic. A result
+that cannot be honoured exactly (a fractional gradient-accumulation factor) is an error listing the node
+counts that work, never a silent rounding that changes the published global batch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+from typing import Any, Mapping
+
+from toolkit.errors import HpcError
+from toolkit.recipes.schema import ScalingRule
+
+SIZE_UNITS = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30}
+
+
+@dataclasses.dataclass(frozen=True)
+class Derived:
+    """One value the toolkit computed for a job, and the rule behind it (printed by `hpc recipes show`)."""
+
+    key: str
+    value: str
+    rule: str
+
+
+def accumulation(global_batch: int, per_rank: int, world_size: int) -> int | None:
+    """Steps per update that keep `global_batch` exactly, or None when no integer does."""
+    steps, remainder = divmod(global_batch, per_rank * world_size)
+    return steps if steps >= 1 and remainder == 0 else None
+
+
+def linear(base: float, per: float, per_rank: float, world_size: int) -> float:
+    return base * per_rank * world_size / per
+
+
+def format_number(value: float) -> str:
+    """Derived numbers: integers without a dot, others in at most 6 significant digits (0.1 x 3 = 0.3)."""
+    return str(int(value)) if float(value).is_integer() else f"{value:.6g}"
+
+
+def parse_size(text: str) -> int:
+    match = re.fullmatch(r"(\d+)([KMG]?)", str(text))
+    if not match:
+        raise HpcError(f"size {text!r} is not a number with an optional K/M/G suffix", fix="write e.g. 8192M")
+    return int(match[1]) * SIZE_UNITS[match[2]]
+
+
+def format_size(size: int) -> str:
+    """A byte size in MiB when whole (nccl-tests' own spelling, e.g. 4096M), else in bytes."""
+    return f"{size // 2**20}M" if size % 2**20 == 0 else str(size)
+
+
+def memory_cap(gpu_memory_gib: float, buffers: int, usable_fraction: float) -> int:
+    """The largest power-of-two size such that `buffers` of them fit in the usable part of one GPU."""
+    usable = gpu_memory_gib * 2**30 * usable_fraction / buffers
+    return 2 ** int(math.log2(usable))
+
+
+def _per_rank(args: Mapping[str, Any], flag: str, rule_key: str) -> int | float:
+    value = args.get(flag)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+        raise HpcError(f"scaling.{rule_key} needs args.{flag} to be a positive number, got {value!r}",
+                       fix=f"set args.{flag} to the per-rank batch (e.g. --set args.{flag}=16)")
+    return value
+
+
+def apply_scaling(scaling: Mapping[str, ScalingRule], args: Mapping[str, Any], *, nodes: int, ranks_per_node: int,
+                  max_nodes: int, gpu_memory_gib: float | None) -> tuple[dict[str, Any], list[Derived]]:
+    """The recipe's args with every scaling rule applied for `nodes`, and what each rule derived."""
+    world = nodes * ranks_per_node
+    args = dict(args)
+    derived = []
+    for flag, rule in scaling.items():
+        if rule.rule == "accumulate":
+            per_rank = _per_rank(args, rule.per_rank_arg, flag)
+            steps = accumulation(rule.global_batch, per_rank, world)
+            if steps is None:
+                valid = [n for n in range(1, max_nodes + 1)
+                         if accumulation(rule.global_batch, per_rank, n * ranks_per_node) is not None]
+                raise HpcError(
+                    f"{flag} = {rule.global_batch} {rule.unit} / ({rule.per_rank_arg} {per_rank} x world size {world})"
+                    f" is not a whole number on {nodes} nodes x {ranks_per_node} ranks",
+                    fix=f"use --nodes {' | '.join(map(str, valid))}" if valid else
+                        f"no node count up to {max_nodes} keeps the global batch: change {rule.per_rank_arg}")
+            args[flag] = steps
+            derived.append(Derived(flag, str(steps), f"{rule.global_batch} {rule.unit} per update / "
+                                   f"({rule.per_rank_arg} {per_rank} x {world} ranks): {rule.why}"))
+        elif rule.rule == "linear":
+            per_rank = _per_rank(args, rule.per_rank_arg, flag)
+            value = format_number(linear(rule.base, rule.per, per_rank, world))
+            args[flag] = value
+            derived.append(Derived(flag, value, f"{format_number(rule.base)} per {format_number(rule.per)} x "
+                                   f"global batch {format_number(per_rank * world)} ({rule.per_rank_arg} "
+                                   f"{format_number(per_rank)} x {world} ranks): {rule.why}"))
+        else:  # gpu-memory-cap
+            if gpu_memory_gib is None:
+                raise HpcError(f"scaling.{flag} needs a GPU's memory: the queue has no GPUs",
+                               fix="use a GPU queue (--cluster FILE --queue Q)")
+            wanted = parse_size(args[flag])
+            cap = memory_cap(gpu_memory_gib, rule.buffers, rule.usable_fraction)
+            value = str(args[flag]) if wanted <= cap else format_size(cap)
+            args[flag] = value
+            verdict = "fits" if wanted <= cap else f"capped from {format_size(wanted)}"
+            derived.append(Derived(flag, value, f"{verdict}: {rule.buffers} buffers of {value} within "
+                                   f"{format_number(rule.usable_fraction * 100)}% of {format_number(gpu_memory_gib)}"
+                                   f" GiB per GPU: {rule.why}"))
+    return args, derived

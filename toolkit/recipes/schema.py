@@ -1,0 +1,202 @@
+"""The recipe schema: what a researcher may write in recipes/*.yaml, validated with pydantic.
+
+A recipe says what to run (launcher + args), with what resources, in which software environment, on which
+data, and how its hyperparameters follow the world size (scaling rules). Queue-dependent choices (ranks,
+devices, CPU forms, the NCCL/EFA environment) are not recipe fields: they come from the queue (toolkit.job.spec).
+
+Conventions:
+  args     an ordered mapping flag -> value: `true` is a bare flag, a list gives several values, and `null`
+           (in a profile or `--set`) removes the flag. Order is kept as written.
+  dirs     relative paths are under `dirs.root`, else the queue's FSx mount.
+  profiles named overlays with the recipe's own shape, merged over it (see toolkit.recipes.load).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PositiveInt, model_validator
+
+FLAG_PATTERN = r"^--?[A-Za-z0-9][A-Za-z0-9_-]*$"
+NAME_PATTERN = r"^[a-z0-9][a-z0-9_-]*$"
+ENV_NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*$"
+# Slurm --time forms: MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS
+TIME_PATTERN = r"^(\d+|\d+:\d{2}|\d+:\d{2}:\d{2}|\d+-\d+|\d+-\d+:\d{2}|\d+-\d+:\d{2}:\d{2})$"
+
+Flag = Annotated[str, Field(pattern=FLAG_PATTERN)]
+EnvName = Annotated[str, Field(pattern=ENV_NAME_PATTERN)]
+
+
+def _no_nul(text: str) -> str:
+    if "\0" in text:
+        raise ValueError("must not contain a NUL character (no program argument or variable can)")
+    return text
+
+
+def _arg_value(value: Any) -> Any:
+    """One rule for flag values, so a bad value gets one message (not one per union member)."""
+    scalars = (str, int, float)
+    if value is True or (isinstance(value, scalars) and not isinstance(value, bool)):
+        return _no_nul(value) if isinstance(value, str) else value
+    if isinstance(value, list) and value and all(isinstance(v, scalars) and not isinstance(v, bool) for v in value):
+        for v in value:
+            if isinstance(v, str):
+                _no_nul(v)
+        return value
+    if value is False:
+        raise ValueError("`false` is not a flag value: use null (in a profile or --set) to remove the flag")
+    raise ValueError("must be a string, a number, true (a bare flag) or a non-empty list of strings/numbers")
+
+
+def _env_value(value: Any) -> str:
+    if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+        raise ValueError("must be a string or a number")
+    return _no_nul(str(value))
+
+
+ArgValue = Annotated[Any, AfterValidator(_arg_value)]
+EnvValue = Annotated[Any, AfterValidator(_env_value)]
+SafeStr = Annotated[str, Field(min_length=1), AfterValidator(_no_nul)]
+
+
+class StrictModel(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Launcher(StrictModel):
+    """What each rank runs: fairseq-train, `python -m MODULE` (our trainers), or a binary (MPI: srun --mpi)."""
+
+    kind: Literal["fairseq", "python-module", "binary"]
+    module: str | None = Field(None, pattern=r"^[A-Za-z_][A-Za-z0-9_.]*$")
+    program: SafeStr | None = None
+    mpi: Literal["pmix"] | None = None
+
+    @model_validator(mode="after")
+    def _fields_match_kind(self) -> Launcher:
+        if self.kind == "python-module" and not self.module:
+            raise ValueError("launcher kind python-module needs `module` (e.g. toolkit.workloads.resnet)")
+        if self.kind == "binary" and not self.program:
+            raise ValueError("launcher kind binary needs `program` (a path; relative means under dirs.root)")
+        if self.kind != "python-module" and self.module:
+            raise ValueError("`module` is only for launcher kind python-module")
+        if self.kind != "binary" and (self.program or self.mpi):
+            raise ValueError("`program` and `mpi` are only for launcher kind binary")
+        return self
+
+
+class Software(StrictModel):
+    """How the nodes activate the training environment (all optional; relative paths are under dirs.root)."""
+
+    modules: list[SafeStr] = []
+    venv: SafeStr | None = None
+    conda_root: SafeStr | None = None
+    conda_env: SafeStr | None = None
+
+    @model_validator(mode="after")
+    def _one_python(self) -> Software:
+        if self.venv and (self.conda_root or self.conda_env):
+            raise ValueError("set either `venv` or `conda_root` + `conda_env`, not both")
+        if bool(self.conda_root) != bool(self.conda_env):
+            raise ValueError("conda needs both `conda_root` (the install) and `conda_env` (the env name)")
+        return self
+
+
+class Resources(StrictModel):
+    nodes: PositiveInt = 1
+    time: str = Field("24:00:00", pattern=TIME_PATTERN)
+    exclusive: bool = True
+    runs_on: list[Literal["gpu", "cpu"]] = Field(["gpu", "cpu"], min_length=1)
+
+
+class PathArg(StrictModel):
+    """A directory and how the launcher receives it: a flag, `positional` (first argument), or null (not passed)."""
+
+    dir: SafeStr
+    arg: Annotated[str, Field(pattern=FLAG_PATTERN + "|^positional$")] | None = None
+
+
+class Dirs(StrictModel):
+    root: SafeStr | None = None
+    data: PathArg | None = None
+    checkpoints: PathArg | None = None
+    logs: PathArg | None = None
+
+
+class Reference(StrictModel):
+    """A published data point the rule must reproduce: at this world size the derived value was `value`."""
+
+    world_size: PositiveInt
+    value: float
+
+
+class ScalingRule(StrictModel):
+    """How one flag follows the world size.
+
+    accumulate      keep a global batch: value = global_batch / (per-rank batch x world size), an integer
+                    (fairseq --update-freq)
+    linear          value = base x (per-rank batch x world size) / per (e.g. LR 0.1 per 256 images)
+    gpu-memory-cap  cap a byte size so `buffers` buffers fit in `usable_fraction` of one GPU's memory
+                    (nccl-tests -e)
+    """
+
+    rule: Literal["accumulate", "linear", "gpu-memory-cap"]
+    why: SafeStr
+    per_rank_arg: Flag | None = None
+    global_batch: PositiveInt | None = None
+    unit: str = "samples"
+    base: float | None = None
+    per: Annotated[float, Field(gt=0)] | None = None
+    buffers: PositiveInt = 3
+    usable_fraction: Annotated[float, Field(gt=0, le=1)] = 0.8
+    reference: Reference | None = None
+
+    @model_validator(mode="after")
+    def _fields_match_rule(self) -> ScalingRule:
+        needed = {"accumulate": ("per_rank_arg", "global_batch"), "linear": ("per_rank_arg", "base", "per"),
+                  "gpu-memory-cap": ()}[self.rule]
+        missing = [name for name in needed if getattr(self, name) is None]
+        if missing:
+            raise ValueError(f"rule {self.rule} needs: {', '.join(missing)}")
+        return self
+
+
+class Recipe(StrictModel):
+    name: Annotated[str, Field(pattern=NAME_PATTERN, max_length=64)]
+    description: str
+    source: str = Field(description="where the setup was published")
+    notes: str = ""
+    launcher: Launcher
+    software: Software = Software()
+    args: dict[Flag, ArgValue] = {}
+    resources: Resources = Resources()
+    dirs: Dirs = Dirs()
+    env: dict[EnvName, EnvValue] = {}
+    scaling: dict[Flag, ScalingRule] = {}
+    profiles: dict[Annotated[str, Field(pattern=NAME_PATTERN)], dict[str, Any]] = {}
+
+    @model_validator(mode="after")
+    def _scaling_fits_args(self) -> Recipe:
+        for flag, rule in self.scaling.items():
+            if flag in self.args and rule.rule != "gpu-memory-cap":
+                raise ValueError(f"args.{flag} is derived by scaling.{flag}: remove one of them "
+                                 f"(a profile can drop the rule with `scaling: {{{flag}: null}}`)")
+            if rule.rule == "gpu-memory-cap" and flag not in self.args:
+                raise ValueError(f"scaling.{flag} caps args.{flag}, which is not set")
+            if rule.per_rank_arg and rule.per_rank_arg not in self.args:
+                raise ValueError(f"scaling.{flag}.per_rank_arg {rule.per_rank_arg} is not in args")
+        return self
+
+
+def flag_words(flag: str, value: Any) -> list[str]:
+    """The argv words of one recipe arg: `--flag`, `--flag value` or `--flag v1 v2`."""
+    if value is True:
+        return [flag]
+    values = value if isinstance(value, list) else [value]
+    return [flag, *(format_value(v) for v in values)]
+
+
+def format_value(value: str | int | float) -> str:
+    """A recipe value as fairseq and our trainers expect it: floats in Python's shortest exact spelling."""
+    if isinstance(value, float):
+        return repr(value)
+    return str(value)
