@@ -189,7 +189,7 @@ def refuse_foreign(layout: Layout) -> None:
         found = ", ".join(f"{name} (pid {pid})" for pid, name in sorted(foreign.items()))
         raise HpcError(
             f"another Slurm or munge runs on this machine, not started by the sandbox in {layout.root}: {found}",
-            fix=f"stop it first, or set HPC_SANDBOX_DIR to the state dir of the sandbox that started it",
+            fix="stop it first, or set HPC_SANDBOX_DIR to the state dir of the sandbox that started it",
         )
 
 
@@ -202,10 +202,9 @@ def node_states(layout: Layout) -> dict[str, str]:
 def _wait_for_nodes(layout: Layout) -> None:
     names = [n.name for n in CPU_NODES]
 
-    def ready() -> bool:
+    def ready() -> bool:  # registered and usable: no flag suffix such as * (not responding)
         states = node_states(layout)
-        return all(not states.get(n, "unk").rstrip("*~#!%$@^-").startswith(("unk", "down", "drain", "fail"))
-                   and not states.get(n, "").endswith("*") for n in names)
+        return all(states.get(n) in ("idle", "mix", "alloc", "comp") for n in names)
 
     try:
         procs.wait_for(ready, START_TIMEOUT, "cpu nodes", interval=0.2)
