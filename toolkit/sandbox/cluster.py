@@ -14,7 +14,7 @@ import socket
 import subprocess
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from toolkit.errors import HpcError
 from toolkit.sandbox import install, procs
