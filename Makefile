@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 PIP := $(BIN)/pip --disable-pip-version-check -q
 
-.PHONY: venv test demo bench clean
+.PHONY: venv test demo bench clean slurm-up slurm-down
 
 # The toolkit with its admin (aws-parallelcluster) and test extras, editable.
 $(VENV)/.core-installed: pyproject.toml
@@ -15,8 +15,15 @@ $(VENV)/.core-installed: pyproject.toml
 
 venv: $(VENV)/.core-installed
 
-test: venv
+test: venv slurm-up
 	$(BIN)/python -m pytest -q
+
+# The local test cluster (a real Slurm with accounting; needs root): idempotent, fast when already up.
+slurm-up: venv
+	$(BIN)/python -m toolkit sandbox up
+
+slurm-down: venv
+	$(BIN)/python -m toolkit sandbox down
 
 clean:
 	rm -rf $(VENV) .pytest_cache

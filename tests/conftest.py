@@ -24,3 +24,23 @@ def run_hpc(*args: str, env: dict[str, str] | None = None, cwd: str | Path | Non
 @pytest.fixture
 def hpc():
     return run_hpc
+
+
+@pytest.fixture(scope="session")
+def slurm_sandbox():
+    """The project's local Slurm, brought up the way `make slurm-up` does (a fast no-op when already up).
+
+    Returns the discovered toolkit.sandbox.Sandbox; tests pass `slurm_env(sandbox)` to Slurm commands.
+    """
+    from toolkit.sandbox import discover
+
+    res = run_hpc("sandbox", "up", "--json", timeout=900)
+    assert res.returncode == 0, f"hpc sandbox up failed:\n{res.stderr}"
+    sandbox = discover()
+    assert sandbox is not None, "sandbox up succeeded but discover() does not see it"
+    return sandbox
+
+
+def slurm_env(sandbox) -> dict[str, str]:
+    """This process's environment pointed at the sandbox (SLURM_CONF), for subprocesses."""
+    return dict(os.environ, SLURM_CONF=str(sandbox.slurm_conf))

@@ -11,7 +11,7 @@ import sys
 import typer
 
 from toolkit import __version__
-from toolkit.cli import cluster, recipes, report
+from toolkit.cli import cluster, recipes, report, sandbox
 
 # rich_markup_mode=None keeps help rendering plain and cheap: `hpc --help` must stay instant.
 app = typer.Typer(
@@ -25,6 +25,7 @@ app = typer.Typer(
 app.add_typer(cluster.app, name="cluster")
 app.add_typer(recipes.app, name="recipes")
 app.add_typer(report.app, name="report")
+app.add_typer(sandbox.app, name="sandbox")
 
 _debug = False
 

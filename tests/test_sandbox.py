@@ -1,0 +1,162 @@
+"""The local test cluster's pieces without running it: configs, discovery, process checks, machine set-up."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from toolkit.cluster.queues import load_queues
+from toolkit.sandbox import Sandbox, cluster, discover, install, procs, use
+from toolkit.sandbox.layout import CPU_NODES, Layout
+
+
+def conf_lines(text: str) -> list[dict[str, str]]:
+    """slurm.conf lines as key=value dicts (comments and blanks dropped)."""
+    rows = []
+    for line in text.splitlines():
+        if line.strip() and not line.lstrip().startswith("#"):
+            rows.append(dict(item.split("=", 1) for item in line.split()))
+    return rows
+
+
+@pytest.fixture
+def rendered(tmp_path):
+    layout = Layout(tmp_path / "state")
+    return layout, cluster.render_configs(layout)
+
+
+def test_slurm_conf_has_the_fast_and_fake_hardware_settings(rendered):
+    layout, files = rendered
+    settings = {k: v for row in conf_lines(files[layout.slurm_conf]) if len(row) == 1 for k, v in row.items()}
+    assert settings["SchedulerParameters"] == "batch_sched_delay=0,sched_min_interval=0,sched_interval=2"
+    assert settings["AuthInfo"] == f"socket={layout.munge_socket},cred_expire=10"
+    assert (settings["MailProg"], settings["ProctrackType"], settings["TaskPlugin"]) == (
+        "/bin/true", "proctrack/linuxproc", "task/none")
+    assert settings["SlurmdParameters"] == "config_overrides"
+    assert 0 < int(settings["MinJobAge"]) <= 60
+    assert settings["AccountingStorageType"] == "accounting_storage/slurmdbd"
+    assert all(str(layout.root) in settings[k] for k in ("StateSaveLocation", "SlurmctldPidFile", "SlurmctldLogFile"))
+
+
+def test_slurm_conf_declares_both_partitions(rendered):
+    layout, files = rendered
+    rows = conf_lines(files[layout.slurm_conf])
+    nodes = {r["NodeName"]: r for r in rows if "NodeName" in r}
+    parts = {r["PartitionName"]: r for r in rows if "PartitionName" in r}
+    assert parts["cpu"]["Nodes"] == "c1,c2" and parts["cpu"]["Default"] == "YES"
+    p3dn = parts["p3dn"]["Nodes"].split(",")
+    assert p3dn == [f"p3dn-st-p3dn-24xl-{i}" for i in range(1, 9)]
+    assert all(nodes[n]["CPUs"] == "2" for n in ("c1", "c2"))
+    assert all((nodes[n]["CPUs"], nodes[n]["Gres"], nodes[n]["State"]) == ("96", "gpu:8", "CLOUD") for n in p3dn)
+    addrs = [nodes[n]["NodeAddr"] for n in nodes]
+    assert len(set(addrs)) == len(addrs) and all(a.startswith("127.0.1.") for a in addrs)
+
+
+def test_gres_conf_points_at_character_devices(rendered):
+    layout, files = rendered
+    rows = conf_lines(files[layout.gres_conf])
+    assert len(rows) == 8 and all(r["File"] == f"{layout.gpu_devices}/nvidia[0-7]" for r in rows)
+
+
+def test_cluster_config_describes_the_queues_as_queues_py_reads_them(rendered):
+    layout, files = rendered
+    layout.root.mkdir(parents=True)
+    layout.cluster_config.write_text(files[layout.cluster_config])
+    queues = load_queues(layout.cluster_config)
+    cpu, p3dn = queues["cpu"], queues["p3dn"]
+    assert (cpu.instance_type, cpu.max_nodes, cpu.tasks_per_node, cpu.cpus_per_task, cpu.efa_stack) == (
+        "m5.xlarge", 2, 2, 1, "none")
+    assert (p3dn.instance_type, p3dn.max_nodes, p3dn.tasks_per_node, p3dn.gpus_per_node) == (
+        "p3dn.24xlarge", 8, 8, 8)
+
+
+def fake_proc(root: Path, pid: int, name: str, state: str = "S") -> None:
+    (root / str(pid)).mkdir(parents=True)
+    (root / str(pid) / "comm").write_text(name + "\n")
+    (root / str(pid) / "stat").write_text(f"{pid} ({name}) {state} 1 1 1 0 -1\n")
+
+
+def test_foreign_daemons_are_live_slurm_or_munge_processes_not_ours(tmp_path):
+    fake_proc(tmp_path, 100, "slurmctld")
+    fake_proc(tmp_path, 101, "munged", state="Z")  # exited, not reaped yet
+    fake_proc(tmp_path, 102, "slurmd")
+    fake_proc(tmp_path, 103, "python3")
+    fake_proc(tmp_path, 104, "slurmstepd")
+    assert procs.foreign_daemons([], tmp_path) == {100: "slurmctld", 102: "slurmd"}
+    assert procs.foreign_daemons([100], tmp_path) == {102: "slurmd"}
+
+
+def test_a_pid_file_naming_another_process_is_not_ours(tmp_path):
+    pid_file = tmp_path / "slurmctld.pid"
+    pid_file.write_text(f"{os.getpid()}\n")  # a recycled pid: alive, but not a slurmctld
+    assert procs.running_pid(pid_file, "slurmctld") is None
+    assert procs.running_pid(pid_file, procs.comm(os.getpid())) == os.getpid()
+    assert procs.running_pid(tmp_path / "absent.pid", "slurmctld") is None
+
+
+def test_stop_leaves_an_unrelated_process_alone(tmp_path):
+    sleeper = subprocess.Popen(["sleep", "30"])
+    try:
+        procs.wait_for(lambda: procs.comm(sleeper.pid) == "sleep", 5, "sleep")  # exec'd, not still python
+        pid_file = tmp_path / "slurmd.pid"
+        pid_file.write_text(str(sleeper.pid))
+        assert procs.stop(pid_file, "slurmd") is False
+        assert sleeper.poll() is None and not pid_file.exists()
+        pid_file.write_text(str(sleeper.pid))
+        assert procs.stop(pid_file, "sleep") is True
+        assert sleeper.wait(timeout=5) is not None
+    finally:
+        sleeper.kill()
+
+
+def test_hosts_lines_are_added_once(tmp_path):
+    hosts = tmp_path / "hosts"
+    hosts.write_text("127.0.0.1 localhost\n127.0.1.11 c1\n")
+    added = install.add_hosts(CPU_NODES, hosts)
+    assert [line.split()[:2] for line in added] == [["127.0.1.12", "c2"]]
+    assert install.add_hosts(CPU_NODES, hosts) == []
+    assert hosts.read_text().splitlines()[:2] == ["127.0.0.1 localhost", "127.0.1.11 c1"]
+
+
+def test_policy_rc_is_temporary_and_an_existing_one_is_left_alone(tmp_path, monkeypatch):
+    policy = tmp_path / "policy-rc.d"
+    monkeypatch.setattr(install, "POLICY_RC", policy)
+    with install.services_not_started():
+        assert subprocess.run([str(policy)]).returncode == 101
+    assert not policy.exists()
+    policy.write_text("#!/bin/sh\nexit 0\n")
+    with install.services_not_started():
+        pass
+    assert policy.read_text() == "#!/bin/sh\nexit 0\n"
+
+
+def test_discover_is_cheap_and_none_without_a_state_dir(tmp_path, monkeypatch):
+    monkeypatch.setenv("HPC_SANDBOX_DIR", str(tmp_path / "absent"))
+
+    def no_subprocess(*args, **kwargs):
+        raise AssertionError("discover() must not start a process")
+
+    monkeypatch.setattr(subprocess, "Popen", no_subprocess)
+    assert discover() is None
+
+
+def test_discover_ignores_a_state_dir_whose_controller_is_gone(tmp_path, monkeypatch):
+    layout = Layout(tmp_path)
+    for path, text in cluster.render_configs(layout).items():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    layout.run.mkdir()
+    layout.pid_file("slurmctld").write_text(f"{os.getpid()}\n")  # alive but not slurmctld
+    monkeypatch.setenv("HPC_SANDBOX_DIR", str(tmp_path))
+    assert discover() is None
+
+
+def test_use_points_slurm_commands_at_the_sandbox(tmp_path, monkeypatch):
+    monkeypatch.delenv("SLURM_CONF", raising=False)
+    sandbox = Sandbox(tmp_path, tmp_path / "etc" / "slurm.conf", tmp_path / "cluster-config.yaml")
+    assert use(sandbox) is sandbox
+    assert os.environ["SLURM_CONF"] == str(sandbox.slurm_conf)
+    assert sandbox.default_queue == "cpu"

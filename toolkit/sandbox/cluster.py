@@ -1,0 +1,277 @@
+"""Bring the local test cluster up, down, and report on it: munge, MariaDB, slurmdbd, slurmctld, slurmd nodes.
+
+`up` is idempotent: daemons that run are left alone, dead ones are started again (in dependency order), and a
+changed config restarts the Slurm daemons that read it. Every daemon is ours only through its pid file; a
+Slurm or munge that we did not start makes `up` refuse before it changes anything.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import shutil
+import socket
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+from toolkit.errors import HpcError
+from toolkit.sandbox import install, procs
+from toolkit.sandbox.layout import (
+    CLUSTER_NAME, CPU_NODES, DEFAULT_QUEUE, FAKE_GPUS_PER_NODE, NODES, P3DN_NODES, SLURMCTLD_PORT,
+    SLURMDBD_PORT, Layout, Node,
+)
+
+MIN_JOB_AGE = 30  # seconds a finished job stays in squeue/scontrol (sacct keeps it for good)
+START_TIMEOUT = 60.0
+SLURM_TIMEOUT = 20  # every Slurm command gets one
+NVIDIA_MAJOR = 195
+
+
+@dataclasses.dataclass(frozen=True)
+class Daemon:
+    key: str  # how status names it
+    comm: str  # the process name /proc shows
+    pid_file: Path
+    config: tuple[Path, ...] = ()  # files it reads at start: a change means a restart
+    node: Node | None = None  # the node a slurmd serves
+
+
+def daemons(layout: Layout) -> list[Daemon]:
+    """Every daemon in start order."""
+    slurm = (layout.slurm_conf, layout.gres_conf)
+    return [
+        Daemon("munged", "munged", layout.pid_file("munged")),
+        Daemon("mariadbd", "mariadbd", layout.pid_file("mariadbd")),
+        Daemon("slurmdbd", "slurmdbd", layout.pid_file("slurmdbd"), (layout.slurmdbd_conf,)),
+        Daemon("slurmctld", "slurmctld", layout.pid_file("slurmctld"), slurm),
+        *(Daemon(f"slurmd-{n.name}", "slurmd", layout.pid_file("slurmd", n.name), slurm, n) for n in CPU_NODES),
+    ]
+
+
+def render_configs(layout: Layout) -> dict[Path, str]:
+    import jinja2
+
+    env = jinja2.Environment(loader=jinja2.PackageLoader("toolkit.sandbox", "templates"),
+                             undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True,
+                             keep_trailing_newline=True)
+    values = dict(layout=layout, cluster_name=CLUSTER_NAME, slurmctld_port=SLURMCTLD_PORT,
+                  slurmdbd_port=SLURMDBD_PORT, min_job_age=MIN_JOB_AGE, cpu_nodes=CPU_NODES,
+                  p3dn_nodes=P3DN_NODES, gpus_per_node=FAKE_GPUS_PER_NODE)
+    return {
+        layout.slurm_conf: env.get_template("slurm.conf.j2").render(values),
+        layout.gres_conf: env.get_template("gres.conf.j2").render(values),
+        layout.slurmdbd_conf: env.get_template("slurmdbd.conf.j2").render(values),
+        layout.cluster_config: env.get_template("cluster-config.yaml.j2").render(values),
+    }
+
+
+def write_configs(layout: Layout) -> set[Path]:
+    """Write the rendered configs; returns the files whose content changed."""
+    changed = set()
+    for path, text in render_configs(layout).items():
+        if not path.exists() or path.read_text() != text:
+            path.write_text(text)
+            changed.add(path)
+    layout.slurmdbd_conf.chmod(0o600)  # slurmdbd refuses a config others can read
+    return changed
+
+
+def _prepare_dirs(layout: Layout) -> None:
+    for d in (layout.root, layout.etc, layout.run, layout.log, layout.spool, layout.gpu_devices,
+              layout.spool / "slurmctld", *(layout.spool / f"slurmd-{n.name}" for n in CPU_NODES)):
+        d.mkdir(parents=True, exist_ok=True)
+    layout.root.chmod(0o755)  # munge and mysql users must reach their dirs
+    for i in range(FAKE_GPUS_PER_NODE):
+        dev = layout.gpu_devices / f"nvidia{i}"
+        if not dev.exists():  # gres.conf File= must be a character device: plain files are rejected
+            os.mknod(dev, 0o666 | 0o020000, os.makedev(NVIDIA_MAJOR, i))
+
+
+def _run(args: list[str], env: dict[str, str] | None = None, timeout: float = SLURM_TIMEOUT) -> str:
+    res = subprocess.run(args, capture_output=True, text=True, env=env, timeout=timeout)
+    if res.returncode != 0:
+        raise HpcError(f"`{' '.join(args)}` failed: {(res.stderr or res.stdout).strip()}",
+                       fix="see the logs under the sandbox state dir's log/ folder")
+    return res.stdout
+
+
+def slurm_env(layout: Layout) -> dict[str, str]:
+    return dict(os.environ, SLURM_CONF=str(layout.slurm_conf), MYSQL_UNIX_PORT=str(layout.mysql_socket))
+
+
+def _port_open(port: int) -> bool:
+    with socket.socket() as s:
+        s.settimeout(0.2)
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+def _unix_socket_open(path: Path) -> bool:
+    with socket.socket(socket.AF_UNIX) as s:
+        s.settimeout(0.2)
+        return s.connect_ex(str(path)) == 0
+
+
+def _start_munge(layout: Layout) -> None:
+    layout.munge.mkdir(exist_ok=True)
+    if not layout.munge_key.exists():
+        _run(["mungekey", "--create", "--keyfile", str(layout.munge_key)])
+    shutil.chown(layout.munge, "munge", "munge")
+    shutil.chown(layout.munge_key, "munge", "munge")
+    layout.munge.chmod(0o755)  # munged insists that every client can reach its socket
+    layout.munge_key.chmod(0o600)
+    _run(["runuser", "-u", "munge", "--", "munged", f"--socket={layout.munge_socket}",
+          f"--key-file={layout.munge_key}", f"--pid-file={layout.pid_file('munged')}",
+          f"--log-file={layout.munge / 'munged.log'}", f"--seed-file={layout.munge / 'munged.seed'}"])
+
+
+def _start_mariadb(layout: Layout) -> None:
+    layout.mysql.mkdir(exist_ok=True)
+    shutil.chown(layout.mysql, "mysql", "mysql")
+    if not (layout.mysql_data / "mysql").is_dir():
+        _run(["mariadb-install-db", "--no-defaults", f"--datadir={layout.mysql_data}", "--user=mysql",
+              "--auth-root-authentication-method=socket", "--skip-test-db", "--skip-name-resolve"], timeout=120)
+    layout.mysql_socket.unlink(missing_ok=True)
+    log_path = layout.log / "mariadb.log"
+    with open(log_path, "ab") as log:
+        # No network: slurmdbd reaches it through its socket (MYSQL_UNIX_PORT).
+        server = subprocess.Popen(
+            ["mariadbd", "--no-defaults", f"--datadir={layout.mysql_data}", f"--socket={layout.mysql_socket}",
+             f"--pid-file={layout.pid_file('mariadbd')}", "--skip-networking", "--skip-name-resolve",
+             "--user=mysql", "--performance-schema=OFF",
+             # slurmdbd's recommended values (it warns below them)
+             "--innodb-buffer-pool-size=128M", "--innodb-lock-wait-timeout=900"],
+            stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True)
+
+    def ready() -> bool:
+        if server.poll() is not None:
+            raise HpcError(f"MariaDB exited with code {server.returncode}", fix=f"see {log_path}")
+        return _unix_socket_open(layout.mysql_socket)
+
+    procs.wait_for(ready, START_TIMEOUT, "MariaDB", log_path)
+
+
+def _start_slurmdbd(layout: Layout) -> None:
+    _run(["slurmdbd"], env=slurm_env(layout))
+    procs.wait_for(lambda: _port_open(SLURMDBD_PORT), START_TIMEOUT, "slurmdbd", layout.log / "slurmdbd.log")
+
+
+def _start_slurmctld(layout: Layout) -> None:
+    _run(["slurmctld"], env=slurm_env(layout))
+    procs.wait_for(lambda: _port_open(SLURMCTLD_PORT), START_TIMEOUT, "slurmctld", layout.log / "slurmctld.log")
+
+
+def _start_slurmd(layout: Layout, node: Node) -> None:
+    # Its own UTS namespace: `hostname` inside the node's jobs says the node's name.
+    _run(["unshare", "--uts", "--", "/bin/sh", "-c", 'hostname "$1" && exec slurmd -N "$1"', "sh", node.name],
+         env=slurm_env(layout))
+
+
+def _start(layout: Layout, daemon: Daemon) -> None:
+    if daemon.node is not None:
+        _start_slurmd(layout, daemon.node)
+    else:
+        {"munged": _start_munge, "mariadbd": _start_mariadb, "slurmdbd": _start_slurmdbd,
+         "slurmctld": _start_slurmctld}[daemon.key](layout)
+
+
+def running(layout: Layout) -> dict[str, int | None]:
+    """Daemon key -> pid if running, else None."""
+    return {d.key: procs.running_pid(d.pid_file, d.comm) for d in daemons(layout)}
+
+
+def refuse_foreign(layout: Layout) -> None:
+    """Raise if a Slurm or munge daemon runs that this state dir's pid files do not name."""
+    ours = [pid for pid in running(layout).values() if pid is not None]
+    foreign = procs.foreign_daemons(ours)
+    if foreign:
+        found = ", ".join(f"{name} (pid {pid})" for pid, name in sorted(foreign.items()))
+        raise HpcError(
+            f"another Slurm or munge runs on this machine, not started by the sandbox in {layout.root}: {found}",
+            fix="stop it first, or set HPC_SANDBOX_DIR to the state dir of the sandbox that started it",
+        )
+
+
+def node_states(layout: Layout) -> dict[str, str]:
+    """Node name -> Slurm state (e.g. idle, alloc, down*) as sinfo reports it."""
+    out = _run(["sinfo", "-h", "-N", "-o", "%N %t"], env=slurm_env(layout))
+    return dict(line.split(None, 1) for line in out.splitlines() if line.strip())
+
+
+def _wait_for_nodes(layout: Layout) -> None:
+    names = [n.name for n in CPU_NODES]
+
+    def ready() -> bool:  # registered and usable: no flag suffix such as * (not responding)
+        states = node_states(layout)
+        return all(states.get(n) in ("idle", "mix", "alloc", "comp") for n in names)
+
+    try:
+        procs.wait_for(ready, START_TIMEOUT, "cpu nodes", interval=0.2)
+    except HpcError:
+        # A node left down or drained by an earlier crash: its slurmd runs, so return it to service.
+        _run(["scontrol", "update", f"NodeName={','.join(names)}", "State=RESUME"], env=slurm_env(layout))
+        procs.wait_for(ready, 10, "cpu nodes", layout.log / "slurmd-c1.log", interval=0.2)
+
+
+def _forget_node_state(layout: Layout) -> None:
+    """Nodes take their state from the new config, not from the saved one (jobs are kept)."""
+    for name in ("node_state", "node_state.old"):
+        (layout.spool / "slurmctld" / name).unlink(missing_ok=True)
+
+
+def up(layout: Layout | None = None) -> dict[str, Any]:
+    """Start whatever is not running; a fast no-op when everything is. Returns what it did."""
+    layout = layout or Layout.current()
+    t0 = time.monotonic()
+    if os.geteuid() != 0:
+        raise HpcError("the sandbox starts system daemons and needs root", fix="run it as root (e.g. sudo)")
+    refuse_foreign(layout)
+    installed = install.install_packages()
+    _prepare_dirs(layout)
+    install.add_hosts(NODES)
+    changed = write_configs(layout)
+    pids = running(layout)
+    restart: set[str] = set()
+    started: list[str] = []
+    for daemon in daemons(layout):
+        needs_restart = daemon.key in restart or any(c in changed for c in daemon.config)
+        if pids[daemon.key] is not None and needs_restart:
+            procs.stop(daemon.pid_file, daemon.comm)
+            pids[daemon.key] = None
+        if pids[daemon.key] is None:
+            if daemon.key == "slurmctld" and layout.slurm_conf in changed:
+                _forget_node_state(layout)
+            _start(layout, daemon)
+            started.append(daemon.key)
+            if daemon.key == "mariadbd":
+                restart.add("slurmdbd")  # its database connection went away with the old server
+    if started:
+        _wait_for_nodes(layout)
+    return {**summary(layout), "installed": installed, "started": started,
+            "seconds": round(time.monotonic() - t0, 2)}
+
+
+def down(layout: Layout | None = None) -> list[str]:
+    """Stop our daemons by their pid files, nodes first; returns those that were running."""
+    layout = layout or Layout.current()
+    return [d.key for d in reversed(daemons(layout)) if procs.stop(d.pid_file, d.comm)]
+
+
+def summary(layout: Layout) -> dict[str, Any]:
+    return {"state_dir": str(layout.root), "slurm_conf": str(layout.slurm_conf),
+            "cluster_config": str(layout.cluster_config), "default_queue": DEFAULT_QUEUE}
+
+
+def status(layout: Layout | None = None) -> dict[str, Any]:
+    layout = layout or Layout.current()
+    pids = running(layout)
+    nodes: dict[str, str] = {}
+    if pids["slurmctld"] is not None:
+        try:
+            nodes = node_states(layout)
+        except (HpcError, subprocess.TimeoutExpired):
+            nodes = {}
+    return {**summary(layout), "up": all(p is not None for p in pids.values()),
+            "daemons": [{"name": k, "pid": p, "running": p is not None} for k, p in pids.items()],
+            "nodes": nodes}
