@@ -44,3 +44,12 @@ def slurm_sandbox():
 def slurm_env(sandbox) -> dict[str, str]:
     """This process's environment pointed at the sandbox (SLURM_CONF), for subprocesses."""
     return dict(os.environ, SLURM_CONF=str(sandbox.slurm_conf))
+
+
+@pytest.fixture(autouse=True)
+def _isolated_from_local_cluster(request, monkeypatch, tmp_path):
+    """Tests not marked `slurm` must not see the local test cluster (hpc discovers it when it runs) or the
+    user's runs: they get a sandbox dir that does not exist and a runs root of their own."""
+    if request.node.get_closest_marker("slurm") is None:
+        monkeypatch.setenv("HPC_SANDBOX_DIR", str(tmp_path / "no-sandbox"))
+    monkeypatch.setenv("HPC_RUNS_DIR", str(tmp_path / "runs"))
