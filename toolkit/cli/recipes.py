@@ -15,6 +15,10 @@ NODES = typer.Option(None, "--nodes", "-N", min=1, help="Nodes (default: the rec
 CLUSTER = typer.Option(None, "--cluster", help="A ParallelCluster v3 config (default: this cluster's own, else p3dn).")
 QUEUE = typer.Option(None, "--queue", "-q", help="Queue of the cluster config (default: its first queue).")
 PROFILE = typer.Option(None, "--profile", "-p", help="A named profile of the recipe (e.g. smoke).")
+ACCOUNT = typer.Option(None, "--account", help="Slurm account (passed through).")
+QOS = typer.Option(None, "--qos", help="Slurm QOS (passed through).")
+RESERVATION = typer.Option(None, "--reservation", help="Slurm reservation (passed through).")
+DEPENDENCY = typer.Option(None, "--dependency", help="Slurm dependency, e.g. afterok:123.")
 SET = typer.Option([], "--set", help="Override a recipe value: KEY.PATH=VALUE (e.g. args.--lr=0.1); null removes.")
 
 
@@ -93,10 +97,8 @@ def validate(file: Path = typer.Argument(..., help="Recipe file."), as_json: boo
 def render(name: str = typer.Argument(..., help="Recipe name or path to a recipe file."),
            nodes: Optional[int] = NODES, cluster: Optional[Path] = CLUSTER, queue: Optional[str] = QUEUE,
            profile: Optional[str] = PROFILE, overrides: list[str] = SET,
-           account: Optional[str] = typer.Option(None, "--account", help="Slurm account (passed through)."),
-           qos: Optional[str] = typer.Option(None, "--qos", help="Slurm QOS (passed through)."),
-           reservation: Optional[str] = typer.Option(None, "--reservation", help="Slurm reservation (passed through)."),
-           dependency: Optional[str] = typer.Option(None, "--dependency", help="Slurm dependency, e.g. afterok:123."),
+           account: Optional[str] = ACCOUNT, qos: Optional[str] = QOS, reservation: Optional[str] = RESERVATION,
+           dependency: Optional[str] = DEPENDENCY,
            output: Optional[Path] = typer.Option(None, "--output", "-o", help="Write the script here (default: stdout)."),
            force: bool = typer.Option(False, "--force", help="Overwrite an existing --output file."),
            as_json: bool = JSON_OPTION) -> None:
@@ -116,3 +118,41 @@ def render(name: str = typer.Argument(..., help="Recipe name or path to a recipe
         emit({"script": script, "output": str(output) if output else None, "job_name": spec.job_name}, True)
     elif output is None:
         typer.echo(script, nl=False)
+
+
+@app.command()
+def submit(name: str = typer.Argument(..., help="Recipe name or path to a recipe file."),
+           nodes: Optional[int] = NODES, cluster: Optional[Path] = CLUSTER, queue: Optional[str] = QUEUE,
+           profile: Optional[str] = PROFILE, overrides: list[str] = SET,
+           account: Optional[str] = ACCOUNT, qos: Optional[str] = QOS, reservation: Optional[str] = RESERVATION,
+           dependency: Optional[str] = DEPENDENCY,
+           executor: Optional[str] = typer.Option(None, "--executor",
+                                                  help="slurm | local (default: slurm; local only where no Slurm "
+                                                       "is installed)."),
+           dry_run: bool = typer.Option(False, "--dry-run", help="Print what would be submitted; submit nothing."),
+           wait: bool = typer.Option(False, "--wait", help="Show progress until the job ends; exit 1 if it fails."),
+           as_json: bool = JSON_OPTION) -> None:
+    """Submit a recipe through submitit (srun starts one rank per GPU, or per declared CPU rank)."""
+    from toolkit.submit import submission
+
+    request = submission.SubmitRequest(name, nodes, str(cluster) if cluster else None, queue, profile,
+                                       tuple(overrides), account, qos, reservation, dependency, executor)
+    if dry_run:
+        plan = submission.dry_run(request)
+        for note in plan["notes"]:
+            info(note)
+        emit(plan, as_json, lambda p: "\n".join(
+            [f"would submit with the {p['executor']} executor (python: {p['python']})", "parameters:"]
+            + [f"  {k}: {v}" for k, v in p["parameters"].items() if k != "setup"]
+            + ["rank 0 runs: " + " ".join(p["rank0_argv"]), "", "equivalent sbatch script:", p["script"]]))
+        return
+    result = submission.submit(request, progress=info)
+    info(f"submitted job {result['job_id']} ({result['nodes']} nodes, {result['ranks']} ranks) to queue "
+         f"{result['queue']}\n  run dir: {result['run_dir']}\n  follow:  {result['follow']}")
+    if wait:
+        result.update(submission.wait(result["job_id"], Path(result["run_dir"]), progress=info))
+    emit(result, as_json, lambda r: f"{r['job_id']}" + (f" {r['state']}" if "state" in r else ""))
+    if wait and result["state"] != "COMPLETED":
+        log = result.get("failed_rank_log")
+        info(f"job {result['job_id']} ended {result['state']}" + (f": see {log}" if log else ""))
+        raise typer.Exit(1)

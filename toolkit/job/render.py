@@ -93,24 +93,35 @@ def rank_script(tail: tuple[Arg, ...]) -> str:
 
 
 @functools.cache
-def _template():
+def _template(name: str):
     import jinja2
 
     env = jinja2.Environment(loader=jinja2.PackageLoader("toolkit.job", "templates"), undefined=jinja2.StrictUndefined,
                              trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True, autoescape=False)
-    return env.get_template("job.sbatch.j2")
+    return env.get_template(name)
+
+
+def _setup_context(spec: JobSpec) -> dict:
+    return dict(
+        spec=spec,
+        setup=setup_lines(spec),
+        port_base=MASTER_PORT_BASE,
+        port_span=MASTER_PORT_SPAN,
+        printed_pattern=shlex.quote("^(" + "|".join(COMMUNICATION_PREFIXES) + ")"),
+    )
+
+
+def setup_block(spec: JobSpec) -> str:
+    """The batch shell's set-up (software, exports, rendezvous): part of the script, and submitit's setup."""
+    return _template("setup.sh.j2").render(**_setup_context(spec))
 
 
 def render_script(spec: JobSpec) -> str:
     """The sbatch script of a job."""
     head, tail = split_command(spec.command)
-    return _template().render(
-        spec=spec,
+    return _template("job.sbatch.j2").render(
+        **_setup_context(spec),
         directives=sbatch_directives(spec),
-        setup=setup_lines(spec),
-        port_base=MASTER_PORT_BASE,
-        port_span=MASTER_PORT_SPAN,
-        printed_pattern=shlex.quote("^(" + "|".join(COMMUNICATION_PREFIXES) + ")"),
         array_lines=array_lines(head),
         srun_options=" ".join(srun_options(spec)),
         rank_script=shlex.quote(rank_script(tail)),

@@ -13,6 +13,7 @@ import dataclasses
 import enum
 import os
 import re
+import sys
 from typing import Literal, Mapping, Union
 
 from toolkit.cluster.queues import Queue
@@ -257,6 +258,12 @@ def build_job_spec(recipe: Recipe, queue: Queue, nodes: int | None = None, *, pr
                     "--distributed-init-method", ("tcp://", RankVar.MASTER_ADDR, ":", RankVar.MASTER_PORT)]
 
     software = recipe.software
+    venv = software.venv and _under(root, software.venv)
+    if (recipe.launcher.kind != "binary" and not (software.venv or software.conda_root or software.modules)
+            and sys.prefix != sys.base_prefix):
+        venv = sys.prefix  # same Python on every node, as submitit's per-rank code needs
+        derived.append(Derived("software", venv, "the recipe names no software: the nodes use the venv "
+                                                 "this toolkit runs in (it must be on a shared filesystem)"))
     return JobSpec(
         job_name=job_name, recipe=recipe.name, profile=profile, partition=queue.name,
         instance_type=queue.instance_type, nodes=nodes, tasks_per_node=tasks,
@@ -266,7 +273,7 @@ def build_job_spec(recipe: Recipe, queue: Queue, nodes: int | None = None, *, pr
         launcher=launcher.kind, mpi=launcher.mpi,
         software=SoftwareEnv(
             modules=tuple(software.modules),
-            venv=software.venv and _under(root, software.venv),
+            venv=venv,
             conda_root=software.conda_root and _under(root, software.conda_root),
             conda_env=software.conda_env,
         ),

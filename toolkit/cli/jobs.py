@@ -1,0 +1,83 @@
+"""`hpc jobs`: list, status, logs and cancel for runs submitted with `hpc recipes submit`."""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+
+import typer
+
+from toolkit.cli.output import JSON_OPTION, emit, table
+
+app = typer.Typer(help="Follow and control submitted runs: list, status, logs, cancel.", no_args_is_help=True,
+                  rich_markup_mode=None)
+
+
+def _use_local_cluster() -> None:
+    from toolkit.slurm.discovery import use_discovered_slurm
+
+    use_discovered_slurm()
+
+
+@app.command("list")
+def list_(json_: bool = JSON_OPTION) -> None:
+    """Runs in the runs root ($HPC_RUNS_DIR, else ~/hpc-runs) with their jobs' states."""
+    from toolkit.submit import runs
+
+    _use_local_cluster()
+    rows = [dataclasses.asdict(s) for s in runs.list_statuses()]
+    emit(rows, json_, lambda rs: table([(r["job_id"], r["state"], r["recipe"], r["nodes"], r["requeues"],
+                                         r["run_dir"]) for r in rs],
+                                       ["JOB", "STATE", "RECIPE", "NODES", "REQUEUES", "RUN DIR"]))
+
+
+@app.command("status")
+def status(job_id: str = typer.Argument(..., help="Slurm job id (an array task: ID_N)."),
+           json_: bool = JSON_OPTION) -> None:
+    """State of one job (with the requeue count; array jobs: a count per state)."""
+    from toolkit.submit import runs
+
+    _use_local_cluster()
+    s = runs.status(job_id)
+    data = dataclasses.asdict(s)
+
+    def human(d):
+        lines = [f"job {d['job_id']}: {d['state']} (from {d['source']})"]
+        for key in ("recipe", "nodes", "requeues", "exit_code", "reason", "run_dir"):
+            if d[key] not in (None, ""):
+                lines.append(f"  {key.replace('_', ' ')}: {d[key]}")
+        if d["tasks"]:
+            lines.append("  tasks: " + ", ".join(f"{n} {state}" for state, n in sorted(d["tasks"].items())))
+        return "\n".join(lines)
+
+    emit(data, json_, human)
+    if s.done and s.state != "COMPLETED":
+        raise typer.Exit(1)
+
+
+@app.command("logs")
+def logs(job_id: str = typer.Argument(..., help="Slurm job id."),
+         rank: int = typer.Option(0, "--rank", "-r", help="Which rank's log."),
+         stderr: bool = typer.Option(False, "--stderr", help="Show the rank's stderr instead of stdout."),
+         follow: bool = typer.Option(False, "--follow", "-f", help="Keep printing until the job ends.")) -> None:
+    """Print one rank's log (rank 0 by default)."""
+    from toolkit.submit import runs
+
+    _use_local_cluster()
+    path = runs.rank_log(job_id, rank, stream="err" if stderr else "out")
+    if not follow:
+        sys.stdout.write(path.read_text(errors="replace"))
+        return
+    for line in runs.follow(path, lambda: runs.status(job_id).done):
+        sys.stdout.write(line)
+        sys.stdout.flush()
+
+
+@app.command("cancel")
+def cancel(job_id: str = typer.Argument(..., help="Slurm job id."), json_: bool = JSON_OPTION) -> None:
+    """Cancel a job (scancel)."""
+    from toolkit.slurm import commands
+
+    _use_local_cluster()
+    commands.run(["scancel", job_id])
+    emit({"job_id": job_id, "cancelled": True}, json_, f"cancelled job {job_id}")

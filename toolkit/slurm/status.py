@@ -1,0 +1,111 @@
+"""Job state from Slurm, right with accounting and without it.
+
+ParallelCluster ships without accounting by default, so `sacct` may answer "accounting storage is disabled".
+Order: sacct (history, requeue count) -> squeue -t all (jobs the controller still holds) -> scontrol
+(restart count) -> nothing (the caller falls back to what the run dir recorded).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from toolkit.slurm import commands
+
+FINAL_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL", "PREEMPTED",
+                "BOOT_FAIL", "DEADLINE"}
+REQUEUE_STATES = {"REQUEUED", "REQUEUE_FED", "REQUEUE_HOLD"}
+
+
+@dataclasses.dataclass
+class JobStatus:
+    job_id: str  # "123", or "123_4" for an array task
+    state: str
+    source: str  # sacct | squeue | scontrol
+    exit_code: str | None = None
+    nodes: str | None = None
+    elapsed: str | None = None
+    reason: str | None = None
+    requeues: int = 0
+
+    @property
+    def done(self) -> bool:
+        return self.state in FINAL_STATES
+
+    @property
+    def array_id(self) -> str:
+        return self.job_id.split("_")[0]
+
+
+def _state_word(state: str) -> str:
+    # sacct says "CANCELLED by 0"; keep the state only.
+    return state.split()[0] if state else "UNKNOWN"
+
+
+def _from_sacct(job_ids: list[str]) -> dict[str, JobStatus] | None:
+    res = commands.run(["sacct", "-X", "-n", "-P", "-D", "-j", ",".join(job_ids),
+                        "-o", "JobID,State,ExitCode,Elapsed,NodeList,Reason"], check=False)
+    if res.returncode != 0:
+        return None  # accounting disabled or slurmdbd down: fall back
+    found: dict[str, JobStatus] = {}
+    for line in res.stdout.splitlines():
+        fields = line.split("|")
+        if len(fields) < 6 or "[" in fields[0]:
+            continue  # "123_[4-9]" rows stand for tasks not started yet; squeue lists them one by one
+        job_id, state, exit_code, elapsed, nodes, reason = fields[:6]
+        previous = found.get(job_id)
+        requeues = (previous.requeues + (previous.state in REQUEUE_STATES or previous.state == "PREEMPTED")
+                    if previous else 0)
+        found[job_id] = JobStatus(job_id, _state_word(state), "sacct", exit_code, nodes or None, elapsed,
+                                  None if reason in ("", "None") else reason, requeues)
+    return found
+
+
+def _from_squeue(job_ids: list[str]) -> dict[str, JobStatus]:
+    res = commands.run(["squeue", "-h", "-r", "-t", "all", "-j", ",".join(job_ids), "-o", "%i|%T|%N|%M|%r"],
+                       check=False)
+    found = {}
+    for line in res.stdout.splitlines():
+        fields = line.split("|")
+        if len(fields) == 5:
+            job_id, state, nodes, elapsed, reason = fields
+            found[job_id] = JobStatus(job_id, state, "squeue", None, nodes or None, elapsed,
+                                      None if reason in ("", "None") else reason)
+    return found
+
+
+def _scontrol_fields(job_id: str) -> list[dict[str, str]]:
+    res = commands.run(["scontrol", "-o", "show", "job", job_id], check=False)
+    records = []
+    for line in res.stdout.splitlines():
+        record = {}
+        for token in line.split():
+            key, sep, value = token.partition("=")
+            if sep:
+                record[key] = value
+        if "JobId" in record:
+            records.append(record)
+    return records
+
+
+def _add_scontrol(job_ids: list[str], found: dict[str, JobStatus]) -> None:
+    """Fill in restart counts (squeue has none) and jobs squeue did not list."""
+    for job_id in job_ids:
+        for rec in _scontrol_fields(job_id):
+            task = rec.get("ArrayTaskId")
+            key = f"{rec['ArrayJobId']}_{task}" if task and task.isdigit() else rec["JobId"]
+            status = found.get(key) or JobStatus(key, rec.get("JobState", "UNKNOWN"), "scontrol",
+                                                 nodes=rec.get("NodeList"), elapsed=rec.get("RunTime"),
+                                                 reason=rec.get("Reason"))
+            status.requeues = int(rec.get("Restarts", "0") or 0)
+            status.exit_code = rec.get("ExitCode", status.exit_code)
+            found[key] = status
+
+
+def query(job_ids: list[str]) -> dict[str, JobStatus]:
+    """Status of each job (array jobs: each task, keyed "ID_TASK"); jobs Slurm has forgotten are absent."""
+    found = _from_sacct(job_ids)
+    if found is not None:
+        return found
+    found = _from_squeue(job_ids)
+    _add_scontrol(job_ids, found)
+    return found

@@ -1,0 +1,125 @@
+"""JobSpec -> a submitit submission, on Slurm or (where no Slurm is installed) on this machine.
+
+The same JobSpec renders the sbatch script (toolkit.job.render); here its resources become submitit's
+executor parameters, its set-up block (software, exports, rendezvous) becomes submitit's setup lines, and
+srun starts one RankLauncher per rank. nccl-tests-style MPI binaries take no rank arguments: those are
+submitted as their rendered script with sbatch instead.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import sys
+from pathlib import Path
+from typing import Any, Literal
+
+from toolkit.errors import HpcError
+from toolkit.job.env import filter_submit_env, submit_env_allowlist
+from toolkit.job.render import render_script, setup_block, srun_options
+from toolkit.job.spec import JobSpec
+
+ExecutorKind = Literal["slurm", "local"]
+
+
+@dataclasses.dataclass
+class Submission:
+    job_id: str
+    run_dir: Path
+    executor: ExecutorKind
+    job: Any = None  # the submitit Job (None for scripts sent with sbatch)
+
+
+def choose_executor(requested: str | None) -> tuple[ExecutorKind, str | None]:
+    """The executor, and a note when it was chosen for the user (local only where no Slurm is installed)."""
+    from toolkit.slurm.commands import slurm_installed
+
+    if requested in ("slurm", "local"):
+        return requested, None  # type: ignore[return-value]
+    if requested is not None:
+        raise HpcError(f"--executor {requested!r} is not one of slurm, local", fix="use --executor slurm or local",
+                       exit_code=2)
+    if slurm_installed():
+        return "slurm", None
+    return "local", "no Slurm is installed here (no sbatch on PATH or in /opt/slurm/bin): running on this machine"
+
+
+def node_python(spec: JobSpec) -> str:
+    """The Python that runs submitit's per-rank code on the nodes: the recipe's environment's, else ours."""
+    if spec.software.venv:
+        return f"{spec.software.venv}/bin/python"
+    if spec.software.conda_root or spec.software.modules:
+        return "python"  # whatever the set-up lines put first on PATH
+    return sys.executable
+
+
+def slurm_parameters(spec: JobSpec) -> dict[str, Any]:
+    """submitit SlurmExecutor parameters for a JobSpec: the same resources as the rendered script."""
+    extra: dict[str, Any] = {"export": ",".join(submit_env_allowlist())}
+    if spec.wait_all_nodes:
+        extra["wait-all-nodes"] = 1
+    if spec.reservation:
+        extra["reservation"] = spec.reservation
+    params: dict[str, Any] = dict(
+        job_name=spec.job_name, partition=spec.partition, nodes=spec.nodes, ntasks_per_node=spec.tasks_per_node,
+        cpus_per_task=spec.cpus_per_task, time=spec.time_limit_minutes, setup=setup_block(spec).splitlines(),
+        srun_args=srun_options(spec), additional_parameters=extra,
+    )
+    if spec.gpus_per_node:
+        params["gpus_per_node"] = spec.gpus_per_node
+    if spec.exclusive:
+        params["exclusive"] = True
+    for option in ("account", "qos", "dependency"):
+        if getattr(spec, option):
+            params[option] = getattr(spec, option)
+    return params
+
+
+def submit(spec: JobSpec, run_dir: Path, executor: ExecutorKind) -> Submission:
+    """Submit one job; the run dir must exist (toolkit.submit.rundir)."""
+    if spec.mpi:
+        return _submit_script(spec, run_dir)
+    import submitit
+
+    from toolkit import __version__
+    from toolkit.submit.launcher import RankLauncher
+
+    folder = run_dir / "submitit"
+    if executor == "local":
+        if spec.nodes != 1:
+            raise HpcError(f"the local executor runs on this one machine; {spec.nodes} nodes were asked for",
+                           fix="use --nodes 1, or submit to a Slurm cluster (locally: make slurm-up)")
+        ex = submitit.LocalExecutor(folder=folder)
+        ex.update_parameters(tasks_per_node=spec.tasks_per_node, nodes=1, timeout_min=spec.time_limit_minutes)
+        env = {**filter_submit_env(os.environ), **spec.environ}
+        launcher = RankLauncher(spec, str(run_dir), __version__, local_env=tuple(env.items()))
+    else:
+        ex = submitit.SlurmExecutor(folder=folder, python=node_python(spec))
+        ex.update_parameters(**slurm_parameters(spec))
+        launcher = RankLauncher(spec, str(run_dir), __version__)
+    try:
+        job = ex.submit(launcher)
+    except submitit.core.utils.FailedJobError as exc:  # sbatch refused the job
+        message = str(exc).strip().splitlines()
+        raise HpcError(f"Slurm refused the job: {_sbatch_error(message)}",
+                       fix="check --queue/--nodes against `sinfo` (the partition's nodes and limits)") from None
+    return Submission(str(job.job_id), run_dir, executor, job)
+
+
+def _sbatch_error(lines: list[str]) -> str:
+    errors = [line for line in lines if "error" in line.lower()]
+    return (errors or lines or ["sbatch failed"])[-1].strip()
+
+
+def _submit_script(spec: JobSpec, run_dir: Path) -> Submission:
+    """MPI binaries (nccl-tests): the rendered script itself, sent with sbatch --parsable."""
+    from toolkit.slurm import commands
+
+    script = run_dir / "job.sbatch"
+    script.write_text(render_script(spec))
+    Path(spec.run_dir).mkdir(parents=True, exist_ok=True)
+    res = commands.run(["sbatch", "--parsable", str(script)], check=False)
+    if res.returncode != 0:
+        raise HpcError(f"Slurm refused the job: {_sbatch_error(res.stderr.splitlines())}",
+                       fix="check --queue/--nodes against `sinfo` (the partition's nodes and limits)")
+    return Submission(res.stdout.strip().split(";")[0], run_dir, "slurm")

@@ -1,0 +1,105 @@
+"""The run dir: everything needed to reproduce and report on one run.
+
+    <runs root>/<recipe>-<UTC time>-<nonce>/
+        metadata.json    toolkit version, recipes' git commit, who/when, job ids, queue, nodes, ranks
+        recipe.yaml      the resolved recipe (profile and --set applied)
+        job.sbatch       the script `hpc recipes render` makes for the same spec
+        batch_script.sh  the batch script Slurm actually stored (scontrol write batch_script)
+        submitit/        submitit's pickles and per-rank logs: <job>_<rank>_log.out / .err
+        result.json      written by rank 0 when the workload ends (Slurm forgets finished jobs)
+
+The runs root is $HPC_RUNS_DIR, else ~/hpc-runs (home is shared with the compute nodes on ParallelCluster).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import getpass
+import json
+import os
+import secrets
+import socket
+import subprocess
+from pathlib import Path
+from typing import Any
+
+from toolkit.errors import HpcError
+
+METADATA = "metadata.json"
+RESULT = "result.json"
+
+
+def runs_root() -> Path:
+    return Path(os.environ.get("HPC_RUNS_DIR") or Path.home() / "hpc-runs")
+
+
+def new_run_dir(recipe_name: str, root: Path | None = None) -> Path:
+    root = root or runs_root()
+    stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%d-%H%M%S")
+    safe = "".join(c if c.isalnum() or c in "-_." else "-" for c in recipe_name)[:60] or "run"
+    path = root / f"{safe}-{stamp}-{secrets.token_hex(3)}"
+    try:
+        path.mkdir(parents=True)
+    except OSError as exc:
+        raise HpcError(f"cannot create run dir {path}: {exc.strerror}",
+                       fix="set HPC_RUNS_DIR to a writable directory shared with the compute nodes") from None
+    return path
+
+
+def write_json(path: Path, data: dict[str, Any]) -> None:
+    """Write atomically: a reader never sees half a file."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(data, indent=2, default=str) + "\n")
+    os.replace(tmp, path)
+
+
+def read_json(path: Path) -> dict[str, Any] | None:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def git_commit(path: Path) -> str | None:
+    """The commit of the git checkout holding `path` (the recipes), if any; '+dirty' when it has changes."""
+    try:
+        cwd = path if path.is_dir() else path.parent
+        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=cwd, capture_output=True, text=True, timeout=5)
+        if head.returncode != 0:
+            return None
+        dirty = subprocess.run(["git", "status", "--porcelain", "--", str(path)], cwd=cwd, capture_output=True,
+                               text=True, timeout=5).stdout.strip()
+        return head.stdout.strip() + ("+dirty" if dirty else "")
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+
+
+def base_metadata(recipe_name: str, recipe_path: Path | None) -> dict[str, Any]:
+    from toolkit import __version__
+
+    return {
+        "toolkit_version": __version__,
+        "recipe": recipe_name,
+        "recipe_file": str(recipe_path) if recipe_path else None,
+        "recipes_git_commit": git_commit(recipe_path) if recipe_path else None,
+        "submitted_by": getpass.getuser(),
+        "submitted_from": socket.gethostname(),
+        "submitted_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+    }
+
+
+def find_run(job_id: str, root: Path | None = None) -> Path | None:
+    """The run dir whose metadata names this job id (an array task "ID_N" maps to its array's run)."""
+    base = job_id.split("_")[0]
+    for run in list_runs(root):
+        meta = read_json(run / METADATA) or {}
+        if base in {str(j) for j in meta.get("job_ids", [])}:
+            return run
+    return None
+
+
+def list_runs(root: Path | None = None) -> list[Path]:
+    root = root or runs_root()
+    if not root.is_dir():
+        return []
+    return sorted((p.parent for p in root.glob(f"*/{METADATA}")), key=lambda p: p.stat().st_mtime)
