@@ -1,0 +1,22 @@
+#!/usr/bin/python3
+"""A workload that records what its rank received: argv and environment, one JSON file per rank.
+
+Debian's python3 runs it: a pyenv shim would edit PATH on the way.
+
+Used to compare the rendered sbatch path with the submitit path rank by rank. Writes to $PROBE_OUT (the
+recipe's env) as rank-<SLURM_PROCID>.json; the rank named by $PROBE_FAIL_RANK exits 3.
+"""
+
+import json
+import os
+import sys
+from pathlib import Path
+
+rank = os.environ.get("SLURM_PROCID", "?")
+out = Path(os.environ["PROBE_OUT"])
+out.mkdir(parents=True, exist_ok=True)
+(out / f"rank-{rank}.json").write_text(json.dumps({"argv": sys.argv[1:], "env": dict(os.environ)}))
+print(f"probe rank {rank} on {os.uname().nodename}: {len(sys.argv) - 1} args")
+if os.environ.get("PROBE_FAIL_RANK") == rank:
+    print(f"probe rank {rank}: failing on purpose", file=sys.stderr)
+    sys.exit(3)
