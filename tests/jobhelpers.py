@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import yaml
@@ -59,3 +60,28 @@ def parse_flags(argv: list[str]) -> dict[str, list[str]]:
         elif current is not None:
             flags[current].append(word)
     return flags
+
+
+PROBE = Path(__file__).parent / "payloads" / "probe.py"
+HOSTILE = "it's $(touch {canary}) `touch {canary}`; \"x\" \n y"
+
+
+def probe_recipe(tmp_path: Path, **env: str) -> Path:
+    """A recipe whose ranks record their argv and environment (tests/payloads/probe.py) under tmp_path/probe."""
+    canary = tmp_path / "canary"
+    recipe = {
+        "name": "probe", "description": "records each rank's argv and environment", "source": "tests",
+        "launcher": {"kind": "binary", "program": str(PROBE)},
+        "args": {"--text": HOSTILE.format(canary=canary), "--count": 3, "--flag": True},
+        "resources": {"nodes": 2, "time": "00:05:00"},
+        "env": {"PROBE_OUT": str(tmp_path / "probe"), **env},
+    }
+    return write_recipe(tmp_path, recipe, "probe.yaml")
+
+
+def read_ranks(out: Path) -> dict[int, dict]:
+    """What each probe rank recorded, by rank (the files are removed, so the next run starts clean)."""
+    ranks = {int(p.stem.split("-")[1]): json.loads(p.read_text()) for p in out.glob("rank-*.json")}
+    for p in out.glob("rank-*.json"):
+        p.unlink()
+    return ranks

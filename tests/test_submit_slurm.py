@@ -11,35 +11,13 @@ import pytest
 import yaml
 
 from tests.conftest import run_hpc, slurm_env
+from tests.jobhelpers import HOSTILE, probe_recipe, read_ranks
 from toolkit.job.env import SUBMIT_ENV_ALLOWLIST
 from toolkit.job.spec import master_port, time_minutes
 
 pytestmark = pytest.mark.slurm
-PROBE = Path(__file__).parent / "payloads" / "probe.py"
-HOSTILE = "it's $(touch {canary}) `touch {canary}`; \"x\" \n y"
 # Differ between any two processes or are the executor's own bookkeeping, not the job's environment.
 PER_PROCESS = re.compile(r"^(SLURM_|SUBMITIT_|_$|PWD$|OLDPWD$|SHLVL$)")
-
-
-def probe_recipe(tmp_path: Path, **env: str) -> Path:
-    canary = tmp_path / "canary"
-    recipe = {
-        "name": "probe", "description": "records each rank's argv and environment", "source": "tests",
-        "launcher": {"kind": "binary", "program": str(PROBE)},
-        "args": {"--text": HOSTILE.format(canary=canary), "--count": 3, "--flag": True},
-        "resources": {"nodes": 2, "time": "00:05:00"},
-        "env": {"PROBE_OUT": str(tmp_path / "probe"), **env},
-    }
-    path = tmp_path / "probe.yaml"
-    path.write_text(yaml.safe_dump(recipe, sort_keys=False))
-    return path
-
-
-def read_ranks(out: Path) -> dict[int, dict]:
-    ranks = {int(p.stem.split("-")[1]): json.loads(p.read_text()) for p in out.glob("rank-*.json")}
-    for p in out.glob("rank-*.json"):
-        p.unlink()
-    return ranks
 
 
 def job_env(env: dict[str, str]) -> dict[str, str]:

@@ -10,7 +10,7 @@ import functools
 import shlex
 
 from toolkit.job.env import COMMUNICATION_PREFIXES, submit_env_allowlist
-from toolkit.job.spec import MASTER_PORT_BASE, MASTER_PORT_SPAN, Arg, JobSpec, RankVar
+from toolkit.job.spec import MASTER_PORT_BASE, MASTER_PORT_SPAN, Arg, JobSpec
 
 
 def sbatch_directives(spec: JobSpec) -> list[str]:
