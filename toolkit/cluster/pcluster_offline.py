@@ -19,6 +19,8 @@ import os
 import re
 from typing import Any, Iterator
 
+from pcluster.aws.common import AWSClientError
+
 from toolkit.catalog import catalog
 
 # Validators that ask AWS (EC2, S3, IAM, KMS, FSx, EFS, Route 53, Secrets Manager, a URL) -> what they check.
@@ -68,11 +70,12 @@ OFFLINE_AMI_ROOT_GIB = 40  # size of the official AMIs' root volume
 _REGION_RE = re.compile(r"^[a-z]{2}(-[a-z]+)+-\d$")
 
 
-class OfflineAccessError(Exception):
-    """pcluster tried to reach AWS during offline validation (a validator we did not suppress)."""
+class OfflineAccessError(AWSClientError):
+    """pcluster tried to reach AWS during offline validation. An AWSClientError, so pcluster's own
+    best-effort look-ups (e.g. caching capacity reservations) carry on as they do when AWS says no."""
 
     def __init__(self, service: str, operation: str):
-        super().__init__(f"needs AWS ({service}.{operation}): not checked offline")
+        super().__init__(operation, f"needs AWS ({service}.{operation}): not checked offline")
         self.service, self.operation = service, operation
 
 
@@ -158,15 +161,32 @@ def _subnet_ids(config: dict) -> set[str]:
     return set(walk(config))
 
 
+def _reservations(config: dict) -> dict[str, dict]:
+    """Capacity reservations the config targets, described as the config declares them (instance type of
+    the compute resource, capacity block or on-demand): pcluster's set-up reads them before any validator."""
+    from toolkit.cluster.checks import compute_resources
+
+    found = {}
+    for _, queue, resource in compute_resources(config):
+        target = resource.get("CapacityReservationTarget") or queue.get("CapacityReservationTarget")
+        reservation = target.get("CapacityReservationId") if isinstance(target, dict) else None
+        if isinstance(reservation, str):
+            itype = resource.get("InstanceType") or ((resource.get("Instances") or [{}])[0] or {}).get("InstanceType")
+            found[reservation] = {
+                "CapacityReservationId": reservation, "InstanceType": itype, "State": "active",
+                "ReservationType": "capacity-block" if queue.get("CapacityType") == "CAPACITY_BLOCK" else "default"}
+    return found
+
+
 @contextlib.contextmanager
-def _offline(region: str, subnet_ids: set[str]):
+def _offline(region: str, subnet_ids: set[str], reservations: dict[str, dict]):
     """pcluster with no way to AWS; every patch and variable is put back afterwards."""
     from importlib.resources import files
 
     from pcluster import utils
     from pcluster.aws import common
     from pcluster.aws.aws_api import AWSApi
-    from pcluster.aws.aws_resources import ImageInfo
+    from pcluster.aws.aws_resources import CapacityReservationInfo, ImageInfo
     from pcluster.aws.ec2 import Ec2Client
 
     env = {"AWS_DEFAULT_REGION": region, "AWS_EC2_METADATA_DISABLED": "true", "AWS_MAX_ATTEMPTS": "1"}
@@ -194,6 +214,9 @@ def _offline(region: str, subnet_ids: set[str]):
         api = AWSApi.instance()
         api._ec2 = ec2 = OfflineEc2()
         ec2.additional_instance_types_data = instance_types_data()
+        for reservation, described in reservations.items():
+            ec2.capacity_reservations_cache[reservation] = CapacityReservationInfo(
+                described | {"AvailabilityZone": f"{region}a"})
         for subnet in subnet_ids:  # the zone is unknown offline: any zone of the region will do
             ec2.subnets_cache[subnet] = {"SubnetId": subnet, "AvailabilityZone": f"{region}a",
                                          "VpcId": "vpc-00000000000000000"}
@@ -266,7 +289,8 @@ class _Origins:
             resource = origins.current[-1] if origins.current else None
             name = validator_class.__name__
             if name in NEEDS_AWS:
-                origins.suppressed[name] = NEEDS_AWS[name]
+                if any(value not in (None, False, "", [], {}) for value in validator_args.values()):
+                    origins.suppressed[name] = NEEDS_AWS[name]  # it had something to check
                 return None
             key = (id(resource), name)
             k = origins.runs.get(key, 0)
@@ -389,7 +413,7 @@ def validate(config: dict, semantic: bool = True, cluster_name: str = "hpc-offli
     from pcluster.config.common import ValidatorContext
     from pcluster.schemas.cluster_schema import ClusterSchema
 
-    with _offline(region_of(config), _subnet_ids(config)):
+    with _offline(region_of(config), _subnet_ids(config), _reservations(config)):
         try:
             loaded = ClusterSchema(cluster_name=cluster_name).load(config)
         except ValidationError as exc:
