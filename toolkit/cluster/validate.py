@@ -8,7 +8,6 @@ the toolkit's checks for what pcluster cannot see offline (toolkit.cluster.check
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import re
 from pathlib import Path
 
@@ -83,10 +82,13 @@ def _line_of(path: str, lines: dict[str, int]) -> int | None:
 
 
 def _pcluster_findings(config: dict, semantic: bool) -> tuple[list[Finding], dict[str, str]]:
-    if importlib.util.find_spec("pcluster") is None:
+    try:
+        from toolkit.cluster import pcluster_offline
+    except ImportError as exc:
+        if (exc.name or "").split(".")[0] not in ("pcluster", "marshmallow", "boto3", "botocore"):
+            raise
         raise HpcError("aws-parallelcluster is not installed: `hpc cluster validate` runs its schema and "
-                       "validators offline", fix=INSTALL_FIX)
-    from toolkit.cluster import pcluster_offline
+                       "validators offline", fix=INSTALL_FIX) from None
 
     try:
         outcome = pcluster_offline.validate(config, semantic=semantic)
