@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 PIP := $(BIN)/pip --disable-pip-version-check -q
 
-.PHONY: venv test demo bench clean
+.PHONY: venv test demo bench clean cluster-configs
 
 # The toolkit with its admin (aws-parallelcluster) and test extras, editable.
 $(VENV)/.core-installed: pyproject.toml
@@ -17,6 +17,14 @@ venv: $(VENV)/.core-installed
 
 test: venv
 	$(BIN)/python -m pytest -q
+
+# Cold start-up medians: hpc --help and hpc cluster validate beside pcluster version (prints, not a test).
+bench: venv
+	$(BIN)/python benchmarks/bench_cli.py
+
+# Rewrite cluster-configs/*.yaml with the command recorded in each file's header.
+cluster-configs: venv
+	$(BIN)/python cluster-configs/regenerate.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache
