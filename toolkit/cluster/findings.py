@@ -21,10 +21,6 @@ class Finding:
     def as_dict(self) -> dict:
         return dataclasses.asdict(self)
 
-    def where(self) -> str:
-        location = f"{self.file}:{self.line}" if self.file and self.line else (self.file or "")
-        return f"{location}: {self.path}" if location and self.path else (location or self.path or "(file)")
-
 
 def has_errors(findings: list[Finding]) -> bool:
     return any(f.level == "error" for f in findings)

@@ -105,7 +105,6 @@ class Result:
 class Outcome:
     results: list[Result]
     not_checked: dict[str, str]  # suppressed validator -> what it would have checked
-    config: Any = None  # pcluster's config object when the schema loaded
 
 
 def instance_types_data() -> dict[str, dict]:
@@ -419,7 +418,7 @@ def validate(config: dict, semantic: bool = True, cluster_name: str = "hpc-offli
         except ValidationError as exc:
             return Outcome(schema_results(exc.messages, config), {})
         if not semantic:
-            return Outcome([], {}, loaded)
+            return Outcome([], {})
         loaded.official_ami = OFFLINE_AMI
         with _Origins().installed() as origins:
             failures = loaded.validate([], ValidatorContext())
@@ -432,4 +431,4 @@ def validate(config: dict, semantic: bool = True, cluster_name: str = "hpc-offli
                 continue
             results.append(Result(_level(failure.level), str(failure.message), failure.validator_type,
                                   _path_for(failure, tag, paths, loaded)))
-        return Outcome(results, dict(sorted(origins.suppressed.items())), loaded)
+        return Outcome(results, dict(sorted(origins.suppressed.items())))
