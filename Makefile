@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 PIP := $(BIN)/pip --disable-pip-version-check -q
 
-.PHONY: venv test demo bench clean slurm-up slurm-down
+.PHONY: venv test demo bench clean slurm-up slurm-down cluster-configs
 
 # The toolkit with its admin (aws-parallelcluster) and test extras, editable.
 $(VENV)/.core-installed: pyproject.toml
@@ -24,6 +24,14 @@ slurm-up: venv
 
 slurm-down: venv
 	$(BIN)/python -m toolkit sandbox down
+
+# Cold start-up medians: hpc --help and hpc cluster validate beside pcluster version (prints, not a test).
+bench: venv
+	$(BIN)/python benchmarks/bench_cli.py
+
+# Rewrite cluster-configs/*.yaml with the command recorded in each file's header.
+cluster-configs: venv
+	$(BIN)/python cluster-configs/regenerate.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache

@@ -27,6 +27,8 @@ class InstanceType:
     proprietary_driver: bool
     gpu_model: str | None = None
     gpu_memory_gib: int | None = None
+    instance_store_gb: int = 0
+    network_interfaces: int | None = None
 
     @property
     def has_efa(self) -> bool:

@@ -2,6 +2,100 @@
 
 from __future__ import annotations
 
+from typing import List, Optional
+
 import typer
 
+from toolkit.cli.output import JSON_OPTION, emit, info, table, warn
+
 app = typer.Typer(help="Generate, validate and inspect AWS ParallelCluster v3 configs.", no_args_is_help=True, rich_markup_mode=None)
+
+HEAD_NODE_CONFIG = "/opt/parallelcluster/shared/cluster-config.yaml"  # same as toolkit.cluster.queues
+
+
+@app.command("config")
+def config(
+    name: str = typer.Option(..., "--name", help="Cluster name (for pcluster create-cluster)."),
+    region: str = typer.Option(..., "--region", help="AWS region, e.g. us-east-1."),
+    subnet: str = typer.Option(..., "--subnet", help="Subnet id for the head node and the queues."),
+    key_name: str = typer.Option(..., "--key-name", help="EC2 key pair name for SSH to the head node."),
+    queue: List[str] = typer.Option(..., "--queue", help="NAME=INSTANCE_TYPE:MAX_NODES[,efa-stack=modern|legacy|"
+                                    "none][,ranks-per-node=N]; repeat for more queues."),
+    head_node: str = typer.Option("c5n.18xlarge", "--head-node", help="Head node instance type."),
+    os: str = typer.Option("ubuntu2204", "--os", help="Operating system (ParallelCluster 3.16 names)."),
+    custom_ami: Optional[str] = typer.Option(None, "--custom-ami", help="AMI id for every node (needed for V100)."),
+    fsx_import: Optional[str] = typer.Option(None, "--fsx-import", help="s3://bucket/prefix to link to /fsx."),
+    fsx_capacity: Optional[int] = typer.Option(None, "--fsx-capacity", help="FSx size in GiB (1200 or n*2400)."),
+    fsx_deployment: Optional[str] = typer.Option(None, "--fsx-deployment", help="SCRATCH_2 (default) or "
+                                                 "PERSISTENT_2."),
+    capacity_reservation: Optional[str] = typer.Option(None, "--capacity-reservation",
+                                                       help="[QUEUE=]cr-... targeted capacity reservation."),
+    post_install: Optional[str] = typer.Option(None, "--post-install", help="Script URL run on compute nodes."),
+    output: str = typer.Option(..., "-o", "--output", help="File to write."),
+    force: bool = typer.Option(False, "--force", help="Overwrite FILE if it exists."),
+    as_json: bool = JSON_OPTION,
+) -> None:
+    """Write a ParallelCluster v3 config (Slurm, EFA queues in placement groups, optional FSx for Lustre)."""
+    from toolkit.cluster.build import ClusterSpec, FsxSpec, parse_queue, write_config
+
+    fsx = None
+    if fsx_import or fsx_capacity or fsx_deployment:
+        fsx = FsxSpec(deployment=fsx_deployment or "SCRATCH_2", capacity_gib=fsx_capacity or 1200,
+                      import_path=fsx_import)
+    reservation_queue, _, reservation = (capacity_reservation or "").rpartition("=")
+    spec = ClusterSpec(
+        name=name, region=region, subnet=subnet, key_name=key_name, queues=tuple(parse_queue(q) for q in queue),
+        head_node=head_node, os=os, custom_ami=custom_ami, fsx=fsx, capacity_reservation=reservation or None,
+        reservation_queue=reservation_queue or None, post_install=post_install)
+    warnings = write_config(spec, output, force=force)
+    for message in warnings:
+        warn(message)
+    emit({"ok": True, "file": output, "warnings": warnings}, as_json, f"wrote {output}")
+
+
+def _validation_text(report: dict) -> str:
+    findings = report["findings"]
+    counts = {level: sum(f["level"] == level for f in findings) for level in ("error", "warning", "info")}
+    lines = [f"{report['file']}: {'valid' if report['valid'] else 'INVALID'} "
+             f"({counts['error']} errors, {counts['warning']} warnings, {counts['info']} notes)"]
+    for f in findings:
+        where = f"{f['file']}:{f['line']}" if f["line"] else f["file"]
+        lines.append(f"{f['level']:<8}{where}  {f['path'] or '(file)'}")
+        lines.append(f"        {f['message']}")
+        if f["fix"]:
+            lines.append(f"        fix: {f['fix']}")
+    if report["not_checked_offline"]:
+        lines.append("not checked offline (these pcluster validators need AWS; `pcluster create-cluster` runs them):")
+        lines += [f"  {name}: {what}" for name, what in report["not_checked_offline"].items()]
+    return "\n".join(lines)
+
+
+@app.command("validate")
+def validate(
+    file: str = typer.Argument(..., help="ParallelCluster v3 config file."),
+    as_json: bool = JSON_OPTION,
+) -> None:
+    """Check a config offline: pcluster's own schema and validators, plus the toolkit's checks."""
+    from toolkit.cluster.validate import validate_file
+
+    report = validate_file(file).as_dict()
+    emit(report, as_json, _validation_text)
+    if not report["valid"]:
+        raise typer.Exit(1)
+
+
+@app.command("show")
+def show(
+    file: Optional[str] = typer.Argument(None, help=f"Cluster config (default on a head node: {HEAD_NODE_CONFIG})."),
+    as_json: bool = JSON_OPTION,
+) -> None:
+    """The queues a researcher can pick: instance type, GPUs per node, EFA, max nodes, FSx mount."""
+    from toolkit.cluster.queues import queue_summaries
+
+    rows = queue_summaries(file)
+    emit(rows, as_json, lambda rs: table(
+        [[r["queue"], r["instance_type"], f"{r['gpus_per_node']} x {r['gpu_model']}" if r["gpus_per_node"] else "0",
+          r["efa_interfaces"], r["max_nodes"], r["fsx_mount"] or "-"] for r in rs],
+        ["QUEUE", "INSTANCE TYPE", "GPUS/NODE", "EFA", "MAX NODES", "FSX"]))
+    if not as_json and file is None:
+        info(f"(from {HEAD_NODE_CONFIG})")

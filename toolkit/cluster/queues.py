@@ -35,6 +35,7 @@ class Queue:
     ranks_per_node: int | None = None
     cpus_per_task_override: int | None = None
     fsx_mount: str | None = None
+    efa_enabled: bool = False  # Efa/Enabled on the queue's (first) compute resource
 
     @property
     def instance(self) -> InstanceType:
@@ -43,6 +44,11 @@ class Queue:
     @property
     def gpus_per_node(self) -> int:
         return self.instance.gpus if self.instance.accelerator != "none" else 0
+
+    @property
+    def efa_interfaces(self) -> int:
+        """EFA devices a node of this queue uses (0 when EFA is off in the config)."""
+        return self.instance.efa_interfaces if self.efa_enabled else 0
 
     @property
     def tasks_per_node(self) -> int:
@@ -58,7 +64,8 @@ class Queue:
 
 def default_queue() -> Queue:
     """The queue assumed when no cluster config is given or found: one p3dn.24xlarge queue."""
-    return Queue(name="p3dn", instance_type="p3dn.24xlarge", max_nodes=16, efa_stack="modern", fsx_mount="/fsx")
+    return Queue(name="p3dn", instance_type="p3dn.24xlarge", max_nodes=16, efa_stack="modern", fsx_mount="/fsx",
+                 efa_enabled=True)
 
 
 def _tags(section: dict[str, Any]) -> dict[str, str]:
@@ -81,7 +88,8 @@ def queues_from_config(config: dict[str, Any], source: str = "<config>") -> dict
         first = resources[0]
         itype = first.get("InstanceType") or ((first.get("Instances") or [{}])[0].get("InstanceType"))
         tags = _tags(q)
-        stack = tags.get(TAG_EFA_STACK, "modern" if instance(itype).has_efa else "none")
+        efa_enabled = bool((first.get("Efa") or {}).get("Enabled")) and instance(itype).has_efa
+        stack = tags.get(TAG_EFA_STACK, "modern" if efa_enabled else "none")
         if stack not in EFA_STACKS:
             raise HpcError(f"{source}: queue {name}: tag {TAG_EFA_STACK}={stack!r} is not one of {EFA_STACKS}",
                            fix=f"set the tag to one of: {', '.join(EFA_STACKS)}")
@@ -93,23 +101,23 @@ def queues_from_config(config: dict[str, Any], source: str = "<config>") -> dict
             ranks_per_node=int(tags[TAG_RANKS_PER_NODE]) if TAG_RANKS_PER_NODE in tags else None,
             cpus_per_task_override=int(tags[TAG_CPUS_PER_TASK]) if TAG_CPUS_PER_TASK in tags else None,
             fsx_mount=fsx_mount,
+            efa_enabled=efa_enabled,
         )
     return queues
 
 
 def load_queues(path: str | Path) -> dict[str, Queue]:
-    import yaml
+    from toolkit.cluster import yamlsource
 
     path = Path(path)
     try:
-        config = yaml.safe_load(path.read_text())
+        text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise HpcError(f"cluster config {path} does not exist", fix="pass an existing file to --cluster") from None
-    except yaml.YAMLError as exc:
-        raise HpcError(f"{path}: not valid YAML: {exc}", fix="run `hpc cluster validate` on it") from None
-    if not isinstance(config, dict):
-        raise HpcError(f"{path}: not a ParallelCluster config (expected a mapping)",
-                       fix="run `hpc cluster validate` on it")
+    config, _, problems = yamlsource.parse(text, str(path))
+    if problems:
+        where = f"{path}:{problems[0].line}" if problems[0].line else str(path)
+        raise HpcError(f"{where}: {problems[0].message}", fix="run `hpc cluster validate` on it")
     return queues_from_config(config, source=str(path))
 
 
@@ -160,3 +168,18 @@ def resolve_queue(cluster: str | Path | None, queue: str | None) -> tuple[Queue,
     looked = ", ".join(str(p) for p in cluster_config_candidates())
     return default, (f"assumed the default queue {default.name} ({default.instance_type}, "
                      f"{default.gpus_per_node} GPUs per node): no --cluster given and no cluster config at {looked}")
+
+
+def queue_summaries(path: str | Path | None = None) -> list[dict[str, Any]]:
+    """What a researcher needs to pick a queue, one dict per queue; `path` defaults to this cluster's own config."""
+    if path is None:
+        path = next((p for p in cluster_config_candidates() if p.is_file()), None)
+        if path is None:
+            raise HpcError(f"no FILE given and {HEAD_NODE_CONFIG} does not exist (this is not a ParallelCluster "
+                           "head node)", fix="pass the cluster config: hpc cluster show cluster.yaml")
+    return [
+        {"queue": q.name, "instance_type": q.instance_type, "gpus_per_node": q.gpus_per_node,
+         "gpu_model": q.instance.gpu_model, "efa_interfaces": q.efa_interfaces, "efa_stack": q.efa_stack,
+         "max_nodes": q.max_nodes, "tasks_per_node": q.tasks_per_node, "fsx_mount": q.fsx_mount}
+        for q in load_queues(path).values()
+    ]

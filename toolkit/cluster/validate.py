@@ -1,0 +1,137 @@
+"""`hpc cluster validate`: a ParallelCluster v3 config checked offline.
+
+Three layers, each giving findings with key paths: the YAML itself (syntax, duplicate keys, shape), then
+aws-parallelcluster's own schema and semantic validators run offline (toolkit.cluster.pcluster_offline), then
+the toolkit's checks for what pcluster cannot see offline (toolkit.cluster.checks).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from pathlib import Path
+
+from toolkit.cluster import checks, yamlsource
+from toolkit.cluster.findings import Finding, has_errors
+from toolkit.errors import HpcError
+
+INSTALL_FIX = "pip install 'hpc-toolkit[admin]' (it brings aws-parallelcluster==3.16.1)"
+_LEVEL_ORDER = {"error": 0, "warning": 1, "info": 2}
+
+# Fixes for pcluster messages, by validator or message: (source, regex on the message) -> fix.
+_FIXES = [
+    ("schema", r"Unknown field", "remove the key, or fix its spelling/indentation (see the ParallelCluster v3 "
+     "configuration reference)"),
+    ("schema", r"Missing data for required field", "add the key"),
+    ("schema", r"Must be one of", "use one of the listed values"),
+    ("schema", r"Not a valid|Invalid input type", "give a value of the expected type"),
+    ("schema", r"String does not match expected pattern", "use lower-case letters, digits and '-', starting "
+     "with a letter (queue and compute resource names)"),
+    ("schema", r"greater than or equal to 1", "use 1 or more"),
+    ("ComputeResourceSizeValidator", r"", "make MaxCount >= MinCount (MinCount 0 lets nodes scale to zero)"),
+    ("EfaValidator", r"GDR", "enable EFA on the compute resource (Efa/Enabled: true), or remove GdrSupport "
+     "(it has had no effect since ParallelCluster 3.0.2)"),
+    ("EfaValidator|InstancesEFAValidator", r"not support EFA", "use an instance type with EFA (efa_interfaces in "
+     "toolkit/catalog.yaml) or set Efa/Enabled: false"),
+    ("EfaValidator|InstancesEFAValidator", r"enhanced networking", "set Efa/Enabled: true and "
+     "Networking/PlacementGroup/Enabled: true on the compute resource"),
+    ("EfaPlacementGroupValidator", r"must be explicit", "add Networking/PlacementGroup/Enabled: true to the "
+     "compute resource (or Enabled: false when a capacity reservation brings its own placement)"),
+    ("EfaPlacementGroupValidator", r"", "enable the placement group unless a capacity reservation brings its "
+     "own"),
+    ("FsxStorageCapacityValidator", r"", "use 1200, 2400 or a multiple of 2400 GiB (SCRATCH_2, PERSISTENT_*)"),
+    ("FsxPersistentOptionsValidator", r"", "set FsxLustreSettings/PerUnitStorageThroughput (125, 250, 500 or "
+     "1000 for PERSISTENT_2)"),
+    ("QueueNameValidator|NameValidator", r"", "use at most 25 lower-case letters, digits and '-', starting with "
+     "a letter"),
+]
+
+
+@dataclasses.dataclass
+class Report:
+    file: str
+    findings: list[Finding]
+    not_checked: dict[str, str]  # pcluster validators that need AWS -> what they would check
+
+    @property
+    def valid(self) -> bool:
+        return not has_errors(self.findings)
+
+    def as_dict(self) -> dict:
+        return {"file": self.file, "valid": self.valid, "findings": [f.as_dict() for f in self.findings],
+                "not_checked_offline": self.not_checked}
+
+
+def _fix_for(source: str, message: str) -> str | None:
+    for sources, pattern, fix in _FIXES:
+        if re.fullmatch(sources, source) and re.search(pattern, message):
+            return fix
+    return None
+
+
+def _line_of(path: str, lines: dict[str, int]) -> int | None:
+    """The line of the key path, or of its closest parent that the file has."""
+    while path:
+        if path in lines:
+            return lines[path]
+        parent = re.sub(r"(/?[^/\[\]]+|\[[^\]]*\])$", "", path)
+        if parent == path:
+            break
+        path = parent
+    return None
+
+
+def _pcluster_findings(config: dict, semantic: bool) -> tuple[list[Finding], dict[str, str]]:
+    try:
+        from toolkit.cluster import pcluster_offline
+    except ImportError as exc:
+        if (exc.name or "").split(".")[0] not in ("pcluster", "marshmallow", "boto3", "botocore"):
+            raise
+        raise HpcError("aws-parallelcluster is not installed: `hpc cluster validate` runs its schema and "
+                       "validators offline", fix=INSTALL_FIX) from None
+
+    try:
+        outcome = pcluster_offline.validate(config, semantic=semantic)
+    except pcluster_offline.OfflineAccessError as exc:
+        return [Finding("error", "", f"pcluster wanted AWS ({exc.service}.{exc.operation}) to validate this "
+                        "config; nothing was sent, and the config is not fully checked offline",
+                        "report it: the toolkit suppresses the validators that need AWS",
+                        source="pcluster")], {}
+    found = [Finding(r.level, r.path, r.message, _fix_for(r.source, r.message), source=r.source)
+             for r in outcome.results]
+    if not semantic:
+        found.append(Finding("info", "", "pcluster's semantic validators were not run: they need the facts of "
+                             "every instance type, and some are not in the toolkit's catalog", source="hpc"))
+    return found, outcome.not_checked
+
+
+def validate_config(config: dict, file: str = "<config>", lines: dict[str, int] | None = None) -> Report:
+    """Findings for a config mapping (already read): pcluster offline, then the toolkit's own checks."""
+    ours = checks.check(config)
+    semantic = not checks.unknown_instance_types(config)
+    theirs, not_checked = _pcluster_findings(config, semantic)
+    findings = [dataclasses.replace(f, file=file, line=_line_of(f.path, lines or {}))
+                for f in theirs + ours]
+    findings.sort(key=lambda f: _LEVEL_ORDER[f.level])
+    return Report(file, findings, not_checked)
+
+
+def validate_text(text: str, file: str = "<config>") -> Report:
+    config, lines, problems = yamlsource.parse(text, file)
+    if problems:
+        return Report(file, problems, {})
+    return validate_config(config, file, lines)
+
+
+def validate_file(path: str | Path) -> Report:
+    """Validate a ParallelCluster v3 config file offline: the Report lists findings (level, key path, line,
+    message, fix) and the pcluster validators not checked offline. Raises HpcError only when the file
+    cannot be read or aws-parallelcluster is missing."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise HpcError(f"{path} does not exist", fix="pass the path of a ParallelCluster config file") from None
+    except (IsADirectoryError, PermissionError, UnicodeDecodeError) as exc:
+        raise HpcError(f"cannot read {path}: {exc}", fix="pass a readable YAML text file") from None
+    return validate_text(text, str(path))
