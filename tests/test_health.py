@@ -223,3 +223,46 @@ def test_srun_argv_and_report_parsing():
     assert not any(a.startswith(("--gpus", "--nodelist")) for a in cpu) and cpu[-1] == "--json"
     out = 'srun: noise\n{"node": "c2", "x": 1}\n{not json\n{"other": 1}\n{"node": "c1"}\n'
     assert doctor.parse_reports(out) == {"c2": {"node": "c2", "x": 1}, "c1": {"node": "c1"}}
+
+
+def fake_slurm(monkeypatch, states, stdout: str, returncode: int = 0, stderr: str = ""):
+    """run_doctor against given sinfo states and srun output; returns the srun argvs it was asked to run."""
+    calls = []
+    monkeypatch.setattr(doctor, "partition_nodes", lambda partition: states)
+
+    def srun(argv, timeout):
+        calls.append(argv)
+        return subprocess.CompletedProcess(argv, returncode, stdout, stderr)
+
+    monkeypatch.setattr(doctor, "run_srun", srun)
+    return calls
+
+
+def test_doctor_reports_unusable_and_silent_nodes_as_failures(monkeypatch, tmp_path):
+    line = json.dumps(gather(node(tmp_path, SLURMD_NODENAME="c1"), []))
+    calls = fake_slurm(monkeypatch, [("c1", "idle"), ("c2", "drained"), ("c3", "idle~")], line + "\n",
+                       returncode=1, stderr="srun: error: c3: task 0: Exited with exit code 127\n")
+    report = doctor.run_doctor(CPU)
+    assert calls[0][2:3] == ["--nodes=2"] and "--nodelist=c1,c3" in calls[0]  # drained c2 is not waited for
+    by_node = {n.node: n for n in report.nodes}
+    assert list(by_node) == ["c1", "c2", "c3"] and not report.ok
+    assert by_node["c1"].ok and by_node["c1"].checks
+    assert by_node["c2"].error == "Slurm state drained: not checked"
+    assert by_node["c3"].error == "no report: srun: error: c3: task 0: Exited with exit code 127"
+    data = report.as_dict()
+    assert data["ok"] is False and data["job_error"].startswith("srun: error: c3")
+
+
+def test_doctor_with_a_node_count_and_usage_errors(monkeypatch, tmp_path):
+    from toolkit.errors import UsageError
+
+    line = json.dumps(gather(node(tmp_path, SLURMD_NODENAME="c2"), []))
+    calls = fake_slurm(monkeypatch, [("c1", "idle"), ("c2", "mixed"), ("c3", "down*")], line + "\n")
+    report = doctor.run_doctor(CPU, nodes=1)
+    assert report.ok and [n.node for n in report.nodes] == ["c2"]  # only the nodes checked are reported
+    assert not any(a.startswith("--nodelist") for a in calls[0])
+    with pytest.raises(UsageError, match="has 2 usable node"):
+        doctor.run_doctor(CPU, nodes=3)
+    fake_slurm(monkeypatch, [("c1", "down*")], "")
+    dead = doctor.run_doctor(CPU)
+    assert not dead.ok and dead.nodes[0].error == "Slurm state down*: not checked"

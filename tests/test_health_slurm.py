@@ -60,6 +60,19 @@ def test_doctor_fails_nodes_that_lack_what_their_queue_declares(slurm_sandbox, t
     assert usage.returncode == 2 and "has 2 usable node(s)" in usage.stderr
 
 
+def test_doctor_timeout_revokes_its_pending_request(slurm_sandbox, monkeypatch):
+    from toolkit.errors import HpcError
+    from toolkit.health.doctor import run_srun
+
+    monkeypatch.setenv("SLURM_CONF", str(slurm_sandbox.slurm_conf))
+    name = "hpc-doctor-timeout-test"
+    with pytest.raises(HpcError, match="did not finish within 2 s"):
+        run_srun(["srun", "--partition=cpu", "--begin=now+600", f"--job-name={name}", "true"], timeout=2)
+    left = subprocess.run(["squeue", "--noheader", f"--name={name}", "--format=%i"], capture_output=True, text=True,
+                          env=slurm_env(slurm_sandbox), timeout=30)
+    assert left.returncode == 0 and left.stdout.strip() == ""  # SIGTERM made srun cancel it: nothing left queued
+
+
 def test_collectives_recipe_runs_on_two_nodes_and_hpc_report_nccl_reads_it(slurm_sandbox, tmp_path):
     script = tmp_path / "collectives.sbatch"
     res = run_hpc("recipes", "render", "collectives", "--nodes", "2", "--cluster", str(slurm_sandbox.cluster_config),
