@@ -37,7 +37,7 @@ clean:
 	rm -rf $(VENV) .pytest_cache
 
 # Reviewed renders in jobs/ (tests/test_jobs_dir.py checks they match today's rendering).
-JOBS := roberta:8 transformer:4 resnet50:8 nccl-tests:2
+JOBS := roberta:8 transformer:4 resnet50:8 nccl-tests:2 collectives:2
 .PHONY: jobs
 jobs: venv
 	@for job in $(JOBS); do name=$${job%%:*}; nodes=$${job##*:}; \

@@ -100,3 +100,12 @@ def test_report_cli_on_the_real_run(gloo_run):
     data = json.loads(res.stdout)
     assert data["status"] == "NO-VERDICT" and len(data["tests"]) == 3
     assert all(t["wrong_values"] == 0 and t["max_busbw_gbs"] > 0 for t in data["tests"])
+
+
+def test_device_flags_the_job_spec_sets_are_accepted_and_a_mismatch_is_refused(capsys):
+    """toolkit.job.spec gives every python-module workload --device/--backend/--threads; nccl needs cuda."""
+    from toolkit.workloads.collectives import main
+
+    assert main(["--device", "cpu", "--backend", "nccl", "--threads", "1"]) == 1
+    err = capsys.readouterr().err
+    assert "--backend nccl does not run on --device cpu" in err and "fix:" in err

@@ -47,7 +47,8 @@ def test_jobs_dir_matches_todays_rendering(path):
 
 def test_jobs_dir_has_the_reviewed_examples():
     assert {p.name for p in (REPO / "jobs").glob("*.sbatch")} == {
-        "roberta-8xp3dn.sbatch", "transformer-4xp3dn.sbatch", "resnet50-8xp3dn.sbatch", "nccl-tests-2xp3dn.sbatch"}
+        "roberta-8xp3dn.sbatch", "transformer-4xp3dn.sbatch", "resnet50-8xp3dn.sbatch", "nccl-tests-2xp3dn.sbatch",
+        "collectives-2xp3dn.sbatch"}
 
 
 def test_gpu_directives():

@@ -323,6 +323,10 @@ def _arguments(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("-c", "--check", type=int, default=1, help="1: count wrong values, 0: skip (N/A)")
     p.add_argument("-d", "--datatype", default="float", choices=sorted(DTYPES))
     p.add_argument("--backend", choices=("auto", "nccl", "gloo"), default="auto", help="auto: nccl if CUDA is available")
+    # --device and --threads: the device flags every toolkit workload takes (toolkit.job.spec sets them per queue)
+    p.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto",
+                   help="auto: cuda if available; --backend auto follows it (cuda: nccl, cpu: gloo)")
+    p.add_argument("--threads", type=int, default=None, help="torch intra-op threads (CPU: the CPUs given per rank)")
     p.add_argument("--timeout-min", type=float, default=10.0, help="process-group timeout in minutes")
     return p.parse_args(argv)
 
@@ -339,7 +343,13 @@ def main(argv: list[str] | None = None) -> int:
         import torch
         import torch.distributed as dist
 
-        backend = args.backend if args.backend != "auto" else ("nccl" if torch.cuda.is_available() else "gloo")
+        if args.threads:
+            torch.set_num_threads(args.threads)
+        device = args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
+        backend = args.backend if args.backend != "auto" else ("nccl" if device == "cuda" else "gloo")
+        if (backend == "nccl") != (device == "cuda"):
+            raise HpcError(f"--backend {backend} does not run on --device {device}",
+                           fix="use nccl with cuda and gloo with cpu (or leave --backend auto)")
         if backend == "nccl":
             torch.cuda.set_device(env.local_rank % torch.cuda.device_count())
         dist.init_process_group(backend, init_method=f"tcp://{env.master_addr}:{env.master_port}", rank=env.rank,

@@ -1,0 +1,268 @@
+"""The node check on fake node trees (/sys, /proc, /opt, fake fi_info and nvidia-smi), and its judgement per queue."""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from toolkit.cluster.queues import Queue
+from toolkit.health import doctor
+from toolkit.health.evaluate import CHECKS, evaluate, version_tuple
+from toolkit.health.node_check import Node, gather
+
+P3DN = Queue("p3dn", "p3dn.24xlarge", 8, efa_stack="modern", fsx_mount="/fsx")
+P4D = Queue("p4d", "p4d.24xlarge", 8, efa_stack="modern", fsx_mount="/fsx")
+CPU = Queue("cpu", "m5.xlarge", 2, efa_stack="none", ranks_per_node=2)
+FI_INFO_EFA = """provider: efa
+    fabric: efa
+    domain: rdmap0s6-rdm
+    version: 120.10
+    type: FI_EP_RDM
+    protocol: FI_PROTO_EFA
+provider: efa
+    fabric: efa
+    domain: rdmap0s6-dgrm
+    version: 120.10
+    type: FI_EP_DGRAM
+    protocol: FI_PROTO_EFA
+"""
+V100 = "Tesla V100-SXM2-32GB"
+
+
+def write(path: Path, text: str | bytes, mode: int | None = None) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(text if isinstance(text, bytes) else text.encode())
+    if mode is not None:
+        path.chmod(mode)
+    return path
+
+
+def fake_program(path: Path, outputs: dict[str, tuple[int, str]]) -> None:
+    """A shell script answering each argument string with (exit code, stdout)."""
+    cases = "".join(f"  {shlex.quote(args)}) printf '%s' {shlex.quote(out)}; exit {code};;\n"
+                    for args, (code, out) in outputs.items())
+    write(path, f'#!/bin/sh\ncase "$*" in\n{cases}  *) exit 3;;\nesac\n', 0o755)
+
+
+def healthy_tree(root: Path, *, gpus: int = 8, ofi_version: str = "1.7.4-aws", libfabric: str = "1.18.2amzn1.0",
+                 efa_devices: tuple[str, ...] = ("rdmap0s6",)) -> Path:
+    """A p3dn-like node: EFA device + driver, ib_uverbs, fi_info, 8 V100s, FSx on /fsx, NCCL and aws-ofi-nccl."""
+    (root / "sys/bus/pci/drivers/efa").mkdir(parents=True)
+    for dev in efa_devices:
+        (root / f"sys/class/infiniband/{dev}/device").mkdir(parents=True)
+        os.symlink(root / "sys/bus/pci/drivers/efa", root / f"sys/class/infiniband/{dev}/device/driver")
+    (root / "sys/module/ib_uverbs").mkdir(parents=True)
+    (root / "sys/module/efa").mkdir(parents=True)
+    domains = "".join(FI_INFO_EFA.replace("rdmap0s6", d) for d in efa_devices)
+    fake_program(root / "opt/amazon/efa/bin/fi_info",
+                 {"-p efa": (0, domains), "--version": (0, f"fi_info: {libfabric}\nlibfabric: {libfabric}\nlibfabric api: 1.18\n")})
+    fake_program(root / "usr/bin/nvidia-smi",
+                 {"-L": (0, "".join(f"GPU {i}: {V100} (UUID: GPU-{i:08d})\n" for i in range(gpus)))})
+    write(root / "opt/amazon/efa_installed_packages", "# EFA installer version: 1.26.1\n# Debug packages installed: no\n")
+    write(root / "proc/mounts", "/dev/nvme0n1p1 / ext4 rw 0 0\n10.0.0.5@tcp:/abcdefgh /fsx lustre rw,flock 0 0\n")
+    lib = write(root / "usr/local/cuda/lib64/libnccl.so.2.18.3", b"\x7fELF...")
+    os.symlink(lib.name, root / "usr/local/cuda/lib64/libnccl.so.2")
+    write(root / "opt/amazon/ofi-nccl/lib/libnccl-net.so", b"\x7fELF\0Initializing aws-ofi-nccl " + ofi_version.encode() + b"\0")
+    return root
+
+
+def node(root: Path, **env: str) -> Node:
+    return Node(str(root), {"PATH": "/usr/bin:/bin", "SLURMD_NODENAME": "p3dn-st-p3dn-24xl-1", **env})
+
+
+def statuses(facts: dict, queue: Queue) -> dict[str, str]:
+    return {c.name: c.status for c in evaluate(facts, queue)}
+
+
+def check(facts: dict, queue: Queue, name: str):
+    return next(c for c in evaluate(facts, queue) if c.name == name)
+
+
+def test_healthy_p3dn_node_passes_every_check(tmp_path):
+    facts = gather(node(healthy_tree(tmp_path)), ["/fsx"])
+    assert facts["node"] == "p3dn-st-p3dn-24xl-1"
+    assert facts["efa"]["sysfs_devices"] == ["rdmap0s6"] and facts["efa"]["fi_info_devices"] == ["rdmap0s6"]
+    assert (facts["efa"]["libfabric_version"], facts["efa"]["installer_version"]) == ("1.18.2amzn1.0", "1.26.1")
+    assert facts["gpus"]["count"] == 8 and set(facts["gpus"]["names"]) == {V100}
+    assert facts["nccl"] == [{"path": "/usr/local/cuda/lib64/libnccl.so.2", "version": "2.18.3"}]
+    assert facts["aws_ofi_nccl"] == [{"path": "/opt/amazon/ofi-nccl/lib/libnccl-net.so", "version": "1.7.4-aws"}]
+    assert facts["mounts"] == {"/fsx": "lustre"}
+    checks = evaluate(facts, P3DN)
+    assert [c.name for c in checks] == list(CHECKS)
+    assert {c.name: c.status for c in checks} == dict.fromkeys(CHECKS, "ok"), checks
+    assert "8 x Tesla V100-SXM2-32GB" in check(facts, P3DN, "gpus").detail
+
+
+def test_bare_node_on_an_efa_gpu_queue_gets_findings_with_fixes_not_crashes(tmp_path):
+    facts = gather(node(tmp_path), ["/fsx"])
+    assert statuses(facts, P3DN) == {"efa": "FAIL", "ib_uverbs": "FAIL", "gpus": "FAIL", "fsx": "FAIL",
+                                     "nccl": "warn", "aws-ofi-nccl": "FAIL", "efa-stack": "warn"}
+    efa = check(facts, P3DN, "efa")
+    assert "fi_info not found" in efa.detail and "EFA installer" in efa.fix
+    gpus = check(facts, P3DN, "gpus")
+    assert "nvidia-smi not found" in gpus.detail and "proprietary driver" in gpus.fix and "CustomAmi" in gpus.fix
+    assert check(facts, P3DN, "fsx").detail == "/fsx is not mounted"
+    assert "TCP" in check(facts, P3DN, "aws-ofi-nccl").detail
+    assert all(c.fix for c in evaluate(facts, P3DN) if c.status in ("FAIL", "warn"))
+
+
+def test_bare_node_on_a_cpu_queue_says_not_present_and_not_applicable(tmp_path):
+    facts = gather(node(tmp_path), [])
+    assert statuses(facts, CPU) == {"efa": "absent", "ib_uverbs": "absent", "gpus": "absent", "fsx": "n/a",
+                                    "nccl": "absent", "aws-ofi-nccl": "absent", "efa-stack": "n/a"}
+    assert "m5.xlarge has no EFA" in check(facts, CPU, "efa").detail
+
+
+def test_efa_device_missing_or_fewer_than_the_catalog_says(tmp_path):
+    root = healthy_tree(tmp_path)
+    fake_program(root / "opt/amazon/efa/bin/fi_info",
+                 {"-p efa": (1, "fi_getinfo: -61 (No data available)\n"), "--version": (0, "libfabric: 1.18.2\n")})
+    efa = check(gather(node(root), ["/fsx"]), P3DN, "efa")
+    assert efa.status == "FAIL" and "-61 (No data available)" in efa.detail and "Efa: Enabled: true" in efa.fix
+    # p4d has 4 EFA interfaces: one is not enough
+    one = check(gather(node(healthy_tree(tmp_path / "p4d")), ["/fsx"]), P4D, "efa")
+    assert one.status == "FAIL" and one.detail.startswith("1 of 4 EFA devices")
+    four = gather(node(healthy_tree(tmp_path / "p4d4", efa_devices=tuple(f"rdmap{i}s0" for i in range(4)))), ["/fsx"])
+    assert check(four, P4D, "efa").status == "ok" and len(four["efa"]["fi_info_devices"]) == 4
+
+
+def test_missing_gpu_and_failing_driver(tmp_path):
+    seven = gather(node(healthy_tree(tmp_path / "a", gpus=7)), ["/fsx"])
+    gpus = check(seven, P3DN, "gpus")
+    assert gpus.status == "FAIL" and gpus.detail.startswith("7 of 8 GPUs") and "drain" in gpus.fix
+    root = healthy_tree(tmp_path / "b")
+    fake_program(root / "usr/bin/nvidia-smi", {"-L": (9, "NVIDIA-SMI has failed because it couldn't communicate "
+                                                          "with the NVIDIA driver.\n")})
+    broken = check(gather(node(root), ["/fsx"]), P3DN, "gpus")
+    assert broken.status == "FAIL" and "couldn't communicate" in broken.detail
+
+
+def test_ib_uverbs_from_proc_modules_and_missing(tmp_path):
+    root = healthy_tree(tmp_path)
+    (root / "sys/module/ib_uverbs").rmdir()
+    assert check(gather(node(root), ["/fsx"]), P3DN, "ib_uverbs").status == "FAIL"
+    write(root / "proc/modules", "efa 131072 0 - Live 0x0\nib_uverbs 163840 1 efa, Live 0x0\n")
+    assert check(gather(node(root), ["/fsx"]), P3DN, "ib_uverbs").status == "ok"
+
+
+def test_fsx_wrong_type_or_mounted_elsewhere(tmp_path):
+    root = healthy_tree(tmp_path)
+    write(root / "proc/mounts", "/dev/root / ext4 rw 0 0\nhead:/fsx /fsx nfs4 rw 0 0\nfs@tcp:/x /scratch lustre rw 0 0\n")
+    fsx = check(gather(node(root), ["/fsx"]), P3DN, "fsx")
+    assert fsx.status == "FAIL" and fsx.detail == "/fsx is nfs4, not lustre; Lustre is mounted at /scratch"
+    assert "TCP 988" in fsx.fix
+
+
+@pytest.mark.parametrize("declared, ofi, libfabric, expected", [
+    ("modern", "1.7.4-aws", "1.18.2amzn1.0", "ok"),
+    ("modern", "1.5.0-aws", "1.11.1amzn1.0", "FAIL"),  # old plugin needs FI_PROVIDER=efa, which modern omits
+    ("modern", "1.7.4-aws", "1.14.0", "FAIL"),  # new plugin on an old libfabric
+    ("legacy", "1.5.0-aws", "1.11.1amzn1.0", "ok"),
+    ("legacy", "1.9.1-aws", "1.19.0", "warn"),
+    ("none", "1.9.1-aws", "1.19.0", "warn"),  # EFA works but the queue sends jobs over TCP
+])
+def test_declared_efa_stack_against_installed_versions(tmp_path, declared, ofi, libfabric, expected):
+    facts = gather(node(healthy_tree(tmp_path, ofi_version=ofi, libfabric=libfabric)), ["/fsx"])
+    queue = Queue("p3dn", "p3dn.24xlarge", 8, efa_stack=declared, fsx_mount="/fsx")
+    stack = check(facts, queue, "efa-stack")
+    assert stack.status == expected, stack
+    assert (stack.fix is None) == (expected == "ok")
+
+
+def test_library_search_order_versions_from_content_and_skew(tmp_path):
+    root = healthy_tree(tmp_path)
+    write(root / "opt/nccl/build/lib/libnccl.so.2", b"junk NCCL version 2.21.5+cuda12.4 junk")
+    facts = gather(node(root, LD_LIBRARY_PATH="/opt/nccl/build/lib"), ["/fsx"])
+    assert [lib["version"] for lib in facts["nccl"]] == ["2.21.5", "2.18.3"]
+    nccl = check(facts, P3DN, "nccl")
+    assert nccl.status == "warn" and "2.21.5" in nccl.detail and "2.18.3" in nccl.detail
+    write(root / "opt/aws-ofi-nccl/lib/libnccl-net.so", b"")  # unreadable version: reported, not a crash
+    facts = gather(node(root, LD_LIBRARY_PATH="/opt/aws-ofi-nccl/lib"), ["/fsx"])
+    assert facts["aws_ofi_nccl"][0] == {"path": "/opt/aws-ofi-nccl/lib/libnccl-net.so", "version": None}
+    assert check(facts, P3DN, "efa-stack").status == "warn"
+
+
+def test_version_tuple():
+    assert version_tuple("1.18.2amzn1.0") == (1, 18, 2) and version_tuple("1.7.4-aws") == (1, 7, 4)
+    assert version_tuple(None) is None and version_tuple("v1") is None
+
+
+def test_node_check_runs_standalone_as_the_doctor_sends_it(tmp_path):
+    """`python3 -I -c SOURCE` outside the repo: no toolkit import, one JSON line, the fake tree read."""
+    healthy_tree(tmp_path / "root")
+    env = {"PATH": "/usr/bin:/bin", "SLURMD_NODENAME": "n7"}
+    res = subprocess.run([sys.executable, "-I", "-c", doctor.node_check_source(), "--json", "--mount", "/fsx",
+                          "--root", str(tmp_path / "root")], capture_output=True, text=True, env=env, cwd=tmp_path,
+                         timeout=60)
+    assert res.returncode == 0, res.stderr
+    (line,) = res.stdout.splitlines()
+    facts = json.loads(line)
+    assert facts["node"] == "n7" and facts["gpus"]["count"] == 8 and facts["mounts"]["/fsx"] == "lustre"
+
+
+@pytest.mark.parametrize("state, bad", [("idle", False), ("mixed", False), ("allocated", False), ("idle~", False),
+                                        ("completing", False), ("drained", True), ("draining", True),
+                                        ("down*", True), ("idle*", True), ("down~", True), ("fail", True)])
+def test_unusable_node_states(state, bad):
+    assert doctor.unusable(state) is bad
+
+
+def test_srun_argv_and_report_parsing():
+    argv = doctor.srun_argv(P3DN, 2, ["a", "b"])
+    assert argv[:7] == ["srun", "--partition=p3dn", "--nodes=2", "--ntasks-per-node=1", "--time=5",
+                        "--job-name=hpc-doctor", "--nodelist=a,b"]
+    assert "--gpus-per-node=8" in argv and argv[-3:] == ["--json", "--mount", "/fsx"]
+    assert argv[argv.index("-c") - 1] == "python3"
+    cpu = doctor.srun_argv(CPU, 1, None)
+    assert not any(a.startswith(("--gpus", "--nodelist")) for a in cpu) and cpu[-1] == "--json"
+    out = 'srun: noise\n{"node": "c2", "x": 1}\n{not json\n{"other": 1}\n{"node": "c1"}\n'
+    assert doctor.parse_reports(out) == {"c2": {"node": "c2", "x": 1}, "c1": {"node": "c1"}}
+
+
+def fake_slurm(monkeypatch, states, stdout: str, returncode: int = 0, stderr: str = ""):
+    """run_doctor against given sinfo states and srun output; returns the srun argvs it was asked to run."""
+    calls = []
+    monkeypatch.setattr(doctor, "partition_nodes", lambda partition: states)
+
+    def srun(argv, timeout):
+        calls.append(argv)
+        return subprocess.CompletedProcess(argv, returncode, stdout, stderr)
+
+    monkeypatch.setattr(doctor, "run_srun", srun)
+    return calls
+
+
+def test_doctor_reports_unusable_and_silent_nodes_as_failures(monkeypatch, tmp_path):
+    line = json.dumps(gather(node(tmp_path, SLURMD_NODENAME="c1"), []))
+    calls = fake_slurm(monkeypatch, [("c1", "idle"), ("c2", "drained"), ("c3", "idle~")], line + "\n",
+                       returncode=1, stderr="srun: error: c3: task 0: Exited with exit code 127\n")
+    report = doctor.run_doctor(CPU)
+    assert calls[0][2:3] == ["--nodes=2"] and "--nodelist=c1,c3" in calls[0]  # drained c2 is not waited for
+    by_node = {n.node: n for n in report.nodes}
+    assert list(by_node) == ["c1", "c2", "c3"] and not report.ok
+    assert by_node["c1"].ok and by_node["c1"].checks
+    assert by_node["c2"].error == "Slurm state drained: not checked"
+    assert by_node["c3"].error == "no report: srun: error: c3: task 0: Exited with exit code 127"
+    data = report.as_dict()
+    assert data["ok"] is False and data["job_error"].startswith("srun: error: c3")
+
+
+def test_doctor_with_a_node_count_and_usage_errors(monkeypatch, tmp_path):
+    from toolkit.errors import UsageError
+
+    line = json.dumps(gather(node(tmp_path, SLURMD_NODENAME="c2"), []))
+    calls = fake_slurm(monkeypatch, [("c1", "idle"), ("c2", "mixed"), ("c3", "down*")], line + "\n")
+    report = doctor.run_doctor(CPU, nodes=1)
+    assert report.ok and [n.node for n in report.nodes] == ["c2"]  # only the nodes checked are reported
+    assert not any(a.startswith("--nodelist") for a in calls[0])
+    with pytest.raises(UsageError, match="has 2 usable node"):
+        doctor.run_doctor(CPU, nodes=3)
+    fake_slurm(monkeypatch, [("c1", "down*")], "")
+    dead = doctor.run_doctor(CPU)
+    assert not dead.ok and dead.nodes[0].error == "Slurm state down*: not checked"

@@ -1,0 +1,218 @@
+"""One node's facts (toolkit.health.node_check) judged against what its queue declares: a list of checks.
+
+Statuses: ok; FAIL (the queue needs it and it is missing or wrong: the doctor exits 1); warn (works, but not as
+declared or not as recommended); absent (not present, and this queue does not need it); n/a (the check does not
+apply, e.g. no FSx file system is declared). Every FAIL and warn carries the fix.
+
+What a queue needs follows the catalog and the queue's settings: EFA and ib_uverbs when the instance type has EFA
+and the queue's efa-stack is not `none`; GPUs, NCCL and aws-ofi-nccl on NVIDIA queues (the plugin only with EFA);
+the FSx mount when the cluster config declares one. efa-stack `modern` means aws-ofi-nccl >= 1.7 with
+libfabric >= 1.18 (they choose the provider, RDMA and protocol themselves); older stacks are `legacy`
+(toolkit.job.env sets FI_PROVIDER=efa and friends for them).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from typing import Any, Literal
+
+from toolkit.cluster.queues import Queue
+
+Status = Literal["ok", "FAIL", "warn", "absent", "n/a"]
+CHECKS = ("efa", "ib_uverbs", "gpus", "fsx", "nccl", "aws-ofi-nccl", "efa-stack")
+MODERN_OFI_NCCL = (1, 7)
+MODERN_LIBFABRIC = (1, 18)
+
+FIX_EFA_SOFTWARE = ("install the EFA software with the EFA installer (aws-efa-installer, `efa_installer.sh -y`); "
+                    "ParallelCluster's official AMIs include it, a custom AMI must too")
+FIX_OFI_NCCL = ("install aws-ofi-nccl: recent EFA installers put it in /opt/amazon/ofi-nccl, DLAMIs in "
+                "/opt/aws-ofi-nccl (or build github.com/aws/aws-ofi-nccl against the node's NCCL); the job must "
+                "find libnccl-net.so on LD_LIBRARY_PATH")
+
+
+@dataclasses.dataclass(frozen=True)
+class Check:
+    name: str
+    status: Status
+    detail: str
+    fix: str | None = None
+
+
+def version_tuple(text: str | None) -> tuple[int, ...] | None:
+    """(1, 18, 2) from "1.18.2amzn1.0" or "1.7.4-aws"; None when there is no leading version."""
+    match = re.match(r"(\d+(?:\.\d+)*)", text or "")
+    return tuple(int(p) for p in match.group(1).split(".")) if match else None
+
+
+def _first(libraries: list[dict]) -> dict | None:
+    return libraries[0] if libraries else None
+
+
+def _library(lib: dict) -> str:
+    return f"{lib['version'] or 'version unknown'} ({lib['path']})"
+
+
+def check_efa(facts: dict, queue: Queue, needs_efa: bool) -> Check:
+    efa, expected = facts["efa"], queue.instance.efa_interfaces
+    devices = efa["fi_info_devices"] if efa["fi_info_devices"] is not None else efa["sysfs_devices"]
+    if not needs_efa:
+        why = (f"{queue.instance_type} has no EFA" if not queue.instance.has_efa
+               else f"queue {queue.name} declares efa-stack none (jobs use TCP)")
+        if devices:
+            return Check("efa", "ok", f"{len(devices)} EFA device(s) present ({', '.join(devices)}), not used: {why}")
+        return Check("efa", "absent", f"not present; not needed: {why}")
+    if efa["fi_info"] is None:
+        found = f" (the kernel sees {', '.join(efa['sysfs_devices'])})" if efa["sysfs_devices"] else ""
+        return Check("efa", "FAIL", f"fi_info not found on PATH or in /opt/amazon/efa/bin: no EFA software{found}",
+                     FIX_EFA_SOFTWARE)
+    if not devices:
+        reason = f": {efa['fi_info_error']}" if efa["fi_info_error"] else ""
+        return Check("efa", "FAIL", f"`fi_info -p efa` finds no EFA device{reason}",
+                     "enable EFA on the queue's compute resource (Efa: Enabled: true, in a placement group) and "
+                     "check the efa kernel module is loaded (`lsmod | grep efa`); re-run the EFA installer if not")
+    if len(devices) < expected:
+        return Check("efa", "FAIL", f"{len(devices)} of {expected} EFA devices ({', '.join(devices)})",
+                     f"{queue.instance_type} has {expected} EFA interfaces: the node lost some; drain and replace it "
+                     "(`scontrol update nodename=NODE state=drain reason=efa`)")
+    return Check("efa", "ok", f"{len(devices)} EFA device(s): {', '.join(devices)}")
+
+
+def check_ib_uverbs(facts: dict, needs_efa: bool) -> Check:
+    loaded = facts["ib_uverbs"]
+    if not needs_efa:
+        return Check("ib_uverbs", "ok" if loaded else "absent",
+                     "loaded (not needed here)" if loaded else "not loaded; not needed without EFA")
+    if loaded:
+        return Check("ib_uverbs", "ok", "loaded")
+    return Check("ib_uverbs", "FAIL", "kernel module ib_uverbs is not loaded: libfabric cannot open the EFA device",
+                 "`modprobe ib_uverbs` (the EFA installer sets it to load at boot; on Ubuntu the kernel must ship "
+                 "ib_uverbs.ko, the installer upgrades the kernel if not)")
+
+
+def check_gpus(facts: dict, queue: Queue) -> Check:
+    gpus, instance = facts["gpus"], queue.instance
+    if instance.accelerator == "gaudi":
+        return Check("gpus", "n/a", f"{queue.instance_type} has Gaudi accelerators: check them with hl-smi")
+    if not instance.is_gpu:
+        if gpus["count"]:
+            return Check("gpus", "ok", f"{gpus['count']} GPU(s) present, not used by a CPU queue")
+        return Check("gpus", "absent", "no NVIDIA GPU or nvidia-smi; not needed on a CPU queue")
+    expected = queue.gpus_per_node
+    driver_fix = ("install NVIDIA's driver" + (
+        f": {instance.gpu_model} needs the proprietary driver, which official ParallelCluster AMIs (OpenRM, "
+        "3.9 and later) lack: use a CustomAmi such as a Deep Learning AMI" if instance.proprietary_driver
+        else ": ParallelCluster's official AMIs include it"))
+    if gpus["nvidia_smi"] is None:
+        return Check("gpus", "FAIL", "nvidia-smi not found: no NVIDIA driver", driver_fix)
+    if gpus["error"]:
+        return Check("gpus", "FAIL", f"nvidia-smi failed: {gpus['error']}", driver_fix)
+    count = gpus["count"] or 0
+    names = ", ".join(sorted(set(gpus["names"]))) or "none"
+    if count < expected:
+        return Check("gpus", "FAIL", f"{count} of {expected} GPUs visible ({names})",
+                     "a GPU fell off the bus or its driver failed (look for Xid errors in `dmesg`): drain and "
+                     "replace the node (`scontrol update nodename=NODE state=drain reason=gpu`)")
+    if count > expected:
+        return Check("gpus", "warn", f"{count} GPUs visible, the catalog says {expected} for {queue.instance_type}",
+                     "check the queue's instance type in the cluster config and toolkit/catalog.yaml")
+    return Check("gpus", "ok", f"{count} x {names}")
+
+
+def check_fsx(facts: dict, queue: Queue) -> Check:
+    mount = queue.fsx_mount
+    if mount is None:
+        return Check("fsx", "n/a", "the cluster config declares no FSx for Lustre storage")
+    fstype = facts["mounts"].get(mount)
+    if fstype == "lustre":
+        return Check("fsx", "ok", f"{mount} mounted (lustre)")
+    elsewhere = sorted(d for d, t in facts["mounts"].items() if t == "lustre" and d != mount)
+    also = f"; Lustre is mounted at {', '.join(elsewhere)}" if elsewhere else ""
+    state = f"is {fstype}, not lustre" if fstype else "is not mounted"
+    return Check("fsx", "FAIL", f"{mount} {state}{also}",
+                 f"FSx for Lustre did not mount at {mount}: check the file system is AVAILABLE, its security group "
+                 "allows Lustre (TCP 988) from the nodes, and the node's Lustre client (`lsmod | grep lustre`); "
+                 "ParallelCluster logs the mount in /var/log/cloud-init-output.log")
+
+
+def check_nccl(facts: dict, queue: Queue) -> Check:
+    lib = _first(facts["nccl"])
+    if not queue.instance.is_gpu:
+        return Check("nccl", "ok" if lib else "absent",
+                     f"{_library(lib)}, not used by a CPU queue" if lib else "not present; CPU queues use gloo")
+    if lib is None:
+        return Check("nccl", "warn", "no libnccl.so on LD_LIBRARY_PATH or in /opt/nccl, /usr/local/cuda or the "
+                                     "system library dirs: PyTorch's pip wheels bring their own, nccl-tests and "
+                                     "aws-ofi-nccl builds need one",
+                     "install NCCL (NVIDIA's libnccl2 package, or a DLAMI which ships it with CUDA)")
+    others = {x["version"] for x in facts["nccl"][1:]} - {lib["version"]}
+    if others:
+        return Check("nccl", "warn", f"{_library(lib)}; other versions also installed: {', '.join(map(str, others))}",
+                     "keep one NCCL on the library path: mixed versions make ranks disagree")
+    return Check("nccl", "ok", _library(lib))
+
+
+def check_ofi_nccl(facts: dict, queue: Queue, needs_efa: bool) -> Check:
+    lib = _first(facts["aws_ofi_nccl"])
+    if not (queue.instance.is_gpu and needs_efa):
+        why = "CPU queues do not use NCCL" if not queue.instance.is_gpu else "NCCL uses TCP without EFA"
+        return Check("aws-ofi-nccl", "ok" if lib else "absent",
+                     f"{_library(lib)}, not used: {why}" if lib else f"not present; not needed: {why}")
+    if lib is None:
+        return Check("aws-ofi-nccl", "FAIL", "libnccl-net.so (aws-ofi-nccl) not found: NCCL falls back to TCP "
+                                             "sockets, about a third of EFA's bandwidth", FIX_OFI_NCCL)
+    return Check("aws-ofi-nccl", "ok", _library(lib))
+
+
+def installed_stack(facts: dict) -> str | None:
+    """modern | legacy from the aws-ofi-nccl and libfabric versions found; None when they cannot tell."""
+    ofi = version_tuple((_first(facts["aws_ofi_nccl"]) or {}).get("version"))
+    fabric = version_tuple(facts["efa"]["libfabric_version"])
+    if ofi is None:
+        return None
+    if ofi < MODERN_OFI_NCCL:
+        return "legacy"
+    return "modern" if fabric is None or fabric >= MODERN_LIBFABRIC else "legacy"
+
+
+def check_efa_stack(facts: dict, queue: Queue) -> Check:
+    declared, has_efa, gpu = queue.efa_stack, queue.instance.has_efa, queue.instance.is_gpu
+    found = installed_stack(facts)
+    versions = (f"aws-ofi-nccl {(_first(facts['aws_ofi_nccl']) or {}).get('version') or '-'}, "
+                f"libfabric {facts['efa']['libfabric_version'] or '-'}")
+    if not gpu:
+        return Check("efa-stack", "n/a", f"declared {declared}; the EFA/NCCL environment only matters to NCCL jobs")
+    if not has_efa:
+        return Check("efa-stack", "n/a", f"{queue.instance_type} has no EFA: NCCL uses TCP")
+    if declared == "none":
+        if facts["efa"]["fi_info_devices"]:
+            return Check("efa-stack", "warn", f"queue declares efa-stack none, but this node has working EFA "
+                                              f"({versions}): jobs run over TCP at about a third of the bandwidth",
+                         f"tag the queue hpc:efa-stack={found or 'modern'} in the cluster config")
+        return Check("efa-stack", "ok", "declared none: jobs use TCP")
+    if found is None:
+        return Check("efa-stack", "warn", f"declared {declared}; cannot tell what is installed ({versions})",
+                     "install aws-ofi-nccl (see the aws-ofi-nccl check); NCCL INFO logs print its version")
+    if found == declared:
+        return Check("efa-stack", "ok", f"declared {declared}, found {found} ({versions})")
+    if declared == "modern":
+        return Check("efa-stack", "FAIL", f"declared modern, found legacy ({versions}): jobs will not set "
+                                          "FI_PROVIDER=efa, which this aws-ofi-nccl needs to pick EFA",
+                     "upgrade the EFA installer and aws-ofi-nccl (>= 1.7), or tag the queue hpc:efa-stack=legacy")
+    return Check("efa-stack", "warn", f"declared legacy, found modern ({versions}): jobs set old FI_*/NCCL knobs "
+                                      "that override the tuned defaults",
+                 "tag the queue hpc:efa-stack=modern in the cluster config")
+
+
+def evaluate(facts: dict[str, Any], queue: Queue) -> list[Check]:
+    """The checks of one node, in CHECKS order."""
+    needs_efa = queue.instance.has_efa and queue.efa_stack != "none"
+    return [
+        check_efa(facts, queue, needs_efa),
+        check_ib_uverbs(facts, needs_efa),
+        check_gpus(facts, queue),
+        check_fsx(facts, queue),
+        check_nccl(facts, queue),
+        check_ofi_nccl(facts, queue, needs_efa),
+        check_efa_stack(facts, queue),
+    ]

@@ -1,0 +1,204 @@
+"""What one node has of the fabric and GPU software AWS guides tell admins to check by hand, as facts.
+
+    python3 -m toolkit.health.node_check --json [--mount /fsx]
+
+Standalone on purpose (standard library only, Python 3.7 syntax, no toolkit imports): `hpc cluster doctor`
+sends this file's source to every node as `python3 -c SOURCE`, so a node needs only the python3 that every
+ParallelCluster AMI has, not the toolkit. It reports facts and judges nothing: toolkit.health.evaluate compares
+them with what the queue declares (catalog GPUs and EFA count, efa-stack tag, FSx mount).
+
+Every path is read under `root` and programs are found through it, so tests run it on a fake tree.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import mmap
+import os
+import re
+import socket
+import subprocess
+import sys
+
+EFA_BIN = "/opt/amazon/efa/bin"  # the EFA installer's libfabric tools (fi_info), not always on PATH
+EFA_INSTALLED_PACKAGES = "/opt/amazon/efa_installed_packages"  # written by the EFA installer
+# Where NCCL and the aws-ofi-nccl plugin are installed by NVIDIA's packages, DLAMIs, the EFA installer and
+# source builds; LD_LIBRARY_PATH (what a job would load first) is searched before these.
+NCCL_DIRS = ("/opt/nccl/build/lib", "/opt/nccl/lib", "/usr/local/nccl/lib", "/usr/local/cuda/lib64",
+             "/usr/local/cuda/lib", "/usr/lib/x86_64-linux-gnu", "/usr/lib/aarch64-linux-gnu", "/usr/lib64",
+             "/usr/local/lib")
+OFI_NCCL_DIRS = ("/opt/amazon/ofi-nccl/lib", "/opt/amazon/ofi-nccl/lib64", "/opt/aws-ofi-nccl/lib",
+                 "/opt/aws-ofi-nccl/lib64", "/usr/local/lib", "/usr/lib64", "/usr/lib/x86_64-linux-gnu")
+NCCL_NAMES = re.compile(r"^libnccl\.so(\.\d+)*$")
+OFI_NCCL_NAMES = re.compile(r"^libnccl-net(-ofi)?\.so(\.\d+)*$")
+# Version strings compiled into the libraries: NCCL's VERSION_STRING, aws-ofi-nccl's "Initializing " PACKAGE_STRING.
+NCCL_VERSION = re.compile(rb"NCCL version (\d+\.\d+\.\d+)")
+OFI_NCCL_VERSION = re.compile(rb"aws-ofi-nccl (\d+\.\d+\.\d+[A-Za-z0-9.-]*)")
+COMMAND_TIMEOUT = 30
+
+
+class Node:
+    """The node as seen under `root` ("/" for real), with `environ` for PATH and LD_LIBRARY_PATH."""
+
+    def __init__(self, root: str = "/", environ=None):
+        self.root = root
+        self.environ = dict(os.environ if environ is None else environ)
+
+    def path(self, absolute: str) -> str:
+        return os.path.join(self.root, absolute.lstrip("/"))
+
+    def read(self, absolute: str):
+        try:
+            with open(self.path(absolute), errors="replace") as f:
+                return f.read()
+        except OSError:
+            return None
+
+    def which(self, program: str, extra_dirs=()):
+        dirs = [d for d in self.environ.get("PATH", "").split(os.pathsep) if d] + list(extra_dirs)
+        for d in dirs:
+            candidate = self.path(os.path.join(d, program))
+            if os.path.isfile(candidate) and os.access(candidate, os.X_OK):
+                return candidate
+        return None
+
+    def run(self, argv):
+        """(exit code, stdout, stderr); an exit code of None when the program could not run or timed out."""
+        try:
+            res = subprocess.run(argv, capture_output=True, text=True, timeout=COMMAND_TIMEOUT, env=self.environ)
+        except (OSError, subprocess.SubprocessError) as exc:
+            return None, "", str(exc)
+        return res.returncode, res.stdout, res.stderr
+
+
+def first_line(*texts: str) -> str:
+    for text in texts:
+        for line in text.splitlines():
+            if line.strip():
+                return line.strip()
+    return ""
+
+
+def efa_facts(node: Node) -> dict:
+    """EFA devices (sysfs and `fi_info -p efa`), the efa kernel module, libfabric and EFA installer versions."""
+    ib = node.path("/sys/class/infiniband")
+    sysfs = sorted(d for d in (os.listdir(ib) if os.path.isdir(ib) else [])
+                   if os.path.basename(os.path.realpath(os.path.join(ib, d, "device", "driver"))) == "efa")
+    facts = {"sysfs_devices": sysfs, "kernel_module": os.path.isdir(node.path("/sys/module/efa")),
+             "fi_info": node.which("fi_info", [EFA_BIN]), "fi_info_devices": None, "fi_info_error": None,
+             "libfabric_version": None, "installer_version": None}
+    installed = node.read(EFA_INSTALLED_PACKAGES) or ""
+    match = re.search(r"EFA installer version:\s*(\S+)", installed)
+    facts["installer_version"] = match.group(1) if match else None
+    if facts["fi_info"]:
+        code, out, err = node.run([facts["fi_info"], "-p", "efa"])
+        if code == 0:
+            # one entry per device and endpoint type: "domain: rdmap16s27-rdm" and "...-dgrm"
+            domains = re.findall(r"^\s*domain:\s*(\S+)", out, re.M)
+            facts["fi_info_devices"] = sorted({re.sub(r"-(rdm|dgrm)$", "", d) for d in domains})
+        else:
+            facts["fi_info_devices"] = []
+            facts["fi_info_error"] = first_line(err, out) or "exit {}".format(code)
+        code, out, err = node.run([facts["fi_info"], "--version"])
+        match = re.search(r"^libfabric:\s*(\S+)", out, re.M) if code == 0 else None
+        facts["libfabric_version"] = match.group(1) if match else None
+    return facts
+
+
+def module_loaded(node: Node, name: str) -> bool:
+    """/sys/module/NAME exists for loaded and built-in modules; /proc/modules lists loaded ones."""
+    if os.path.isdir(node.path("/sys/module/" + name)):
+        return True
+    return any(line.split(" ", 1)[0] == name for line in (node.read("/proc/modules") or "").splitlines())
+
+
+def gpu_facts(node: Node) -> dict:
+    """NVIDIA GPUs as `nvidia-smi -L` lists them ("GPU 0: Tesla V100-SXM2-32GB (UUID: ...)")."""
+    smi = node.which("nvidia-smi")
+    facts = {"nvidia_smi": smi, "count": None, "names": [], "error": None}
+    if smi:
+        code, out, err = node.run([smi, "-L"])
+        if code == 0:
+            names = [m.group(1).strip() for m in re.finditer(r"^GPU \d+: (.*?)(?: \(UUID: [^)]*\))?$", out, re.M)]
+            facts.update(count=len(names), names=names)
+        else:
+            facts["error"] = first_line(out, err) or "exit {}".format(code)
+    return facts
+
+
+def mount_facts(node: Node, wanted) -> dict:
+    """Mount point -> file system type, for every Lustre mount and the `wanted` directories (None: not a mount)."""
+    mounts = {}
+    for line in (node.read("/proc/mounts") or "").splitlines():
+        fields = line.split()
+        if len(fields) >= 3:
+            mounts[fields[1].replace("\\040", " ")] = fields[2]
+    found = {d: t for d, t in mounts.items() if t == "lustre"}
+    found.update({d: mounts.get(d) for d in wanted})
+    return found
+
+
+def library_version(path: str, content_pattern):
+    """The version in the file name (libnccl.so.2.18.3), else the one compiled into the library."""
+    digits = re.findall(r"\.so((?:\.\d+)+)$", os.path.basename(path))
+    if digits and digits[0].count(".") >= 3:
+        return digits[0].lstrip(".")
+    try:
+        with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as data:
+            match = content_pattern.search(data)
+            return match.group(1).decode() if match else None  # inside: the match reads the mapping
+    except (OSError, ValueError):  # unreadable, or empty (mmap of 0 bytes)
+        return None
+
+
+def find_libraries(node: Node, dirs, name_pattern, content_pattern) -> list:
+    """Every matching library in LD_LIBRARY_PATH, then `dirs`, in search order (symlinks to one file once)."""
+    search = [d for d in node.environ.get("LD_LIBRARY_PATH", "").split(os.pathsep) if d] + list(dirs)
+    found, seen = [], set()
+    for d in search:
+        full = node.path(d)
+        if not os.path.isdir(full):
+            continue
+        for name in sorted(os.listdir(full)):
+            path = os.path.join(full, name)
+            real = os.path.realpath(path)
+            if name_pattern.match(name) and os.path.isfile(path) and real not in seen:
+                seen.add(real)
+                version = library_version(real, content_pattern) or library_version(path, content_pattern)
+                found.append({"path": os.path.join(d, name), "version": version})
+    return found
+
+
+def gather(node: Node, mounts=()) -> dict:
+    """All facts of this node, JSON-ready."""
+    environ = node.environ
+    return {
+        "node": environ.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0],
+        "hostname": socket.gethostname(),
+        "efa": efa_facts(node),
+        "ib_uverbs": module_loaded(node, "ib_uverbs"),
+        "gpus": gpu_facts(node),
+        "mounts": mount_facts(node, mounts),
+        "nccl": find_libraries(node, NCCL_DIRS, NCCL_NAMES, NCCL_VERSION),
+        "aws_ofi_nccl": find_libraries(node, OFI_NCCL_DIRS, OFI_NCCL_NAMES, OFI_NCCL_VERSION),
+    }
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python3 -m toolkit.health.node_check", description=__doc__.split("\n")[0])
+    parser.add_argument("--json", action="store_true", help="one JSON line (what `hpc cluster doctor` reads)")
+    parser.add_argument("--mount", action="append", default=[], help="a mount point to report (e.g. /fsx)")
+    parser.add_argument("--root", default="/", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    facts = gather(Node(args.root), args.mount)
+    if args.json:
+        print(json.dumps(facts, sort_keys=True), flush=True)
+    else:
+        for key, value in facts.items():
+            print("{}: {}".format(key, json.dumps(value)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
