@@ -2,7 +2,6 @@
 
 import re
 import subprocess
-from pathlib import Path
 
 import pytest
 
@@ -11,7 +10,8 @@ from tests.jobhelpers import CPU, P3DN, parse_flags
 from toolkit.cluster.queues import Queue, load_queues
 from toolkit.errors import HpcError
 from toolkit.job.render import render_script
-from toolkit.job.spec import build_job_spec, master_port, resolve_argv, time_minutes
+from toolkit.job.rank import master_port, resolve_argv
+from toolkit.job.spec import build_job_spec, time_minutes
 from toolkit.recipes.load import list_recipe_files, load_recipe
 
 RECIPES = [p.stem for p in list_recipe_files()]
@@ -68,7 +68,7 @@ def test_gpu_directives():
 
 def test_cpu_queue_gets_the_cpu_forms_of_fairseq():
     spec = build_job_spec(load_recipe("roberta"), CPU, 2)
-    flags = parse_flags(resolve_argv(spec, {"SLURM_PROCID": "0", "SLURM_LOCALID": "0", "MASTER_ADDR": "a",
+    flags = parse_flags(resolve_argv(spec.command, {"SLURM_PROCID": "0", "SLURM_LOCALID": "0", "MASTER_ADDR": "a",
                                             "MASTER_PORT": "1"})[1:])
     assert flags["--cpu"] == [] and flags["--distributed-backend"] == ["gloo"]
     assert flags["--ddp-backend"] == ["legacy_ddp"] and flags["--distributed-no-spawn"] == []

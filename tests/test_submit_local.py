@@ -6,7 +6,7 @@ import json
 
 from tests.conftest import run_hpc
 from tests.jobhelpers import HOSTILE, probe_recipe, read_ranks, write_cluster
-from toolkit.job.spec import master_port
+from toolkit.job.rank import master_port
 from toolkit.submit import executor
 
 

@@ -13,7 +13,8 @@ import yaml
 from tests.conftest import run_hpc, slurm_env
 from tests.jobhelpers import HOSTILE, probe_recipe, read_ranks
 from toolkit.job.env import SUBMIT_ENV_ALLOWLIST
-from toolkit.job.spec import master_port, time_minutes
+from toolkit.job.rank import master_port
+from toolkit.job.spec import time_minutes
 
 pytestmark = pytest.mark.slurm
 # Differ between any two processes or are the executor's own bookkeeping, not the job's environment.

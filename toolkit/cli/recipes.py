@@ -56,11 +56,10 @@ def show(name: str = typer.Argument(..., help="Recipe name or path to a recipe f
     import dataclasses
     import shlex
 
-    from toolkit.job.spec import resolve_argv
+    from toolkit.job.rank import RANK0_PREVIEW, resolve_argv
 
     recipe, spec = _spec(name, nodes, cluster, queue, profile, overrides)
-    rank0 = resolve_argv(spec, {"SLURM_PROCID": "0", "SLURM_LOCALID": "0", "MASTER_ADDR": "$MASTER_ADDR",
-                                "MASTER_PORT": "$MASTER_PORT"})
+    rank0 = resolve_argv(spec.command, RANK0_PREVIEW)
     data = {"recipe": recipe.model_dump(mode="json", exclude={"profiles"}), "profiles": list(recipe.profiles),
             "job": {"partition": spec.partition, "instance_type": spec.instance_type, "nodes": spec.nodes,
                     "tasks_per_node": spec.tasks_per_node, "world_size": spec.world_size,

@@ -36,6 +36,7 @@ class Queue:
     cpus_per_task_override: int | None = None
     fsx_mount: str | None = None
     efa_enabled: bool = False  # Efa/Enabled on the queue's (first) compute resource
+    static_nodes: int = 0  # MinCount summed: nodes that are always up (the rest start on demand)
 
     @property
     def instance(self) -> InstanceType:
@@ -49,6 +50,11 @@ class Queue:
     def efa_interfaces(self) -> int:
         """EFA devices a node of this queue uses (0 when EFA is off in the config)."""
         return self.instance.efa_interfaces if self.efa_enabled else 0
+
+    @property
+    def has_dynamic_nodes(self) -> bool:
+        """Nodes that boot on demand: jobs must wait for all of them (sbatch --wait-all-nodes=1)."""
+        return self.static_nodes < self.max_nodes
 
     @property
     def tasks_per_node(self) -> int:
@@ -102,6 +108,7 @@ def queues_from_config(config: dict[str, Any], source: str = "<config>") -> dict
             cpus_per_task_override=int(tags[TAG_CPUS_PER_TASK]) if TAG_CPUS_PER_TASK in tags else None,
             fsx_mount=fsx_mount,
             efa_enabled=efa_enabled,
+            static_nodes=sum(int(r.get("MinCount", 0)) for r in resources),
         )
     return queues
 

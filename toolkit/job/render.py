@@ -10,7 +10,8 @@ import functools
 import shlex
 
 from toolkit.job.env import COMMUNICATION_PREFIXES, submit_env_allowlist
-from toolkit.job.spec import MASTER_PORT_BASE, MASTER_PORT_SPAN, Arg, JobSpec
+from toolkit.job.rank import MASTER_PORT_BASE, MASTER_PORT_SPAN, Arg
+from toolkit.job.spec import JobSpec
 
 
 def sbatch_directives(spec: JobSpec) -> list[str]:

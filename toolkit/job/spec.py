@@ -3,29 +3,24 @@
 The JobSpec is what both the sbatch renderer (toolkit.job.render) and the submitit path consume. Its per-rank
 command is a tuple of Args: literal strings, or RankVars (values only known inside each task), or tuples of
 both concatenated (`("tcp://", MASTER_ADDR, ":", MASTER_PORT)`). No user value is ever a template:
-resolve_argv() fills RankVars from a task's environment in Python, and the rendered script expands exactly
+toolkit.job.rank.resolve_argv() fills RankVars from a task's environment in Python, and the rendered script expands exactly
 the same variables per task in shell, so both paths give every rank the identical argv.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import enum
 import os
 import re
 import sys
-from typing import Literal, Mapping, Union
+from typing import Literal
 
 from toolkit.cluster.queues import Queue
 from toolkit.errors import HpcError
 from toolkit.job.env import EnvVar, job_env
+from toolkit.job.rank import Arg, RankVar
 from toolkit.recipes.scaling import Derived, apply_scaling
 from toolkit.recipes.schema import Recipe, flag_words
-
-# MASTER_PORT = BASE + job id % SPAN: concurrent jobs on shared nodes get different ports, and the range stays
-# below Linux's ephemeral ports (32768+), which outgoing connections may already hold.
-MASTER_PORT_BASE = 15000
-MASTER_PORT_SPAN = 16000
 
 # Values that reach `#SBATCH` lines, which sbatch (not the shell) parses: no quoting can make a newline safe
 # there (it would end the comment and start a shell command), so such values are restricted instead.
@@ -37,22 +32,7 @@ FAIRSEQ_DISTRIBUTED = ("--distributed-world-size", "--distributed-rank", "--devi
 TRAINER_DEVICE = ("--device", "--backend", "--threads")  # our trainers' (toolkit.workloads) device flags
 
 
-class RankVar(enum.Enum):
-    """A per-rank value, named by the environment variable that carries it inside each task."""
-
-    RANK = "SLURM_PROCID"
-    LOCAL_RANK = "SLURM_LOCALID"
-    MASTER_ADDR = "MASTER_ADDR"
-    MASTER_PORT = "MASTER_PORT"
-
-
-Arg = Union[str, RankVar, tuple[Union[str, RankVar], ...]]
 LauncherKind = Literal["fairseq", "python-module", "binary"]
-
-
-def master_port(job_id: int) -> int:
-    """The rendezvous port of a job: every path (sbatch script, submitit) uses this."""
-    return MASTER_PORT_BASE + job_id % MASTER_PORT_SPAN
 
 
 @dataclasses.dataclass(frozen=True)
@@ -122,18 +102,6 @@ def time_minutes(text: str) -> int:
         hours, minutes, seconds = {1: (0, parts[0], 0), 2: (0, *parts), 3: tuple(parts)}[len(parts)]
     total = ((int(days) * 24 + hours) * 60 + minutes) * 60 + seconds
     return -(-total // 60)
-
-
-def resolve_argv(spec: JobSpec, rank_env: Mapping[str, str]) -> list[str]:
-    """The argv of one rank: RankVars taken from `rank_env` (SLURM_PROCID, SLURM_LOCALID, MASTER_ADDR, MASTER_PORT)."""
-    def value(part: str | RankVar) -> str:
-        if isinstance(part, str):
-            return part
-        if part.value not in rank_env:
-            raise HpcError(f"the rank's environment has no {part.value}", fix="run the rank under srun (Slurm sets it)")
-        return rank_env[part.value]
-
-    return ["".join(value(p) for p in (arg if isinstance(arg, tuple) else (arg,))) for arg in spec.command]
 
 
 def _check_directive(what: str, value: str | None) -> None:
@@ -228,6 +196,9 @@ def build_job_spec(recipe: Recipe, queue: Queue, nodes: int | None = None, *, pr
         Derived("cpus per task", str(cpus), "queue override" if queue.cpus_per_task_override else
                 f"{instance.vcpus} vCPUs / {tasks} ranks"),
         Derived("dirs root", root, root_rule),
+        Derived("--wait-all-nodes", "1" if queue.has_dynamic_nodes else "not set",
+                f"queue {queue.name} starts nodes on demand: run only once every node has booted"
+                if queue.has_dynamic_nodes else f"queue {queue.name}'s nodes are all static (MinCount = MaxCount)"),
     ]
     args, scaled = apply_scaling(recipe.scaling, recipe.args, nodes=nodes, ranks_per_node=tasks,
                                  max_nodes=queue.max_nodes, gpu_memory_gib=instance.gpu_memory_gib if on_gpu else None)
@@ -268,7 +239,7 @@ def build_job_spec(recipe: Recipe, queue: Queue, nodes: int | None = None, *, pr
         job_name=job_name, recipe=recipe.name, profile=profile, partition=queue.name,
         instance_type=queue.instance_type, nodes=nodes, tasks_per_node=tasks,
         gpus_per_node=queue.gpus_per_node, cpus_per_task=cpus, threads_per_rank=threads,
-        time_limit=recipe.resources.time, exclusive=recipe.resources.exclusive, wait_all_nodes=True,
+        time_limit=recipe.resources.time, exclusive=recipe.resources.exclusive, wait_all_nodes=queue.has_dynamic_nodes,
         account=account, qos=qos, reservation=reservation, dependency=dependency,
         launcher=launcher.kind, mpi=launcher.mpi,
         software=SoftwareEnv(

@@ -92,11 +92,12 @@ def submit(spec: JobSpec, run_dir: Path, executor: ExecutorKind) -> Submission:
         ex = submitit.LocalExecutor(folder=folder)
         ex.update_parameters(tasks_per_node=spec.tasks_per_node, nodes=1, timeout_min=spec.time_limit_minutes)
         env = {**filter_submit_env(os.environ), **spec.environ}
-        launcher = RankLauncher(spec, str(run_dir), __version__, local_env=tuple(env.items()))
+        launcher = RankLauncher(spec.command, spec.world_size, str(run_dir), __version__,
+                                local_env=tuple(env.items()))
     else:
         ex = submitit.SlurmExecutor(folder=folder, python=node_python(spec))
         ex.update_parameters(**slurm_parameters(spec))
-        launcher = RankLauncher(spec, str(run_dir), __version__)
+        launcher = RankLauncher(spec.command, spec.world_size, str(run_dir), __version__)
     try:
         job = ex.submit(launcher)
     except submitit.core.utils.FailedJobError as exc:  # sbatch refused the job

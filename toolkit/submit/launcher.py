@@ -1,7 +1,9 @@
 """The per-rank callable submitit runs under srun (one task per rank): it launches the workload's argv.
 
 submitit unpickles this on the node, so the node's toolkit must be the one that submitted: checked first.
-The argv is toolkit.job.spec.resolve_argv(), the same function behind the rendered sbatch script's ranks.
+The argv is toolkit.job.rank.resolve_argv(), the same function behind the rendered sbatch script's ranks.
+It carries only what a rank needs (toolkit.job.rank: no pydantic, no Jinja2), since every rank pays for the
+imports its unpickling triggers.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from toolkit.job.spec import JobSpec, RankVar, master_port, resolve_argv
+from toolkit.job.rank import Arg, RankVar, master_port, resolve_argv
 
 
 class RankFailed(RuntimeError):
@@ -23,7 +25,8 @@ class RankFailed(RuntimeError):
 
 @dataclasses.dataclass(frozen=True)
 class RankLauncher:
-    spec: JobSpec
+    command: tuple[Arg, ...]
+    world_size: int
     run_dir: str
     toolkit_version: str
     # Local executor only: the whole environment of the workload (submitit's local processes inherit the
@@ -55,10 +58,10 @@ class RankLauncher:
         else:
             env = dict(self.local_env)
             env.update({"SLURM_PROCID": rank[RankVar.RANK.value], "SLURM_LOCALID": rank[RankVar.LOCAL_RANK.value],
-                        "SLURM_NTASKS": str(self.spec.world_size)})
+                        "SLURM_NTASKS": str(self.world_size)})
         env.update({RankVar.MASTER_ADDR.value: rank[RankVar.MASTER_ADDR.value],
                     RankVar.MASTER_PORT.value: rank[RankVar.MASTER_PORT.value]})
-        argv = resolve_argv(self.spec, rank)
+        argv = resolve_argv(self.command, rank)
         returncode = _run_forwarding_signals(argv, env)
         global_rank = int(rank[RankVar.RANK.value])
         record = {"rank": global_rank, "host": os.uname().nodename, "exit_code": returncode,

@@ -55,12 +55,11 @@ def plan(request: SubmitRequest, run_dir: str | None = None):
 def dry_run(request: SubmitRequest) -> dict[str, Any]:
     """What would be submitted: executor parameters, setup lines, rank 0's argv, the equivalent script."""
     from toolkit.job.render import render_script
-    from toolkit.job.spec import resolve_argv
+    from toolkit.job.rank import RANK0_PREVIEW, resolve_argv
     from toolkit.submit.executor import node_python, slurm_parameters
 
     _recipe, _queue, spec, executor, notes = plan(request)
-    rank0 = resolve_argv(spec, {"SLURM_PROCID": "0", "SLURM_LOCALID": "0", "MASTER_ADDR": "$MASTER_ADDR",
-                                "MASTER_PORT": "$MASTER_PORT"})
+    rank0 = resolve_argv(spec.command, RANK0_PREVIEW)
     return {"executor": executor, "notes": notes, "python": node_python(spec),
             "parameters": slurm_parameters(spec) if executor == "slurm" else
             {"tasks_per_node": spec.tasks_per_node, "nodes": 1, "timeout_min": spec.time_limit_minutes},
