@@ -103,18 +103,18 @@ def reference(digits, tmp_path_factory) -> Path:
 
 
 def test_single_rank_learns(digits, tmp_path):
-    codes = run_ranks(run_args(digits, tmp_path, "--epochs", "3", "--batch-size", "8", "--crop-scale-min", "1.0",
+    codes = run_ranks(run_args(digits, tmp_path, "--epochs", "2", "--batch-size", "8", "--crop-scale-min", "1.0",
                                "--workers", "0", "--log-every-steps", "5"), 1, tmp_path)
     assert codes == [0], outputs(tmp_path, 1)
     records = read_log(tmp_path / LOG_NAME)
     train = [r for r in records if r["event"] == "train"]
-    assert [r["step"] for r in train] == [5, 10, 15, 20, 25, 30]
+    assert [r["step"] for r in train] == [5, 10, 15, 20]
     assert all(r["world_size"] == 1 and r["images_per_sec"] > 0 for r in train)
-    assert train[-1]["loss"] < train[0]["loss"] - 0.2, [r["loss"] for r in train]
-    assert [r["epoch"] for r in records if r["event"] == "val"] == [0, 1, 2]
-    assert records[-1]["event"] == "end" and records[-1]["status"] == "completed" and records[-1]["step"] == 30
+    assert train[-1]["loss"] < train[0]["loss"] - 0.3, [r["loss"] for r in train]
+    assert [r["epoch"] for r in records if r["event"] == "val"] == [0, 1]
+    assert records[-1]["event"] == "end" and records[-1]["status"] == "completed" and records[-1]["step"] == 20
     assert records[-1]["steady_images_per_sec"] > 0
-    assert checkpoint.load(tmp_path / "ckpt" / checkpoint.LAST)["epoch"] == 3
+    assert checkpoint.load(tmp_path / "ckpt" / checkpoint.LAST)["epoch"] == 2
 
 
 def test_two_gloo_ranks_form_one_group(reference):

@@ -222,7 +222,8 @@ class Trainer:
                      warmup_steps=round(args.warmup_epochs * self.steps_per_epoch),
                      total_steps=args.epochs * self.steps_per_epoch, power=args.lr_decay_power)
 
-    def _train_step(self, images, targets, lr: float) -> float:
+    def _train_step(self, images, targets, lr: float):
+        """One update; returns this rank's loss as a tensor."""
         torch = self.torch
         images = images.to(self.device, non_blocking=True)
         targets = targets.to(self.device, non_blocking=True)
@@ -277,7 +278,8 @@ class Trainer:
                        top1=self.last_val["top1"] if self.last_val else None)
         if status == "stopped":
             got = f"got {self.stop_flag.signal_name}" if self.stop_flag.requested else "was asked by another rank"
-            print(f"rank {self.env.rank} {got}: stopped after step {self.step} (checkpoint saved), "
+            saved = "checkpoint saved" if self.args.checkpoint_dir else "NO --checkpoint-dir: nothing saved"
+            print(f"rank {self.env.rank} {got}: stopped after step {self.step} ({saved}), "
                   f"exit {EXIT_STOPPED} to be requeued", flush=True)
         torch.distributed.destroy_process_group()
         return EXIT_STOPPED if status == "stopped" else 0
