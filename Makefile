@@ -4,9 +4,9 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 PIP := $(BIN)/pip --disable-pip-version-check -q
 
-.PHONY: venv test demo bench clean slurm-up slurm-down cluster-configs
+.PHONY: venv train-env slurm-up slurm-down test demo bench jobs cluster-configs clean
 
-# The toolkit with its admin (aws-parallelcluster) and test extras, editable.
+# The toolkit with its admin (aws-parallelcluster), report and test extras, editable.
 $(VENV)/.core-installed: pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(PIP) install --upgrade pip
@@ -15,8 +15,20 @@ $(VENV)/.core-installed: pyproject.toml
 
 venv: $(VENV)/.core-installed
 
-test: venv slurm-up
-	$(BIN)/python -m pytest -q
+# The training environment (workloads and their tests): torch and torchvision from this machine's disk, then
+# fairseq-fixed compiled against that torch (~4 min, ~6 GB). Own stamp and no dependency on the core stamp, so
+# it can be added to any venv without reinstalling the toolkit there. The torch pins are repeated on every
+# install line so that no dependency can swap torch for another release.
+TORCH_PINS := torch==2.14.1 torchvision==0.29.1
+$(VENV)/.train-installed:
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(PIP) install $(TORCH_PINS)
+	$(PIP) install $(TORCH_PINS) cython numpy setuptools wheel scikit-learn
+	$(PIP) install --no-build-isolation $(TORCH_PINS) fairseq-fixed==0.12.3.1
+	$(BIN)/python -c 'import torch, torchvision, fairseq, sklearn; assert torch.__version__.startswith("2.14.1"), torch.__version__'
+	touch $@
+
+train-env: $(VENV)/.train-installed
 
 # The local test cluster (a real Slurm with accounting; needs root): idempotent, fast when already up.
 slurm-up: venv
@@ -25,9 +37,24 @@ slurm-up: venv
 slurm-down: venv
 	$(BIN)/python -m toolkit sandbox down
 
-# Cold start-up medians: hpc --help and hpc cluster validate beside pcluster version (prints, not a test).
-bench: venv
+test: venv train-env slurm-up
+	$(BIN)/python -m pytest -q
+
+# The main job: a small real recipe on the local Slurm (or on this machine where no Slurm can run).
+demo: venv train-env slurm-up
+	$(BIN)/python -m toolkit recipes submit roberta --nodes 2 --profile smoke --wait
+
+# Benchmarks print figures and ratios against a baseline run in the same command (not timed tests).
+bench: venv train-env slurm-up
 	$(BIN)/python benchmarks/bench_cli.py
+	$(BIN)/python benchmarks/bench_submit.py
+
+# Reviewed renders in jobs/ (tests/test_render.py checks they match today's rendering).
+JOBS := roberta:8 transformer:4 resnet50:8 nccl-tests:2 collectives:2
+jobs: venv
+	@for job in $(JOBS); do name=$${job%%:*}; nodes=$${job##*:}; \
+	  $(BIN)/python -m toolkit recipes render $$name --nodes $$nodes --cluster jobs/p3dn-cluster.yaml --queue p3dn \
+	    -o jobs/$$name-$${nodes}xp3dn.sbatch --force || exit 1; done
 
 # Rewrite cluster-configs/*.yaml with the command recorded in each file's header.
 cluster-configs: venv
@@ -35,11 +62,3 @@ cluster-configs: venv
 
 clean:
 	rm -rf $(VENV) .pytest_cache
-
-# Reviewed renders in jobs/ (tests/test_jobs_dir.py checks they match today's rendering).
-JOBS := roberta:8 transformer:4 resnet50:8 nccl-tests:2 collectives:2
-.PHONY: jobs
-jobs: venv
-	@for job in $(JOBS); do name=$${job%%:*}; nodes=$${job##*:}; \
-	  $(BIN)/python -m toolkit recipes render $$name --nodes $$nodes --cluster jobs/p3dn-cluster.yaml --queue p3dn \
-	    -o jobs/$$name-$${nodes}xp3dn.sbatch --force || exit 1; done

@@ -1,0 +1,365 @@
+"""Our ResNet (v1.5: torchvision's resnet50) data-parallel trainer, torchvision reference style.
+
+Launched once per rank: `python -m toolkit.workloads.resnet --data DIR ...`. The rank layout comes from
+RANK/LOCAL_RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT, else from SLURM_PROCID/SLURM_LOCALID/SLURM_NTASKS.
+
+Exit codes: 0 done (all epochs, or --max-steps reached); 1 error (message on stderr);
+EXIT_STOPPED (75) stopped on SIGUSR2/SIGTERM after saving a checkpoint: requeue to continue.
+
+Resuming is automatic from --checkpoint-dir/checkpoint_last.pt and exact: with the same seed, world size and
+batch size, every step's loss equals that of an uninterrupted run (on CPU; cuDNN kernels are not bitwise
+reproducible). The checkpoint dir must be shared by all ranks (every rank loads it; only rank 0 writes).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import sys
+import time
+from collections.abc import Sequence
+
+from toolkit.errors import HpcError
+from toolkit.workloads import checkpoint
+from toolkit.workloads.rank_env import rank_env
+from toolkit.workloads.stopping import EXIT_STOPPED, StopFlag, all_reduce_step, ignore_stop_signals
+from toolkit.workloads.train_log import TrainLog, steady_throughput
+
+RESNETS = ("resnet18", "resnet34", "resnet50", "resnet101", "resnet152", "resnext50_32x4d",
+           "resnext101_32x8d", "resnext101_64x4d", "wide_resnet50_2", "wide_resnet101_2")
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m toolkit.workloads.resnet", description=__doc__.split("\n")[0])
+    p.add_argument("--data", required=True, help="ImageFolder root with train/ and val/")
+    p.add_argument("--arch", default="resnet50", choices=RESNETS)
+    p.add_argument("--epochs", type=int, default=90)
+    p.add_argument("--batch-size", type=int, default=32, help="per rank")
+    p.add_argument("--lr", type=float, default=0.1, help="peak learning rate, already scaled to the global batch")
+    p.add_argument("--warmup-epochs", type=float, default=0.0)
+    p.add_argument("--warmup-lr", type=float, default=0.001, help="learning rate at step 0 of the warm-up")
+    p.add_argument("--lr-decay-power", type=float, default=2.0, help="polynomial decay to 0 after the warm-up")
+    p.add_argument("--momentum", type=float, default=0.9)
+    p.add_argument("--nesterov", action="store_true")
+    p.add_argument("--weight-decay", type=float, default=1e-4)
+    p.add_argument("--zero-init-last-bn", action="store_true", help="zero gamma of each block's last BN")
+    p.add_argument("--amp", action="store_true",
+                   help="fp16 autocast + grad scaling on cuda; ignored on cpu (keeps CPU runs exactly resumable)")
+    p.add_argument("--image-size", type=int, default=224)
+    p.add_argument("--crop-scale-min", type=float, default=0.08,
+                   help="smallest area fraction RandomResizedCrop keeps (tiny smoke images need more)")
+    p.add_argument("--channels-last", action="store_true")
+    p.add_argument("--workers", type=int, default=4, help="DataLoader worker processes per rank")
+    p.add_argument("--checkpoint-dir", help="resume from checkpoint_last.pt here; save here")
+    p.add_argument("--checkpoint-every-steps", type=int, default=0, help="0: only at epoch ends and stops")
+    p.add_argument("--log-dir", help="rank 0 appends train_log.jsonl here")
+    p.add_argument("--log-every-steps", type=int, default=10)
+    p.add_argument("--max-steps", type=int, help="stop (exit 0, after saving) once this many steps are done")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--device", choices=("cpu", "cuda"), help="default: cuda if available")
+    p.add_argument("--backend", choices=("gloo", "nccl"), help="default: nccl on cuda, gloo on cpu")
+    p.add_argument("--threads", type=int, help="torch/OpenMP threads per rank (default: SLURM_CPUS_PER_TASK)")
+    args = p.parse_args(argv)
+    for name in ("epochs", "batch_size", "image_size", "log_every_steps"):
+        if getattr(args, name) < 1:
+            p.error(f"--{name.replace('_', '-')} must be at least 1")
+    if not 0 < args.crop_scale_min <= 1:
+        p.error("--crop-scale-min must be in (0, 1]")
+    if args.threads is not None and args.threads < 1:
+        p.error("--threads must be at least 1")
+    return args
+
+
+def lr_at(step: int, *, lr: float, warmup_lr: float, warmup_steps: int, total_steps: int, power: float) -> float:
+    """Learning rate for the update numbered `step` (0-based): linear warm-up, then polynomial decay to 0."""
+    if step < warmup_steps:
+        return warmup_lr + (lr - warmup_lr) * step / warmup_steps
+    decay_steps = max(total_steps - warmup_steps, 1)
+    return lr * max(1.0 - (step - warmup_steps) / decay_steps, 0.0) ** power
+
+
+def _threads(args: argparse.Namespace) -> int | None:
+    if args.threads is not None:
+        return args.threads
+    cpus = os.environ.get("SLURM_CPUS_PER_TASK", "")
+    return int(cpus) if cpus.isdigit() and int(cpus) > 0 else None
+
+
+class Trainer:
+    """One rank's training run; `run()` returns the process exit code."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        import torch
+
+        self.args = args
+        self.torch = torch
+        try:
+            self.env = rank_env()
+        except ValueError as exc:
+            raise HpcError(f"cannot tell this rank's place in the job: {exc}",
+                           fix="launch with srun, or set RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT") from None
+        self.device_type = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+        if self.device_type == "cuda" and not torch.cuda.is_available():
+            raise HpcError("--device cuda but this node has no usable GPU", fix="use --device cpu")
+        self.backend = args.backend or ("nccl" if self.device_type == "cuda" else "gloo")
+        if self.backend == "nccl" and self.device_type != "cuda":
+            raise HpcError("--backend nccl needs --device cuda", fix="use --backend gloo on CPU")
+        if self.device_type == "cuda":
+            torch.backends.cudnn.benchmark = True
+            self.device = torch.device("cuda", self.env.local_rank % torch.cuda.device_count())
+            torch.cuda.set_device(self.device)
+        else:
+            self.device = torch.device("cpu")
+        self.is_main = self.env.rank == 0
+        self.log = TrainLog(args.log_dir, enabled=self.is_main)
+        self.stop_flag = StopFlag().install()
+        self.started = time.perf_counter()
+
+    # -- set-up --------------------------------------------------------------------------------------
+    def _data(self):
+        from torch.utils.data import DataLoader
+
+        from toolkit.workloads import resnet_data
+
+        args, env = self.args, self.env
+        roots = {split: os.path.join(args.data, split) for split in ("train", "val")}
+        for split, root in roots.items():
+            if not os.path.isdir(root):
+                raise HpcError(f"no {split}/ directory in --data {args.data}",
+                               fix="point --data at an ImageFolder root holding train/ and val/ "
+                                   "(for a smoke run: python -m toolkit.workloads.smoke_data images DIR)")
+        try:
+            train = resnet_data.image_folder(roots["train"], resnet_data.train_transform(args.image_size,
+                                                                                         args.crop_scale_min))
+            val = resnet_data.image_folder(roots["val"], resnet_data.val_transform(args.image_size))
+        except (FileNotFoundError, OSError) as exc:
+            raise HpcError(f"cannot read the images under --data {args.data}: {exc}",
+                           fix="each of train/ and val/ needs one sub-directory of images per class") from None
+        self.num_classes = len(train.classes)
+        self.sampler = resnet_data.ResumableSampler(train, env.world_size, env.rank, args.seed)
+        self.steps_per_epoch = len(self.sampler) // args.batch_size
+        if self.steps_per_epoch == 0:
+            raise HpcError(f"{len(train)} training images make no full batch of {args.batch_size} on each of "
+                           f"{env.world_size} ranks", fix="lower --batch-size or use more data")
+        loader_options = dict(num_workers=args.workers, pin_memory=self.device_type == "cuda",
+                              worker_init_fn=ignore_stop_signals, persistent_workers=args.workers > 0)
+        self.train_loader = DataLoader(resnet_data.SeededSamples(train, args.seed), batch_size=args.batch_size,
+                                       sampler=self.sampler, drop_last=True, **loader_options)
+        self.val_loader = DataLoader(resnet_data.RankShard(val, env.rank, env.world_size),
+                                     batch_size=args.batch_size, **loader_options)
+
+    def _model(self):
+        import torchvision
+
+        torch, args = self.torch, self.args
+        torch.manual_seed(args.seed)
+        random.seed(args.seed)
+        model = torchvision.models.get_model(args.arch, weights=None, num_classes=self.num_classes,
+                                             zero_init_residual=args.zero_init_last_bn)
+        model.to(self.device)
+        if args.channels_last:
+            model.to(memory_format=torch.channels_last)
+        self.model = model
+        self.optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum,
+                                         nesterov=args.nesterov, weight_decay=args.weight_decay)
+        self.amp = args.amp and self.device_type == "cuda"
+        self.scaler = torch.amp.GradScaler(self.device_type, enabled=self.amp)
+        self.criterion = torch.nn.CrossEntropyLoss()
+
+    def _checkpoint_state(self) -> dict:
+        import numpy as np
+
+        torch = self.torch
+        return {
+            "model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
+            "scaler": self.scaler.state_dict(), "step": self.step, "epoch": self.epoch, "position": self.position,
+            "world_size": self.env.world_size, "batch_size": self.args.batch_size, "arch": self.args.arch,
+            "seed": self.args.seed,
+            "rng": {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state(),
+                    "cuda": torch.cuda.get_rng_state_all() if self.device_type == "cuda" else None},
+        }
+
+    def _resume(self) -> None:
+        import numpy as np
+
+        self.step = self.epoch = self.position = 0
+        if self.is_main and self.args.checkpoint_dir:
+            checkpoint.remove_partial_saves(self.args.checkpoint_dir)
+        path = checkpoint.last_checkpoint(self.args.checkpoint_dir)
+        if path is None:
+            return
+        state = checkpoint.load(path)
+        ours = {"arch": self.args.arch, "world_size": self.env.world_size, "batch_size": self.args.batch_size,
+                "seed": self.args.seed}
+        differing = {key: (state[key], value) for key, value in ours.items() if state[key] != value}
+        if differing:
+            listed = ", ".join(f"{key} {was} -> {now}" for key, (was, now) in differing.items())
+            raise HpcError(f"{path} was written by a different run ({listed}); an exact resume is impossible",
+                           fix="run with the checkpoint's settings, or use a new --checkpoint-dir")
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scaler.load_state_dict(state["scaler"])
+        self.step, self.epoch, self.position = state["step"], state["epoch"], state["position"]
+        rng = state["rng"]
+        random.setstate(rng["python"])
+        np.random.set_state(rng["numpy"])
+        self.torch.set_rng_state(rng["torch"])
+        if rng["cuda"] is not None and self.device_type == "cuda":
+            self.torch.cuda.set_rng_state_all(rng["cuda"])
+
+    # -- the loop ------------------------------------------------------------------------------------
+    def _save(self, reason: str) -> None:
+        if self.is_main and self.args.checkpoint_dir:
+            began = time.perf_counter()
+            checkpoint.save_atomic(self._checkpoint_state(), os.path.join(self.args.checkpoint_dir, checkpoint.LAST))
+            self.log.write("checkpoint", step=self.step, epoch=self.epoch, position=self.position, reason=reason,
+                           seconds=round(time.perf_counter() - began, 3))
+
+    def _lr(self) -> float:
+        args = self.args
+        return lr_at(self.step, lr=args.lr, warmup_lr=args.warmup_lr,
+                     warmup_steps=round(args.warmup_epochs * self.steps_per_epoch),
+                     total_steps=args.epochs * self.steps_per_epoch, power=args.lr_decay_power)
+
+    def _train_step(self, images, targets, lr: float):
+        """One update; returns this rank's loss as a tensor."""
+        torch = self.torch
+        images = images.to(self.device, non_blocking=True)
+        targets = targets.to(self.device, non_blocking=True)
+        if self.args.channels_last:
+            images = images.contiguous(memory_format=torch.channels_last)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        with torch.autocast(self.device_type, dtype=torch.float16, enabled=self.amp):
+            loss = self.criterion(self.ddp(images), targets)
+        self.optimizer.zero_grad(set_to_none=True)
+        self.scaler.scale(loss).backward()
+        self.scaler.step(self.optimizer)
+        self.scaler.update()
+        return loss.detach()
+
+    def _evaluate(self) -> dict:
+        torch = self.torch
+        self.ddp.eval()
+        totals = torch.zeros(3, dtype=torch.float64, device=self.device)  # correct, loss sum, images
+        with torch.no_grad(), torch.autocast(self.device_type, dtype=torch.float16, enabled=self.amp):
+            for images, targets in self.val_loader:
+                images, targets = images.to(self.device), targets.to(self.device)
+                if self.args.channels_last:
+                    images = images.contiguous(memory_format=torch.channels_last)
+                output = self.model(images)  # not the DDP wrapper: ranks hold different numbers of batches
+                totals += torch.stack([(output.argmax(1) == targets).sum().double(),
+                                       self.criterion(output.float(), targets).double() * len(targets),
+                                       torch.tensor(float(len(targets)), dtype=torch.float64, device=self.device)])
+        torch.distributed.all_reduce(totals)
+        self.ddp.train()
+        correct, loss_sum, count = totals.tolist()
+        return {"top1": round(100.0 * correct / max(count, 1), 3), "loss": loss_sum / max(count, 1),
+                "images": int(count)}
+
+    def _log_interval(self) -> None:
+        interval = self.interval
+        if interval["steps"]:
+            images = interval["steps"] * self.args.batch_size * self.env.world_size
+            self.log.write("train", step=self.step, epoch=self.epoch, loss=interval["loss"] / interval["steps"],
+                           lr=interval["lr"], images_per_sec=images / max(interval["seconds"], 1e-9),
+                           world_size=self.env.world_size, elapsed=round(time.perf_counter() - self.started, 3),
+                           interval_steps=interval["steps"], interval_images=images,
+                           interval_seconds=round(interval["seconds"], 6))
+        interval.update(steps=0, loss=0.0, seconds=0.0)
+
+    def _finish(self, status: str) -> int:
+        torch = self.torch
+        torch.distributed.barrier()  # every rank leaves after rank 0's checkpoint is on disk
+        self.log.write("end", status=status, step=self.step, epoch=self.epoch,
+                       elapsed=round(time.perf_counter() - self.started, 3),
+                       steady_images_per_sec=steady_throughput(self.log.records),
+                       top1=self.last_val["top1"] if self.last_val else None)
+        if status == "stopped":
+            got = f"got {self.stop_flag.signal_name}" if self.stop_flag.requested else "was asked by another rank"
+            saved = "checkpoint saved" if self.args.checkpoint_dir else "NO --checkpoint-dir: nothing saved"
+            print(f"rank {self.env.rank} {got}: stopped after step {self.step} ({saved}), "
+                  f"exit {EXIT_STOPPED} to be requeued", flush=True)
+        torch.distributed.destroy_process_group()
+        return EXIT_STOPPED if status == "stopped" else 0
+
+    def _train_epoch(self) -> str | None:
+        """Train the rest of the current epoch; "stopped" or "max_steps" if it ended early."""
+        args = self.args
+        if args.max_steps is not None and self.step >= args.max_steps:
+            return "max_steps"
+        self.sampler.start_epoch(self.epoch, self.position * args.batch_size)
+        mark = time.perf_counter()
+        for images, targets in self.train_loader:
+            lr = self._lr()
+            loss = self._train_step(images, targets, lr)
+            (loss_sum,), stop = all_reduce_step([float(loss)], self.stop_flag.requested, self.device)
+            self.step += 1
+            self.position += 1
+            interval = self.interval
+            interval.update(steps=interval["steps"] + 1, loss=interval["loss"] + loss_sum / self.env.world_size,
+                            seconds=interval["seconds"] + time.perf_counter() - mark, lr=lr)
+            capped = args.max_steps is not None and self.step >= args.max_steps
+            if self.step % args.log_every_steps == 0 or stop or capped:
+                self._log_interval()
+            if stop or capped:
+                self._save("stop" if stop else "max_steps")
+                return "stopped" if stop else "max_steps"
+            if args.checkpoint_every_steps and self.step % args.checkpoint_every_steps == 0:
+                self._save("periodic")
+            mark = time.perf_counter()  # saves and logging are not training time
+        self._log_interval()
+        return None
+
+    def run(self) -> int:
+        from torch.nn.parallel import DistributedDataParallel
+
+        args, env, torch = self.args, self.env, self.torch
+        self._data()  # bad inputs fail here, on every rank, before anyone waits at the rendezvous
+        self._model()
+        self._resume()
+        torch.distributed.init_process_group(self.backend, init_method=env.init_method, rank=env.rank,
+                                             world_size=env.world_size)
+        print(f"rank {env.rank} local_rank {env.local_rank} world_size {env.world_size} backend {self.backend} "
+              f"device {self.device} threads {torch.get_num_threads()} amp {self.amp} "
+              f"master {env.master_addr}:{env.master_port}", flush=True)
+        on_gpu = self.device.type == "cuda"
+        self.ddp = DistributedDataParallel(self.model, device_ids=[self.device] if on_gpu else None)
+        self.log.write("start", world_size=env.world_size, backend=self.backend, device=self.device.type,
+                       threads=torch.get_num_threads(), amp=self.amp, arch=args.arch, batch_size=args.batch_size,
+                       global_batch_size=args.batch_size * env.world_size, steps_per_epoch=self.steps_per_epoch,
+                       total_steps=args.epochs * self.steps_per_epoch, max_steps=args.max_steps,
+                       resumed_from_step=self.step)
+        self.interval = {"steps": 0, "loss": 0.0, "seconds": 0.0, "lr": 0.0}
+        self.last_val = None
+        while self.epoch < args.epochs:
+            ended_early = self._train_epoch()
+            if ended_early:
+                return self._finish(ended_early)
+            self.epoch += 1
+            self.position = 0
+            self.last_val = self._evaluate()
+            self.log.write("val", epoch=self.epoch - 1, step=self.step, **self.last_val)
+            self._save("epoch")
+        return self._finish("completed")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    threads = _threads(args)
+    if threads is not None:
+        os.environ["OMP_NUM_THREADS"] = str(threads)  # before torch is imported: its OpenMP pool reads this
+    import torch
+
+    if threads is not None:
+        torch.set_num_threads(threads)
+    try:
+        return Trainer(args).run()
+    except HpcError as exc:
+        sys.stderr.write(f"error: {exc.message}\n" + (f"  fix: {exc.fix}\n" if exc.fix else ""))
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
