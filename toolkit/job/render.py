@@ -106,6 +106,7 @@ def _setup_context(spec: JobSpec) -> dict:
     return dict(
         spec=spec,
         setup=setup_lines(spec),
+        prepare=shlex.join(spec.prepare),
         port_base=MASTER_PORT_BASE,
         port_span=MASTER_PORT_SPAN,
         printed_pattern=shlex.quote("^(" + "|".join(COMMUNICATION_PREFIXES) + ")"),

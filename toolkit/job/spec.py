@@ -69,6 +69,7 @@ class JobSpec:
     software: SoftwareEnv
     env: tuple[EnvVar, ...]
     command: tuple[Arg, ...]
+    prepare: tuple[str, ...]  # run once on the first node before the ranks: makes the data if missing
     run_dir: str
     derived: tuple[Derived, ...]
 
@@ -210,13 +211,22 @@ def build_job_spec(recipe: Recipe, queue: Queue, nodes: int | None = None, *, pr
         entry = getattr(recipe.dirs, name)
         if entry is None:
             continue
-        path = _under(root, entry.dir)
-        derived.append(Derived(f"{name} dir", path, f"dirs.{name}.dir under the dirs root" if path != entry.dir
+        base, where = (run_dir, "the run dir") if entry.under == "run" else (root, "the dirs root")
+        path = _under(base, entry.dir)
+        derived.append(Derived(f"{name} dir", path, f"dirs.{name}.dir under {where}" if path != entry.dir
                                else f"dirs.{name}.dir (absolute)"))
         if entry.arg == "positional":
             positional.append(path)
         elif entry.arg:
             args[entry.arg] = path
+
+    prepare: tuple[str, ...] = ()
+    if recipe.prepare:
+        if recipe.dirs.data is None:
+            raise HpcError(f"recipe {recipe.name}: `prepare` makes the data, but dirs.data is not set",
+                           fix="set dirs.data.dir (where the data goes), or remove `prepare`")
+        prepare = (*recipe.prepare, _under(run_dir if recipe.dirs.data.under == "run" else root,
+                                           recipe.dirs.data.dir))
 
     launcher = recipe.launcher
     program = {"fairseq": ["fairseq-train"], "python-module": ["python", "-m", launcher.module or ""],
@@ -250,5 +260,5 @@ def build_job_spec(recipe: Recipe, queue: Queue, nodes: int | None = None, *, pr
         ),
         env=job_env(instance, queue.efa_stack, threads_per_rank=threads, launcher_kind=launcher.kind,
                     recipe_env=recipe.env, recipe_name=recipe.name),
-        command=tuple(command), run_dir=run_dir, derived=tuple(derived),
+        command=tuple(command), prepare=prepare, run_dir=run_dir, derived=tuple(derived),
     )

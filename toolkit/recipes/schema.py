@@ -7,7 +7,10 @@ devices, CPU forms, the NCCL/EFA environment) are not recipe fields: they come f
 Conventions:
   args     an ordered mapping flag -> value: `true` is a bare flag, a list gives several values, and `null`
            (in a profile or `--set`) removes the flag. Order is kept as written.
-  dirs     relative paths are under `dirs.root`, else the queue's FSx mount.
+  dirs     relative paths are under `dirs.root`, else the queue's FSx mount; `under: run` puts one in the
+           run's own dir instead (a fresh run never resumes another run's checkpoints).
+  prepare  a command that makes the data if it is missing: it runs once, on the first node, before the
+           ranks start, with the data dir appended as its last argument (smoke data, preprocessing).
   profiles named overlays with the recipe's own shape, merged over it (see toolkit.recipes.load).
 """
 
@@ -113,6 +116,7 @@ class PathArg(StrictModel):
 
     dir: SafeStr
     arg: Annotated[str, Field(pattern=FLAG_PATTERN + "|^positional$")] | None = None
+    under: Literal["root", "run"] = "root"
 
 
 class Dirs(StrictModel):
@@ -170,6 +174,7 @@ class Recipe(StrictModel):
     args: dict[Flag, ArgValue] = {}
     resources: Resources = Resources()
     dirs: Dirs = Dirs()
+    prepare: list[SafeStr] = []
     env: dict[EnvName, EnvValue] = {}
     scaling: dict[Flag, ScalingRule] = {}
     profiles: dict[Annotated[str, Field(pattern=NAME_PATTERN)], dict[str, Any]] = {}
