@@ -2,7 +2,7 @@
 """Submit-to-joined: `hpc recipes submit` vs a hand-written sbatch + srun script, same payload, same cluster.
 
 Each repeat times from starting the submitting command to the moment rank 0 of the payload
-(benchmarks/payloads/joined.py: a TCP rendezvous of every rank) saw all ranks; the two ways alternate.
+(benchmarks/payloads/joined.py: a torch.distributed gloo process group) had formed; the two ways alternate.
 Prints the medians and the ratio (goal: hpc <= 1.10x the hand-written script). Needs the local Slurm
 (make slurm-up) or a cluster with a `cpu`-like queue (--queue, --nodes).
 """
@@ -31,7 +31,7 @@ HAND_SCRIPT = """#!/bin/bash
 #SBATCH --output={out}/hand-%j.out
 NODES="$(scontrol show hostnames "$SLURM_JOB_NODELIST")"
 export MASTER_ADDR="${{NODES%%$'\\n'*}}" MASTER_PORT=$(( 15000 + SLURM_JOB_ID % 16000 ))
-srun --cpus-per-task=1 {payload} "$1"
+srun --cpus-per-task=1 {payload} --out "$1"
 """
 
 
@@ -65,9 +65,13 @@ def main() -> None:
     use_discovered_slurm()
     work = Path(tempfile.mkdtemp(prefix="bench-submit-"))
     env = dict(os.environ, HPC_RUNS_DIR=str(work / "runs"), PYTHONPATH=str(REPO))
+    # One executable both ways: this Python (with torch) running the payload.
+    payload = work / "joined"
+    payload.write_text(f"#!/bin/sh\nexec {sys.executable} {PAYLOAD} \"$@\"\n")
+    payload.chmod(0o755)
     hand = work / "hand.sbatch"
     hand.write_text(HAND_SCRIPT.format(queue=args.queue, nodes=args.nodes, tasks=args.tasks_per_node, out=work,
-                                       payload=PAYLOAD))
+                                       payload=payload))
     ways: dict[str, list[float]] = {"hand-written sbatch + srun": [], "hpc recipes submit": []}
     for i in range(args.repeats):
         marker = work / f"hand-{i}"
@@ -76,8 +80,7 @@ def main() -> None:
         recipe = work / f"joined-{i}.yaml"
         recipe.write_text(yaml.safe_dump({
             "name": "joined", "description": "rendezvous timing payload", "source": "benchmarks",
-            "launcher": {"kind": "binary", "program": str(PAYLOAD)}, "args": {},
-            "dirs": {"data": {"dir": str(marker), "arg": "positional"}},
+            "launcher": {"kind": "binary", "program": str(payload)}, "args": {"--out": str(marker)},
             "resources": {"nodes": args.nodes, "time": "00:05:00", "exclusive": False}}))
         ways["hpc recipes submit"].append(timed(
             [sys.executable, "-m", "toolkit", "recipes", "submit", str(recipe), "--nodes", str(args.nodes),

@@ -19,6 +19,9 @@ from toolkit.job.spec import time_minutes
 pytestmark = pytest.mark.slurm
 # Differ between any two processes or are the executor's own bookkeeping, not the job's environment.
 PER_PROCESS = re.compile(r"^(SLURM_|SUBMITIT_|_$|PWD$|OLDPWD$|SHLVL$)")
+# What the probe recipe's job sets (its env, the CPU queue's threads, the rendezvous), and what Slurm sets.
+JOB_VARS = {"PROBE_OUT", "PYTHONUNBUFFERED", "OMP_NUM_THREADS", "MASTER_ADDR"}
+SLURM_MADE = {"ENVIRONMENT", "HOSTNAME", "SLURMD_NODENAME", "SRUN_DEBUG"}
 
 
 def job_env(env: dict[str, str]) -> dict[str, str]:
@@ -65,11 +68,14 @@ def test_submit_and_render_give_every_rank_the_same_command_and_environment(slur
         assert int(r["env"]["MASTER_PORT"]) == master_port(rendered_job)
         assert int(s["env"]["MASTER_PORT"]) == master_port(int(result["job_id"]))
         r_env, s_env = job_env(r["env"]), job_env(s["env"])
-        r_env.pop("MASTER_PORT"), s_env.pop("MASTER_PORT")
-        assert r_env == s_env, f"rank {rank}: {set(r_env.items()) ^ set(s_env.items())}"
+        # The job's own variables and the allow-listed submitter ones are the same both ways.
+        shared = (set(SUBMIT_ENV_ALLOWLIST) & set(env)) | JOB_VARS
+        assert {k: r_env.get(k) for k in shared} == {k: s_env.get(k) for k in shared}, f"rank {rank}"
         for name in set(SUBMIT_ENV_ALLOWLIST) & set(env):  # allow-listed submitter variables arrive as they were
-            assert r_env.get(name) == env[name], name
-        # ...and nothing else of the submitter's (Slurm, the node's login profile and pyenv add their own).
+            assert s_env[name] == env[name], name
+        # submit: nothing else at all (sbatch runs in a clean environment with --export=ALL); render: the
+        # --export=LIST form makes Slurm add the node's login environment, never the submitter's.
+        assert set(s_env) <= set(SUBMIT_ENV_ALLOWLIST) | JOB_VARS | {"MASTER_PORT"} | SLURM_MADE, set(s_env)
         assert "canary" not in json.dumps(r["env"]) + json.dumps(s["env"])
         assert "HPC_TEST_MARKER" not in r_env and "HPC_TEST_MARKER" not in s_env
         assert r["env"]["MASTER_ADDR"] == "c1"
@@ -78,9 +84,10 @@ def test_submit_and_render_give_every_rank_the_same_command_and_environment(slur
     # The batch script Slurm stored asks for the same resources as the rendered one.
     run = Path(result["run_dir"])
     stored, ours = sbatch_options((run / "batch_script.sh").read_text()), sbatch_options(script.read_text())
-    for key in ("partition", "nodes", "ntasks-per-node", "cpus-per-task", "exclusive", "wait-all-nodes", "export"):
+    for key in ("partition", "nodes", "ntasks-per-node", "cpus-per-task", "exclusive", "wait-all-nodes"):
         assert stored.get(key) == ours.get(key), key
     assert time_minutes(stored["time"]) == time_minutes(ours["time"])
+    assert (stored["export"], ours["export"]) == ("ALL", ",".join(SUBMIT_ENV_ALLOWLIST))
     meta = json.loads((run / "metadata.json").read_text())
     assert meta["job_ids"] == [result["job_id"]] and meta["ranks"] == 4 and meta["toolkit_version"]
     assert yaml.safe_load((run / "recipe.yaml").read_text())["name"] == "probe"

@@ -1,32 +1,25 @@
-#!/usr/bin/python3
-"""Every rank connects to rank 0 at MASTER_ADDR:MASTER_PORT; rank 0 writes the time all had joined.
+"""The benchmark payload: every rank joins one torch.distributed (gloo) process group, as training starts.
 
-The same payload for the hand-written sbatch script and for `hpc recipes submit` (benchmarks/bench_submit.py).
+Rank 0 writes the wall-clock time at which the group had formed (after a barrier) to --out. The same
+payload runs under the hand-written sbatch script and under `hpc recipes submit` (benchmarks/bench_submit.py).
 """
 
+import argparse
 import os
-import socket
-import sys
 import time
 
+parser = argparse.ArgumentParser()
+parser.add_argument("--out", required=True)
+out = parser.parse_args().out
+
+import torch.distributed as dist  # noqa: E402  (after argument parsing, as a trainer would)
+
 rank, world = int(os.environ["SLURM_PROCID"]), int(os.environ["SLURM_NTASKS"])
-addr, port = socket.gethostbyname(os.environ["MASTER_ADDR"]), int(os.environ["MASTER_PORT"])
+dist.init_process_group("gloo", init_method=f"tcp://{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}",
+                        rank=rank, world_size=world)
+dist.barrier()
 if rank == 0:
-    with socket.create_server((addr, port)) as server:
-        server.settimeout(120)
-        for _ in range(world - 1):
-            server.accept()[0].close()
-    joined = time.time()
-    with open(sys.argv[1] + ".tmp", "w") as out:
-        out.write(f"{joined}\n")
-    os.replace(sys.argv[1] + ".tmp", sys.argv[1])
-else:
-    deadline = time.monotonic() + 120
-    while True:
-        try:
-            socket.create_connection((addr, port), timeout=5).close()
-            break
-        except OSError:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.05)
+    with open(out + ".tmp", "w") as handle:
+        handle.write(f"{time.time()}\n")
+    os.replace(out + ".tmp", out)
+dist.destroy_process_group()
