@@ -42,6 +42,14 @@ def test_fairseq_log_file_is_bare_json_and_gives_the_same_records():
     assert [(p.kind, p.update, p.loss) for p in untagged.points] == [(p.kind, p.update, p.loss) for p in tagged.points]
 
 
+def test_fairseq_whole_second_wall_clock_falls_back_to_updates_per_second():
+    # a fast run: every line says wall "3"; 2 updates at 1 ups (2 s, 100 w/s), then 2 at 4 ups (0.5 s, 400 w/s)
+    lines = [json.dumps({"epoch": 1, "loss": "3.0", "wps": wps, "ups": ups, "num_updates": str(n), "wall": "3"})
+             for n, wps, ups in [(2, "0", "0"), (4, "100", "1"), (6, "400", "4")]]
+    value, note = throughput(parse_training_text("\n".join(lines)))
+    assert value == pytest.approx((100 * 2 + 400 * 0.5) / 2.5) and "updates / ups" in note
+
+
 def test_fairseq_intervals_without_a_clock_fall_back_to_the_plain_mean():
     lines = [json.dumps({"epoch": 1, "loss": "3.0", "wps": wps, "num_updates": str(i)})
              for i, wps in enumerate(["1", "10", "20"], 1)]

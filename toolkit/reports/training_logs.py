@@ -5,7 +5,8 @@ JSON). Every value is a string except epoch; loss is base 2; wps of the first lo
 wpb and wps are summed over ranks and only rank 0 logs. Kinds: train_inner (plain keys), train (keys prefixed
 `train_`, end of epoch), valid (prefixed `valid_`). Throughput: the first `warmup` train_inner intervals are
 dropped (start-up, data loading, the first slow iterations; fairseq even logs wps "0" there) and the rest are
-averaged weighted by each interval's wall time (from `wall`), i.e. words done / time spent after warm-up.
+averaged weighted by each interval's time, i.e. words done / time spent after warm-up: from the `wall` clock,
+or, where whole-second `wall` values cannot tell short intervals apart, from its updates / `ups`.
 
 Our ResNet trainer (toolkit.workloads.resnet): rank 0's `train_log.jsonl`, one JSON object per line with an
 `event` of start | train | val | checkpoint | end (toolkit.workloads.train_log documents the fields). A
@@ -170,10 +171,23 @@ def _fairseq_throughput(log: TrainingLog, warmup: int) -> tuple[float | None, st
     if not kept:
         kept, note = intervals, "too few log records to exclude warm-up: all intervals used"
     kept = [(a, b) for a, b in kept if b.rate > 0] or kept
-    spans = [b.wall - a.wall if a is not None and a.wall is not None and b.wall is not None else 0.0 for a, b in kept]
-    if all(span > 0 for span in spans):
-        return sum(b.rate * span for (_, b), span in zip(kept, spans)) / sum(spans), note + "; weighted by interval wall time"
+    for how, span in (("wall time", _wall_span), ("updates / ups", _ups_span)):
+        spans = [span(a, b) for a, b in kept]
+        if all(s is not None and s > 0 for s in spans):
+            return sum(b.rate * s for (_, b), s in zip(kept, spans)) / sum(spans), f"{note}; weighted by interval {how}"
     return sum(b.rate for _, b in kept) / len(kept), note + "; plain mean of the interval rates"
+
+
+def _wall_span(a: LogPoint | None, b: LogPoint) -> float | None:
+    return b.wall - a.wall if a is not None and a.wall is not None and b.wall is not None else None
+
+
+def _ups_span(a: LogPoint | None, b: LogPoint) -> float | None:
+    """An interval's training seconds from its updates per second (fairseq's `wall` is whole seconds)."""
+    ups = _num(b.values.get("ups"))
+    if a is None or a.update is None or b.update is None or not ups:
+        return None
+    return (b.update - a.update) / ups
 
 
 def throughput(log: TrainingLog, warmup: int = 1) -> tuple[float | None, str]:
