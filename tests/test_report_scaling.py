@@ -129,7 +129,7 @@ def test_scaling_figure_has_measured_and_ideal_series(tmp_path):
     assert ax.get_xlabel() == "ranks (GPUs or CPU processes)" and ax.get_ylabel() == "throughput (images/s)"
     measured, ideal = ax.get_lines()
     assert list(measured.get_xdata()) == [2, 4] and list(measured.get_ydata()) == [100.0, 180.0]
-    assert list(ideal.get_ydata()) == [100.0, 200.0]
+    assert list(ideal.get_ydata()) == [100.0, 200.0] and ax.get_ylim()[0] == 0
     assert [t.get_text() for t in ax.get_legend().get_texts()] == ["measured", "ideal (linear)"]
     png = save_png(fig, tmp_path / "scaling.png")
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -131,5 +131,5 @@ def scaling(run_dirs: List[Path] = typer.Argument(..., help="Run dirs of one rec
     if plot:
         from toolkit.reports.plots import save_png, scaling_figure
 
-        title = f"{runs[0].recipe or 'run'} scaling"
+        title = f"{runs[0].recipe or 'run'}" + (f" ({runs[0].profile})" if runs[0].profile else "") + " scaling"
         info(f"plot: {save_png(scaling_figure(rows, unit, title), plot)}")
