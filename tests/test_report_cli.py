@@ -3,6 +3,8 @@
 import json
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import run_hpc
 from tests.test_report_scaling import make_run
 
@@ -64,13 +66,15 @@ def test_report_run_and_scaling_with_json_and_plot(tmp_path):
     runs = [make_run(tmp_path, "n1", 1, 2, 100.0), make_run(tmp_path, "n2", 2, 4, 170.0)]
     res = run_hpc("report", "run", str(runs[0]))
     assert res.returncode == 0 and "throughput: 100.0 images/s" in res.stdout and "warm-up" in res.stdout
+    assert "recipe resnet50 (profile smoke), nodes 1, ranks 2, job 123" in res.stdout
+    assert "rank 0 exit code 0 on c1" in res.stdout and "trainer: max_steps after 1 start(s)" in res.stdout
     png = tmp_path / "scaling.png"
     res = run_hpc("report", "scaling", str(runs[1]), str(runs[0]), "--plot", str(png))
     assert res.returncode == 0, res.stderr
     assert "efficiency" in res.stdout and "85%" in res.stdout and "1.70x" in res.stdout
     assert png.read_bytes()[:4] == b"\x89PNG"
     data = json.loads(run_hpc("report", "scaling", str(runs[0]), str(runs[1]), "--json").stdout)
-    assert data["baseline"] == str(runs[0]) and [r["efficiency"] for r in data["runs"]] == [1.0, 0.85]
+    assert data["baseline"] == str(runs[0]) and [r["efficiency"] for r in data["runs"]] == pytest.approx([1.0, 0.85])
 
 
 def test_report_scaling_of_a_missing_run_dir_is_exit_1(tmp_path):

@@ -1,44 +1,74 @@
 """Run-dir summaries, scaling math and the figures."""
 
+import contextlib
 import json
 from pathlib import Path
 
 import pytest
 
+from tests.test_training_logs import Attempt, write_trainer_log
 from toolkit.errors import HpcError
 from toolkit.reports.nccl import parse_file
 from toolkit.reports.plots import nccl_figure, save_png, scaling_figure
-from toolkit.reports.scaling import RunSummary, read_run, scaling
+from toolkit.reports.scaling import RunSummary, log_files, read_run, scaling
 
 FIXTURES = Path(__file__).parent / "fixtures"
 
 
-def make_run(root: Path, name: str, nodes: int, ranks: int, rate: float, recipe: str = "resnet50", **meta) -> Path:
-    """A run dir per the contract: metadata.json and rank 0's trainer log in a submitit-like subfolder."""
+def make_run(root: Path, name: str, nodes: int, ranks: int, rate: float, recipe: str = "resnet50",
+             job_id: str = "123", **meta) -> Path:
+    """A run dir as `hpc recipes submit` leaves it for the resnet50 smoke profile: metadata.json, result.json,
+    the trainer's logs/train_log.jsonl (warm-up interval at 1/10 of `rate`, then `rate`) and, as on rank 0's
+    stdout, its readable lines in submitit/<job>_0_log.out."""
     run = root / name
-    (run / "logs").mkdir(parents=True)
-    (run / "metadata.json").write_text(json.dumps({"recipe": recipe, "nodes": nodes, "ranks": ranks, **meta}))
-    lines = [json.dumps({"step": s, "epoch": 0, "loss": 1.0 / s, "lr": 0.1, "images_per_sec": rate if s > 1 else 1.0,
-                         "world_size": ranks, "elapsed": float(s)}) for s in range(1, 6)]
-    (run / "logs" / "123_0_log.out").write_text("\n".join(lines) + "\n")
-    (run / "logs" / "123_1_log.out").write_text("rank 1 logs nothing\n")
+    (run / "submitit").mkdir(parents=True)
+    (run / "metadata.json").write_text(json.dumps({
+        "recipe": recipe, "profile": "smoke", "executor": "slurm", "queue": "cpu", "instance_type": "m5.xlarge",
+        "nodes": nodes, "ranks_per_node": ranks // nodes, "ranks": ranks, "job_ids": [job_id], **meta}))
+    with open(run / "submitit" / f"{job_id}_0_log.out", "w") as stdout, contextlib.redirect_stdout(stdout):
+        write_trainer_log(run / "logs", [Attempt(0, [rate / 10, rate, rate, rate], status="max_steps")], ranks)
+    (run / "submitit" / f"{job_id}_1_log.out").write_text("rank 1 logs nothing\n")
+    (run / "result.json").write_text(json.dumps({"rank": 0, "host": "c1", "exit_code": 0, "ok": True}))
     return run
 
 
-def test_read_run_uses_rank0_log_and_metadata(tmp_path):
+def test_read_run_uses_the_trainer_log_and_metadata(tmp_path):
     run = read_run(make_run(tmp_path, "r1", nodes=1, ranks=2, rate=100.0))
-    assert (run.recipe, run.nodes, run.ranks) == ("resnet50", 1, 2) and run.log.endswith("123_0_log.out")
-    assert run.throughput == pytest.approx(100.0) and run.unit == "images/s" and run.training["updates"] == 5
+    assert (run.recipe, run.profile, run.nodes, run.ranks, run.job_ids) == ("resnet50", "smoke", 1, 2, ["123"])
+    assert run.log.endswith("logs/train_log.jsonl") and run.result["exit_code"] == 0
+    assert run.throughput == pytest.approx(100.0) and run.unit == "images/s" and run.training["updates"] == 8
 
 
-def test_ranks_fall_back_to_nodes_times_tasks_then_world_size(tmp_path):
+def test_ranks_fall_back_to_nodes_times_ranks_per_node_then_world_size(tmp_path):
     a = make_run(tmp_path, "a", 2, 4, 50.0)
     meta = json.loads((a / "metadata.json").read_text())
     del meta["ranks"]
-    (a / "metadata.json").write_text(json.dumps({**meta, "ntasks_per_node": 3}))
+    (a / "metadata.json").write_text(json.dumps({**meta, "ranks_per_node": 3}))
     assert read_run(a).ranks == 6
+    del meta["ranks_per_node"]
     (a / "metadata.json").write_text(json.dumps(meta))
     assert read_run(a).ranks == 4  # the trainer logged world_size 4
+
+
+def test_log_preference_trainer_log_then_rank0_of_the_newest_job_then_the_rest(tmp_path):
+    for name in ["logs/train_log.jsonl", "submitit/7_0_log.out", "submitit/12_0_log.err", "submitit/12_0_log.out",
+                 "submitit/12_1_log.out", "resnet50-12.out", "metadata.json", "result.json"]:
+        (tmp_path / name).parent.mkdir(exist_ok=True)
+        (tmp_path / name).write_text("")
+    assert [str(p.relative_to(tmp_path)) for p in log_files(tmp_path)] == [
+        "logs/train_log.jsonl", "submitit/12_0_log.out", "submitit/12_0_log.err", "submitit/7_0_log.out",
+        "resnet50-12.out", "submitit/12_1_log.out"]
+
+
+def test_fairseq_run_is_read_from_rank0_stdout(tmp_path):
+    run = tmp_path / "roberta"
+    (run / "submitit").mkdir(parents=True)
+    (run / "metadata.json").write_text(json.dumps({"recipe": "roberta", "nodes": 2, "ranks_per_node": 2}))
+    (run / "submitit" / "9_0_log.out").write_text((FIXTURES / "training" / "fairseq_translation.sample.txt").read_text())
+    (run / "submitit" / "9_1_log.out").write_text("")
+    summary = read_run(run)
+    assert summary.log.endswith("9_0_log.out") and summary.ranks == 4
+    assert summary.unit == "words/s" and summary.training["updates"] == 6
 
 
 def test_collectives_run_dir_is_summarised_as_nccl(tmp_path):
@@ -66,9 +96,9 @@ def test_run_dir_contract_errors(tmp_path, setup, message):
     assert message in err.value.message and err.value.fix
 
 
-def _summary(ranks, throughput, recipe="resnet50", unit="images/s"):
+def _summary(ranks, throughput, recipe="resnet50", unit="images/s", profile=None):
     return RunSummary(f"run-{ranks}", recipe, ranks // 2 or 1, ranks, None, "log",
-                      training={"throughput": throughput, "unit": unit})
+                      training={"throughput": throughput, "unit": unit}, profile=profile)
 
 
 def test_scaling_math_against_the_smallest_run():
@@ -82,6 +112,7 @@ def test_scaling_math_against_the_smallest_run():
 @pytest.mark.parametrize("runs,message", [
     ([], "no runs"),
     ([_summary(2, 10.0), _summary(4, 10.0, recipe="fairseq-wmt", unit="words/s")], "different recipes"),
+    ([_summary(2, 10.0), _summary(4, 10.0, profile="smoke")], "different recipes"),
     ([_summary(2, 0.0), _summary(4, 10.0)], "zero throughput"),
     ([RunSummary("x", "r", 1, 2, None, "log", nccl=[])], "no training throughput"),
 ])
@@ -98,7 +129,7 @@ def test_scaling_figure_has_measured_and_ideal_series(tmp_path):
     assert ax.get_xlabel() == "ranks (GPUs or CPU processes)" and ax.get_ylabel() == "throughput (images/s)"
     measured, ideal = ax.get_lines()
     assert list(measured.get_xdata()) == [2, 4] and list(measured.get_ydata()) == [100.0, 180.0]
-    assert list(ideal.get_ydata()) == [100.0, 200.0]
+    assert list(ideal.get_ydata()) == [100.0, 200.0] and ax.get_ylim()[0] == 0
     assert [t.get_text() for t in ax.get_legend().get_texts()] == ["measured", "ideal (linear)"]
     png = save_png(fig, tmp_path / "scaling.png")
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

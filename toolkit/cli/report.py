@@ -74,13 +74,23 @@ def nccl(
 
 
 def _run_text(run) -> str:
-    lines = [f"run {run.run_dir}: recipe {run.recipe or '?'}, nodes {run.nodes or '?'}, ranks {run.ranks or '?'}"
-             + (f", GPUs {run.gpus}" if run.gpus else ""), f"log: {run.log}"]
+    lines = [f"run {run.run_dir}: recipe {run.recipe or '?'}" + (f" (profile {run.profile})" if run.profile else "")
+             + f", nodes {run.nodes or '?'}, ranks {run.ranks or '?'}" + (f", GPUs {run.gpus}" if run.gpus else "")
+             + (f", job {', '.join(run.job_ids)}" if run.job_ids else ""), f"log: {run.log}"]
+    if run.result:
+        lines.append(f"rank 0 exit code {run.result.get('exit_code')} on {run.result.get('host', '?')}")
     if run.training:
         t = run.training
         lines += [f"throughput: {_num(t['throughput'], 1)} {t['unit']} ({t['throughput_note']})",
                   f"updates: {t['updates']}, epochs: {t['epochs']}, final loss: {_num(t['final_loss'], 3)} "
                   f"(base {t['loss_base']}), {len(t['loss_curve'])} loss points, {len(t['valid_curve'])} validation points"]
+        if t["loss_curve"]:
+            shown = t["loss_curve"] if len(t["loss_curve"]) <= 12 else t["loss_curve"][:6] + [None] + t["loss_curve"][-5:]
+            lines.append("loss: " + " ".join("..." if p is None else f"{p[0]}:{p[1]:.3f}" for p in shown))
+        if t["final_top1"] is not None:
+            lines.append(f"top-1 accuracy: {t['final_top1']:.2f}%")
+        if t["status"]:
+            lines.append(f"trainer: {t['status']} after {t['starts']} start(s)")
     for test in run.nccl or []:
         lines.append(f"{test['test']}: max busbw {_num(test['max_busbw_gbs'])} GB/s, avg {_num(test['avg_busbw_gbs'], 3)}"
                      f" GB/s, wrong values {test['wrong_values']}, verdict {test['verdict']['status']}: {test['verdict']['reason']}")
@@ -121,5 +131,5 @@ def scaling(run_dirs: List[Path] = typer.Argument(..., help="Run dirs of one rec
     if plot:
         from toolkit.reports.plots import save_png, scaling_figure
 
-        title = f"{runs[0].recipe or 'run'} scaling"
+        title = f"{runs[0].recipe or 'run'}" + (f" ({runs[0].profile})" if runs[0].profile else "") + " scaling"
         info(f"plot: {save_png(scaling_figure(rows, unit, title), plot)}")

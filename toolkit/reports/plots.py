@@ -62,6 +62,8 @@ def scaling_figure(rows: list[ScalingRow], unit: str, title: str = "") -> Figure
     ax.set_ylabel(f"throughput ({unit})")
     ax.set_title(title or "scaling")
     ax.set_xticks(ranks)
+    ax.set_ylim(bottom=0)  # from zero: a flat measured line must look flat beside the ideal one
+    ax.margins(x=0.1)  # room for the efficiency labels of the first and last points
     ax.grid(True, alpha=0.3)
     ax.legend()
     return fig

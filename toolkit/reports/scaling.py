@@ -1,19 +1,31 @@
 """One run's summary from its run dir, and scaling efficiency across runs of one recipe at different sizes.
 
-The run-dir contract read here (reports read run dirs and logs only, never live Slurm):
+The run-dir contract (what `hpc recipes submit` writes; toolkit.submit.rundir). Reports read run dirs and
+logs only, never live Slurm:
 
-    RUN_DIR/metadata.json   a JSON object with
-        recipe   (str)  the recipe name; runs compared for scaling must share it
-        nodes    (int)  nodes the job ran on
-        ranks    (int)  processes (one per GPU, or CPU processes on CPU queues); if absent,
-                        nodes x ntasks_per_node, else the trainer's logged world_size
-        gpus     (int, optional) GPUs in the job
-        instance_type (str, optional) the queue's instance type, for the nccl verdict of a collectives run
-        logs     (list of str, optional) log files relative to RUN_DIR; default: every *.out, *.err, *.log,
-                        *.jsonl, *.txt and *.json (but metadata.json) below RUN_DIR
-    The log used is the one with the most training records (rank 0's: fairseq and our trainer log only there);
-    a run dir without training records but with nccl-tests tables (e.g. the collectives recipe) is summarised
-    as nccl results.
+    RUN_DIR/metadata.json   a JSON object; read here:
+        recipe          (str)  the recipe name; runs compared for scaling must share it (and the profile)
+        profile         (str, optional) the recipe profile (e.g. smoke)
+        nodes           (int)  nodes the job ran on
+        ranks           (int)  processes (one per GPU, or CPU processes on CPU queues); if absent,
+                               nodes x ranks_per_node, else the world_size our trainer logged
+        ranks_per_node  (int, optional)
+        gpus            (int, optional) GPUs in the job
+        instance_type   (str, optional) the queue's instance type, for the nccl verdict of a collectives run
+        queue, job_ids, executor, ... (shown as they are)
+    RUN_DIR/result.json     rank 0's exit record (optional: a killed job leaves none)
+    RUN_DIR/logs/train_log.jsonl
+                            our ResNet trainer's log, when the recipe keeps its logs dir under the run
+                            (`dirs.logs: {under: run}`, as the smoke profile does)
+    RUN_DIR/submitit/<job id>_<rank>_log.out|err
+                            each rank's stdout / stderr; fairseq (and the collectives benchmark) log on
+                            rank 0's stdout
+    RUN_DIR/*.out           the output of a job sent with the rendered script (`#SBATCH --output`)
+
+The training log used is the first of: logs/train_log.jsonl, rank 0's submitit logs (newest job first), then
+every other *.out, *.err, *.log, *.jsonl, *.txt and *.json below RUN_DIR, that holds training records (only rank 0
+logs them: fairseq and our trainer alike). A run dir without training records but with nccl-tests tables
+(the collectives recipe) is summarised as nccl results.
 """
 
 from __future__ import annotations
@@ -24,8 +36,10 @@ from pathlib import Path
 
 from toolkit.errors import HpcError
 from toolkit.reports import nccl, training_logs
+from toolkit.submit.rundir import METADATA, RESULT, read_json
+from toolkit.workloads.train_log import LOG_NAME
 
-METADATA = "metadata.json"
+TRAINER_LOG = f"logs/{LOG_NAME}"
 LOG_PATTERNS = ("*.out", "*.err", "*.log", "*.jsonl", "*.txt", "*.json")
 
 
@@ -39,6 +53,9 @@ class RunSummary:
     log: str | None
     training: dict | None = None  # training_logs.summarize_training()
     nccl: list[dict] | None = None  # per test: nccl.summarize() plus its verdict
+    profile: str | None = None
+    job_ids: list[str] = dataclasses.field(default_factory=list)
+    result: dict | None = None  # rank 0's result.json
 
     @property
     def throughput(self) -> float | None:
@@ -73,11 +90,30 @@ def _int_field(meta: dict, key: str, path: Path) -> int | None:
     return value
 
 
-def log_files(run_dir: Path, meta: dict) -> list[Path]:
-    if meta.get("logs"):
-        return [run_dir / name for name in meta["logs"]]
-    found = {p for pattern in LOG_PATTERNS for p in run_dir.rglob(pattern) if p.is_file() and p.name != METADATA}
-    return sorted(found)
+def _job_number(path: Path) -> int:
+    head = path.name.split("_", 1)[0]
+    return int(head) if head.isdigit() else -1
+
+
+def log_files(run_dir: Path) -> list[Path]:
+    """The run's logs, most likely training log first (see the module docstring)."""
+    rank0 = sorted((run_dir / "submitit").glob("*_0_log.*"), key=lambda p: (-_job_number(p), p.suffix != ".out"))
+    preferred = [p for p in [run_dir / TRAINER_LOG, *rank0] if p.is_file()]
+    rest = sorted({p for pattern in LOG_PATTERNS for p in run_dir.rglob(pattern)
+                   if p.is_file() and p.name not in (METADATA, RESULT)} - set(preferred))
+    return preferred + rest
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text(errors="replace")
+    except OSError as exc:
+        raise HpcError(f"cannot read log {path}: {exc.strerror}", fix="check the run dir's permissions") from None
+
+
+def _logged_world_size(log: training_logs.TrainingLog) -> int | None:
+    sizes = [r.get("world_size") for r in reversed(log.records) if r["event"] in ("start", "train")]
+    return next((w for w in sizes if isinstance(w, int) and not isinstance(w, bool) and w > 0), None)
 
 
 def read_run(run_dir: str | Path) -> RunSummary:
@@ -86,25 +122,21 @@ def read_run(run_dir: str | Path) -> RunSummary:
     meta = read_metadata(run_dir)
     nodes, gpus = _int_field(meta, "nodes", run_dir), _int_field(meta, "gpus", run_dir)
     ranks = _int_field(meta, "ranks", run_dir)
-    per_node = _int_field(meta, "ntasks_per_node", run_dir)
+    per_node = _int_field(meta, "ranks_per_node", run_dir)
     if ranks is None and nodes and per_node:
         ranks = nodes * per_node
-    summary = RunSummary(str(run_dir), meta.get("recipe"), nodes, ranks, gpus, None)
-    texts = {}
-    for path in log_files(run_dir, meta):
-        try:
-            texts[path] = path.read_text(errors="replace")
-        except OSError as exc:
-            raise HpcError(f"cannot read log {path}: {exc.strerror}", fix=f"check the logs listed in {METADATA}") from None
-    logs = [log for path, text in texts.items() if (log := training_logs.parse_training_text(text, str(path)))]
-    if logs:
-        best = max(logs, key=lambda log: len(log.points))
-        summary.log, summary.training = best.source, training_logs.summarize_training(best)
-        key = training_logs.RESNET_KEYS["world_size"]
-        world = [r.get(key) for r in [best.summary or {}] + [p.values for p in reversed(best.points)]]
-        if summary.ranks is None:
-            summary.ranks = next((w for w in world if isinstance(w, int) and w > 0), None)
-        return summary
+    result = read_json(run_dir / RESULT)
+    summary = RunSummary(str(run_dir), meta.get("recipe"), nodes, ranks, gpus, None, profile=meta.get("profile"),
+                         job_ids=[str(j) for j in meta.get("job_ids") or []],
+                         result=result if isinstance(result, dict) else None)
+    texts = {path: _read(path) for path in log_files(run_dir)}
+    for path, text in texts.items():
+        log = training_logs.parse_training_text(text, str(path))
+        if log:
+            summary.log, summary.training = log.source, training_logs.summarize_training(log)
+            if summary.ranks is None:
+                summary.ranks = _logged_world_size(log)
+            return summary
     for path, text in texts.items():
         tests = nccl.parse_text(text, str(path)) if not text.lstrip().startswith("{") else []
         if tests:
@@ -114,7 +146,8 @@ def read_run(run_dir: str | Path) -> RunSummary:
                             for t in tests]
             return summary
     raise HpcError(f"no training records or nccl-tests results in the logs of {run_dir}",
-                   fix="check that the job ran (hpc jobs logs) and that rank 0's log is in the run dir")
+                   fix="check that the job ran (hpc jobs logs); our trainer's train_log.jsonl is read only from "
+                       f"RUN_DIR/{TRAINER_LOG} (recipe dirs.logs under: run)")
 
 
 @dataclasses.dataclass
@@ -137,8 +170,8 @@ def scaling(runs: list[RunSummary]) -> list[ScalingRow]:
             raise HpcError(f"{run.run_dir} has no training throughput", fix="pass run dirs of training recipes")
         if run.ranks is None:
             raise HpcError(f"{run.run_dir}: the number of ranks is unknown", fix=f"add ranks to its {METADATA}")
-    if len({r.unit for r in runs}) > 1 or len({r.recipe for r in runs if r.recipe}) > 1:
-        kinds = sorted({f"{r.recipe} ({r.unit})" for r in runs})
+    if len({r.unit for r in runs}) > 1 or len({(r.recipe, r.profile) for r in runs if r.recipe}) > 1:
+        kinds = sorted({f"{r.recipe}{f' --profile {r.profile}' if r.profile else ''} ({r.unit})" for r in runs})
         raise HpcError(f"the runs are of different recipes: {', '.join(kinds)}", fix="compare runs of one recipe only")
     ordered = sorted(runs, key=lambda r: (r.ranks, r.run_dir))
     base = ordered[0]

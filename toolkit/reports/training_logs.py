@@ -1,14 +1,18 @@
-"""Training logs -> throughput, loss curve, updates: fairseq's JSON log lines and our ResNet trainer's JSON lines.
+"""Training logs -> throughput, loss curve, updates: fairseq's JSON log lines and our ResNet trainer's log.
 
 fairseq (`--log-format json`): `<time> | INFO | train_inner | {json}` on stdout (`--log-file` writes the bare
 JSON). Every value is a string except epoch; loss is base 2; wps of the first logged interval is "0" (start-up);
 wpb and wps are summed over ranks and only rank 0 logs. Kinds: train_inner (plain keys), train (keys prefixed
-`train_`, end of epoch), valid (prefixed `valid_`).
+`train_`, end of epoch), valid (prefixed `valid_`). Throughput: the first `warmup` train_inner intervals are
+dropped (start-up, data loading, the first slow iterations; fairseq even logs wps "0" there) and the rest are
+averaged weighted by each interval's time, i.e. words done / time spent after warm-up: from the `wall` clock,
+or, where whole-second `wall` values cannot tell short intervals apart, from its updates / `ups`.
 
-Throughput excludes warm-up: the first `warmup` logged intervals of the per-step kind are dropped (they hold
-process start-up, data loading and the first, slow iterations; fairseq even logs wps "0" there), and the rest
-are averaged weighted by the wall time of each interval (from the `wall` / `elapsed` clock), so the figure is
-work done / time spent after warm-up.
+Our ResNet trainer (toolkit.workloads.resnet): rank 0's `train_log.jsonl`, one JSON object per line with an
+`event` of start | train | val | checkpoint | end (toolkit.workloads.train_log documents the fields). A
+requeued run appends to the same file: one `start` per attempt, and steps after the last checkpoint are logged
+again; the curves keep the last record of each step. Throughput is the trainer's own rule
+(train_log.steady_throughput): images over training seconds, leaving out the first interval after each start.
 """
 
 from __future__ import annotations
@@ -19,18 +23,18 @@ import re
 from pathlib import Path
 
 from toolkit.errors import HpcError
+from toolkit.workloads.train_log import steady_throughput
 
 _FAIRSEQ_TAGGED = re.compile(r"\|\s*[A-Z]+\s*\|\s*([\w.]+)\s*\|\s*(\{.*\})\s*$")
 
-# Our ResNet trainer's JSON-lines keys: the one place to adjust if the trainer renames them.
-RESNET_KEYS = {"update": "step", "epoch": "epoch", "loss": "loss", "rate": "images_per_sec", "wall": "elapsed",
-               "lr": "lr", "world_size": "world_size"}
-RESNET_SUMMARY = ("kind", "summary")  # key, value marking the trainer's final summary object
+# Our trainer's events and the numeric fields each needs to be usable (steady_throughput reads the interval ones).
+TRAINER_REQUIRED = {"start": (), "train": ("step", "interval_images", "interval_seconds"), "val": ("step",),
+                    "checkpoint": (), "end": ()}
 
 
 @dataclasses.dataclass
 class LogPoint:
-    kind: str  # fairseq: train_inner / train / valid (or another subset); resnet: train
+    kind: str  # fairseq: train_inner / train / valid (or another subset); our trainer: train / val
     update: int | None
     epoch: float | None
     loss: float | None
@@ -44,13 +48,15 @@ class TrainingLog:
     format: str  # "fairseq" or "resnet"
     unit: str  # "words/s" or "images/s"
     loss_base: str  # "2" (fairseq) or "e"
-    step_kind: str  # the per-interval kind throughput is computed from
-    points: list[LogPoint]
-    summary: dict | None = None  # the trainer's own final summary, if it wrote one
+    step_kind: str  # the per-interval kind of the loss curve
+    points: list[LogPoint]  # the last record of each (kind, update), in log order
+    records: list[dict] = dataclasses.field(default_factory=list)  # our trainer's records, all, in file order
     source: str = ""
 
 
 def _num(value) -> float | None:
+    if isinstance(value, bool):
+        return None
     try:
         return float(value)
     except (TypeError, ValueError):
@@ -74,11 +80,23 @@ def _fairseq_point(obj: dict, tag: str | None) -> LogPoint | None:
                     values=values)
 
 
-def _resnet_point(obj: dict) -> LogPoint:
-    k = RESNET_KEYS
-    return LogPoint(kind=str(obj.get("kind", "train")), update=_int(obj.get(k["update"])), epoch=_num(obj.get(k["epoch"])),
-                    loss=_num(obj.get(k["loss"])), rate=_num(obj.get(k["rate"])), wall=_num(obj.get(k["wall"])),
-                    values=obj)
+def _is_trainer_record(obj: dict) -> bool:
+    required = TRAINER_REQUIRED.get(obj.get("event"))
+    return required is not None and all(_num(obj.get(key)) is not None for key in required)
+
+
+def _trainer_point(record: dict) -> LogPoint:
+    return LogPoint(kind=record["event"], update=_int(record.get("step")), epoch=_num(record.get("epoch")),
+                    loss=_num(record.get("loss")), rate=_num(record.get("images_per_sec")),
+                    wall=_num(record.get("elapsed")), values=record)
+
+
+def last_per_update(points: list[LogPoint]) -> list[LogPoint]:
+    """One point per (kind, update), the last logged: a restarted run logs the steps after its checkpoint again."""
+    kept: dict = {}
+    for index, point in enumerate(points):
+        kept[(point.kind, point.update if point.update is not None else f"#{index}")] = point
+    return list(kept.values())
 
 
 def _json_object(text: str) -> dict | None:
@@ -92,8 +110,7 @@ def _json_object(text: str) -> dict | None:
 def parse_training_text(text: str, source: str = "") -> TrainingLog | None:
     """The training records in a log (fairseq or our trainer), or None if it holds none."""
     fairseq: list[LogPoint] = []
-    resnet: list[LogPoint] = []
-    summary = None
+    records: list[dict] = []
     for line in text.splitlines():
         tagged = _FAIRSEQ_TAGGED.search(line)
         if tagged:
@@ -102,21 +119,19 @@ def parse_training_text(text: str, source: str = "") -> TrainingLog | None:
                 fairseq.append(point)
             continue
         stripped = line.strip()
-        if not stripped.startswith("{"):
-            continue
-        obj = _json_object(stripped)
+        obj = _json_object(stripped) if stripped.startswith("{") else None
         if obj is None:
             continue
-        if obj.get(RESNET_SUMMARY[0]) == RESNET_SUMMARY[1]:
-            summary = obj
-        elif RESNET_KEYS["rate"] in obj or RESNET_KEYS["update"] in obj:
-            resnet.append(_resnet_point(obj))
+        if "event" in obj:
+            if _is_trainer_record(obj):
+                records.append(obj)
         elif point := _fairseq_point(obj, None):
             fairseq.append(point)
     if fairseq:
-        return TrainingLog("fairseq", "words/s", "2", "train_inner", fairseq, source=source)
-    if resnet or summary:
-        return TrainingLog("resnet", "images/s", "e", "train", resnet, summary=summary, source=source)
+        return TrainingLog("fairseq", "words/s", "2", "train_inner", last_per_update(fairseq), source=source)
+    if records:
+        points = [_trainer_point(r) for r in records if r["event"] in ("train", "val")]
+        return TrainingLog("resnet", "images/s", "e", "train", last_per_update(points), records, source=source)
     return None
 
 
@@ -129,12 +144,25 @@ def parse_training_file(path: str | Path) -> TrainingLog:
     log = parse_training_text(text, str(path))
     if log is None:
         raise HpcError(f"no training records in {path}",
-                       fix="pass rank 0's log of fairseq (--log-format json) or of the toolkit's ResNet trainer")
+                       fix="pass rank 0's log of fairseq (--log-format json) or the ResNet trainer's train_log.jsonl")
     return log
 
 
-def throughput(log: TrainingLog, warmup: int = 1) -> tuple[float | None, str]:
-    """Post-warm-up throughput (see the module docstring) and a sentence saying how it was computed."""
+def _trainer_throughput(records: list[dict]) -> tuple[float | None, str]:
+    how = "images / training seconds (checkpoint saves and validation excluded)"
+    starts = sum(r["event"] == "start" for r in records)
+    rate = steady_throughput(records)
+    if rate is not None and starts:
+        return rate, f"first interval after each of {starts} start(s) excluded as warm-up; {how}"
+    if rate is not None:
+        return rate, f"no start record: no warm-up excluded; {how}"
+    rate = steady_throughput([r for r in records if r["event"] != "start"])
+    if rate is not None:
+        return rate, f"too few log records to exclude warm-up: all intervals used; {how}"
+    return None, "no training intervals in the log"
+
+
+def _fairseq_throughput(log: TrainingLog, warmup: int) -> tuple[float | None, str]:
     steps = [p for p in log.points if p.kind == log.step_kind and p.rate is not None]
     if not steps:
         return None, "no per-interval rates in the log"
@@ -143,26 +171,61 @@ def throughput(log: TrainingLog, warmup: int = 1) -> tuple[float | None, str]:
     if not kept:
         kept, note = intervals, "too few log records to exclude warm-up: all intervals used"
     kept = [(a, b) for a, b in kept if b.rate > 0] or kept
-    spans = [b.wall - a.wall if a is not None and a.wall is not None and b.wall is not None else 0.0 for a, b in kept]
-    if all(span > 0 for span in spans):
-        return sum(b.rate * span for (_, b), span in zip(kept, spans)) / sum(spans), note + "; weighted by interval wall time"
+    for how, span in (("wall time", _wall_span), ("updates / ups", _ups_span)):
+        spans = [span(a, b) for a, b in kept]
+        if all(s is not None and s > 0 for s in spans):
+            return sum(b.rate * s for (_, b), s in zip(kept, spans)) / sum(spans), f"{note}; weighted by interval {how}"
     return sum(b.rate for _, b in kept) / len(kept), note + "; plain mean of the interval rates"
 
 
+def _wall_span(a: LogPoint | None, b: LogPoint) -> float | None:
+    return b.wall - a.wall if a is not None and a.wall is not None and b.wall is not None else None
+
+
+def _ups_span(a: LogPoint | None, b: LogPoint) -> float | None:
+    """An interval's training seconds from its updates per second (fairseq's `wall` is whole seconds)."""
+    ups = _num(b.values.get("ups"))
+    if a is None or a.update is None or b.update is None or not ups:
+        return None
+    return (b.update - a.update) / ups
+
+
+def throughput(log: TrainingLog, warmup: int = 1) -> tuple[float | None, str]:
+    """Post-warm-up throughput (see the module docstring) and a sentence saying how it was computed.
+
+    `warmup` (logged intervals dropped) applies to fairseq; our trainer's rule is its own.
+    """
+    return _trainer_throughput(log.records) if log.format == "resnet" else _fairseq_throughput(log, warmup)
+
+
 def summarize_training(log: TrainingLog, warmup: int = 1) -> dict:
+    """Throughput, updates, loss and validation curves of a parsed log, as plain JSON-ready values.
+
+    epochs: fairseq's last epoch number (1-based, the last may be partial); our trainer's epochs completed.
+    valid_curve rows are [update, loss, top1] (top1 in %, None for fairseq); the `end` record, the trainer's
+    own summary of its last attempt, is `trainer_summary`.
+    """
     rate, note = throughput(log, warmup)
     train = [p for p in log.points if p.kind == log.step_kind]
     valid = [p for p in log.points if p.kind not in (log.step_kind, "train")]
-    updates = max((p.update for p in log.points if p.update is not None), default=None)
-    if log.summary and updates is None:
-        updates = _int(log.summary.get(RESNET_KEYS["update"]))
+    ends = [r for r in log.records if r["event"] == "end"]
+    end = ends[-1] if ends else None
+    updates = max((p.update for p in log.points if p.update is not None), default=_int((end or {}).get("step")))
+    if log.format == "resnet":
+        epochs = max([int(p.epoch) + 1 for p in valid if p.epoch is not None]
+                     + [_int(e.get("epoch")) or 0 for e in ends], default=0)
+    else:
+        epochs = max((p.epoch for p in log.points if p.epoch is not None), default=None)
+    top1 = [_num(p.values.get("top1")) for p in valid if _num(p.values.get("top1")) is not None]
     return {
         "format": log.format, "source": log.source, "unit": log.unit, "throughput": rate, "throughput_note": note,
-        "updates": updates,
-        "epochs": max((p.epoch for p in log.points if p.epoch is not None), default=None),
+        "updates": updates, "epochs": epochs,
         "final_loss": next((p.loss for p in reversed(train) if p.loss is not None), None),
         "loss_base": log.loss_base,
         "loss_curve": [[p.update, p.loss] for p in train if p.loss is not None],
-        "valid_curve": [[p.update, p.loss] for p in valid if p.loss is not None],
-        "trainer_summary": log.summary,
+        "valid_curve": [[p.update, p.loss, _num(p.values.get("top1"))] for p in valid if p.loss is not None],
+        "final_top1": top1[-1] if top1 else _num((end or {}).get("top1")),
+        "starts": sum(r["event"] == "start" for r in log.records) if log.format == "resnet" else None,
+        "status": end.get("status") if end else None,
+        "trainer_summary": end,
     }
