@@ -66,6 +66,8 @@ class JobSpec:
     dependency: str | None
     launcher: LauncherKind
     mpi: str | None  # srun --mpi=<this> for MPI binaries (nccl-tests)
+    stops_on_signal: bool  # the workload saves and exits 75 on SIGUSR2 (else it resumes from its last checkpoint)
+    signal_before_s: int  # SIGUSR2 this long before the time limit, then the job requeues itself
     software: SoftwareEnv
     env: tuple[EnvVar, ...]
     command: tuple[Arg, ...]
@@ -251,7 +253,8 @@ def build_job_spec(recipe: Recipe, queue: Queue, nodes: int | None = None, *, pr
         gpus_per_node=queue.gpus_per_node, cpus_per_task=cpus, threads_per_rank=threads,
         time_limit=recipe.resources.time, exclusive=recipe.resources.exclusive, wait_all_nodes=queue.has_dynamic_nodes,
         account=account, qos=qos, reservation=reservation, dependency=dependency,
-        launcher=launcher.kind, mpi=launcher.mpi,
+        launcher=launcher.kind, mpi=launcher.mpi, stops_on_signal=launcher.stops_on_signal,
+        signal_before_s=recipe.resources.signal_before_s,
         software=SoftwareEnv(
             modules=tuple(software.modules),
             venv=venv,

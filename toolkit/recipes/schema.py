@@ -73,6 +73,9 @@ class Launcher(StrictModel):
     module: str | None = Field(None, pattern=r"^[A-Za-z_][A-Za-z0-9_.]*$")
     program: SafeStr | None = None
     mpi: Literal["pmix"] | None = None
+    # The workload saves and exits 75 on SIGUSR2/SIGTERM (our trainers). Others get SIGUSR2 ignored (its
+    # default action kills) and resume from their last periodic checkpoint after the requeue.
+    stops_on_signal: bool = False
 
     @model_validator(mode="after")
     def _fields_match_kind(self) -> Launcher:
@@ -108,6 +111,9 @@ class Resources(StrictModel):
     nodes: PositiveInt = 1
     time: str = Field("24:00:00", pattern=TIME_PATTERN)
     exclusive: bool = True
+    # SIGUSR2 this long before the time limit, then a requeue: time for the workload to save. Slurm checks
+    # only every ~30 s, so the signal may come up to 30 s later.
+    signal_before_s: PositiveInt = 120
     runs_on: list[Literal["gpu", "cpu"]] = Field(["gpu", "cpu"], min_length=1)
 
 

@@ -60,14 +60,15 @@ def slurm_parameters(spec: JobSpec) -> dict[str, Any]:
     variables, like the rendered script's --export=LIST, but without the login-environment load that a
     variable list implies on the node (about 1.3 s per job here, and it adds the login shell's variables).
     """
-    extra: dict[str, Any] = {"export": "ALL"}
+    extra: dict[str, Any] = {"export": "ALL", "requeue": True}
     if spec.wait_all_nodes:
         extra["wait-all-nodes"] = 1
     if spec.reservation:
         extra["reservation"] = spec.reservation
     params: dict[str, Any] = dict(
         job_name=spec.job_name, partition=spec.partition, nodes=spec.nodes, ntasks_per_node=spec.tasks_per_node,
-        cpus_per_task=spec.cpus_per_task, time=spec.time_limit_minutes, setup=setup_block(spec).splitlines(),
+        cpus_per_task=spec.cpus_per_task, time=spec.time_limit_minutes, signal_delay_s=spec.signal_before_s,
+        setup=setup_block(spec).splitlines(),
         srun_args=srun_options(spec), additional_parameters=extra,
     )
     if spec.gpus_per_node:
@@ -122,12 +123,12 @@ def submit(spec: JobSpec, run_dir: Path, executor: ExecutorKind) -> Submission:
         ex = submitit.LocalExecutor(folder=folder)
         ex.update_parameters(tasks_per_node=spec.tasks_per_node, nodes=1, timeout_min=spec.time_limit_minutes)
         env = {**filter_submit_env(os.environ), **spec.environ}
-        launcher = RankLauncher(spec.command, spec.world_size, str(run_dir), __version__,
+        launcher = RankLauncher(spec.command, spec.world_size, str(run_dir), __version__, spec.stops_on_signal,
                                 local_env=tuple(env.items()))
     else:
         ex = _slurm_executor_class()(folder=folder, python=node_python(spec))
         ex.update_parameters(**slurm_parameters(spec))
-        launcher = RankLauncher(spec.command, spec.world_size, str(run_dir), __version__)
+        launcher = RankLauncher(spec.command, spec.world_size, str(run_dir), __version__, spec.stops_on_signal)
     try:
         job = ex.submit(launcher)
     except submitit.core.utils.FailedJobError as exc:  # sbatch refused the job

@@ -4,6 +4,12 @@ submitit unpickles this on the node, so the node's toolkit must be the one that 
 The argv is toolkit.job.rank.resolve_argv(), the same function behind the rendered sbatch script's ranks.
 It carries only what a rank needs (toolkit.job.rank: no pydantic, no Jinja2), since every rank pays for the
 imports its unpickling triggers.
+
+Preemption and time limits: Slurm sends SIGUSR2 to every process of the job's steps (submitit's
+`--signal=USR2@N`; USR1 is NCCL's). A workload that stops on it (our trainers: agreed step, checkpoint,
+exit 75) is left to do so; any other workload starts with SIGUSR2 ignored, since its default action kills.
+Then rank 0 requeues the job and the rerun resumes from the workload's checkpoint. `scontrol requeue`
+sends no SIGUSR2 (Slurm stops the steps itself): the rerun resumes from the last periodic checkpoint.
 """
 
 from __future__ import annotations
@@ -18,6 +24,8 @@ from pathlib import Path
 
 from toolkit.job.rank import Arg, RankVar, master_port, resolve_argv
 
+EXIT_STOPPED = 75  # toolkit.workloads.stopping: saved after a stop request; requeue to go on
+
 
 class RankFailed(RuntimeError):
     """A rank's workload exited non-zero (the message names the rank, exit code and log)."""
@@ -29,6 +37,7 @@ class RankLauncher:
     world_size: int
     run_dir: str
     toolkit_version: str
+    stops_on_signal: bool = False
     # Local executor only: the whole environment of the workload (submitit's local processes inherit the
     # submitter's, which a job must never see). Under Slurm the batch script already made it explicit.
     local_env: tuple[tuple[str, str], ...] | None = None
@@ -45,7 +54,7 @@ class RankLauncher:
         return {RankVar.RANK.value: str(job.global_rank), RankVar.LOCAL_RANK.value: str(job.local_rank),
                 RankVar.MASTER_ADDR.value: addr, RankVar.MASTER_PORT.value: port}
 
-    def __call__(self) -> int:
+    def __call__(self) -> str:
         from toolkit import __version__
 
         if __version__ != self.toolkit_version:
@@ -62,16 +71,22 @@ class RankLauncher:
         env.update({RankVar.MASTER_ADDR.value: rank[RankVar.MASTER_ADDR.value],
                     RankVar.MASTER_PORT.value: rank[RankVar.MASTER_PORT.value]})
         argv = resolve_argv(self.command, rank)
-        returncode = _run_forwarding_signals(argv, env)
         global_rank = int(rank[RankVar.RANK.value])
+        returncode, stop_requested = _run(argv, env, self.stops_on_signal)
         record = {"rank": global_rank, "host": os.uname().nodename, "exit_code": returncode,
                   "argv0": argv[0], "finished_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")}
+        if stop_requested:  # SIGUSR2: the time limit is near, or a preemption notice
+            if global_rank == 0 and self.local_env is None:
+                _requeue(os.environ["SLURM_JOB_ID"])
+            return "stopped: requeued"
+        if returncode == EXIT_STOPPED:  # SIGTERM: Slurm is ending or requeueing the job itself
+            return "stopped"
         if returncode != 0:
             _write(Path(self.run_dir) / "failures" / f"rank-{global_rank}.json", record)
             raise RankFailed(f"rank {global_rank}: {argv[0]} exited with {returncode}")
         if global_rank == 0:
             _write(Path(self.run_dir) / "result.json", {**record, "ok": True})
-        return returncode
+        return "completed"
 
 
 def _write(path: Path, record: dict) -> None:
@@ -81,18 +96,40 @@ def _write(path: Path, record: dict) -> None:
     write_json(path, record)
 
 
-def _run_forwarding_signals(argv: list[str], env: dict[str, str]) -> int:
-    """Run the workload; pass SIGTERM/SIGUSR2 on to it (Slurm signals this task, the trainer must hear it)."""
+def _requeue(job_id: str) -> None:
+    """Put this job back in the queue (Slurm stops what still runs of it and starts it again)."""
+    sys.stderr.write(f"hpc: stop requested: requeueing job {job_id}\n")
+    subprocess.run(["scontrol", "requeue", job_id], timeout=60, check=False)
+
+
+def _ignore_usr2() -> None:
+    signal.signal(signal.SIGUSR2, signal.SIG_IGN)  # kept across exec: the workload never dies of it
+
+
+def _run(argv: list[str], env: dict[str, str], stops_on_signal: bool) -> tuple[int, bool]:
+    """Run the workload to its end; (exit code, whether a stop (SIGUSR2) was requested meanwhile).
+
+    SIGUSR2 and SIGTERM reach the workload from Slurm directly (it signals every process of the step);
+    they are passed on too, for signals sent to this process alone.
+    """
     try:
-        proc = subprocess.Popen(argv, env=env)
+        proc = subprocess.Popen(argv, env=env, preexec_fn=None if stops_on_signal else _ignore_usr2)
     except FileNotFoundError:
         sys.stderr.write(f"hpc: {argv[0]!r} was not found on PATH={env.get('PATH', '')}\n")
-        return 127
-    previous = {}
-    for sig in (signal.SIGTERM, signal.SIGUSR2):
-        previous[sig] = signal.signal(sig, lambda num, _frame: proc.send_signal(num))
+        return 127, False
+    stop = {"requested": False}
+
+    def on_usr2(_signum, _frame) -> None:
+        stop["requested"] = True
+        if stops_on_signal:
+            proc.send_signal(signal.SIGUSR2)
+        elif proc.poll() is None:
+            proc.terminate()  # it cannot save on request: end it; the rerun resumes from its last checkpoint
+
+    previous = {signal.SIGUSR2: signal.signal(signal.SIGUSR2, on_usr2),
+                signal.SIGTERM: signal.signal(signal.SIGTERM, lambda *_: proc.send_signal(signal.SIGTERM))}
     try:
-        return proc.wait()
+        return proc.wait(), stop["requested"]
     finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)

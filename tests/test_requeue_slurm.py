@@ -1,0 +1,125 @@
+"""Preemption and time limits on the real local Slurm: runs requeued mid-run finish without losing work.
+
+Each run is interrupted twice: once by `scontrol requeue` (no signal: it resumes from its last periodic
+checkpoint) and once by its time limit (3 min; SIGUSR2 120 s before, which Slurm delivers at its next
+30 s check: our trainer stops at an agreed step and saves; fairseq resumes from its last periodic
+checkpoint). The two interrupted runs share the cluster's two nodes; the uninterrupted reference follows.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import run_hpc, slurm_env
+from toolkit.workloads.train_log import read_log
+
+pytestmark = [pytest.mark.slurm, pytest.mark.training]
+TIME_LIMIT = ["--set", "resources.time=00:03:00", "--set", "resources.signal_before_s=120"]
+RESNET = ["resnet50", "--profile", "smoke", "--nodes", "1", "--set", "args.--epochs=4",
+          "--set", "args.--log-every-steps=1", "--set", "args.--checkpoint-every-steps=10"]
+ROBERTA = ["roberta", "--profile", "smoke", "--nodes", "1", "--set", "args.--max-update=2000",
+           "--set", "args.--total-num-update=2000", "--set", "args.--max-epoch=1000",
+           "--set", "args.--save-interval-updates=10", "--set", "args.--log-interval=5"]
+
+
+def submit(env, cwd, args) -> dict:
+    res = run_hpc("recipes", "submit", *args, "--json", env=env, cwd=cwd)
+    assert res.returncode == 0, res.stderr
+    return json.loads(res.stdout)
+
+
+def wait_until(predicate, timeout: float, what: str):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.5)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def final_status(env, job_id: str, timeout: float = 900) -> dict:
+    def done():
+        status = json.loads(run_hpc("jobs", "status", job_id, "--json", env=env).stdout)
+        return status if status["state"] in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT") else None
+    return wait_until(done, timeout, f"job {job_id} to end")
+
+
+def train_steps(run: Path) -> list[dict]:
+    path = run / "logs" / "train_log.jsonl"
+    return [r for r in read_log(path) if r["event"] == "train"] if path.exists() else []
+
+
+def fairseq_updates(log: Path) -> list[int]:
+    return [int(m) for m in re.findall(r'"num_updates": "(\d+)"', log.read_text())] if log.exists() else []
+
+
+def stray_processes(marker: str) -> list[str]:
+    out = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True).stdout
+    return [line for line in out.splitlines() if marker in line and "ps -eo" not in line]
+
+
+@pytest.fixture(scope="module")
+def interrupted(slurm_sandbox, tmp_path_factory):
+    """Both runs submitted at once, each requeued by scontrol early on, then left to meet their time limit."""
+    tmp = tmp_path_factory.mktemp("requeue")
+    env = dict(slurm_env(slurm_sandbox), HPC_RUNS_DIR=str(tmp / "runs"))
+    resnet = submit(env, tmp, RESNET + TIME_LIMIT)
+    roberta = submit(env, tmp, ROBERTA + TIME_LIMIT)
+    resnet_run, roberta_run = Path(resnet["run_dir"]), Path(roberta["run_dir"])
+    roberta_log = roberta_run / "submitit" / f"{roberta['job_id']}_0_log.out"
+    # Past the first periodic checkpoint (step/update 10), then `scontrol requeue` (no signal).
+    wait_until(lambda: len(train_steps(resnet_run)) >= 14, 300, "resnet step 14")
+    resnet_before = train_steps(resnet_run)[-1]["step"]
+    subprocess.run(["scontrol", "requeue", resnet["job_id"]], env=env, check=True, timeout=30)
+    wait_until(lambda: max(fairseq_updates(roberta_log), default=0) >= 25, 300, "roberta update 25")
+    roberta_before = max(fairseq_updates(roberta_log))
+    subprocess.run(["scontrol", "requeue", roberta["job_id"]], env=env, check=True, timeout=30)
+    statuses = {name: final_status(env, job["job_id"]) for name, job in (("resnet", resnet), ("roberta", roberta))}
+    return {"env": env, "tmp": tmp, "resnet": (resnet, resnet_before), "roberta": (roberta, roberta_before),
+            "roberta_log": roberta_log, "statuses": statuses}
+
+
+def test_resnet_resumes_exactly_after_scontrol_requeue_and_time_limit(interrupted):
+    job, before_requeue = interrupted["resnet"]
+    run = Path(job["run_dir"])
+    status = interrupted["statuses"]["resnet"]
+    assert status["state"] == "COMPLETED" and status["requeues"] >= 2, status
+    records = read_log(run / "logs" / "train_log.jsonl")
+    starts = [r for r in records if r["event"] == "start"]
+    ends = [r for r in records if r["event"] == "end"]
+    assert len(starts) >= 3 and ends[-1]["status"] == "completed" and ends[-1]["step"] == starts[0]["total_steps"]
+    # scontrol requeue: back at most one checkpoint interval (10 steps) behind where it was.
+    assert before_requeue - starts[1]["resumed_from_step"] <= 10
+    # time limit: SIGUSR2, an agreed stop, a save and a resume at exactly that step (nothing repeated).
+    stopped = [e for e in ends if e["status"] == "stopped"]
+    assert stopped, "no attempt was stopped by the pre-timeout signal"
+    assert all(any(s["resumed_from_step"] == e["step"] for s in starts) for e in stopped)
+
+    # The loss at every step equals that of an uninterrupted run with the same seed.
+    env, tmp = interrupted["env"], interrupted["tmp"]
+    reference = submit(env, tmp, RESNET + ["--wait"])
+    expected = {r["step"]: r["loss"] for r in train_steps(Path(reference["run_dir"]))}
+    got = {r["step"]: r["loss"] for r in train_steps(run)}  # a repeated step keeps its last record
+    assert sorted(got) == sorted(expected) == list(range(1, starts[0]["total_steps"] + 1))
+    assert got == expected
+    assert not stray_processes(str(run))
+
+
+def test_fairseq_finishes_after_scontrol_requeue_and_time_limit(interrupted):
+    job, before_requeue = interrupted["roberta"]
+    status = interrupted["statuses"]["roberta"]
+    assert status["state"] == "COMPLETED" and status["requeues"] >= 2, status
+    log = interrupted["roberta_log"].read_text()
+    loaded = [int(u) for u in re.findall(r"Loaded checkpoint \S+ \(epoch \d+ @ (\d+) updates\)", log)]
+    assert len(loaded) >= 2, "fairseq did not resume from its checkpoint after each requeue"
+    assert before_requeue - loaded[0] <= 10  # at most one --save-interval-updates repeated
+    assert max(fairseq_updates(interrupted["roberta_log"])) == 2000
+    assert "done training" in log
+    assert not stray_processes(job["run_dir"])
