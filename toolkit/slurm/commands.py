@@ -57,6 +57,14 @@ def _fix_for(stderr: str) -> str:
     return "see Slurm's message above"
 
 
+def check_controller() -> None:
+    """Fail before anything is submitted when slurmctld does not answer."""
+    res = run(["scontrol", "ping"], timeout=10, check=False)
+    if res.returncode != 0 or "DOWN" in res.stdout:
+        raise HpcError("the Slurm controller (slurmctld) is not answering: nothing was submitted",
+                       fix="start it (locally: make slurm-up) or check SLURM_CONF / `scontrol ping`")
+
+
 def hostnames(nodelist: str) -> list[str]:
     """Expand a Slurm node list (`n[1-3]`) with `scontrol show hostnames`."""
     return run(["scontrol", "show", "hostnames", nodelist]).stdout.split()

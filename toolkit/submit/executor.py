@@ -100,15 +100,16 @@ def submit(spec: JobSpec, run_dir: Path, executor: ExecutorKind) -> Submission:
     try:
         job = ex.submit(launcher)
     except submitit.core.utils.FailedJobError as exc:  # sbatch refused the job
-        message = str(exc).strip().splitlines()
-        raise HpcError(f"Slurm refused the job: {_sbatch_error(message)}",
-                       fix="check --queue/--nodes against `sinfo` (the partition's nodes and limits)") from None
+        raise refused(str(exc).strip().splitlines()) from None
     return Submission(str(job.job_id), run_dir, executor, job)
 
 
-def _sbatch_error(lines: list[str]) -> str:
-    errors = [line for line in lines if "error" in line.lower()]
-    return (errors or lines or ["sbatch failed"])[-1].strip()
+def refused(sbatch_output: list[str]) -> HpcError:
+    """The error for a job sbatch refused, naming sbatch's own reason."""
+    errors = [line for line in sbatch_output if "error" in line.lower()]
+    reason = (errors or sbatch_output or ["sbatch failed"])[-1].strip()
+    return HpcError(f"Slurm refused the job: {reason}",
+                    fix="check --queue/--nodes against `sinfo` (the partition's nodes and limits)")
 
 
 def _submit_script(spec: JobSpec, run_dir: Path) -> Submission:
@@ -120,6 +121,5 @@ def _submit_script(spec: JobSpec, run_dir: Path) -> Submission:
     Path(spec.run_dir).mkdir(parents=True, exist_ok=True)
     res = commands.run(["sbatch", "--parsable", str(script)], check=False)
     if res.returncode != 0:
-        raise HpcError(f"Slurm refused the job: {_sbatch_error(res.stderr.splitlines())}",
-                       fix="check --queue/--nodes against `sinfo` (the partition's nodes and limits)")
+        raise refused(res.stderr.splitlines())
     return Submission(res.stdout.strip().split(";")[0], run_dir, "slurm")
