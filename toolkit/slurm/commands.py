@@ -57,12 +57,21 @@ def _fix_for(stderr: str) -> str:
     return "see Slurm's message above"
 
 
-def check_controller() -> None:
-    """Fail before anything is submitted when slurmctld does not answer."""
+def controller_down(consequence: str) -> HpcError:
+    return HpcError(f"the Slurm controller (slurmctld) is not answering: {consequence}",
+                    fix="start it (locally: make slurm-up) or check SLURM_CONF / `scontrol ping`")
+
+
+def unreachable(res: subprocess.CompletedProcess) -> bool:
+    """Whether a Slurm command failed because slurmctld did not answer."""
+    return res.returncode != 0 and "unable to contact slurm controller" in (res.stderr + res.stdout).lower()
+
+
+def check_controller(consequence: str = "nothing was submitted") -> None:
+    """Fail (before anything is submitted) when slurmctld does not answer."""
     res = run(["scontrol", "ping"], timeout=10, check=False)
     if res.returncode != 0 or "DOWN" in res.stdout:
-        raise HpcError("the Slurm controller (slurmctld) is not answering: nothing was submitted",
-                       fix="start it (locally: make slurm-up) or check SLURM_CONF / `scontrol ping`")
+        raise controller_down(consequence)
 
 
 def hostnames(nodelist: str) -> list[str]:

@@ -89,6 +89,8 @@ def _from_sacct(job_ids: list[str]) -> dict[str, JobStatus] | None:
 def _from_squeue(job_ids: list[str]) -> dict[str, JobStatus]:
     res = commands.run(["squeue", "-h", "-r", "-t", "all", "-j", ",".join(job_ids), "-o", "%i|%T|%N|%M|%r"],
                        check=False)
+    if commands.unreachable(res):
+        raise commands.controller_down("no job state without it (and no accounting to ask instead)")
     found = {}
     for line in res.stdout.splitlines():
         fields = line.split("|")

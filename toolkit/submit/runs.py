@@ -84,6 +84,9 @@ def status(job_id: str, root: Path | None = None) -> RunStatus:
         return dataclasses.replace(base, state=state, source=tasks[0].source, tasks=counts,
                                    requeues=sum(t.requeues for t in tasks))
     if run is None:
+        from toolkit.slurm.commands import check_controller
+
+        check_controller(f"cannot tell whether job {job_id} exists")
         raise HpcError(f"job {job_id} is unknown to Slurm and to the runs in {rundir.runs_root()}",
                        fix="check the id (`hpc jobs list`), or set HPC_RUNS_DIR to where the run was submitted from")
     return dataclasses.replace(base, state=state_from_run_dir(run))

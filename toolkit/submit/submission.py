@@ -6,7 +6,6 @@ Nothing is left half done: the run dir is removed again when Slurm refuses the j
 from __future__ import annotations
 
 import dataclasses
-import shutil
 import time
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -95,7 +94,7 @@ def submit(request: SubmitRequest, progress: Callable[[str], None] = lambda _m: 
         rundir.write_json(run / rundir.METADATA, meta)
         submission = executors.submit(spec, run, executor)
     except BaseException:
-        shutil.rmtree(run, ignore_errors=True)  # never leave a run dir for a job that was not submitted
+        rundir.discard(run)  # never leave a run dir for a job that was not submitted
         raise
     meta["job_ids"] = [submission.job_id]
     rundir.write_json(run / rundir.METADATA, meta)

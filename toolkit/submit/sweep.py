@@ -18,7 +18,6 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import re
-import shutil
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -220,7 +219,7 @@ def submit(request, sweeps: Sequence[str], parallelism: int | None = None,
             rundir.write_json(task.run_dir / rundir.METADATA, _task_metadata(base, meta, task, None))
         array_id = _submit_array(tasks, sweep_dir, parallelism, __version__)
     except BaseException:
-        shutil.rmtree(sweep_dir, ignore_errors=True)  # nothing submitted: leave nothing behind
+        rundir.discard(sweep_dir)  # nothing submitted: leave nothing behind
         raise
     meta.update(array_job_id=array_id, job_ids=[array_id])
     rundir.write_json(sweep_dir / rundir.METADATA, meta)
