@@ -112,7 +112,11 @@ def render(name: str = typer.Argument(..., help="Recipe name or path to a recipe
     if output is not None:
         if output.exists() and not force:
             raise HpcError(f"{output} exists", fix="pass --force to overwrite it, or choose another -o FILE")
-        output.write_text(script)
+        try:
+            output.write_text(script)
+        except OSError as exc:
+            raise HpcError(f"cannot write {output}: {exc.strerror}",
+                           fix="choose an -o FILE in an existing, writable directory") from None
         info(f"wrote {output}")
     if as_json:
         emit({"script": script, "output": str(output) if output else None, "job_name": spec.job_name}, True)

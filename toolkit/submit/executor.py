@@ -104,6 +104,19 @@ def submit(spec: JobSpec, run_dir: Path, executor: ExecutorKind) -> Submission:
     return Submission(str(job.job_id), run_dir, executor, job)
 
 
+def preflight(spec: JobSpec) -> None:
+    """Ask sbatch whether the job could ever run (`--test-only`), before anything is written or submitted.
+
+    Without EnforcePartLimits, sbatch accepts a job asking for more nodes than its partition has; it would
+    then pend forever (reason PartitionConfig).
+    """
+    from toolkit.slurm import commands
+
+    res = commands.run(["sbatch", "--test-only"], input=render_script(spec), check=False)
+    if res.returncode != 0:
+        raise refused(res.stderr.splitlines())
+
+
 def refused(sbatch_output: list[str]) -> HpcError:
     """The error for a job sbatch refused, naming sbatch's own reason."""
     errors = [line for line in sbatch_output if "error" in line.lower()]

@@ -35,10 +35,18 @@ def runs_root() -> Path:
 
 
 def new_run_dir(recipe_name: str, root: Path | None = None) -> Path:
+    return create(run_dir_path(recipe_name, root))
+
+
+def run_dir_path(recipe_name: str, root: Path | None = None) -> Path:
+    """A new run dir's path (not created yet: create() it once the job is known to be valid)."""
     root = root or runs_root()
     stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%d-%H%M%S")
     safe = "".join(c if c.isalnum() or c in "-_." else "-" for c in recipe_name)[:60] or "run"
-    path = root / f"{safe}-{stamp}-{secrets.token_hex(3)}"
+    return root / f"{safe}-{stamp}-{secrets.token_hex(3)}"
+
+
+def create(path: Path) -> Path:
     missing = [p for p in (path, *path.parents) if not p.exists()]
     try:
         path.mkdir(parents=True)

@@ -76,7 +76,7 @@ def submit(request: SubmitRequest, progress: Callable[[str], None] = lambda _m: 
 
     name_hint = Path(request.recipe).stem
     recipe_file = find_recipe(request.recipe)
-    run = rundir.new_run_dir(name_hint if request.profile is None else f"{name_hint}-{request.profile}")
+    run = rundir.run_dir_path(name_hint if request.profile is None else f"{name_hint}-{request.profile}")
     try:
         recipe, queue, spec, executor, notes = plan(request, run_dir=str(run))
         for note in notes:
@@ -85,6 +85,8 @@ def submit(request: SubmitRequest, progress: Callable[[str], None] = lambda _m: 
             from toolkit.slurm.commands import check_controller
 
             check_controller()
+            executors.preflight(spec)
+        rundir.create(run)  # only now: invalid input leaves the runs root untouched
         (run / "recipe.yaml").write_text(yaml.safe_dump(recipe.model_dump(mode="json"), sort_keys=False))
         (run / "job.sbatch").write_text(render_script(spec))
         meta = {**rundir.base_metadata(recipe.name, recipe_file), "profile": request.profile,

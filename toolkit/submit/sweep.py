@@ -82,7 +82,7 @@ def parse_sweep(item: str) -> tuple[str, list[str]]:
             continue
         first, last = int(match.group(1)), int(match.group(2))
         if last < first:
-            raise UsageError(f"--sweep {item!r}: the range {raw} is empty", fix=f"write {last}..{first}")
+            raise UsageError(f"--sweep {item!r}: the range {raw} is empty", fix=f"write the smaller number first: {last}..{first}")
         values += [str(i) for i in range(first, last + 1)]
     return key, values
 
@@ -189,20 +189,23 @@ def submit(request, sweeps: Sequence[str], parallelism: int | None = None,
     from toolkit.job.render import render_script
     from toolkit.recipes.load import find_recipe
     from toolkit.slurm.commands import check_controller
+    from toolkit.submit.executor import preflight
 
     points = grid(sweeps)
     recipe_file = find_recipe(request.recipe)
     name_hint = Path(request.recipe).stem + (f"-{request.profile}" if request.profile else "")
-    sweep_dir = rundir.new_run_dir(f"{name_hint}-sweep")
+    sweep_dir = rundir.run_dir_path(f"{name_hint}-sweep")
     try:
         tasks, queue, executor, notes = plan(request, points, sweep_dir)
         for note in notes:
             progress(note)
         check_controller()
+        preflight(tasks[0].spec)
         limit = max_array_size()
         if limit is not None and len(points) > limit:
             raise HpcError(f"the sweep has {len(points)} points; this Slurm allows at most {limit} tasks per array "
                            "(MaxArraySize)", fix="sweep fewer values, or split the grid into several sweeps")
+        rundir.create(sweep_dir)  # only now: invalid input leaves the runs root untouched
         base = rundir.base_metadata(tasks[0].recipe.name, recipe_file)
         spec = tasks[0].spec
         shape = {"executor": executor, "queue": queue.name, "instance_type": queue.instance_type,
