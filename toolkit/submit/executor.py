@@ -60,9 +60,12 @@ def slurm_parameters(spec: JobSpec) -> dict[str, Any]:
         extra["wait-all-nodes"] = 1
     if spec.reservation:
         extra["reservation"] = spec.reservation
+    # split("\n"), not splitlines(): that also splits at \r, \x85, \u2028 inside a quoted value, and submitit
+    # joins the lines with "\n" again, changing the value.
+    setup = setup_block(spec).rstrip("\n").split("\n")
     params: dict[str, Any] = dict(
         job_name=spec.job_name, partition=spec.partition, nodes=spec.nodes, ntasks_per_node=spec.tasks_per_node,
-        cpus_per_task=spec.cpus_per_task, time=spec.time_limit_minutes, setup=setup_block(spec).splitlines(),
+        cpus_per_task=spec.cpus_per_task, time=spec.time_limit_minutes, setup=setup,
         srun_args=srun_options(spec), additional_parameters=extra,
     )
     if spec.gpus_per_node:
