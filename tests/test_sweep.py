@@ -141,3 +141,16 @@ def test_nothing_known_yet_is_unknown_not_failed(tmp_path, monkeypatch):
     _fake_slurm(monkeypatch, "")
     s = runs.status("7")
     assert s.state == "UNKNOWN" and not s.done
+
+
+def test_tasks_accounting_has_not_recorded_yet_are_taken_from_the_controller(tmp_path, monkeypatch):
+    """Seen on the local Slurm: 1 s after submission sacct knew task 0 only; the array is not FAILED then."""
+    _sweep_dir(tmp_path, 3)
+
+    def run(args, timeout=20.0, check=True, input=None):
+        out = {"sacct": "7_0|RUNNING|0:0|00:00:01|c1|None\n",
+               "squeue": "7_0|RUNNING|c1|0:01|None\n7_1|PENDING||0:00|None\n7_2|PENDING||0:00|None\n"}.get(args[0], "")
+        return subprocess.CompletedProcess(args, 0, out, "")
+    monkeypatch.setattr("toolkit.slurm.commands.run", run)
+    s = runs.status("7")
+    assert (s.state, s.tasks) == ("RUNNING", {"RUNNING": 1, "PENDING": 2})

@@ -101,6 +101,11 @@ def _from_squeue(job_ids: list[str]) -> dict[str, JobStatus]:
     return found
 
 
+def live(job_ids: list[str]) -> dict[str, JobStatus]:
+    """What the controller holds right now (squeue; array tasks one by one), without accounting's lag."""
+    return _from_squeue(job_ids)
+
+
 def _scontrol_fields(job_id: str) -> list[dict[str, str]]:
     res = commands.run(["scontrol", "-o", "show", "job", job_id], check=False)
     records = []

@@ -265,9 +265,16 @@ def _submit_array(tasks: Sequence[Task], sweep_dir: Path, parallelism: int | Non
 
 def task_statuses(run: Path, meta: dict, found: dict) -> list:
     """Each task's RunStatus: Slurm's view (`found`, from toolkit.slurm.status.query), else its run dir's."""
+    from toolkit.slurm import status as slurm_status
     from toolkit.submit.runs import RunStatus, state_from_run_dir
 
     array_id, count = str(meta.get("array_job_id")), int(meta.get("tasks", 0))
+    ids = [task_job_id(array_id, index, count) for index in range(count)]
+    if any(job_id not in found for job_id in ids):  # accounting lags the controller by a moment: ask it too
+        try:
+            found = {**slurm_status.live([array_id]), **found}
+        except HpcError:
+            pass  # the controller is down: the run dirs still say how tasks ended
     out = []
     for index in range(count):
         job_id, task_dir = task_job_id(array_id, index, count), run / task_dir_name(index, count)
