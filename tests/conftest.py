@@ -21,6 +21,17 @@ def run_hpc(*args: str, env: dict[str, str] | None = None, cwd: str | Path | Non
                           env=full_env, cwd=cwd or REPO, timeout=timeout, input=input)
 
 
+# Lines the reliability tests (corpus, fuzz, secrets) report: printed in pytest's terminal summary, also in CI.
+SUMMARY: list[str] = []
+
+
+def pytest_terminal_summary(terminalreporter):
+    if SUMMARY:
+        terminalreporter.section("reliability counts")
+        for line in SUMMARY:
+            terminalreporter.write_line(line)
+
+
 @pytest.fixture
 def hpc():
     return run_hpc

@@ -62,7 +62,8 @@ def parse_flags(argv: list[str]) -> dict[str, list[str]]:
     return flags
 
 
-PROBE = Path(__file__).parent / "payloads" / "probe.py"
+REPO = Path(__file__).resolve().parents[1]
+PROBE = REPO / "tests" / "payloads" / "probe.py"
 HOSTILE = "it's $(touch {canary}) `touch {canary}`; \"x\" \n y"
 
 
@@ -85,3 +86,30 @@ def read_ranks(out: Path) -> dict[int, dict]:
     for p in out.glob("rank-*.json"):
         p.unlink()
     return ranks
+
+
+def one_rank_cluster(sandbox, tmp_path: Path) -> Path:
+    """The local test cluster's config with its cpu queue at 1 rank per node (1 CPU): 4 such jobs fit at once."""
+    config = yaml.safe_load(Path(sandbox.cluster_config).read_text())
+    for queue in config["Scheduling"]["SlurmQueues"]:
+        for tag in queue.get("Tags") or []:
+            if tag["Key"] == "hpc:ranks-per-node":
+                tag["Value"] = "1"
+    path = tmp_path / "cluster-1rank.yaml"
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
+    return path
+
+
+def sweep_probe_recipe(tmp_path: Path, **env: str) -> Path:
+    """The probe as 1-node jobs that share nodes (tasks of a sweep): ranks write task-<T>-rank-<R>.json.
+
+    PYTHONPATH: the nodes' submitit unpickles the launcher with this checkout's toolkit (not the venv's install).
+    """
+    recipe = {
+        "name": "probe", "description": "records each rank's argv and environment", "source": "tests",
+        "launcher": {"kind": "binary", "program": str(PROBE)},
+        "args": {"--count": 0},
+        "resources": {"nodes": 1, "time": "00:05:00", "exclusive": False},
+        "env": {"PROBE_OUT": str(tmp_path / "probe"), "PYTHONPATH": str(REPO), **env},
+    }
+    return write_recipe(tmp_path, recipe, "probe.yaml")

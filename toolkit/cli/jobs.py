@@ -26,9 +26,15 @@ def list_(json_: bool = JSON_OPTION) -> None:
 
     _use_local_cluster()
     rows = [dataclasses.asdict(s) for s in runs.list_statuses()]
-    emit(rows, json_, lambda rs: table([(r["job_id"], r["state"], r["recipe"], r["nodes"], r["requeues"],
-                                         r["run_dir"]) for r in rs],
+    emit(rows, json_, lambda rs: table([(r["job_id"], r["state"] + _task_counts(r), r["recipe"], r["nodes"],
+                                         r["requeues"], r["run_dir"]) for r in rs],
                                        ["JOB", "STATE", "RECIPE", "NODES", "REQUEUES", "RUN DIR"]))
+
+
+def _task_counts(row: dict) -> str:
+    """" (3 COMPLETED, 1 FAILED)" for an array (a sweep), else nothing."""
+    tasks = row.get("tasks") or {}
+    return f" ({', '.join(f'{n} {state}' for state, n in sorted(tasks.items()))})" if tasks else ""
 
 
 @app.command("status")
@@ -47,7 +53,7 @@ def status(job_id: str = typer.Argument(..., help="Slurm job id (an array task: 
             if d[key] not in (None, ""):
                 lines.append(f"  {key.replace('_', ' ')}: {d[key]}")
         if d["tasks"]:
-            lines.append("  tasks: " + ", ".join(f"{n} {state}" for state, n in sorted(d["tasks"].items())))
+            lines.append(f"  tasks: {sum(d['tasks'].values())}:{_task_counts(d)}")
         return "\n".join(lines)
 
     emit(data, json_, human)

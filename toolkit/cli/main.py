@@ -58,7 +58,20 @@ def main() -> None:
     from toolkit.errors import HpcError
 
     try:
-        app()
+        code = app(standalone_mode=False)
+        sys.exit(code if isinstance(code, int) else 0)
+    except typer.TyperException as exc:  # bad command-line usage (Typer's click): our error/fix form, exit 2
+        ctx = getattr(exc, "ctx", None)
+        if type(exc).__name__ == "NoArgsIsHelpError":  # a bare command group: its help is the answer
+            exc.show()
+        else:
+            if ctx is not None:
+                sys.stderr.write(ctx.get_usage() + "\n")
+            _report(exc.format_message(), f"see `{ctx.command_path if ctx else 'hpc'} --help`")
+        sys.exit(exc.exit_code)
+    except typer.Abort:
+        sys.stderr.write("aborted\n")
+        sys.exit(1)
     except HpcError as exc:
         if _debug:
             raise

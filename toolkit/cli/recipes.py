@@ -111,7 +111,11 @@ def render(name: str = typer.Argument(..., help="Recipe name or path to a recipe
     if output is not None:
         if output.exists() and not force:
             raise HpcError(f"{output} exists", fix="pass --force to overwrite it, or choose another -o FILE")
-        output.write_text(script)
+        try:
+            output.write_text(script)
+        except OSError as exc:
+            raise HpcError(f"cannot write {output}: {exc.strerror}",
+                           fix="choose an -o FILE in an existing, writable directory") from None
         info(f"wrote {output}")
     if as_json:
         emit({"script": script, "output": str(output) if output else None, "job_name": spec.job_name}, True)
@@ -128,14 +132,26 @@ def submit(name: str = typer.Argument(..., help="Recipe name or path to a recipe
            executor: Optional[str] = typer.Option(None, "--executor",
                                                   help="slurm | local (default: slurm; local only where no Slurm "
                                                        "is installed)."),
+           sweeps: list[str] = typer.Option([], "--sweep", help="Sweep a recipe value as one job array: "
+                                             "KEY.PATH=V1,V2,... (A..B: integers; \\, a comma in a value); "
+                                             "repeat for a grid."),
+           array_parallelism: Optional[int] = typer.Option(None, "--array-parallelism", min=1,
+                                                           help="With --sweep: at most this many tasks at once "
+                                                                "(default: submitit's 256)."),
            dry_run: bool = typer.Option(False, "--dry-run", help="Print what would be submitted; submit nothing."),
            wait: bool = typer.Option(False, "--wait", help="Show progress until the job ends; exit 1 if it fails."),
            as_json: bool = JSON_OPTION) -> None:
     """Submit a recipe through submitit (srun starts one rank per GPU, or per declared CPU rank)."""
+    from toolkit.errors import UsageError
     from toolkit.submit import submission
 
     request = submission.SubmitRequest(name, nodes, str(cluster) if cluster else None, queue, profile,
                                        tuple(overrides), account, qos, reservation, dependency, executor)
+    if sweeps:
+        _submit_sweep(request, sweeps, array_parallelism, dry_run, wait, as_json)
+        return
+    if array_parallelism is not None:
+        raise UsageError("--array-parallelism limits a sweep's job array", fix="add --sweep KEY.PATH=V1,V2,...")
     if dry_run:
         plan = submission.dry_run(request)
         for note in plan["notes"]:
@@ -154,4 +170,34 @@ def submit(name: str = typer.Argument(..., help="Recipe name or path to a recipe
     if wait and result["state"] != "COMPLETED":
         log = result.get("failed_rank_log")
         info(f"job {result['job_id']} ended {result['state']}" + (f": see {log}" if log else ""))
+        raise typer.Exit(1)
+
+
+def _submit_sweep(request, sweeps: list[str], parallelism, dry_run: bool, wait: bool, as_json: bool) -> None:
+    from toolkit.submit import submission, sweep
+
+    if dry_run:
+        plan = sweep.dry_run(request, sweeps)
+        for note in plan["notes"]:
+            info(note)
+        emit(plan, as_json, lambda p: "\n".join(
+            [f"would submit one job array of {p['tasks']} tasks to queue {p['queue']}, each task:"]
+            + [f"  {k}: {v}" for k, v in p["parameters"].items()]
+            + ["points:"] + [f"  {i}: {' '.join(point)}" for i, point in enumerate(p["points"])]))
+        return
+    result = sweep.submit(request, sweeps, parallelism, progress=info)
+    info(f"submitted job array {result['job_id']} ({result['tasks']} tasks of {result['nodes']} nodes, "
+         f"{result['ranks']} ranks) to queue {result['queue']}\n  sweep dir: {result['run_dir']}\n"
+         f"  follow:    {result['follow']}")
+    if wait:
+        result.update(submission.wait(result["job_id"], Path(result["run_dir"]), progress=info))
+        if result["state"] != "COMPLETED":
+            from toolkit.submit import rundir
+
+            run = Path(result["run_dir"])
+            result["failed_tasks"] = sweep.failed_tasks(run, rundir.read_json(run / rundir.METADATA) or {})
+    emit(result, as_json, lambda r: f"{r['job_id']}" + (f" {r['state']}" if "state" in r else ""))
+    if wait and result["state"] != "COMPLETED":
+        for task in result["failed_tasks"]:
+            info(f"task {task['job_id']} ended {task['state']}" + (f": see {task['log']}" if task["log"] else ""))
         raise typer.Exit(1)

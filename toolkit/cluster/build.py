@@ -152,6 +152,7 @@ def _ruamel():
     try:
         import ruamel.yaml
         import ruamel.yaml.comments
+        import ruamel.yaml.scalarstring
     except ImportError:
         raise HpcError("ruamel.yaml is not installed: `hpc cluster config` writes commented YAML with it",
                        fix=INSTALL_FIX) from None
@@ -269,6 +270,12 @@ def command_line(spec: ClusterSpec, output: str) -> str:
     return shlex.join([*args, "-o", output])
 
 
+def comment_safe(text: str) -> str:
+    """Text for one YAML comment line: characters that are not printable (line breaks, \\x85, \\u2028, controls,
+    which YAML forbids or a YAML 1.1 reader such as PyYAML takes as a new line) written as \\uXXXX escapes."""
+    return "".join(c if c.isprintable() else f"\\u{ord(c):04x}" for c in text)
+
+
 def build_config(spec: ClusterSpec, output: str = "cluster.yaml"):
     """(commented ParallelCluster v3 document, warnings). Raises UsageError / HpcError on bad input,
     including the V100 trap without a custom AMI."""
@@ -291,7 +298,7 @@ def build_config(spec: ClusterSpec, output: str = "cluster.yaml"):
         doc["SharedStorage"] = _seq(_shared_storage(spec.fsx))
     doc.yaml_set_start_comment("\n".join([
         f"ParallelCluster v3 config for cluster {spec.name!r}, made by:",
-        f"  {command_line(spec, output)}",
+        f"  {comment_safe(command_line(spec, output))}",
         "Check it offline:  hpc cluster validate " + output,
         f"Create it:         pcluster create-cluster --cluster-name {spec.name} --cluster-configuration {output}",
     ]))
@@ -308,8 +315,22 @@ def render(doc) -> str:
     yaml.width = 4096  # never fold long values (URLs, ids)
     yaml.indent(mapping=2, sequence=4, offset=2)
     out = io.StringIO()
-    yaml.dump(doc, out)
+    yaml.dump(_quote_unprintable(doc), out)
     return out.getvalue()
+
+
+def _quote_unprintable(node):
+    """Strings with characters that are not printable (\\x85, \\u2028, controls) go double-quoted, where they are
+    escaped: in ruamel's plain or single-quoted style a \\x85 is folded and reads back as a space."""
+    scalars = _ruamel().scalarstring
+    if isinstance(node, dict):
+        for key, value in node.items():
+            node[key] = _quote_unprintable(value)
+    elif isinstance(node, list):
+        node[:] = [_quote_unprintable(value) for value in node]
+    elif isinstance(node, str) and not node.isprintable():
+        return scalars.DoubleQuotedScalarString(node)
+    return node
 
 
 def write_config(spec: ClusterSpec, path: str | Path, force: bool = False) -> list[str]:

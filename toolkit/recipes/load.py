@@ -49,6 +49,8 @@ def find_recipe(name_or_path: str | Path) -> Path:
     text = str(name_or_path)
     path = Path(text)
     if path.suffix in (".yaml", ".yml") or os.sep in text or path.is_file():
+        if path.is_dir():
+            raise HpcError(f"recipe file {path} is a directory", fix="pass a recipe .yaml file inside it, or a recipe name")
         if not path.is_file():
             raise HpcError(f"recipe file {path} does not exist", fix="pass an existing .yaml file or a recipe name")
         return path
@@ -66,6 +68,8 @@ def read_yaml(path: Path) -> dict[str, Any]:
         data = yaml.safe_load(path.read_text())
     except OSError as exc:
         raise HpcError(f"cannot read recipe {path}: {exc.strerror}", fix="check the path and its permissions") from None
+    except UnicodeDecodeError as exc:
+        raise HpcError(f"{path}: not UTF-8 text (byte {exc.start})", fix="save the recipe as UTF-8") from None
     except yaml.YAMLError as exc:
         where = getattr(exc, "problem_mark", None)
         line = f" (line {where.line + 1}, column {where.column + 1})" if where else ""

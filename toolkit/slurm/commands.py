@@ -57,6 +57,23 @@ def _fix_for(stderr: str) -> str:
     return "see Slurm's message above"
 
 
+def controller_down(consequence: str) -> HpcError:
+    return HpcError(f"the Slurm controller (slurmctld) is not answering: {consequence}",
+                    fix="start it (locally: make slurm-up) or check SLURM_CONF / `scontrol ping`")
+
+
+def unreachable(res: subprocess.CompletedProcess) -> bool:
+    """Whether a Slurm command failed because slurmctld did not answer."""
+    return res.returncode != 0 and "unable to contact slurm controller" in (res.stderr + res.stdout).lower()
+
+
+def check_controller(consequence: str = "nothing was submitted") -> None:
+    """Fail (before anything is submitted) when slurmctld does not answer."""
+    res = run(["scontrol", "ping"], timeout=10, check=False)
+    if res.returncode != 0 or "DOWN" in res.stdout:
+        raise controller_down(consequence)
+
+
 def hostnames(nodelist: str) -> list[str]:
     """Expand a Slurm node list (`n[1-3]`) with `scontrol show hostnames`."""
     return run(["scontrol", "show", "hostnames", nodelist]).stdout.split()

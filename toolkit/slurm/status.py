@@ -8,6 +8,7 @@ Order: sacct (history, requeue count) -> squeue -t all (jobs the controller stil
 from __future__ import annotations
 
 import dataclasses
+import re
 
 from toolkit.slurm import commands
 
@@ -41,21 +42,46 @@ def _state_word(state: str) -> str:
     return state.split()[0] if state else "UNKNOWN"
 
 
+def array_task_ids(array_id: str, tasks: str) -> list[str]:
+    """Slurm's compact task list ("4-199%4", "1,3,5-7") -> ["ID_4", ...] (the %N throttle is dropped)."""
+    ids = []
+    for part in tasks.split("%")[0].split(","):
+        first, _, last = part.partition("-")
+        if first.isdigit() and (not last or last.isdigit()):
+            ids += [f"{array_id}_{i}" for i in range(int(first), int(last or first) + 1)]
+    return ids
+
+
+def _expand(job_id: str) -> list[str]:
+    """"123_[4-9%2]" (tasks not started yet, one row) -> one id per task; other ids as they are."""
+    match = re.fullmatch(r"(\d+)_\[([\d,%-]+)\]", job_id)
+    return array_task_ids(match.group(1), match.group(2)) if match else [job_id]
+
+
 def _from_sacct(job_ids: list[str]) -> dict[str, JobStatus] | None:
     res = commands.run(["sacct", "-X", "-n", "-P", "-D", "-j", ",".join(job_ids),
                         "-o", "JobID,State,ExitCode,Elapsed,NodeList,Reason"], check=False)
     if res.returncode != 0:
         return None  # accounting disabled or slurmdbd down: fall back
     found: dict[str, JobStatus] = {}
+    pending: set[str] = set()  # ids known only from a "123_[4-9]" row
     for line in res.stdout.splitlines():
         fields = line.split("|")
-        if len(fields) < 6 or "[" in fields[0]:
-            continue  # "123_[4-9]" rows stand for tasks not started yet; squeue lists them one by one
-        job_id, state, exit_code, elapsed, nodes, reason = fields[:6]
-        previous = found.get(job_id)
+        if len(fields) < 6:
+            continue
+        row_id, state, exit_code, elapsed, nodes, reason = fields[:6]
+        expanded = _expand(row_id)
+        if expanded != [row_id]:  # tasks not started share one row, whose range slurmdbd may update late:
+            for job_id in expanded:  # a task's own row wins over it
+                if job_id not in found or job_id in pending:
+                    pending.add(job_id)
+                    found[job_id] = JobStatus(job_id, _state_word(state), "sacct", reason=None)
+            continue
+        previous = None if row_id in pending else found.get(row_id)
+        pending.discard(row_id)
         requeues = (previous.requeues + (previous.state in REQUEUE_STATES or previous.state == "PREEMPTED")
                     if previous else 0)
-        found[job_id] = JobStatus(job_id, _state_word(state), "sacct", exit_code, nodes or None, elapsed,
+        found[row_id] = JobStatus(row_id, _state_word(state), "sacct", exit_code, nodes or None, elapsed,
                                   None if reason in ("", "None") else reason, requeues)
     return found
 
@@ -63,6 +89,8 @@ def _from_sacct(job_ids: list[str]) -> dict[str, JobStatus] | None:
 def _from_squeue(job_ids: list[str]) -> dict[str, JobStatus]:
     res = commands.run(["squeue", "-h", "-r", "-t", "all", "-j", ",".join(job_ids), "-o", "%i|%T|%N|%M|%r"],
                        check=False)
+    if commands.unreachable(res):
+        raise commands.controller_down("no job state without it (and no accounting to ask instead)")
     found = {}
     for line in res.stdout.splitlines():
         fields = line.split("|")
@@ -71,6 +99,11 @@ def _from_squeue(job_ids: list[str]) -> dict[str, JobStatus]:
             found[job_id] = JobStatus(job_id, state, "squeue", None, nodes or None, elapsed,
                                       None if reason in ("", "None") else reason)
     return found
+
+
+def live(job_ids: list[str]) -> dict[str, JobStatus]:
+    """What the controller holds right now (squeue; array tasks one by one), without accounting's lag."""
+    return _from_squeue(job_ids)
 
 
 def _scontrol_fields(job_id: str) -> list[dict[str, str]]:
@@ -92,13 +125,14 @@ def _add_scontrol(job_ids: list[str], found: dict[str, JobStatus]) -> None:
     for job_id in job_ids:
         for rec in _scontrol_fields(job_id):
             task = rec.get("ArrayTaskId")
-            key = f"{rec['ArrayJobId']}_{task}" if task and task.isdigit() else rec["JobId"]
-            status = found.get(key) or JobStatus(key, rec.get("JobState", "UNKNOWN"), "scontrol",
-                                                 nodes=rec.get("NodeList"), elapsed=rec.get("RunTime"),
-                                                 reason=rec.get("Reason"))
-            status.requeues = int(rec.get("Restarts", "0") or 0)
-            status.exit_code = rec.get("ExitCode", status.exit_code)
-            found[key] = status
+            keys = array_task_ids(rec["ArrayJobId"], task) if task and "ArrayJobId" in rec else [rec["JobId"]]
+            for key in keys:  # a pending array's tasks share one record ("ArrayTaskId=4-199%4")
+                status = found.get(key) or JobStatus(key, rec.get("JobState", "UNKNOWN"), "scontrol",
+                                                     nodes=rec.get("NodeList"), elapsed=rec.get("RunTime"),
+                                                     reason=rec.get("Reason"))
+                status.requeues = int(rec.get("Restarts", "0") or 0)
+                status.exit_code = rec.get("ExitCode", status.exit_code)
+                found[key] = status
 
 
 def query(job_ids: list[str]) -> dict[str, JobStatus]:

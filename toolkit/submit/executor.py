@@ -65,10 +65,13 @@ def slurm_parameters(spec: JobSpec) -> dict[str, Any]:
         extra["wait-all-nodes"] = 1
     if spec.reservation:
         extra["reservation"] = spec.reservation
+    # split("\n"), not splitlines(): that also splits at \r, \x85, \u2028 inside a quoted value, and submitit
+    # joins the lines with "\n" again, changing the value.
+    setup = setup_block(spec).rstrip("\n").split("\n")
     params: dict[str, Any] = dict(
         job_name=spec.job_name, partition=spec.partition, nodes=spec.nodes, ntasks_per_node=spec.tasks_per_node,
         cpus_per_task=spec.cpus_per_task, time=spec.time_limit_minutes, signal_delay_s=spec.signal_before_s,
-        setup=setup_block(spec).splitlines(),
+        setup=setup,
         srun_args=srun_options(spec), additional_parameters=extra,
     )
     if spec.gpus_per_node:
@@ -88,6 +91,13 @@ def clean_sbatch_env(environ: dict[str, str]) -> dict[str, str]:
     if "SLURM_CONF" in environ:
         env["SLURM_CONF"] = environ["SLURM_CONF"]
     return env
+
+
+def slurm_executor(folder: Path, spec: JobSpec):
+    """A submitit Slurm executor with a spec's parameters; its sbatch runs in clean_sbatch_env()."""
+    ex = _slurm_executor_class()(folder=folder, python=node_python(spec))
+    ex.update_parameters(**slurm_parameters(spec))
+    return ex
 
 
 def _slurm_executor_class():
@@ -123,24 +133,36 @@ def submit(spec: JobSpec, run_dir: Path, executor: ExecutorKind) -> Submission:
         ex = submitit.LocalExecutor(folder=folder)
         ex.update_parameters(tasks_per_node=spec.tasks_per_node, nodes=1, timeout_min=spec.time_limit_minutes)
         env = {**filter_submit_env(os.environ), **spec.environ}
-        launcher = RankLauncher(spec.command, spec.world_size, str(run_dir), __version__, spec.stops_on_signal,
-                                local_env=tuple(env.items()))
+        launcher = RankLauncher.for_spec(spec, run_dir, __version__, local_env=tuple(env.items()))
     else:
-        ex = _slurm_executor_class()(folder=folder, python=node_python(spec))
-        ex.update_parameters(**slurm_parameters(spec))
-        launcher = RankLauncher(spec.command, spec.world_size, str(run_dir), __version__, spec.stops_on_signal)
+        ex = slurm_executor(folder, spec)
+        launcher = RankLauncher.for_spec(spec, run_dir, __version__)
     try:
         job = ex.submit(launcher)
     except submitit.core.utils.FailedJobError as exc:  # sbatch refused the job
-        message = str(exc).strip().splitlines()
-        raise HpcError(f"Slurm refused the job: {_sbatch_error(message)}",
-                       fix="check --queue/--nodes against `sinfo` (the partition's nodes and limits)") from None
+        raise refused(str(exc).strip().splitlines()) from None
     return Submission(str(job.job_id), run_dir, executor, job)
 
 
-def _sbatch_error(lines: list[str]) -> str:
-    errors = [line for line in lines if "error" in line.lower()]
-    return (errors or lines or ["sbatch failed"])[-1].strip()
+def preflight(spec: JobSpec) -> None:
+    """Ask sbatch whether the job could ever run (`--test-only`), before anything is written or submitted.
+
+    Without EnforcePartLimits, sbatch accepts a job asking for more nodes than its partition has; it would
+    then pend forever (reason PartitionConfig).
+    """
+    from toolkit.slurm import commands
+
+    res = commands.run(["sbatch", "--test-only"], input=render_script(spec), check=False)
+    if res.returncode != 0:
+        raise refused(res.stderr.splitlines())
+
+
+def refused(sbatch_output: list[str]) -> HpcError:
+    """The error for a job sbatch refused, naming sbatch's own reason."""
+    errors = [line for line in sbatch_output if "error" in line.lower()]
+    reason = (errors or sbatch_output or ["sbatch failed"])[-1].strip()
+    return HpcError(f"Slurm refused the job: {reason}",
+                    fix="check --queue/--nodes against `sinfo` (the partition's nodes and limits)")
 
 
 def _submit_script(spec: JobSpec, run_dir: Path) -> Submission:
@@ -152,6 +174,5 @@ def _submit_script(spec: JobSpec, run_dir: Path) -> Submission:
     Path(spec.run_dir).mkdir(parents=True, exist_ok=True)
     res = commands.run(["sbatch", "--parsable", str(script)], check=False)
     if res.returncode != 0:
-        raise HpcError(f"Slurm refused the job: {_sbatch_error(res.stderr.splitlines())}",
-                       fix="check --queue/--nodes against `sinfo` (the partition's nodes and limits)")
+        raise refused(res.stderr.splitlines())
     return Submission(res.stdout.strip().split(";")[0], run_dir, "slurm")

@@ -42,6 +42,11 @@ class RankLauncher:
     # submitter's, which a job must never see). Under Slurm the batch script already made it explicit.
     local_env: tuple[tuple[str, str], ...] | None = None
 
+    @classmethod
+    def for_spec(cls, spec, run_dir, toolkit_version: str, local_env=None) -> RankLauncher:
+        """What a rank of this toolkit.job.spec.JobSpec needs, and nothing more."""
+        return cls(spec.command, spec.world_size, str(run_dir), toolkit_version, spec.stops_on_signal, local_env)
+
     def rank_env(self) -> dict[str, str]:
         """This task's per-rank values, named as the rendered script's tasks see them."""
         import submitit

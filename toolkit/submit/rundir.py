@@ -18,6 +18,7 @@ import getpass
 import json
 import os
 import secrets
+import shutil
 import socket
 import subprocess
 from pathlib import Path
@@ -34,16 +35,39 @@ def runs_root() -> Path:
 
 
 def new_run_dir(recipe_name: str, root: Path | None = None) -> Path:
+    return create(run_dir_path(recipe_name, root))
+
+
+def run_dir_path(recipe_name: str, root: Path | None = None) -> Path:
+    """A new run dir's path (not created yet: create() it once the job is known to be valid)."""
     root = root or runs_root()
     stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%d-%H%M%S")
     safe = "".join(c if c.isalnum() or c in "-_." else "-" for c in recipe_name)[:60] or "run"
-    path = root / f"{safe}-{stamp}-{secrets.token_hex(3)}"
+    return root / f"{safe}-{stamp}-{secrets.token_hex(3)}"
+
+
+def create(path: Path) -> Path:
+    missing = [p for p in (path, *path.parents) if not p.exists()]
     try:
         path.mkdir(parents=True)
     except OSError as exc:
         raise HpcError(f"cannot create run dir {path}: {exc.strerror}",
                        fix="set HPC_RUNS_DIR to a writable directory shared with the compute nodes") from None
+    _created[path] = missing
     return path
+
+
+_created: dict[Path, list[Path]] = {}  # run dir -> the directories new_run_dir made for it (itself first)
+
+
+def discard(run: Path) -> None:
+    """Remove a run dir whose job was never submitted, and the runs root too if new_run_dir made it for it."""
+    shutil.rmtree(run, ignore_errors=True)
+    for parent in _created.pop(run, [])[1:]:
+        try:
+            parent.rmdir()  # only while empty
+        except OSError:
+            break
 
 
 def write_json(path: Path, data: dict[str, Any]) -> None:

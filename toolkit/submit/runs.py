@@ -33,10 +33,13 @@ class RunStatus:
         return self.state in slurm_status.FINAL_STATES
 
 
-def _state_from_run_dir(run: Path) -> str:
+def state_from_run_dir(run: Path) -> str:
+    """How a run ended by its own records: rank 0's result, else a failed rank's record, else UNKNOWN."""
     result = rundir.read_json(run / rundir.RESULT)
     if result:
         return "COMPLETED" if result.get("ok") else "FAILED"
+    if any((run / "failures").glob("rank-*.json")):
+        return "FAILED"
     return "UNKNOWN"
 
 
@@ -44,7 +47,7 @@ def _local_state(job_id: str, run: Path) -> str:
     """A local run: its result, else whether submitit's process (job id = its pid) still runs."""
     import os
 
-    state = _state_from_run_dir(run)
+    state = state_from_run_dir(run)
     if state != "UNKNOWN":
         return state
     try:
@@ -59,6 +62,10 @@ def _local_state(job_id: str, run: Path) -> str:
 def status(job_id: str, root: Path | None = None) -> RunStatus:
     run = rundir.find_run(job_id, root)
     meta = (rundir.read_json(run / rundir.METADATA) if run else None) or {}
+    if meta.get("kind") == "sweep":
+        from toolkit.submit import sweep
+
+        return sweep.status(job_id, run, meta)
     if meta.get("executor") == "local":
         return RunStatus(job_id, _local_state(job_id, run), "local", str(run), meta.get("recipe"), meta.get("nodes"))
     found = slurm_status.query([job_id])
@@ -77,9 +84,12 @@ def status(job_id: str, root: Path | None = None) -> RunStatus:
         return dataclasses.replace(base, state=state, source=tasks[0].source, tasks=counts,
                                    requeues=sum(t.requeues for t in tasks))
     if run is None:
+        from toolkit.slurm.commands import check_controller
+
+        check_controller(f"cannot tell whether job {job_id} exists")
         raise HpcError(f"job {job_id} is unknown to Slurm and to the runs in {rundir.runs_root()}",
                        fix="check the id (`hpc jobs list`), or set HPC_RUNS_DIR to where the run was submitted from")
-    return dataclasses.replace(base, state=_state_from_run_dir(run))
+    return dataclasses.replace(base, state=state_from_run_dir(run))
 
 
 def list_statuses(root: Path | None = None) -> list[RunStatus]:
@@ -89,9 +99,14 @@ def list_statuses(root: Path | None = None) -> list[RunStatus]:
     found = slurm_status.query(slurm_ids) if slurm_ids else {}
     out = []
     for run, meta in runs:
+        if meta.get("kind") == "sweep" and meta.get("array_job_id"):
+            from toolkit.submit import sweep
+
+            out.append(sweep.summary(run, meta, found))
+            continue
         for job_id in [str(j) for j in meta.get("job_ids", [])] or ["-"]:
             s = found.get(job_id)
-            out.append(RunStatus(job_id, s.state if s else _state_from_run_dir(run), s.source if s else "run-dir",
+            out.append(RunStatus(job_id, s.state if s else state_from_run_dir(run), s.source if s else "run-dir",
                                  str(run), meta.get("recipe"), meta.get("nodes"), s.requeues if s else 0))
     return out
 

@@ -6,7 +6,6 @@ Nothing is left half done: the run dir is removed again when Slurm refuses the j
 from __future__ import annotations
 
 import dataclasses
-import shutil
 import time
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -76,13 +75,17 @@ def submit(request: SubmitRequest, progress: Callable[[str], None] = lambda _m: 
 
     name_hint = Path(request.recipe).stem
     recipe_file = find_recipe(request.recipe)
-    run = rundir.new_run_dir(name_hint if request.profile is None else f"{name_hint}-{request.profile}")
+    run = rundir.run_dir_path(name_hint if request.profile is None else f"{name_hint}-{request.profile}")
     try:
         recipe, queue, spec, executor, notes = plan(request, run_dir=str(run))
         for note in notes:
             progress(note)
         if executor == "slurm":
-            _check_controller()
+            from toolkit.slurm.commands import check_controller
+
+            check_controller()
+            executors.preflight(spec)
+        rundir.create(run)  # only now: invalid input leaves the runs root untouched
         (run / "recipe.yaml").write_text(yaml.safe_dump(recipe.model_dump(mode="json"), sort_keys=False))
         (run / "job.sbatch").write_text(render_script(spec))
         meta = {**rundir.base_metadata(recipe.name, recipe_file), "profile": request.profile,
@@ -92,7 +95,7 @@ def submit(request: SubmitRequest, progress: Callable[[str], None] = lambda _m: 
         rundir.write_json(run / rundir.METADATA, meta)
         submission = executors.submit(spec, run, executor)
     except BaseException:
-        shutil.rmtree(run, ignore_errors=True)  # never leave a run dir for a job that was not submitted
+        rundir.discard(run)  # never leave a run dir for a job that was not submitted
         raise
     meta["job_ids"] = [submission.job_id]
     rundir.write_json(run / rundir.METADATA, meta)
@@ -101,15 +104,6 @@ def submit(request: SubmitRequest, progress: Callable[[str], None] = lambda _m: 
     return {"job_id": submission.job_id, "run_dir": str(run), "executor": executor, "queue": queue.name,
             "nodes": spec.nodes, "ranks": spec.world_size,
             "follow": f"hpc jobs logs {submission.job_id} --follow"}
-
-
-def _check_controller() -> None:
-    from toolkit.slurm import commands
-
-    res = commands.run(["scontrol", "ping"], timeout=10, check=False)
-    if res.returncode != 0 or "DOWN" in res.stdout:
-        raise HpcError("the Slurm controller (slurmctld) is not answering: nothing was submitted",
-                       fix="start it (locally: make slurm-up) or check SLURM_CONF / `scontrol ping`")
 
 
 def _save_batch_script(job_id: str, run: Path) -> None:
@@ -144,8 +138,11 @@ def wait(job_id: str, run: Path, progress: Callable[[str], None], poll_s: float 
     return outcome
 
 
-def failed_rank_log(job_id: str, run: Path) -> str | None:
-    """The log of the rank that failed first (ranks killed after it by srun --kill-on-bad-exit are not it)."""
+def failed_rank_log(job_id: str, run: Path, logs: Path | None = None) -> str | None:
+    """The log of the rank that failed first (ranks killed after it by srun --kill-on-bad-exit are not it).
+
+    `logs`: submitit's folder, when not the run's own (a sweep's tasks share the sweep's).
+    """
     failures = [rundir.read_json(p) or {} for p in sorted((run / "failures").glob("rank-*.json"))]
     failures = [f for f in failures if "rank" in f]
     if failures:
@@ -153,5 +150,5 @@ def failed_rank_log(job_id: str, run: Path) -> str | None:
         rank = first["rank"]
     else:
         rank = 0
-    log = run / "submitit" / f"{job_id}_{rank}_log.err"
+    log = (logs or run / "submitit") / f"{job_id}_{rank}_log.err"
     return str(log) if log.exists() else None

@@ -1,0 +1,300 @@
+"""A corpus of bad input, each case run through the real CLI against the real local Slurm.
+
+Every case states its exit code and a pattern its message must match. For every case the test checks: that
+exit code; stderr has `error:` naming what is wrong (the pattern) and `fix:` saying what to do; no traceback;
+no job of ours reached Slurm (squeue and sacct, filtered to jobs submitted from this corpus's directory, so
+other users' jobs do not matter); and no file under the recipes, cluster configs and runs root changed
+(content, mtime, or a file/dir appearing or vanishing).
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import datetime as dt
+import hashlib
+import os
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.conftest import REPO, SUMMARY, run_hpc, slurm_env
+from tests.jobhelpers import PROBE, write_recipe
+
+pytestmark = pytest.mark.slurm
+
+GOOD = {
+    "name": "probe", "description": "records argv", "source": "tests",
+    "launcher": {"kind": "binary", "program": str(PROBE)},
+    "args": {"--count": 1}, "resources": {"nodes": 1, "time": "00:05:00", "exclusive": False},
+    "env": {"PROBE_OUT": "/nonexistent-probe-out"},
+}
+FAIRSEQ = {"name": "fs", "description": "d", "source": "s", "launcher": {"kind": "fairseq"},
+           "args": {"--arch": "transformer", "--distributed-world-size": 8}, "resources": {"nodes": 1}}
+
+
+def bad(**changes) -> dict:
+    data = dict(GOOD)
+    for key, value in changes.items():
+        if value is None:
+            data.pop(key, None)
+        else:
+            data[key] = value
+    return data
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+    category: str
+    name: str
+    args: tuple[str, ...]
+    code: int
+    pattern: str  # a regex the error message must match (case-insensitive)
+    env: tuple[tuple[str, str], ...] = ()
+    report: bool = False  # a report command (hpc cluster validate): its findings, with fixes, are on stdout
+
+    @property
+    def id(self) -> str:
+        return f"{self.category}/{self.name}"
+
+
+def case(category, name, args, code, pattern, report=False, **env) -> Case:
+    return Case(category, name, tuple(args), code, pattern, tuple(env.items()), report)
+
+
+SUBMIT = ("recipes", "submit", "probe", "--cluster", "{ws}/cluster.yaml", "--queue", "cpu")
+CONFIG = ("cluster", "config", "--name", "c1", "--region", "us-east-1", "--subnet", "subnet-1", "--key-name", "k")
+
+CASES = [
+    # recipes
+    case("recipes", "invalid-yaml", ["recipes", "submit", "{ws}/recipes/broken.yaml"], 1, r"line \d+.*not valid YAML"),
+    case("recipes", "not-a-mapping", ["recipes", "submit", "{ws}/recipes/list.yaml"], 1, r"a recipe is a YAML mapping"),
+    case("recipes", "empty-file", ["recipes", "submit", "{ws}/recipes/empty.yaml"], 1, r"a recipe is a YAML mapping"),
+    case("recipes", "unknown-key", ["recipes", "submit", "{ws}/recipes/colour.yaml"], 1, r"colour: unknown key"),
+    case("recipes", "missing-launcher", ["recipes", "submit", "{ws}/recipes/nolauncher.yaml"], 1,
+         r"launcher: required key is missing"),
+    case("recipes", "bad-name", ["recipes", "submit", "{ws}/recipes/badname.yaml"], 1, r"name: 'Bad Name!'"),
+    case("recipes", "bad-time", ["recipes", "submit", "{ws}/recipes/badtime.yaml"], 1, r"resources\.time"),
+    case("recipes", "flag-without-dashes", ["recipes", "submit", "{ws}/recipes/badflag.yaml"], 1, r"bad key 'lr'"),
+    case("recipes", "bad-env-name", ["recipes", "submit", "{ws}/recipes/badenv.yaml"], 1, r"bad key '1BAD'"),
+    case("recipes", "zero-nodes", ["recipes", "submit", "{ws}/recipes/zeronodes.yaml"], 1, r"resources\.nodes"),
+    case("recipes", "toolkit-controlled-flag", ["recipes", "submit", "{ws}/recipes/fs.yaml", "--cluster",
+                                               "{ws}/cluster.yaml"], 1, r"--distributed-world-size is set by the toolkit"),
+    case("recipes", "unknown-name", ["recipes", "submit", "no-such-recipe"], 1, r"no recipe named 'no-such-recipe'"),
+    case("recipes", "unknown-profile", [*SUBMIT, "--profile", "nope"], 1, r"has no profile 'nope'"),
+    # --set overrides
+    case("set", "no-equals", [*SUBMIT, "--set", "args.--lr"], 2, r"not KEY\.PATH=VALUE"),
+    case("set", "empty-key-part", [*SUBMIT, "--set", "args..x=1"], 2, r"not KEY\.PATH=VALUE"),
+    case("set", "name", [*SUBMIT, "--set", "name=other"], 2, r"name cannot be overridden"),
+    case("set", "into-a-scalar", [*SUBMIT, "--set", "args.--count.x=1"], 1, r"args\.--count: must be a string.*value from --set args\.--count\.x=1"),
+    case("set", "unknown-key", [*SUBMIT, "--set", "colour=red"], 1, r"colour: unknown key.*--set colour=red"),
+    case("set", "nodes-not-a-number", [*SUBMIT, "--set", "resources.nodes=many"], 1, r"resources\.nodes.*--set"),
+    case("set", "bad-time", [*SUBMIT, "--set", "resources.time=25h"], 1, r"resources\.time"),
+    case("set", "bad-env-value-type", [*SUBMIT, "--set", "env=[1, 2]"], 1, r"env"),
+    # sweeps
+    case("sweeps", "no-values", [*SUBMIT, "--sweep", "args.--lr"], 2, r"not KEY\.PATH=V1,V2"),
+    case("sweeps", "empty-value", [*SUBMIT, "--sweep", "args.--lr=0.1,,0.2"], 2, r"value 2 is empty"),
+    case("sweeps", "reversed-range", [*SUBMIT, "--sweep", "args.--seed=9..1"], 2, r"range 9\.\.1 is empty"),
+    case("sweeps", "key-twice", [*SUBMIT, "--sweep", "args.--a=1", "--sweep", "args.--a=2"], 2, r"given twice"),
+    case("sweeps", "value-twice", [*SUBMIT, "--sweep", "args.--a=1,2,1"], 2, r"1 given more than once"),
+    case("sweeps", "bad-point-57", [*SUBMIT, "--sweep", "resources.time=00:05:00,later", "--sweep",
+                                    "args.--count=1..57"], 1, r"sweep point 57 \(resources\.time=later, args\.--count=1\)"),
+    case("sweeps", "changes-resources", [*SUBMIT, "--sweep", "resources.nodes=1,2"], 1,
+         r"sweep point 1 .* changes the job's nodes"),
+    case("sweeps", "changes-environment", [*SUBMIT, "--sweep", "env.X=1,2"], 1, r"changes the job's setup"),
+    case("sweeps", "more-than-max-array-size", [*SUBMIT, "--sweep", "args.--count=1..1002"], 1, r"MaxArraySize"),
+    case("sweeps", "parallelism-without-sweep", [*SUBMIT, "--array-parallelism", "2"], 2, r"limits a sweep"),
+    case("sweeps", "parallelism-zero", [*SUBMIT, "--sweep", "args.--a=1,2", "--array-parallelism", "0"], 2,
+         r"--array-parallelism"),
+    case("sweeps", "local-executor", [*SUBMIT, "--executor", "local", "--sweep", "args.--a=1,2"], 2,
+         r"Slurm job array"),
+    # cluster configs
+    case("cluster", "missing-file", ["recipes", "submit", "probe", "--cluster", "{ws}/nope.yaml"], 1,
+         r"cluster config .*nope\.yaml does not exist"),
+    case("cluster", "invalid-yaml", ["recipes", "submit", "probe", "--cluster", "{ws}/cluster-broken.yaml"], 1,
+         r"cluster-broken\.yaml"),
+    case("cluster", "unknown-queue", ["recipes", "submit", "probe", "--cluster", "{ws}/cluster.yaml", "--queue",
+                                      "gpu"], 1, r"has no queue 'gpu'"),
+    case("cluster", "no-queues", ["recipes", "submit", "probe", "--cluster", "{ws}/cluster-noqueues.yaml"], 1,
+         r"defines no Slurm queues"),
+    case("cluster", "env-config-missing", ["recipes", "submit", "probe"], 1, r"HPC_CLUSTER_CONFIG names",
+         HPC_CLUSTER_CONFIG="{ws}/nope.yaml"),
+    case("cluster", "validate-min-over-max", ["cluster", "validate", "{ws}/cluster-minmax.yaml"], 1,
+         r"MaxCount\s+Max count must be greater than or equal to min count", report=True),
+    case("cluster", "config-bad-queue-name", [*CONFIG, "--queue", "Bad_Q=m5.xlarge:2", "-o", "{ws}/new.yaml"], 2,
+         r"queue name 'Bad_Q'"),
+    case("cluster", "config-unknown-instance", [*CONFIG, "--queue", "q=x9.huge:2", "-o", "{ws}/new.yaml"], 1,
+         r"x9\.huge"),
+    case("cluster", "config-over-existing-file", [*CONFIG, "--queue", "q=m5.xlarge:2", "-o", "{ws}/cluster.yaml"], 1,
+         r"already exists"),
+    case("cluster", "config-bad-region", [*CONFIG[:4], "--region", "mars", *CONFIG[6:], "--queue", "q=m5.xlarge:2",
+                                          "-o", "{ws}/new.yaml"], 2, r"region 'mars'"),
+    # CLI arguments
+    case("cli", "unknown-option", [*SUBMIT, "--bogus"], 2, r"No such option: --bogus"),
+    case("cli", "missing-argument", ["recipes", "submit"], 2, r"Missing argument"),
+    case("cli", "nodes-not-an-int", [*SUBMIT, "--nodes", "two"], 2, r"Invalid value for '--nodes'"),
+    case("cli", "nodes-zero", [*SUBMIT, "--nodes", "0"], 2, r"--nodes"),
+    case("cli", "more-nodes-than-the-queue", [*SUBMIT, "--nodes", "3"], 1, r"3 nodes requested; queue cpu has at most 2"),
+    case("cli", "unknown-executor", [*SUBMIT, "--executor", "cloud"], 2, r"--executor 'cloud'"),
+    case("cli", "unknown-command", ["recipes", "sumbit", "probe"], 2, r"No such command"),
+    case("cli", "status-of-unknown-job", ["jobs", "status", "987654321"], 1, r"job 987654321 is unknown"),
+    case("cli", "logs-of-unknown-job", ["jobs", "logs", "987654321"], 1, r"no run dir records job 987654321"),
+    case("cli", "directive-unsafe-account", [*SUBMIT, "--account", "a b"], 1, r"account 'a b' cannot go into"),
+    # missing or unreadable files and dirs
+    case("files", "recipe-file-missing", ["recipes", "submit", "{ws}/nope/recipe.yaml"], 1, r"does not exist"),
+    case("files", "recipe-is-a-directory", ["recipes", "submit", "{ws}/dir.yaml"], 1, r"dir\.yaml is a directory"),
+    case("files", "recipe-not-utf8", ["recipes", "submit", "{ws}/recipes/latin1.yaml"], 1, r"not UTF-8"),
+    case("files", "recipe-dangling-symlink", ["recipes", "submit", "{ws}/recipes/dangling.yaml"], 1, r"does not exist"),
+    case("files", "cluster-is-a-directory", ["recipes", "submit", "probe", "--cluster", "{ws}/dir.yaml"], 1,
+         r"dir\.yaml is a directory"),
+    case("files", "cluster-not-utf8", ["recipes", "submit", "probe", "--cluster", "{ws}/recipes/latin1.yaml"], 1,
+         r"not UTF-8"),
+    case("files", "runs-root-is-a-file", [*SUBMIT], 1, r"cannot create run dir", HPC_RUNS_DIR="{ws}/cluster.yaml"),
+    case("files", "runs-root-not-creatable", [*SUBMIT], 1, r"cannot create run dir", HPC_RUNS_DIR="/proc/hpc-runs"),
+    case("files", "runs-root-with-a-space", [*SUBMIT], 1, r"run dir .* cannot go into an #SBATCH line",
+         HPC_RUNS_DIR="{ws}/runs/with space"),
+    case("files", "render-into-missing-dir", ["recipes", "render", "probe", "--cluster", "{ws}/cluster.yaml",
+                                              "-o", "{ws}/nope/job.sbatch"], 1, r"cannot write .*nope/job\.sbatch"),
+    case("files", "validate-missing-file", ["cluster", "validate", "{ws}/nope.yaml"], 1, r"nope\.yaml"),
+    # a stopped slurmctld (a copy of the sandbox's slurm.conf with a port nobody listens on)
+    case("slurmctld", "submit", [*SUBMIT], 1, r"controller \(slurmctld\) is not answering: nothing was submitted",
+         SLURM_CONF="{ws}/dead/slurm.conf"),
+    case("slurmctld", "sweep", [*SUBMIT, "--sweep", "args.--count=1,2"], 1, r"slurmctld\) is not answering",
+         SLURM_CONF="{ws}/dead/slurm.conf"),
+    case("slurmctld", "status", ["jobs", "status", "987654321"], 1, r"slurmctld\) is not answering",
+         SLURM_CONF="{ws}/dead/slurm.conf"),
+    case("slurmctld", "cancel", ["jobs", "cancel", "987654321"], 1, r"Unable to contact slurm controller",
+         SLURM_CONF="{ws}/dead/slurm.conf"),
+    # sbatch refusing a job
+    case("sbatch", "unknown-partition", ["recipes", "submit", "probe", "--cluster", "{ws}/cluster-nopart.yaml"], 1,
+         r"Slurm refused the job: .*invalid partition"),
+    case("sbatch", "too-many-nodes", ["recipes", "submit", "probe", "--cluster", "{ws}/cluster-big.yaml", "--nodes",
+                                      "5"], 1, r"Slurm refused the job: .*node configuration is not available"),
+    case("sbatch", "sweep-unknown-partition", ["recipes", "submit", "probe", "--cluster", "{ws}/cluster-nopart.yaml",
+                                               "--sweep", "args.--count=1,2"], 1, r"Slurm refused the job"),
+    case("sbatch", "sweep-too-many-nodes", ["recipes", "submit", "probe", "--cluster", "{ws}/cluster-big.yaml",
+                                            "--nodes", "3", "--sweep", "args.--count=1,2"], 1,
+         r"Slurm refused the job: .*node configuration is not available"),
+]
+
+
+@pytest.fixture(scope="module")
+def workspace(slurm_sandbox, tmp_path_factory) -> Path:
+    ws = tmp_path_factory.mktemp("corpus")
+    recipes = ws / "recipes"
+    recipes.mkdir()
+    write_recipe(recipes, GOOD, "probe.yaml")
+    (recipes / "broken.yaml").write_text("name: probe\nargs: {--count: [1, 2\n")
+    (recipes / "list.yaml").write_text("- name\n- probe\n")
+    (recipes / "empty.yaml").write_text("")
+    (recipes / "latin1.yaml").write_bytes("name: caf\xe9\n".encode("latin-1"))
+    (recipes / "dangling.yaml").symlink_to(ws / "gone.yaml")
+    for name, data in {"colour": {**GOOD, "colour": "red"}, "nolauncher": bad(launcher=None),
+                       "badname": bad(name="Bad Name!"), "badtime": bad(resources={"time": "soon"}),
+                       "badflag": bad(args={"lr": 1}), "badenv": bad(env={"1BAD": "x"}),
+                       "zeronodes": bad(resources={"nodes": 0}), "fs": FAIRSEQ}.items():
+        write_recipe(recipes, data, f"{name}.yaml")
+    (ws / "dir.yaml").mkdir()
+
+    config = yaml.safe_load(Path(slurm_sandbox.cluster_config).read_text())
+    cpu = next(q for q in config["Scheduling"]["SlurmQueues"] if q["Name"] == "cpu")
+    (ws / "cluster.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
+    (ws / "cluster-nopart.yaml").write_text(yaml.safe_dump(
+        {**config, "Scheduling": {"Scheduler": "slurm", "SlurmQueues": [{**cpu, "Name": "nosuchpartition"}]}}))
+    big = {**cpu, "ComputeResources": [{**cpu["ComputeResources"][0], "MinCount": 0, "MaxCount": 10}]}
+    (ws / "cluster-big.yaml").write_text(yaml.safe_dump(
+        {**config, "Scheduling": {"Scheduler": "slurm", "SlurmQueues": [big]}}))
+    minmax = {**cpu, "ComputeResources": [{**cpu["ComputeResources"][0], "MinCount": 3, "MaxCount": 2}]}
+    (ws / "cluster-minmax.yaml").write_text(yaml.safe_dump(
+        {**config, "Scheduling": {"Scheduler": "slurm", "SlurmQueues": [minmax]}}))
+    (ws / "cluster-noqueues.yaml").write_text(yaml.safe_dump({**config, "Scheduling": {"Scheduler": "slurm"}}))
+    (ws / "cluster-broken.yaml").write_text("Region: us-east-1\nScheduling: [\n")
+
+    dead = ws / "dead"
+    dead.mkdir()
+    conf = Path(slurm_sandbox.slurm_conf).read_text()
+    (dead / "slurm.conf").write_text(re.sub(r"(?m)^SlurmctldPort=.*$", "SlurmctldPort=9", conf))
+
+    old_run = ws / "runs" / "probe-20200101-000000-abcdef"  # a run from before: must stay as it is
+    old_run.mkdir(parents=True)
+    (old_run / "metadata.json").write_text('{"recipe": "probe", "job_ids": ["1"], "executor": "slurm"}\n')
+    return ws
+
+
+def snapshot(*roots: Path) -> dict[str, tuple]:
+    """Every file and dir under the roots: (kind, sha256, mtime_ns)."""
+    state: dict[str, tuple] = {}
+    for root in roots:
+        paths = [root] if root.is_file() else [root, *root.rglob("*")]
+        for path in paths:
+            st = path.lstat()
+            if path.is_symlink():
+                state[str(path)] = ("link", os.readlink(path), st.st_mtime_ns)
+            elif path.is_dir():
+                state[str(path)] = ("dir", None, st.st_mtime_ns)
+            else:
+                state[str(path)] = ("file", hashlib.sha256(path.read_bytes()).hexdigest(), st.st_mtime_ns)
+    return state
+
+
+def our_jobs(ws: Path, since: dt.datetime, env: dict) -> list[str]:
+    """Jobs submitted from the corpus dir (their WorkDir), in squeue (any state) and in accounting."""
+    import subprocess
+
+    found = []
+    squeue = subprocess.run(["squeue", "-h", "-t", "all", "-o", "%i|%Z"], capture_output=True, text=True, env=env,
+                            timeout=30)
+    assert squeue.returncode == 0, squeue.stderr
+    found += [line for line in squeue.stdout.splitlines() if str(ws) in line]
+    sacct = subprocess.run(["sacct", "-X", "-n", "-P", "-S", since.strftime("%Y-%m-%dT%H:%M:%S"), "-o",
+                            "JobID,WorkDir"], capture_output=True, text=True, env=env, timeout=30)
+    assert sacct.returncode == 0, sacct.stderr
+    found += [line for line in sacct.stdout.splitlines() if str(ws) in line]
+    return found
+
+
+@pytest.fixture(scope="module")
+def counts():
+    tally: collections.Counter = collections.Counter()
+    yield tally
+    by_category = ", ".join(f"{category} {n}" for category, n in tally.items())
+    SUMMARY.append(f"bad-input corpus: {sum(tally.values())} cases passed ({by_category}); "
+                   f"{len(CASES)} cases in {len({c.category for c in CASES})} categories")
+
+
+def test_the_corpus_is_big_enough():
+    categories = collections.Counter(c.category for c in CASES)
+    assert len(CASES) >= 40 and len({c.id for c in CASES}) == len(CASES)
+    assert set(categories) == {"recipes", "set", "sweeps", "cluster", "cli", "files", "slurmctld", "sbatch"}
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+def test_bad_input(case: Case, workspace: Path, slurm_sandbox, counts):
+    ws = workspace
+    env = dict(slurm_env(slurm_sandbox), HPC_RUNS_DIR=str(ws / "runs"))
+    env.update({k: v.format(ws=ws) for k, v in case.env})
+    roots = [ws, REPO / "recipes", Path(slurm_sandbox.cluster_config)]
+    before = snapshot(*roots)
+    since = dt.datetime.now() - dt.timedelta(seconds=1)
+
+    res = run_hpc(*(a.format(ws=ws) for a in case.args), env=env, cwd=ws, timeout=120)
+
+    out = res.stdout + res.stderr
+    assert res.returncode == case.code, f"exit {res.returncode}, expected {case.code}:\n{res.stderr}"
+    assert "Traceback" not in out and "internal error" not in out, out
+    if case.report:
+        assert re.search(r"(?m)^error\s", res.stdout) and "fix: " in res.stdout, res.stdout
+        message = res.stdout
+    else:
+        assert "error: " in res.stderr and "  fix: " in res.stderr, res.stderr
+        message = res.stderr.split("error: ", 1)[1]
+    assert re.search(case.pattern, message, re.IGNORECASE | re.DOTALL), f"{case.pattern!r} not in:\n{message}"
+    fix = message.split("fix: ", 1)[1].strip()
+    assert len(fix) > 10, fix
+    assert our_jobs(ws, since, slurm_env(slurm_sandbox)) == [], "a job reached Slurm"
+    after = snapshot(*roots)
+    changed = sorted(p for p in before.keys() | after.keys() if before.get(p) != after.get(p))
+    assert changed == [], f"files changed: {changed}"
+    counts[case.category] += 1
