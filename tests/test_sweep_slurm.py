@@ -17,9 +17,15 @@ pytestmark = pytest.mark.slurm
 TASKS = 200
 
 
-def sacct_rows(array_id: str, env: dict) -> list[list[str]]:
-    res = commands.run(["sacct", "-X", "-n", "-P", "-D", "-j", array_id, "-o", "JobID,State"], check=False)
-    return [line.split("|") for line in res.stdout.splitlines() if line]
+def sacct_rows(array_id: str, env: dict, expected: int, timeout: float = 60) -> list[list[str]]:
+    """Accounting's rows for the array, once it has recorded `expected` of them (it lags the controller)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        res = commands.run(["sacct", "-X", "-n", "-P", "-D", "-j", array_id, "-o", "JobID,State"], check=False)
+        rows = [line.split("|") for line in res.stdout.splitlines() if line and "[" not in line]
+        if len(rows) >= expected or time.monotonic() > deadline:
+            return rows
+        time.sleep(1)
 
 
 def test_a_200_task_sweep_is_one_job_array_with_every_task_accounted_for(slurm_sandbox, tmp_path, monkeypatch):
@@ -51,7 +57,7 @@ def test_a_200_task_sweep_is_one_job_array_with_every_task_accounted_for(slurm_s
     assert len(list((sweep_dir / "submitit").glob(f"{array_id}_*_submitted.pkl"))) == TASKS
     assert len(list((sweep_dir / "submitit").glob(f"{array_id}_*_0_result.pkl"))) == TASKS
     monkeypatch.setenv("SLURM_CONF", env["SLURM_CONF"])
-    rows = sacct_rows(array_id, env)
+    rows = sacct_rows(array_id, env, TASKS)
     assert sorted(r[0] for r in rows) == sorted(f"{array_id}_{i}" for i in range(TASKS))  # once each: no requeue
     assert {r[1] for r in rows} == {"COMPLETED"}
 

@@ -8,6 +8,7 @@ submitted as their rendered script with sbatch instead.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import sys
@@ -94,26 +95,27 @@ def clean_sbatch_env(environ: dict[str, str]) -> dict[str, str]:
 
 
 def slurm_executor(folder: Path, spec: JobSpec):
-    """A submitit Slurm executor with a spec's parameters; its sbatch runs in clean_sbatch_env()."""
-    ex = _slurm_executor_class()(folder=folder, python=node_python(spec))
+    """A submitit Slurm executor with a spec's parameters (submit through it inside sbatch_environment())."""
+    import submitit
+
+    ex = submitit.SlurmExecutor(folder=folder, python=node_python(spec))
     ex.update_parameters(**slurm_parameters(spec))
     return ex
 
 
-def _slurm_executor_class():
-    import submitit
-
-    class CleanEnvSlurmExecutor(submitit.SlurmExecutor):
-        """submitit's Slurm executor, with sbatch run in clean_sbatch_env() (so --export=ALL is the allow-list)."""
-
-        def _make_submission_command(self, submission_file_path: Path) -> list[str]:
-            from toolkit.slurm.commands import find
-
-            env = clean_sbatch_env(dict(os.environ))
-            return ["env", "-i", *(f"{k}={v}" for k, v in env.items()), find("sbatch") or "sbatch",
-                    str(submission_file_path)]
-
-    return CleanEnvSlurmExecutor
+@contextlib.contextmanager
+def sbatch_environment():
+    """While submitit runs sbatch, this process's environment is clean_sbatch_env(): with --export=ALL, the job
+    then gets exactly the allow-list. (submitit starts sbatch with the inherited environment, and makes its own
+    executors for job arrays, so the environment is the one place to set this for every path.)"""
+    saved = dict(os.environ)
+    os.environ.clear()
+    os.environ.update(clean_sbatch_env(saved))
+    try:
+        yield
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
 
 
 def submit(spec: JobSpec, run_dir: Path, executor: ExecutorKind) -> Submission:
@@ -138,7 +140,8 @@ def submit(spec: JobSpec, run_dir: Path, executor: ExecutorKind) -> Submission:
         ex = slurm_executor(folder, spec)
         launcher = RankLauncher.for_spec(spec, run_dir, __version__)
     try:
-        job = ex.submit(launcher)
+        with sbatch_environment():
+            job = ex.submit(launcher)
     except submitit.core.utils.FailedJobError as exc:  # sbatch refused the job
         raise refused(str(exc).strip().splitlines()) from None
     return Submission(str(job.job_id), run_dir, executor, job)

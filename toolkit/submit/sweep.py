@@ -246,14 +246,14 @@ def _task_metadata(base: dict, sweep_meta: dict, task: Task, array_id: str | Non
 def _submit_array(tasks: Sequence[Task], sweep_dir: Path, parallelism: int | None, version: str) -> str:
     import submitit
 
-    from toolkit.submit.executor import refused, slurm_executor
+    from toolkit.submit.executor import refused, sbatch_environment, slurm_executor
     from toolkit.submit.launcher import RankLauncher
 
     ex = slurm_executor(sweep_dir / "submitit", tasks[0].spec)
     if parallelism:
         ex.update_parameters(array_parallelism=parallelism)
     try:
-        with ex.batch():
+        with sbatch_environment(), ex.batch():
             jobs = [ex.submit(RankLauncher.for_spec(task.spec, task.run_dir, version)) for task in tasks]
     except submitit.core.utils.FailedJobError as exc:  # sbatch refused the array
         raise refused(str(exc).strip().splitlines()) from None
