@@ -12,7 +12,7 @@ import pytest
 from tests.conftest import REPO, run_hpc
 from toolkit.errors import HpcError
 from toolkit.reports.nccl import parse_text
-from toolkit.workloads.collectives import bandwidths, bus_factor, layout, parse_size, rank_env, sizes
+from toolkit.workloads.collectives import bandwidths, bus_factor, layout, parse_size, sizes
 
 
 @pytest.mark.parametrize("op,n,expected", [("all_reduce", 8, 1.75), ("all_gather", 8, 0.875), ("reduce_scatter", 4, 0.75),
@@ -41,17 +41,6 @@ def test_sizes_and_size_syntax():
         parse_size("lots")
     with pytest.raises(HpcError):
         sizes(64, 8)
-
-
-def test_rank_layout_from_slurm_variables_with_a_job_derived_port():
-    env = rank_env({"SLURM_PROCID": "3", "SLURM_NTASKS": "4", "SLURM_LOCALID": "1", "SLURM_JOB_ID": "123",
-                    "MASTER_ADDR": "n1"})
-    assert (env.rank, env.local_rank, env.world_size, env.master_addr, env.master_port) == (3, 1, 4, "n1", 20123)
-    assert rank_env({"RANK": "1", "WORLD_SIZE": "2", "SLURM_PROCID": "0", "MASTER_ADDR": "h", "MASTER_PORT": "1"}).rank == 1
-    with pytest.raises(HpcError):
-        rank_env({"RANK": "2", "WORLD_SIZE": "2"})
-    with pytest.raises(HpcError):
-        rank_env({"RANK": "0", "WORLD_SIZE": "2"})  # no MASTER_ADDR and not in a Slurm job
 
 
 def _free_port() -> int:

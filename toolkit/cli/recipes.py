@@ -166,6 +166,8 @@ def submit(name: str = typer.Argument(..., help="Recipe name or path to a recipe
          f"{result['queue']}\n  run dir: {result['run_dir']}\n  follow:  {result['follow']}")
     if wait:
         result.update(submission.wait(result["job_id"], Path(result["run_dir"]), progress=info))
+        if result["state"] == "COMPLETED":
+            _print_outcome(result)
     emit(result, as_json, lambda r: f"{r['job_id']}" + (f" {r['state']}" if "state" in r else ""))
     if wait and result["state"] != "COMPLETED":
         log = result.get("failed_rank_log")
@@ -191,6 +193,8 @@ def _submit_sweep(request, sweeps: list[str], parallelism, dry_run: bool, wait: 
          f"  follow:    {result['follow']}")
     if wait:
         result.update(submission.wait(result["job_id"], Path(result["run_dir"]), progress=info))
+        if result["state"] == "COMPLETED":
+            _print_outcome(result)
         if result["state"] != "COMPLETED":
             from toolkit.submit import rundir
 
@@ -201,3 +205,21 @@ def _submit_sweep(request, sweeps: list[str], parallelism, dry_run: bool, wait: 
         for task in result["failed_tasks"]:
             info(f"task {task['job_id']} ended {task['state']}" + (f": see {task['log']}" if task["log"] else ""))
         raise typer.Exit(1)
+
+
+def _print_outcome(result: dict) -> None:
+    """What the finished run did, from its logs (hpc report run has the full story); quiet if it has no log."""
+    from toolkit.errors import HpcError
+    from toolkit.reports.scaling import read_run
+
+    try:
+        training = read_run(result["run_dir"]).training
+    except HpcError:
+        return
+    if not training:
+        return
+    curve = training["loss_curve"]
+    loss = f", loss {curve[0][1]:.3f} -> {curve[-1][1]:.3f}" if len(curve) > 1 else ""
+    rate = f", {training['throughput']:.1f} {training['unit']}" if training["throughput"] else ""
+    info(f"result: {result['ranks']} ranks, {training['updates']} updates{loss}{rate} "
+         f"(details: hpc report run {result['run_dir']})")

@@ -20,12 +20,12 @@ import dataclasses
 import datetime
 import os
 import socket
-import subprocess
 import sys
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 
 from toolkit.errors import HpcError
+from toolkit.workloads.rank_env import rank_env
 
 OPS = ("all_reduce", "all_gather", "reduce_scatter")
 REDOP = {"all_reduce": "sum", "all_gather": "none", "reduce_scatter": "sum"}
@@ -143,56 +143,6 @@ def footer_lines(test: str, out_of_bounds: int, avg_busbw: float) -> list[str]:
         "#",
         f"# Collective test concluded: {test}",
     ]
-
-
-# ---- rank layout ---------------------------------------------------------------------------------------------
-
-@dataclasses.dataclass(frozen=True)
-class RankEnv:
-    rank: int
-    local_rank: int
-    world_size: int
-    master_addr: str
-    master_port: int
-
-
-def _env_int(env: Mapping[str, str], names: tuple[str, ...], default: int) -> int:
-    for name in names:
-        if env.get(name, "") != "":
-            try:
-                return int(env[name])
-            except ValueError:
-                raise HpcError(f"{name}={env[name]!r} is not an integer", fix=f"unset or fix {name}") from None
-    return default
-
-
-def rank_env(env: Mapping[str, str] | None = None) -> RankEnv:
-    """Rank, local rank, world size and rendezvous from torchrun-style or Slurm variables."""
-    env = os.environ if env is None else env
-    rank = _env_int(env, ("RANK", "SLURM_PROCID"), 0)
-    local_rank = _env_int(env, ("LOCAL_RANK", "SLURM_LOCALID"), 0)
-    world = _env_int(env, ("WORLD_SIZE", "SLURM_NTASKS"), 1)
-    if not 0 <= rank < world:
-        raise HpcError(f"rank {rank} is outside a world of {world}", fix="check RANK/WORLD_SIZE (or SLURM_PROCID/SLURM_NTASKS)")
-    # Concurrent jobs share a network on the local cluster: a port derived from the job id keeps them apart.
-    job = _env_int(env, ("SLURM_JOB_ID",), -1)
-    port = _env_int(env, ("MASTER_PORT",), 20000 + job % 20000 if job >= 0 else 29500)
-    addr = env.get("MASTER_ADDR") or ("127.0.0.1" if world == 1 else _first_slurm_host(env))
-    return RankEnv(rank, local_rank, world, addr, port)
-
-
-def _first_slurm_host(env: Mapping[str, str]) -> str:
-    nodelist = env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST")
-    if nodelist:
-        try:
-            out = subprocess.run(["scontrol", "show", "hostnames", nodelist], capture_output=True, text=True,
-                                 timeout=30, check=True).stdout.split()
-            if out:
-                return out[0]
-        except (OSError, subprocess.SubprocessError):
-            pass
-    raise HpcError("MASTER_ADDR is not set for a job of more than one rank",
-                   fix="export MASTER_ADDR=<first node of the job> (and MASTER_PORT) before starting the ranks")
 
 
 # ---- the benchmark -------------------------------------------------------------------------------------------
@@ -339,7 +289,10 @@ def main(argv: list[str] | None = None) -> int:
         if unknown or not ops:
             raise HpcError(f"unknown collective(s): {', '.join(unknown) or '(none given)'}", fix=f"use --ops with {','.join(OPS)}")
         byte_sizes = sizes(parse_size(args.minbytes), parse_size(args.maxbytes), args.stepfactor, parse_size(args.stepbytes))
-        env = rank_env()
+        try:
+            env = rank_env()
+        except ValueError as exc:
+            raise HpcError(f"rank layout: {exc}", fix="run under srun or set RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT") from None
         import torch
         import torch.distributed as dist
 
