@@ -1,15 +1,18 @@
 #!/usr/bin/env python3
-"""Submit-to-joined: `hpc recipes submit` vs a hand-written sbatch + srun script, same payload, same cluster.
+"""`hpc recipes submit` vs hand-written sbatch scripts on the same cluster: start-up overhead and throughput.
 
-Each repeat times from starting the submitting command to the moment rank 0 of the payload
+1. Submit-to-joined. Each repeat times from starting the submitting command to the moment rank 0 of the payload
 (benchmarks/payloads/joined.py: a torch.distributed gloo process group) had formed; the two ways alternate.
-Prints the medians and the ratio (goal: hpc <= 1.10x the hand-written script). Needs the local Slurm
-(make slurm-up) or a cluster with a `cpu`-like queue (--queue, --nodes).
+Prints the medians and the ratio (goal: hpc <= 1.10x the hand-written script).
+2. Training throughput: the resnet50 smoke run through hpc vs benchmarks/hand/resnet-smoke.sbatch (the same
+trainer and arguments, threads set by hand), steady images/s as the trainer logs it (goal: >= 0.95x).
+Needs the local Slurm (make slurm-up) and the training environment (make train-env).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
 import subprocess
@@ -21,6 +24,7 @@ from pathlib import Path
 import yaml
 
 REPO = Path(__file__).resolve().parents[1]
+HAND_RESNET = REPO / "benchmarks" / "hand" / "resnet-smoke.sbatch"
 PAYLOAD = REPO / "benchmarks" / "payloads" / "joined.py"
 HAND_SCRIPT = """#!/bin/bash
 #SBATCH --partition={queue}
@@ -52,12 +56,53 @@ def timed(argv: list[str], marker: Path, env: dict[str, str]) -> float:
     return wait_for(marker) - start
 
 
+def steady_rate(log: Path, timeout: float = 600) -> float:
+    from toolkit.workloads.train_log import read_log, steady_throughput
+
+    deadline = time.monotonic() + timeout
+    while not (log.exists() and any(r["event"] == "end" for r in read_log(log))):
+        if time.monotonic() > deadline:
+            raise SystemExit(f"the run writing {log} did not end within {timeout:.0f} s")
+        time.sleep(1)
+    return steady_throughput(read_log(log))
+
+
+def throughput(work: Path, env: dict[str, str], repeats: int) -> None:
+    from toolkit.workloads.smoke_data import ensure
+
+    data, _made = ensure("images", work / "digits")
+    env = dict(env, PATH=f"{Path(sys.executable).parent}:{env['PATH']}")
+    ways: dict[str, list[float]] = {"hand-written sbatch": [], "hpc recipes submit": []}
+    for i in range(repeats):
+        out = work / f"hand-resnet-{i}"
+        subprocess.run(["sbatch", f"--output={work}/hand-resnet-{i}.out", str(HAND_RESNET), str(data), str(out)],
+                       env=env, check=True, capture_output=True, timeout=60)
+        ways["hand-written sbatch"].append(steady_rate(out / "logs" / "train_log.jsonl"))
+        done = subprocess.run([sys.executable, "-m", "toolkit", "recipes", "submit", "resnet50", "--profile", "smoke",
+                               "--nodes", "2", "--set", f"dirs.data.dir={data}", "--wait", "--json"],
+                              env=env, capture_output=True, text=True, timeout=900, cwd=work)
+        if done.returncode != 0:
+            raise SystemExit(f"hpc recipes submit resnet50 failed: {done.stderr.strip()}")
+        run = Path(json.loads(done.stdout)["run_dir"])
+        ways["hpc recipes submit"].append(steady_rate(run / "logs" / "train_log.jsonl"))
+        print(f"repeat {i + 1}/{repeats}: " + ", ".join(f"{k} {v[-1]:.1f} img/s" for k, v in ways.items()),
+              file=sys.stderr)
+    medians = {k: statistics.median(v) for k, v in ways.items()}
+    base = medians["hand-written sbatch"]
+    print(f"resnet50 smoke (resnet18, 64 px, 2 nodes x 2 ranks) steady images/s, median of {repeats}:")
+    for name, rate in medians.items():
+        print(f"  {name:<30}{rate:>8.1f}  {rate / base:>6.2f}x")
+    ratio = medians["hpc recipes submit"] / base
+    print(f"goal hpc >= 0.95x hand-written: {'met' if ratio >= 0.95 else 'NOT met'} ({ratio:.2f}x)")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--queue", default="cpu")
     parser.add_argument("--nodes", type=int, default=2)
     parser.add_argument("--tasks-per-node", type=int, default=2)
+    parser.add_argument("--skip-throughput", action="store_true", help="only the submit-to-joined part")
     args = parser.parse_args()
     sys.path.insert(0, str(REPO))
     from toolkit.slurm.discovery import use_discovered_slurm
@@ -94,6 +139,8 @@ def main() -> None:
         print(f"  {name:<30}{seconds:>8.2f} s  {seconds / base:>6.2f}x")
     ratio = medians["hpc recipes submit"] / base
     print(f"goal hpc <= 1.10x hand-written: {'met' if ratio <= 1.10 else 'NOT met'} ({ratio:.2f}x)")
+    if not args.skip_throughput:
+        throughput(work, env, max(1, args.repeats // 2))
 
 
 if __name__ == "__main__":

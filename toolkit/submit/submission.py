@@ -123,7 +123,7 @@ def wait(job_id: str, run: Path, progress: Callable[[str], None], poll_s: float 
     start, last = time.monotonic(), None
     while True:
         status = runs.status(job_id)
-        if status.state != last:
+        if status.state not in (last, "UNKNOWN"):  # UNKNOWN: Slurm's accounting has not caught up yet
             progress(f"job {job_id}: {status.state} after {time.monotonic() - start:.0f} s")
             last = status.state
         if status.done:
