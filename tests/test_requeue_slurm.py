@@ -4,6 +4,7 @@ Each run is interrupted twice: once by `scontrol requeue` (no signal: it resumes
 checkpoint) and once by its time limit (3 min; SIGUSR2 120 s before, which Slurm delivers at its next
 30 s check: our trainer stops at an agreed step and saves; fairseq resumes from its last periodic
 checkpoint). The two interrupted runs share the cluster's two nodes; the uninterrupted reference follows.
+A rendered script sent with plain sbatch does the same from its batch shell's trap (--signal=B:USR2).
 """
 
 from __future__ import annotations
@@ -123,3 +124,33 @@ def test_fairseq_finishes_after_scontrol_requeue_and_time_limit(interrupted):
     assert max(fairseq_updates(interrupted["roberta_log"])) == 2000
     assert "done training" in log
     assert not stray_processes(job["run_dir"])
+
+
+def test_rendered_script_stops_saves_and_requeues_on_the_batch_shells_signal(slurm_sandbox, tmp_path):
+    """`hpc recipes render` output, sent with plain sbatch: SIGUSR2 to the batch shell (what --signal=B:USR2
+    delivers before the time limit) makes the ranks stop at an agreed step, save, and the job requeue itself."""
+    env = dict(slurm_env(slurm_sandbox))
+    script = tmp_path / "resnet.sbatch"
+    res = run_hpc("recipes", "render", *RESNET, "-o", str(script), env=env, cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    assert "#SBATCH --signal=B:USR2@120" in script.read_text() and "#SBATCH --requeue" in script.read_text()
+    run = tmp_path / "smoke" / "runs" / "resnet50-smoke"
+    run.mkdir(parents=True)
+    job_id = subprocess.run(["sbatch", "--parsable", str(script)], env=env, capture_output=True, text=True,
+                            check=True, timeout=60).stdout.strip()
+    wait_until(lambda: len(train_steps(run)) >= 12, 300, "step 12")
+    subprocess.run(["scancel", "--signal=USR2", "--batch", job_id], env=env, check=True, timeout=30)
+
+    def ended():
+        records = read_log(run / "logs" / "train_log.jsonl")
+        return records if records[-1]["event"] == "end" and records[-1]["status"] == "completed" else None
+    records = wait_until(ended, 600, "the requeued job to finish")
+    starts = [r for r in records if r["event"] == "start"]
+    stopped = [r for r in records if r["event"] == "end" and r["status"] == "stopped"]
+    assert len(starts) == 2 and len(stopped) == 1
+    assert starts[1]["resumed_from_step"] == stopped[0]["step"] >= 12  # resumed exactly where it stopped
+    restarts = subprocess.run(["scontrol", "-o", "show", "job", job_id], env=env, capture_output=True, text=True,
+                              timeout=30).stdout
+    assert "Restarts=1" in restarts
+    assert "hpc: stop requested: requeueing job" in next(run.glob("resnet50-smoke-*.out")).read_text()
+    assert not stray_processes(str(run))

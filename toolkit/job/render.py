@@ -29,7 +29,10 @@ def sbatch_directives(spec: JobSpec) -> list[str]:
         directives.append("--exclusive")
     if spec.wait_all_nodes:
         directives.append("--wait-all-nodes=1")
-    directives += [f"--output={spec.output}", f"--export={','.join(submit_env_allowlist())}"]
+    # Requeueable, SIGUSR2 to the batch shell before the time limit (USR1 is NCCL's), logs appended across
+    # requeues (the template's trap stops or requeues the job).
+    directives += [f"--output={spec.output}", "--open-mode=append", f"--export={','.join(submit_env_allowlist())}",
+                   "--requeue", f"--signal=B:USR2@{spec.signal_before_s}"]
     for option in ("account", "qos", "reservation", "dependency"):
         if getattr(spec, option):
             directives.append(f"--{option}={getattr(spec, option)}")
