@@ -62,3 +62,14 @@ def test_resnet_trains_on_four_ranks(slurm_sandbox, tmp_path):
     assert end["event"] == "end" and end["status"] == "completed" and end["step"] == start["total_steps"]
     assert falls([r["loss"] for r in train])
     assert (Path(result["run_dir"]) / "checkpoints" / "checkpoint_last.pt").is_file()
+
+
+def test_a_bad_data_path_fails_the_wait_and_names_the_failing_ranks_log(slurm_sandbox, tmp_path):
+    env = dict(slurm_env(slurm_sandbox), HPC_RUNS_DIR=str(tmp_path / "runs"))
+    res = run_hpc("recipes", "submit", "resnet50", "--profile", "smoke", "--nodes", "2", "--wait",
+                  "--set", f"dirs.data.dir={tmp_path / 'no-such-data'}", "--set", "prepare=[]",
+                  env=env, cwd=tmp_path, timeout=600)
+    assert res.returncode == 1 and "Traceback" not in res.stderr
+    log = re.search(r"ended FAILED: see (\S+_log\.err)", res.stderr)
+    assert log, res.stderr
+    assert "no-such-data" in Path(log.group(1)).read_text()
