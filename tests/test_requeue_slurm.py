@@ -22,10 +22,10 @@ from toolkit.workloads.train_log import read_log
 
 pytestmark = [pytest.mark.slurm, pytest.mark.training]
 TIME_LIMIT = ["--set", "resources.time=00:03:00", "--set", "resources.signal_before_s=120"]
-RESNET = ["resnet50", "--profile", "smoke", "--nodes", "1", "--set", "args.--epochs=4",
+RESNET = ["resnet50", "--profile", "smoke", "--nodes", "1", "--set", "args.--epochs=6",
           "--set", "args.--log-every-steps=1", "--set", "args.--checkpoint-every-steps=10"]
-ROBERTA = ["roberta", "--profile", "smoke", "--nodes", "1", "--set", "args.--max-update=2000",
-           "--set", "args.--total-num-update=2000", "--set", "args.--max-epoch=1000",
+ROBERTA = ["roberta", "--profile", "smoke", "--nodes", "1", "--set", "args.--max-update=3000",
+           "--set", "args.--total-num-update=3000", "--set", "args.--max-epoch=1000",
            "--set", "args.--save-interval-updates=10", "--set", "args.--log-interval=5"]
 
 
@@ -121,7 +121,7 @@ def test_fairseq_finishes_after_scontrol_requeue_and_time_limit(interrupted):
     loaded = [int(u) for u in re.findall(r"Loaded checkpoint \S+ \(epoch \d+ @ (\d+) updates\)", log)]
     assert len(loaded) >= 2, "fairseq did not resume from its checkpoint after each requeue"
     assert before_requeue - loaded[0] <= 10  # at most one --save-interval-updates repeated
-    assert max(fairseq_updates(interrupted["roberta_log"])) == 2000
+    assert max(fairseq_updates(interrupted["roberta_log"])) == 3000
     assert "done training" in log
     assert not stray_processes(job["run_dir"])
 
@@ -131,7 +131,7 @@ def test_rendered_script_stops_saves_and_requeues_on_the_batch_shells_signal(slu
     delivers before the time limit) makes the ranks stop at an agreed step, save, and the job requeue itself."""
     env = dict(slurm_env(slurm_sandbox))
     script = tmp_path / "resnet.sbatch"
-    res = run_hpc("recipes", "render", *RESNET, "-o", str(script), env=env, cwd=tmp_path)
+    res = run_hpc("recipes", "render", *RESNET, "--set", "args.--epochs=2", "-o", str(script), env=env, cwd=tmp_path)
     assert res.returncode == 0, res.stderr
     assert "#SBATCH --signal=B:USR2@120" in script.read_text() and "#SBATCH --requeue" in script.read_text()
     run = tmp_path / "smoke" / "runs" / "resnet50-smoke"
