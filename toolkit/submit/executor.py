@@ -9,7 +9,6 @@ submitted as their rendered script with sbatch instead.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import os
 import sys
 from pathlib import Path
@@ -21,14 +20,6 @@ from toolkit.job.render import render_script, setup_block, srun_options
 from toolkit.job.spec import JobSpec
 
 ExecutorKind = Literal["slurm", "local"]
-
-
-@dataclasses.dataclass
-class Submission:
-    job_id: str
-    run_dir: Path
-    executor: ExecutorKind
-    job: Any = None  # the submitit Job (None for scripts sent with sbatch)
 
 
 def choose_executor(requested: str | None) -> tuple[ExecutorKind, str | None]:
@@ -118,8 +109,8 @@ def sbatch_environment():
         os.environ.update(saved)
 
 
-def submit(spec: JobSpec, run_dir: Path, executor: ExecutorKind) -> Submission:
-    """Submit one job; the run dir must exist (toolkit.submit.rundir)."""
+def submit(spec: JobSpec, run_dir: Path, executor: ExecutorKind) -> str:
+    """Submit one job and return its id; the run dir must exist (toolkit.submit.rundir)."""
     if spec.mpi:
         return _submit_script(spec, run_dir)
     import submitit
@@ -144,7 +135,7 @@ def submit(spec: JobSpec, run_dir: Path, executor: ExecutorKind) -> Submission:
             job = ex.submit(launcher)
     except submitit.core.utils.FailedJobError as exc:  # sbatch refused the job
         raise refused(str(exc).strip().splitlines()) from None
-    return Submission(str(job.job_id), run_dir, executor, job)
+    return str(job.job_id)
 
 
 def preflight(spec: JobSpec) -> None:
@@ -168,7 +159,7 @@ def refused(sbatch_output: list[str]) -> HpcError:
                     fix="check --queue/--nodes against `sinfo` (the partition's nodes and limits)")
 
 
-def _submit_script(spec: JobSpec, run_dir: Path) -> Submission:
+def _submit_script(spec: JobSpec, run_dir: Path) -> str:
     """MPI binaries (nccl-tests): the rendered script itself, sent with sbatch --parsable."""
     from toolkit.slurm import commands
 
@@ -178,4 +169,4 @@ def _submit_script(spec: JobSpec, run_dir: Path) -> Submission:
     res = commands.run(["sbatch", "--parsable", str(script)], check=False)
     if res.returncode != 0:
         raise refused(res.stderr.splitlines())
-    return Submission(res.stdout.strip().split(";")[0], run_dir, "slurm")
+    return res.stdout.strip().split(";")[0]

@@ -93,17 +93,17 @@ def submit(request: SubmitRequest, progress: Callable[[str], None] = lambda _m: 
                 "instance_type": queue.instance_type, "nodes": spec.nodes, "ranks_per_node": spec.tasks_per_node,
                 "ranks": spec.world_size, "job_ids": []}
         rundir.write_json(run / rundir.METADATA, meta)
-        submission = executors.submit(spec, run, executor)
+        job_id = executors.submit(spec, run, executor)
     except BaseException:
         rundir.discard(run)  # never leave a run dir for a job that was not submitted
         raise
-    meta["job_ids"] = [submission.job_id]
+    meta["job_ids"] = [job_id]
     rundir.write_json(run / rundir.METADATA, meta)
     if executor == "slurm":
-        _save_batch_script(submission.job_id, run)
-    return {"job_id": submission.job_id, "run_dir": str(run), "executor": executor, "queue": queue.name,
+        _save_batch_script(job_id, run)
+    return {"job_id": job_id, "run_dir": str(run), "executor": executor, "queue": queue.name,
             "nodes": spec.nodes, "ranks": spec.world_size,
-            "follow": f"hpc jobs logs {submission.job_id} --follow"}
+            "follow": f"hpc jobs logs {job_id} --follow"}
 
 
 def _save_batch_script(job_id: str, run: Path) -> None:
