@@ -16,8 +16,8 @@ from toolkit.health import doctor
 from toolkit.health.evaluate import CHECKS, evaluate, version_tuple
 from toolkit.health.node_check import Node, gather
 
-P3DN = Queue("p3dn", "p3dn.24xlarge", 8, efa_stack="modern", fsx_mount="/fsx")
-P4D = Queue("p4d", "p4d.24xlarge", 8, efa_stack="modern", fsx_mount="/fsx")
+P3DN = Queue("p3dn", "p3dn.24xlarge", 8, efa_stack="modern", fsx_mount="/fsx", efa_enabled=True)
+P4D = Queue("p4d", "p4d.24xlarge", 8, efa_stack="modern", fsx_mount="/fsx", efa_enabled=True)
 CPU = Queue("cpu", "m5.xlarge", 2, efa_stack="none", ranks_per_node=2)
 FI_INFO_EFA = """provider: efa
     fabric: efa

@@ -26,6 +26,7 @@ from toolkit.recipes.load import load_recipe, parse_override
 from toolkit.recipes.schema import Recipe
 from toolkit.submit import rundir, sweep
 from toolkit.submit.executor import slurm_parameters
+from toolkit.submit.plan import SubmitRequest, new_run_dir
 
 CANARY = "PWNED"
 FRAGMENTS = [f"$(touch {CANARY})", f"`touch {CANARY}`", f"'; touch {CANARY}; '", f'"; touch {CANARY}; "',
@@ -186,10 +187,9 @@ def test_sweep_values_arrive_as_the_same_set_value_would(values):
 def test_run_dir_names_stay_directly_under_the_runs_root(name, profile):
     COUNTS["run-dir names"] += 1
     root = Path("/srv/runs")
-    hint = Path(name).stem if name else name
-    for path in (rundir.run_dir_path(hint if profile is None else f"{hint}-{profile}", root),
-                 rundir.run_dir_path(f"{hint}-sweep", root)):
+    request = SubmitRequest(name, profile=profile)  # the run dir's name comes from the request, as submit makes it
+    for path in (new_run_dir(request, root), sweep.new_sweep_dir(request, root)):
         escape_if(path.parent != root or path.name in ("", ".", "..") or "/" in path.name
                   or os.path.normpath(path) != str(path), "run-dir name")
-        task = path / sweep.task_dir_name(7, 200)
+        task = path / rundir.task_dir_name(7, 200)
         escape_if(task.parent != path, "sweep task dir")

@@ -7,7 +7,7 @@ import pytest
 from tests.conftest import run_hpc
 from tests.jobhelpers import CPU, P3DN
 from toolkit.catalog import instance
-from toolkit.cluster.queues import Queue
+from toolkit.cluster.queues import Queue, queues_from_config
 from toolkit.job.env import communication_env, filter_submit_env, submit_env_allowlist
 from toolkit.job.render import render_script
 from toolkit.job.spec import build_job_spec
@@ -18,23 +18,46 @@ def names(env):
     return [v.name for v in env]
 
 
-@pytest.mark.parametrize("itype,stack,expected", [
-    ("p3dn.24xlarge", "modern", ["NCCL_DEBUG"]),
-    ("p5.48xlarge", "modern", ["NCCL_DEBUG"]),
-    ("p3dn.24xlarge", "legacy", ["NCCL_DEBUG", "FI_PROVIDER", "FI_EFA_TX_MIN_CREDITS", "NCCL_SOCKET_IFNAME"]),
-    ("p4d.24xlarge", "legacy", ["NCCL_DEBUG", "FI_PROVIDER", "FI_EFA_TX_MIN_CREDITS", "NCCL_SOCKET_IFNAME",
-                                "FI_EFA_USE_DEVICE_RDMA"]),
-    ("p3.16xlarge", "none", ["NCCL_DEBUG", "NCCL_SOCKET_NTHREADS", "NCCL_NSOCKS_PERTHREAD"]),
-    ("p3.16xlarge", "legacy", ["NCCL_DEBUG", "NCCL_SOCKET_NTHREADS", "NCCL_NSOCKS_PERTHREAD"]),  # no EFA: TCP
-    ("p3dn.24xlarge", "none", ["NCCL_DEBUG", "NCCL_SOCKET_NTHREADS", "NCCL_NSOCKS_PERTHREAD"]),
+LEGACY = ["NCCL_DEBUG", "FI_PROVIDER", "FI_EFA_TX_MIN_CREDITS", "NCCL_SOCKET_IFNAME", "NCCL_PROTO"]
+TCP = ["NCCL_DEBUG", "NCCL_SOCKET_NTHREADS", "NCCL_NSOCKS_PERTHREAD"]
+
+
+def config_queue(itype: str, efa: bool, stack: str | None) -> Queue:
+    """A queue as read from a ParallelCluster file: Efa/Enabled as given, the hpc:efa-stack tag if any."""
+    queue = {"Name": "q", "ComputeResources": [{"Name": "r", "InstanceType": itype, "MaxCount": 2,
+                                                "Efa": {"Enabled": efa}}]}
+    if stack:
+        queue["Tags"] = [{"Key": "hpc:efa-stack", "Value": stack}]
+    return queues_from_config({"Scheduling": {"SlurmQueues": [queue]}})["q"]
+
+
+@pytest.mark.parametrize("itype,efa,stack,expected", [
+    ("p3dn.24xlarge", True, None, ["NCCL_DEBUG"]),  # EFA on: modern by default
+    ("p5.48xlarge", True, "modern", ["NCCL_DEBUG"]),
+    ("p3dn.24xlarge", True, "legacy", LEGACY),
+    ("p4d.24xlarge", True, "legacy", LEGACY + ["FI_EFA_USE_DEVICE_RDMA"]),
+    ("p3.16xlarge", False, None, TCP),
+    ("p3.16xlarge", True, "legacy", TCP),  # the instance has no EFA: TCP whatever the tag says
+    ("p3dn.24xlarge", True, "none", TCP),
+    ("p3dn.24xlarge", False, None, TCP),  # EFA disabled on the queue
+    ("p4d.24xlarge", False, "legacy", TCP),  # EFA disabled: no FI_* even with a legacy stack tag
 ])
-def test_communication_env_per_instance_and_stack(itype, stack, expected):
-    env = communication_env(instance(itype), stack)
-    assert names(env) == expected
+def test_communication_env_follows_the_queue(itype, efa, stack, expected):
+    queue = config_queue(itype, efa, stack)
+    env = build_job_spec(load_recipe("roberta"), queue, 1).env
+    got = [v.name for v in env if v.name.startswith(("NCCL_", "FI_"))]
+    assert got == expected
     assert all(v.doc for v in env)
-    threads = {v.name: int(v.value) for v in env if v.name in ("NCCL_SOCKET_NTHREADS", "NCCL_NSOCKS_PERTHREAD")}
+    values = {v.name: v.value for v in env}
+    threads = {n: int(values[n]) for n in ("NCCL_SOCKET_NTHREADS", "NCCL_NSOCKS_PERTHREAD") if n in values}
     if threads:
         assert threads["NCCL_SOCKET_NTHREADS"] <= 16 and threads["NCCL_SOCKET_NTHREADS"] * threads["NCCL_NSOCKS_PERTHREAD"] <= 64
+
+
+def test_nccl_proto_simple_only_for_the_legacy_plugin():
+    assert {v.name: v.value for v in communication_env(instance("p4d.24xlarge"), "legacy")}["NCCL_PROTO"] == "simple"
+    for fabric in ("modern", "none"):  # it would bypass a modern plugin's tuner
+        assert "NCCL_PROTO" not in names(communication_env(instance("p4d.24xlarge"), fabric))
 
 
 def test_cpu_queue_gets_threads_and_no_nccl():

@@ -57,10 +57,10 @@ def test_gpu_directives():
     directives = [line.removeprefix("#SBATCH ") for line in script.splitlines() if line.startswith("#SBATCH ")]
     assert directives == [
         "--job-name=roberta", "--partition=p3dn", "--nodes=8", "--ntasks-per-node=8", "--gpus-per-node=8",
-        "--cpus-per-task=12", "--time=5-00:00:00", "--exclusive", "--wait-all-nodes=1",
+        "--cpus-per-task=12", "--time=5-00:00:00", "--exclusive", "--wait-all-nodes=1", "--requeue",
+        "--account=ml-team", "--qos=high", "--reservation=res1", "--dependency=afterok:12:13",
         "--output=/fsx/runs/roberta/roberta-%j.out", "--open-mode=append",
-        "--export=PATH,HOME,USER,LOGNAME,SHELL,LANG,LC_ALL,LC_CTYPE,TZ,TMPDIR", "--requeue", "--signal=B:USR2@120",
-        "--account=ml-team", "--qos=high", "--reservation=res1", "--dependency=afterok:12:13"]
+        "--export=PATH,HOME,USER,LOGNAME,SHELL,LANG,LC_ALL,LC_CTYPE,TZ,TMPDIR", "--signal=B:USR2@120"]
     assert not [d for d in directives if d.startswith("--mem")]
     srun = next(line for line in script.splitlines() if line.startswith("srun "))
     assert "--cpus-per-task=12" in srun and "--ntasks-per-node=8" in srun and "--gpus-per-task" not in srun

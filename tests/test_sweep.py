@@ -10,7 +10,8 @@ from tests.jobhelpers import probe_recipe, write_cluster
 from toolkit.errors import HpcError, UsageError
 from toolkit.slurm import status as slurm_status
 from toolkit.submit import runs, sweep
-from toolkit.submit.submission import SubmitRequest
+from toolkit.submit import rundir
+from toolkit.submit.plan import SubmitRequest
 
 
 def test_values_ranges_and_escaped_commas():
@@ -45,39 +46,36 @@ def test_the_grid_is_the_cartesian_product_first_option_slowest():
         sweep.grid(["args.--a=1,2,1"])
 
 
-def _request(tmp_path, **kwargs) -> SubmitRequest:
+def _request(tmp_path, executor: str = "slurm") -> SubmitRequest:
     return SubmitRequest(str(probe_recipe(tmp_path)), nodes=1, cluster=str(write_cluster(tmp_path)), queue="cpu",
-                         executor="slurm", **kwargs)
+                         executor=executor)
 
 
 def test_every_point_is_validated_and_a_bad_one_is_named(tmp_path):
-    points = sweep.grid(["args.--count=1..60", "resources.time=00:10:00,ten minutes"])
     with pytest.raises(HpcError) as err:
-        sweep.plan(_request(tmp_path), points, tmp_path / "sweep")
+        sweep.plan(_request(tmp_path), ["args.--count=1..60", "resources.time=00:10:00,ten minutes"],
+                   sweep_dir=tmp_path / "sweep")
     assert "sweep point 1 (args.--count=1, resources.time=ten minutes)" in err.value.message
     assert "resources.time" in err.value.message and err.value.fix
 
 
 def test_a_point_that_changes_the_batch_script_is_refused(tmp_path):
-    points = sweep.grid(["env.OMP_NUM_THREADS=1,2"])
     with pytest.raises(HpcError) as err:
-        sweep.plan(_request(tmp_path), points, tmp_path / "sweep")
+        sweep.plan(_request(tmp_path), ["env.OMP_NUM_THREADS=1,2"], sweep_dir=tmp_path / "sweep")
     assert "sweep point 1 (env.OMP_NUM_THREADS=2) changes the job's setup" in err.value.message
     assert "args.*" in err.value.fix
     with pytest.raises(HpcError, match="changes the job's time"):
-        sweep.plan(_request(tmp_path), sweep.grid(["resources.time=00:10:00,00:20:00"]), tmp_path / "sweep")
+        sweep.plan(_request(tmp_path), ["resources.time=00:10:00,00:20:00"], sweep_dir=tmp_path / "sweep")
 
 
 def test_the_local_executor_cannot_run_a_sweep(tmp_path):
-    request = _request(tmp_path)
-    request.executor = "local"
+    request = _request(tmp_path, executor="local")
     with pytest.raises(UsageError, match="Slurm job array"):
-        sweep.plan(request, sweep.grid(["args.--count=1,2"]), tmp_path / "sweep")
+        sweep.plan(request, ["args.--count=1,2"], sweep_dir=tmp_path / "sweep")
 
 
 def test_a_plan_gives_each_task_its_own_run_dir_and_argv(tmp_path):
-    tasks, _queue, _executor, _notes = sweep.plan(_request(tmp_path), sweep.grid(["args.--count=7,8"]),
-                                                  tmp_path / "sweep")
+    tasks = sweep.plan(_request(tmp_path), ["args.--count=7,8"], sweep_dir=tmp_path / "sweep").tasks
     assert [t.run_dir.name for t in tasks] == ["task-000", "task-001"]
     assert [t.spec.run_dir for t in tasks] == [str(tmp_path / "sweep" / "task-000"), str(tmp_path / "sweep" / "task-001")]
     assert [t.spec.command[t.spec.command.index("--count") + 1] for t in tasks] == ["7", "8"]
@@ -102,8 +100,7 @@ def _sweep_dir(tmp_path, count: int):
     meta = {"kind": "sweep", "array_job_id": "7", "tasks": count, "recipe": "probe", "nodes": 1, "job_ids": ["7"]}
     run = tmp_path / "runs" / "probe-sweep-x"
     for i in range(count):
-        (run / sweep.task_dir_name(i, count)).mkdir(parents=True)
-    from toolkit.submit import rundir
+        (run / rundir.task_dir_name(i, count)).mkdir(parents=True)
 
     rundir.write_json(run / "metadata.json", meta)
     return run, meta
@@ -117,7 +114,6 @@ def test_summary_waits_for_pending_tasks_and_falls_back_to_task_run_dirs(tmp_pat
     # Slurm forgot the tasks (no accounting, MinJobAge): their run dirs say how they ended.
     _fake_slurm(monkeypatch, "")
     monkeypatch.setattr("toolkit.slurm.status._from_sacct", lambda ids: None)
-    from toolkit.submit import rundir
 
     for i in range(4):
         if i == 2:

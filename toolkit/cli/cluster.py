@@ -11,7 +11,6 @@ from toolkit.cli.output import JSON_OPTION, emit, info, table, warn
 
 app = typer.Typer(help="Generate, validate and inspect AWS ParallelCluster v3 configs.", no_args_is_help=True, rich_markup_mode=None)
 
-HEAD_NODE_CONFIG = "/opt/parallelcluster/shared/cluster-config.yaml"  # same as toolkit.cluster.queues
 
 
 @app.command("config")
@@ -87,19 +86,21 @@ def validate(
 
 @app.command("show")
 def show(
-    file: Optional[str] = typer.Argument(None, help=f"Cluster config (default on a head node: {HEAD_NODE_CONFIG})."),
+    file: Optional[str] = typer.Argument(None, help="Cluster config (default: $HPC_CLUSTER_CONFIG, else this "
+                                                    "cluster's own: /opt/parallelcluster/shared/cluster-config.yaml)."),
     as_json: bool = JSON_OPTION,
 ) -> None:
     """The queues a researcher can pick: instance type, GPUs per node, EFA, max nodes, FSx mount."""
-    from toolkit.cluster.queues import queue_summaries
+    from toolkit.cluster.queues import queue_summaries, this_cluster_config
 
-    rows = queue_summaries(file)
+    path = file or this_cluster_config()
+    rows = queue_summaries(path)
     emit(rows, as_json, lambda rs: table(
         [[r["queue"], r["instance_type"], f"{r['gpus_per_node']} x {r['gpu_model']}" if r["gpus_per_node"] else "0",
           r["efa_interfaces"], r["max_nodes"], r["fsx_mount"] or "-"] for r in rs],
         ["QUEUE", "INSTANCE TYPE", "GPUS/NODE", "EFA", "MAX NODES", "FSX"]))
     if not as_json and file is None:
-        info(f"(from {HEAD_NODE_CONFIG})")
+        info(f"(from {path})")
 
 
 STATUS_ORDER = ("FAIL", "warn", "ok", "absent", "n/a")

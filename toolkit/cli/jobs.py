@@ -41,6 +41,7 @@ def _task_counts(row: dict) -> str:
 def status(job_id: str = typer.Argument(..., help="Slurm job id (an array task: ID_N)."),
            json_: bool = JSON_OPTION) -> None:
     """State of one job (with the requeue count; array jobs: a count per state)."""
+    from toolkit.slurm.status import State
     from toolkit.submit import runs
 
     _use_local_cluster()
@@ -57,7 +58,7 @@ def status(job_id: str = typer.Argument(..., help="Slurm job id (an array task: 
         return "\n".join(lines)
 
     emit(data, json_, human)
-    if s.done and s.state != "COMPLETED":
+    if s.done and s.state != State.COMPLETED:
         raise typer.Exit(1)
 
 

@@ -30,7 +30,14 @@ def _spec(name: str, nodes, cluster, queue, profile, overrides, **passthrough):
     recipe = load_recipe(name, profile=profile, overrides=overrides)
     chosen, how = resolve_queue(cluster, queue)
     info(f"queue: {how}")
-    return recipe, build_job_spec(recipe, chosen, nodes, profile=profile, **passthrough)
+    spec = build_job_spec(recipe, chosen, nodes, profile=profile, **passthrough)
+    _warn(spec.warnings)
+    return recipe, spec
+
+
+def _warn(warnings) -> None:
+    for warning in warnings:
+        info(f"warning: {warning}")
 
 
 @app.command("list")
@@ -65,7 +72,7 @@ def show(name: str = typer.Argument(..., help="Recipe name or path to a recipe f
                     "tasks_per_node": spec.tasks_per_node, "world_size": spec.world_size,
                     "cpus_per_task": spec.cpus_per_task, "time_limit": spec.time_limit, "run_dir": spec.run_dir},
             "derived": [dataclasses.asdict(d) for d in spec.derived],
-            "env": [dataclasses.asdict(v) for v in spec.env], "rank0_argv": rank0}
+            "env": [dataclasses.asdict(v) for v in spec.env], "rank0_argv": rank0, "warnings": list(spec.warnings)}
 
     def human(d: dict) -> str:
         lines = [f"{recipe.name}: {recipe.description}", f"source: {recipe.source}"]
@@ -118,7 +125,8 @@ def render(name: str = typer.Argument(..., help="Recipe name or path to a recipe
                            fix="choose an -o FILE in an existing, writable directory") from None
         info(f"wrote {output}")
     if as_json:
-        emit({"script": script, "output": str(output) if output else None, "job_name": spec.job_name}, True)
+        emit({"script": script, "output": str(output) if output else None, "job_name": spec.job_name,
+              "warnings": list(spec.warnings)}, True)
     elif output is None:
         typer.echo(script, nl=False)
 
@@ -143,65 +151,72 @@ def submit(name: str = typer.Argument(..., help="Recipe name or path to a recipe
            as_json: bool = JSON_OPTION) -> None:
     """Submit a recipe through submitit (srun starts one rank per GPU, or per declared CPU rank)."""
     from toolkit.errors import UsageError
-    from toolkit.submit import submission
+    from toolkit.slurm.status import State
+    from toolkit.submit import plan as plans, submission
 
-    request = submission.SubmitRequest(name, nodes, str(cluster) if cluster else None, queue, profile,
-                                       tuple(overrides), account, qos, reservation, dependency, executor)
+    request = plans.SubmitRequest(name, nodes, str(cluster) if cluster else None, queue, profile, tuple(overrides),
+                                  account, qos, reservation, dependency, executor)
     if sweeps:
         _submit_sweep(request, sweeps, array_parallelism, dry_run, wait, as_json)
         return
     if array_parallelism is not None:
         raise UsageError("--array-parallelism limits a sweep's job array", fix="add --sweep KEY.PATH=V1,V2,...")
     if dry_run:
-        plan = submission.dry_run(request)
-        for note in plan["notes"]:
+        plan = plans.plan(request)
+        for note in plan.notes:
             info(note)
-        emit(plan, as_json, lambda p: "\n".join(
-            [f"would submit with the {p['executor']} executor (python: {p['python']})", "parameters:"]
-            + [f"  {k}: {v}" for k, v in p["parameters"].items() if k != "setup"]
-            + ["rank 0 runs: " + " ".join(p["rank0_argv"]), "", "equivalent sbatch script:", p["script"]]))
+        _warn(plan.warnings)
+        emit(plan.to_json(), as_json, lambda _p: plans.describe(plan))
         return
     result = submission.submit(request, progress=info)
+    _warn(result["warnings"])
     info(f"submitted job {result['job_id']} ({result['nodes']} nodes, {result['ranks']} ranks) to queue "
          f"{result['queue']}\n  run dir: {result['run_dir']}\n  follow:  {result['follow']}")
     if wait:
         result.update(submission.wait(result["job_id"], Path(result["run_dir"]), progress=info))
-        if result["state"] == "COMPLETED":
+        if result["state"] == State.COMPLETED:
             _print_outcome(result)
     emit(result, as_json, lambda r: f"{r['job_id']}" + (f" {r['state']}" if "state" in r else ""))
-    if wait and result["state"] != "COMPLETED":
+    if wait and result["state"] != State.COMPLETED:
         log = result.get("failed_rank_log")
         info(f"job {result['job_id']} ended {result['state']}" + (f": see {log}" if log else ""))
         raise typer.Exit(1)
 
 
 def _submit_sweep(request, sweeps: list[str], parallelism, dry_run: bool, wait: bool, as_json: bool) -> None:
-    from toolkit.submit import submission, sweep
+    from toolkit.slurm.status import State
+    from toolkit.submit import rundir, runs, submission, sweep
 
+    plan = sweep.plan(request, sweeps, parallelism)
+    for note in plan.tasks[0].notes:
+        info(note)
+    data = plan.to_json()
+    _warn(data["warnings"])
     if dry_run:
-        plan = sweep.dry_run(request, sweeps)
-        for note in plan["notes"]:
-            info(note)
-        emit(plan, as_json, lambda p: "\n".join(
-            [f"would submit one job array of {p['tasks']} tasks to queue {p['queue']}, each task:"]
-            + [f"  {k}: {v}" for k, v in p["parameters"].items()]
-            + ["points:"] + [f"  {i}: {' '.join(point)}" for i, point in enumerate(p["points"])]))
+        emit(data, as_json, lambda p: "\n".join(
+            [f"would submit one job array of {p['tasks']} tasks to queue {p['queue']} (sweep dir {p['run_dir']}), "
+             "each task:"]
+            + [f"  {k}: {v}" for k, v in p["parameters"].items() if k != "setup"]
+            + ["points:"] + [f"  {i}: {' '.join(point)}" for i, point in enumerate(p["points"])]
+            + ["", "batch script submitit sends to sbatch:", p["batch_script"]]))
         return
-    result = sweep.submit(request, sweeps, parallelism, progress=info)
-    info(f"submitted job array {result['job_id']} ({result['tasks']} tasks of {result['nodes']} nodes, "
+    array_id = sweep.execute(plan)
+    first = plan.tasks[0]
+    result = {"job_id": array_id, "run_dir": str(plan.sweep_dir), "tasks": len(plan.tasks),
+              "executor": first.executor, "queue": first.queue.name, "nodes": first.spec.nodes,
+              "ranks": first.spec.world_size, "warnings": data["warnings"], "follow": f"hpc jobs status {array_id}"}
+    info(f"submitted job array {array_id} ({result['tasks']} tasks of {result['nodes']} nodes, "
          f"{result['ranks']} ranks) to queue {result['queue']}\n  sweep dir: {result['run_dir']}\n"
          f"  follow:    {result['follow']}")
     if wait:
-        result.update(submission.wait(result["job_id"], Path(result["run_dir"]), progress=info))
-        if result["state"] == "COMPLETED":
+        result.update(submission.wait(array_id, plan.sweep_dir, progress=info))
+        if result["state"] == State.COMPLETED:
             _print_outcome(result)
-        if result["state"] != "COMPLETED":
-            from toolkit.submit import rundir
-
-            run = Path(result["run_dir"])
-            result["failed_tasks"] = sweep.failed_tasks(run, rundir.read_json(run / rundir.METADATA) or {})
+        else:
+            result["failed_tasks"] = runs.sweep_failed_tasks(
+                plan.sweep_dir, rundir.read_json(plan.sweep_dir / rundir.METADATA) or {})
     emit(result, as_json, lambda r: f"{r['job_id']}" + (f" {r['state']}" if "state" in r else ""))
-    if wait and result["state"] != "COMPLETED":
+    if wait and result["state"] != State.COMPLETED:
         for task in result["failed_tasks"]:
             info(f"task {task['job_id']} ended {task['state']}" + (f": see {task['log']}" if task["log"] else ""))
         raise typer.Exit(1)

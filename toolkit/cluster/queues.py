@@ -52,6 +52,12 @@ class Queue:
         return self.instance.efa_interfaces if self.efa_enabled else 0
 
     @property
+    def fabric(self) -> EfaStack:
+        """The EFA/NCCL stack jobs on this queue set up: the declared one where the queue really has EFA enabled
+        (Efa/Enabled on an EFA-capable instance), else none (TCP). The one place this is decided."""
+        return self.efa_stack if self.efa_enabled else "none"
+
+    @property
     def has_dynamic_nodes(self) -> bool:
         """Nodes that boot on demand: jobs must wait for all of them (sbatch --wait-all-nodes=1)."""
         return self.static_nodes < self.max_nodes
@@ -184,13 +190,17 @@ def resolve_queue(cluster: str | Path | None, queue: str | None) -> tuple[Queue,
                      f"{default.gpus_per_node} GPUs per node): no --cluster given and no cluster config at {looked}")
 
 
-def queue_summaries(path: str | Path | None = None) -> list[dict[str, Any]]:
-    """What a researcher needs to pick a queue, one dict per queue; `path` defaults to this cluster's own config."""
+def this_cluster_config() -> Path:
+    """The config of the cluster this runs on: $HPC_CLUSTER_CONFIG, the local test cluster's, the head node's."""
+    path = next((p for p in cluster_config_candidates() if p.is_file()), None)
     if path is None:
-        path = next((p for p in cluster_config_candidates() if p.is_file()), None)
-        if path is None:
-            raise HpcError(f"no FILE given and {HEAD_NODE_CONFIG} does not exist (this is not a ParallelCluster "
-                           "head node)", fix="pass the cluster config: hpc cluster show cluster.yaml")
+        raise HpcError(f"no FILE given and {HEAD_NODE_CONFIG} does not exist (this is not a ParallelCluster "
+                       "head node)", fix="pass the cluster config: hpc cluster show cluster.yaml")
+    return path
+
+
+def queue_summaries(path: str | Path) -> list[dict[str, Any]]:
+    """What a researcher needs to pick a queue, one dict per queue of the config at `path`."""
     return [
         {"queue": q.name, "instance_type": q.instance_type, "gpus_per_node": q.gpus_per_node,
          "gpu_model": q.instance.gpu_model, "efa_interfaces": q.efa_interfaces, "efa_stack": q.efa_stack,

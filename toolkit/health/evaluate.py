@@ -206,7 +206,7 @@ def check_efa_stack(facts: dict, queue: Queue) -> Check:
 
 def evaluate(facts: dict[str, Any], queue: Queue) -> list[Check]:
     """The checks of one node, in CHECKS order."""
-    needs_efa = queue.instance.has_efa and queue.efa_stack != "none"
+    needs_efa = queue.fabric != "none"
     return [
         check_efa(facts, queue, needs_efa),
         check_ib_uverbs(facts, needs_efa),

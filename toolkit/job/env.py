@@ -1,7 +1,8 @@
 """The job's environment: which submitter variables may enter a job, and what the job itself sets.
 
 Nobody can see the nodes' aws-ofi-nccl at render time, so the EFA/NCCL set follows the instance's catalog
-facts and the queue's `efa_stack` setting (modern | legacy | none). Every variable carries a one-line
+facts and the queue's fabric (toolkit.cluster.queues.Queue.fabric: modern | legacy | none, where none is any
+queue without EFA enabled). Every variable carries a one-line
 reason, printed as a comment above its `export` in the rendered script.
 """
 
@@ -39,23 +40,25 @@ def filter_submit_env(environ: Mapping[str, str]) -> dict[str, str]:
     return {name: environ[name] for name in SUBMIT_ENV_ALLOWLIST if name in environ}
 
 
-def communication_env(instance: InstanceType, efa_stack: str) -> list[EnvVar]:
-    """NCCL/EFA variables for a GPU instance type and the queue's EFA software stack."""
+def communication_env(instance: InstanceType, fabric: str) -> list[EnvVar]:
+    """NCCL/EFA variables for a GPU instance type and the queue's fabric (Queue.fabric)."""
     env = [EnvVar("NCCL_DEBUG", "INFO", "bring-up: NCCL logs its version and the transport it picked "
                                         "(NET/OFI = EFA, NET/Socket = TCP); set WARN in the recipe's env once healthy")]
-    stack = efa_stack if instance.has_efa else "none"
-    if stack == "legacy":
+    if fabric == "legacy":
         env += [
             EnvVar("FI_PROVIDER", "efa", "aws-ofi-nccl <= 1.5 does not pick the EFA libfabric provider itself"),
             EnvVar("FI_EFA_TX_MIN_CREDITS", "64", "older libfabric EFA provider: more send credits, as in the "
                                                   "P3dn fairseq/RoBERTa runs"),
             EnvVar("NCCL_SOCKET_IFNAME", "^lo,docker", "bootstrap on the instance's network interface (eth0 or "
                                                        "ens5 by AMI), never loopback or docker"),
+            EnvVar("NCCL_PROTO", "simple", "aws-ofi-nccl <= 1.5 over EFA: its maintainers require the Simple protocol "
+                                           "(LL/LL128 can corrupt data there); newer plugins must not get it, it "
+                                           "bypasses their tuner"),
         ]
         if instance.gpudirect_rdma:
             env.append(EnvVar("FI_EFA_USE_DEVICE_RDMA", "1", f"{instance.name} has GPUDirect RDMA over EFA; old "
                                                              "libfabric leaves it off unless asked"))
-    elif stack == "none":
+    elif fabric == "none":
         env += [
             EnvVar("NCCL_SOCKET_NTHREADS", "4", "TCP only: more socket threads per connection (threads x sockets "
                                                 "<= 64); 4x4 doubled bus bandwidth above ~1 MB on 25 Gb/s"),
@@ -66,12 +69,12 @@ def communication_env(instance: InstanceType, efa_stack: str) -> list[EnvVar]:
     return env
 
 
-def job_env(instance: InstanceType, efa_stack: str, *, threads_per_rank: int | None, launcher_kind: str,
+def job_env(instance: InstanceType, fabric: str, *, threads_per_rank: int | None, launcher_kind: str,
             recipe_env: Mapping[str, str], recipe_name: str) -> tuple[EnvVar, ...]:
     """The ordered variables a job exports: communication, threads, launcher needs, then the recipe's own."""
     env: list[EnvVar] = [EnvVar("PYTHONUNBUFFERED", "1", "rank logs reach the Slurm output as they happen")]
     if instance.is_gpu:
-        env += communication_env(instance, efa_stack)
+        env += communication_env(instance, fabric)
     if threads_per_rank is not None:
         env.append(EnvVar("OMP_NUM_THREADS", str(threads_per_rank),
                           "one thread per CPU given to the rank: oversubscribed ranks run 2-3x slower"))

@@ -14,28 +14,38 @@ from toolkit.job.rank import MASTER_PORT_BASE, MASTER_PORT_SPAN, Arg
 from toolkit.job.spec import JobSpec
 
 
-def sbatch_directives(spec: JobSpec) -> list[str]:
-    """The #SBATCH options of a job, without the prefix (no --mem: ParallelCluster schedules without it)."""
-    directives = [
-        f"--job-name={spec.job_name}",
-        f"--partition={spec.partition}",
-        f"--nodes={spec.nodes}",
-        f"--ntasks-per-node={spec.tasks_per_node}",
-    ]
+def job_options(spec: JobSpec) -> dict[str, str | int | bool]:
+    """The job's sbatch options (name -> value; True is a bare flag): the one source of both the rendered
+    script's #SBATCH lines and submitit's parameters (toolkit.submit.executor.slurm_parameters).
+
+    No --mem: ParallelCluster schedules without memory unless EnableMemoryBasedScheduling is on.
+    """
+    options: dict[str, str | int | bool] = {
+        "job-name": spec.job_name, "partition": spec.partition, "nodes": spec.nodes,
+        "ntasks-per-node": spec.tasks_per_node,
+    }
     if spec.gpus_per_node:
-        directives.append(f"--gpus-per-node={spec.gpus_per_node}")
-    directives += [f"--cpus-per-task={spec.cpus_per_task}", f"--time={spec.time_limit}"]
+        options["gpus-per-node"] = spec.gpus_per_node
+    options.update({"cpus-per-task": spec.cpus_per_task, "time": spec.time_limit})
     if spec.exclusive:
-        directives.append("--exclusive")
+        options["exclusive"] = True
     if spec.wait_all_nodes:
-        directives.append("--wait-all-nodes=1")
-    # Requeueable, SIGUSR2 to the batch shell before the time limit (USR1 is NCCL's), logs appended across
-    # requeues (the template's trap stops or requeues the job).
-    directives += [f"--output={spec.output}", "--open-mode=append", f"--export={','.join(submit_env_allowlist())}",
-                   "--requeue", f"--signal=B:USR2@{spec.signal_before_s}"]
+        options["wait-all-nodes"] = 1
+    # Explicit both ways: Slurm's own default (JobRequeue=1) would requeue a benchmark after a node failure.
+    options["requeue" if spec.requeue else "no-requeue"] = True
     for option in ("account", "qos", "reservation", "dependency"):
         if getattr(spec, option):
-            directives.append(f"--{option}={getattr(spec, option)}")
+            options[option] = getattr(spec, option)
+    return options
+
+
+def sbatch_directives(spec: JobSpec) -> list[str]:
+    """The #SBATCH options of the rendered script, without the prefix: job_options() plus what only a script
+    sent by hand needs (its log file, the allow-listed environment, the stop signal to the batch shell)."""
+    directives = [f"--{name}" if value is True else f"--{name}={value}" for name, value in job_options(spec).items()]
+    directives += [f"--output={spec.output}", "--open-mode=append", f"--export={','.join(submit_env_allowlist())}"]
+    if spec.requeue:  # SIGUSR2 to the batch shell before the time limit (USR1 is NCCL's): the template's trap
+        directives.append(f"--signal=B:USR2@{spec.signal_before_s}")
     return directives
 
 

@@ -17,6 +17,7 @@ from typing import Literal
 
 from toolkit.cluster.queues import Queue
 from toolkit.errors import HpcError
+from toolkit.job.advice import fairseq_run_length, large_batch
 from toolkit.job.env import EnvVar, job_env
 from toolkit.job.rank import Arg, RankVar
 from toolkit.recipes.scaling import Derived, apply_scaling
@@ -67,6 +68,7 @@ class JobSpec:
     launcher: LauncherKind
     mpi: str | None  # srun --mpi=<this> for MPI binaries (nccl-tests)
     stops_on_signal: bool  # the workload saves and exits 75 on SIGUSR2 (else it resumes from its last checkpoint)
+    requeue: bool  # False for benchmarks: no signal before the time limit, no requeue (recipe resources.requeue)
     signal_before_s: int  # SIGUSR2 this long before the time limit, then the job requeues itself
     software: SoftwareEnv
     env: tuple[EnvVar, ...]
@@ -74,6 +76,7 @@ class JobSpec:
     prepare: tuple[str, ...]  # run once on the first node before the ranks: makes the data if missing
     run_dir: str
     derived: tuple[Derived, ...]
+    warnings: tuple[str, ...] = ()  # toolkit.job.advice: the job will not do what its flags suggest
 
     @property
     def world_size(self) -> int:
@@ -209,12 +212,13 @@ def build_job_spec(recipe: Recipe, queue: Queue, nodes: int | None = None, *, pr
     derived += scaled + forms
 
     positional: list[str] = []
+    dir_paths: dict[str, str] = {}
     for name in ("data", "checkpoints", "logs"):
         entry = getattr(recipe.dirs, name)
         if entry is None:
             continue
         base, where = (run_dir, "the run dir") if entry.under == "run" else (root, "the dirs root")
-        path = _under(base, entry.dir)
+        path = dir_paths[name] = _under(base, entry.dir)
         derived.append(Derived(f"{name} dir", path, f"dirs.{name}.dir under {where}" if path != entry.dir
                                else f"dirs.{name}.dir (absolute)"))
         if entry.arg == "positional":
@@ -240,6 +244,14 @@ def build_job_spec(recipe: Recipe, queue: Queue, nodes: int | None = None, *, pr
         command += ["--distributed-rank", RankVar.RANK, "--device-id", RankVar.LOCAL_RANK,
                     "--distributed-init-method", ("tcp://", RankVar.MASTER_ADDR, ":", RankVar.MASTER_PORT)]
 
+    words = [w for w in command if isinstance(w, str)]
+    advice, warnings = (fairseq_run_length(words, dir_paths.get("data"), world) if launcher.kind == "fairseq"
+                        else ([], []))
+    lr_rule = recipe.scaling.get("--lr")
+    if lr_rule is not None and lr_rule.rule == "linear" and isinstance(args.get(lr_rule.per_rank_arg), (int, float)):
+        warnings += large_batch(args[lr_rule.per_rank_arg] * world)
+    derived += advice
+
     software = recipe.software
     venv = software.venv and _under(root, software.venv)
     if (recipe.launcher.kind != "binary" and not (software.venv or software.conda_root or software.modules)
@@ -254,14 +266,14 @@ def build_job_spec(recipe: Recipe, queue: Queue, nodes: int | None = None, *, pr
         time_limit=recipe.resources.time, exclusive=recipe.resources.exclusive, wait_all_nodes=queue.has_dynamic_nodes,
         account=account, qos=qos, reservation=reservation, dependency=dependency,
         launcher=launcher.kind, mpi=launcher.mpi, stops_on_signal=launcher.stops_on_signal,
-        signal_before_s=recipe.resources.signal_before_s,
+        requeue=recipe.resources.requeue, signal_before_s=recipe.resources.signal_before_s,
         software=SoftwareEnv(
             modules=tuple(software.modules),
             venv=venv,
             conda_root=software.conda_root and _under(root, software.conda_root),
             conda_env=software.conda_env,
         ),
-        env=job_env(instance, queue.efa_stack, threads_per_rank=threads, launcher_kind=launcher.kind,
+        env=job_env(instance, queue.fabric, threads_per_rank=threads, launcher_kind=launcher.kind,
                     recipe_env=recipe.env, recipe_name=recipe.name),
-        command=tuple(command), prepare=prepare, run_dir=run_dir, derived=tuple(derived),
+        command=tuple(command), prepare=prepare, run_dir=run_dir, derived=tuple(derived), warnings=tuple(warnings),
     )

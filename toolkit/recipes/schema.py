@@ -114,6 +114,9 @@ class Resources(StrictModel):
     # SIGUSR2 this long before the time limit, then a requeue: time for the workload to save. Slurm checks
     # only every ~30 s, so the signal may come up to 30 s later.
     signal_before_s: PositiveInt = 120
+    # Requeue before the time limit, on preemption and on node failure. Benchmarks set false: one hung on a bad
+    # fabric would requeue itself forever, and a rerun of a half-finished measurement proves nothing.
+    requeue: bool = True
     runs_on: list[Literal["gpu", "cpu"]] = Field(["gpu", "cpu"], min_length=1)
 
 

@@ -8,19 +8,63 @@ Order: sacct (history, requeue count) -> squeue -t all (jobs the controller stil
 from __future__ import annotations
 
 import dataclasses
+import enum
 import re
 
 from toolkit.slurm import commands
 
-FINAL_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL", "PREEMPTED",
-                "BOOT_FAIL", "DEADLINE"}
-REQUEUE_STATES = {"REQUEUED", "REQUEUE_FED", "REQUEUE_HOLD"}
+
+class State(enum.StrEnum):
+    """A job's state as Slurm names it (squeue/sacct/scontrol; JOB STATE CODES), plus UNKNOWN: not known yet
+    (accounting lags the controller) or a word this list lacks. A StrEnum: it prints and serialises as Slurm's
+    own word."""
+
+    PENDING = "PENDING"
+    CONFIGURING = "CONFIGURING"
+    RUNNING = "RUNNING"
+    COMPLETING = "COMPLETING"
+    SUSPENDED = "SUSPENDED"
+    STOPPED = "STOPPED"
+    SIGNALING = "SIGNALING"
+    STAGE_OUT = "STAGE_OUT"
+    RESIZING = "RESIZING"
+    REQUEUED = "REQUEUED"
+    REQUEUE_FED = "REQUEUE_FED"
+    REQUEUE_HOLD = "REQUEUE_HOLD"
+    RESV_DEL_HOLD = "RESV_DEL_HOLD"
+    SPECIAL_EXIT = "SPECIAL_EXIT"
+    COMPLETED = "COMPLETED"
+    FAILED = "FAILED"
+    CANCELLED = "CANCELLED"
+    TIMEOUT = "TIMEOUT"
+    OUT_OF_MEMORY = "OUT_OF_MEMORY"
+    NODE_FAIL = "NODE_FAIL"
+    PREEMPTED = "PREEMPTED"
+    BOOT_FAIL = "BOOT_FAIL"
+    DEADLINE = "DEADLINE"
+    REVOKED = "REVOKED"
+    UNKNOWN = "UNKNOWN"
+
+    @classmethod
+    def parse(cls, word: str) -> State:
+        """Slurm's word (sacct says "CANCELLED by 0": the first word counts); UNKNOWN for anything else."""
+        first = word.split()[0] if word and word.split() else ""
+        return cls.__members__.get(first, cls.UNKNOWN)
+
+    @property
+    def done(self) -> bool:
+        return self in FINAL_STATES
+
+
+FINAL_STATES = frozenset({State.COMPLETED, State.FAILED, State.CANCELLED, State.TIMEOUT, State.OUT_OF_MEMORY,
+                          State.NODE_FAIL, State.PREEMPTED, State.BOOT_FAIL, State.DEADLINE, State.REVOKED})
+REQUEUE_STATES = frozenset({State.REQUEUED, State.REQUEUE_FED, State.REQUEUE_HOLD})
 
 
 @dataclasses.dataclass
 class JobStatus:
     job_id: str  # "123", or "123_4" for an array task
-    state: str
+    state: State
     source: str  # sacct | squeue | scontrol
     exit_code: str | None = None
     nodes: str | None = None
@@ -30,16 +74,11 @@ class JobStatus:
 
     @property
     def done(self) -> bool:
-        return self.state in FINAL_STATES
+        return self.state.done
 
     @property
     def array_id(self) -> str:
         return self.job_id.split("_")[0]
-
-
-def _state_word(state: str) -> str:
-    # sacct says "CANCELLED by 0"; keep the state only.
-    return state.split()[0] if state else "UNKNOWN"
 
 
 def array_task_ids(array_id: str, tasks: str) -> list[str]:
@@ -75,13 +114,13 @@ def _from_sacct(job_ids: list[str]) -> dict[str, JobStatus] | None:
             for job_id in expanded:  # a task's own row wins over it
                 if job_id not in found or job_id in pending:
                     pending.add(job_id)
-                    found[job_id] = JobStatus(job_id, _state_word(state), "sacct", reason=None)
+                    found[job_id] = JobStatus(job_id, State.parse(state), "sacct", reason=None)
             continue
         previous = None if row_id in pending else found.get(row_id)
         pending.discard(row_id)
-        requeues = (previous.requeues + (previous.state in REQUEUE_STATES or previous.state == "PREEMPTED")
+        requeues = (previous.requeues + (previous.state in REQUEUE_STATES or previous.state == State.PREEMPTED)
                     if previous else 0)
-        found[row_id] = JobStatus(row_id, _state_word(state), "sacct", exit_code, nodes or None, elapsed,
+        found[row_id] = JobStatus(row_id, State.parse(state), "sacct", exit_code, nodes or None, elapsed,
                                   None if reason in ("", "None") else reason, requeues)
     return found
 
@@ -96,7 +135,7 @@ def _from_squeue(job_ids: list[str]) -> dict[str, JobStatus]:
         fields = line.split("|")
         if len(fields) == 5:
             job_id, state, nodes, elapsed, reason = fields
-            found[job_id] = JobStatus(job_id, state, "squeue", None, nodes or None, elapsed,
+            found[job_id] = JobStatus(job_id, State.parse(state), "squeue", None, nodes or None, elapsed,
                                       None if reason in ("", "None") else reason)
     return found
 
@@ -127,7 +166,7 @@ def _add_scontrol(job_ids: list[str], found: dict[str, JobStatus]) -> None:
             task = rec.get("ArrayTaskId")
             keys = array_task_ids(rec["ArrayJobId"], task) if task and "ArrayJobId" in rec else [rec["JobId"]]
             for key in keys:  # a pending array's tasks share one record ("ArrayTaskId=4-199%4")
-                status = found.get(key) or JobStatus(key, rec.get("JobState", "UNKNOWN"), "scontrol",
+                status = found.get(key) or JobStatus(key, State.parse(rec.get("JobState", "")), "scontrol",
                                                      nodes=rec.get("NodeList"), elapsed=rec.get("RunTime"),
                                                      reason=rec.get("Reason"))
                 status.requeues = int(rec.get("Restarts", "0") or 0)

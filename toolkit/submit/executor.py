@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shlex
 import sys
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, Sequence
 
 from toolkit.errors import HpcError
 from toolkit.job.env import filter_submit_env
-from toolkit.job.render import render_script, setup_block, srun_options
+from toolkit.job.render import job_options, setup_block, srun_options
 from toolkit.job.spec import JobSpec
 
 ExecutorKind = Literal["slurm", "local"]
@@ -46,34 +47,22 @@ def node_python(spec: JobSpec) -> str:
 
 
 def slurm_parameters(spec: JobSpec) -> dict[str, Any]:
-    """submitit SlurmExecutor parameters for a JobSpec: the same resources as the rendered script.
+    """submitit SlurmExecutor parameters for a JobSpec: toolkit.job.render.job_options(), the same options as
+    the rendered script's #SBATCH lines.
 
-    --export=ALL of the clean environment sbatch gets (see clean_sbatch_env): exactly the allow-listed
-    variables, like the rendered script's --export=LIST, but without the login-environment load that a
-    variable list implies on the node (about 1.3 s per job here, and it adds the login shell's variables).
+    All options go in `additional_parameters`, which submitit writes as they are and which replace its own
+    defaults of the same name (job_name "submitit", time 5); nodes, tasks per node and the time in minutes are
+    also named, since submitit counts a job's tasks and times its own requeue logic from them. --export=ALL of the clean environment sbatch gets (see
+    clean_sbatch_env): exactly the allow-listed variables, like the rendered script's --export=LIST, but without
+    the login-environment load that a variable list implies on the node (about 1.3 s per job here).
     """
-    extra: dict[str, Any] = {"export": "ALL", "requeue": True}
-    if spec.wait_all_nodes:
-        extra["wait-all-nodes"] = 1
-    if spec.reservation:
-        extra["reservation"] = spec.reservation
+    options = {name.replace("-", "_"): value for name, value in job_options(spec).items()}
     # split("\n"), not splitlines(): that also splits at \r, \x85, \u2028 inside a quoted value, and submitit
     # joins the lines with "\n" again, changing the value.
     setup = setup_block(spec).rstrip("\n").split("\n")
-    params: dict[str, Any] = dict(
-        job_name=spec.job_name, partition=spec.partition, nodes=spec.nodes, ntasks_per_node=spec.tasks_per_node,
-        cpus_per_task=spec.cpus_per_task, time=spec.time_limit_minutes, signal_delay_s=spec.signal_before_s,
-        setup=setup,
-        srun_args=srun_options(spec), additional_parameters=extra,
-    )
-    if spec.gpus_per_node:
-        params["gpus_per_node"] = spec.gpus_per_node
-    if spec.exclusive:
-        params["exclusive"] = True
-    for option in ("account", "qos", "dependency"):
-        if getattr(spec, option):
-            params[option] = getattr(spec, option)
-    return params
+    return dict(nodes=spec.nodes, ntasks_per_node=spec.tasks_per_node, time=spec.time_limit_minutes,
+                signal_delay_s=spec.signal_before_s,
+                setup=setup, srun_args=srun_options(spec), additional_parameters={**options, "export": "ALL"})
 
 
 def clean_sbatch_env(environ: dict[str, str]) -> dict[str, str]:
@@ -85,13 +74,31 @@ def clean_sbatch_env(environ: dict[str, str]) -> dict[str, str]:
     return env
 
 
-def slurm_executor(folder: Path, spec: JobSpec):
-    """A submitit Slurm executor with a spec's parameters (submit through it inside sbatch_environment())."""
+def local_parameters(spec: JobSpec) -> dict[str, Any]:
+    """submitit LocalExecutor parameters: this machine is the one node."""
+    return {"nodes": 1, "tasks_per_node": spec.tasks_per_node, "timeout_min": spec.time_limit_minutes}
+
+
+def slurm_executor(folder: Path, parameters: dict[str, Any], python: str):
+    """A submitit Slurm executor with a plan's parameters (submit through it inside sbatch_environment())."""
     import submitit
 
-    ex = submitit.SlurmExecutor(folder=folder, python=node_python(spec))
-    ex.update_parameters(**slurm_parameters(spec))
+    ex = submitit.SlurmExecutor(folder=folder, python=shlex.quote(python))
+    ex.update_parameters(**parameters)
     return ex
+
+
+def submitit_batch_script(spec: JobSpec, folder: Path, array_tasks: int | None = None,
+                          array_parallelism: int | None = None) -> str:
+    """The batch script submitit will hand to sbatch for this job (an array of `array_tasks` tasks), made by
+    submitit's own code from the same parameters: what `--dry-run` shows is what runs."""
+    parameters = slurm_parameters(spec)
+    if array_parallelism:
+        parameters["array_parallelism"] = array_parallelism
+    ex = slurm_executor(folder, parameters, node_python(spec))
+    if array_tasks is not None:
+        ex.parameters["map_count"] = array_tasks  # as submitit's batch submission sets it for an array
+    return ex._make_submission_file_text(ex._submitit_command_str, uid="")  # noqa: SLF001 (pinned submitit)
 
 
 @contextlib.contextmanager
@@ -109,26 +116,25 @@ def sbatch_environment():
         os.environ.update(saved)
 
 
-def submit(spec: JobSpec, run_dir: Path, executor: ExecutorKind) -> str:
-    """Submit one job and return its id; the run dir must exist (toolkit.submit.rundir)."""
-    if spec.mpi:
-        return _submit_script(spec, run_dir)
+def submit_submitit(spec: JobSpec, run_dir: Path, parameters: dict[str, Any], python: str | None,
+                    local: bool) -> str:
+    """Submit one job through submitit with a plan's parameters; returns its id (the run dir must exist)."""
     import submitit
 
     from toolkit import __version__
     from toolkit.submit.launcher import RankLauncher
 
     folder = run_dir / "submitit"
-    if executor == "local":
+    if local:
         if spec.nodes != 1:
             raise HpcError(f"the local executor runs on this one machine; {spec.nodes} nodes were asked for",
                            fix="use --nodes 1, or submit to a Slurm cluster (locally: make slurm-up)")
         ex = submitit.LocalExecutor(folder=folder)
-        ex.update_parameters(tasks_per_node=spec.tasks_per_node, nodes=1, timeout_min=spec.time_limit_minutes)
+        ex.update_parameters(**parameters)
         env = {**filter_submit_env(os.environ), **spec.environ}
         launcher = RankLauncher.for_spec(spec, run_dir, __version__, local_env=tuple(env.items()))
     else:
-        ex = slurm_executor(folder, spec)
+        ex = slurm_executor(folder, parameters, python or node_python(spec))
         launcher = RankLauncher.for_spec(spec, run_dir, __version__)
     try:
         with sbatch_environment():
@@ -138,15 +144,15 @@ def submit(spec: JobSpec, run_dir: Path, executor: ExecutorKind) -> str:
     return str(job.job_id)
 
 
-def preflight(spec: JobSpec) -> None:
-    """Ask sbatch whether the job could ever run (`--test-only`), before anything is written or submitted.
+def preflight(script: str) -> None:
+    """Ask sbatch whether a job script could ever run (`--test-only`), before anything is written or submitted.
 
     Without EnforcePartLimits, sbatch accepts a job asking for more nodes than its partition has; it would
     then pend forever (reason PartitionConfig).
     """
     from toolkit.slurm import commands
 
-    res = commands.run(["sbatch", "--test-only"], input=render_script(spec), check=False)
+    res = commands.run(["sbatch", "--test-only"], input=script, check=False)
     if res.returncode != 0:
         raise refused(res.stderr.splitlines())
 
@@ -159,14 +165,12 @@ def refused(sbatch_output: list[str]) -> HpcError:
                     fix="check --queue/--nodes against `sinfo` (the partition's nodes and limits)")
 
 
-def _submit_script(spec: JobSpec, run_dir: Path) -> str:
-    """MPI binaries (nccl-tests): the rendered script itself, sent with sbatch --parsable."""
+def submit_script(argv: Sequence[str]) -> str:
+    """MPI binaries (nccl-tests): the rendered script itself, sent with `sbatch --parsable` (a plan's argv).
+    Its --output is in the run dir, which exists by now (Slurm would not create it)."""
     from toolkit.slurm import commands
 
-    script = run_dir / "job.sbatch"
-    script.write_text(render_script(spec))
-    Path(spec.run_dir).mkdir(parents=True, exist_ok=True)
-    res = commands.run(["sbatch", "--parsable", str(script)], check=False)
+    res = commands.run(list(argv), check=False)
     if res.returncode != 0:
         raise refused(res.stderr.splitlines())
     return res.stdout.strip().split(";")[0]

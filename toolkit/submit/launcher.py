@@ -10,6 +10,7 @@ Preemption and time limits: Slurm sends SIGUSR2 to every process of the job's st
 exit 75) is left to do so; any other workload starts with SIGUSR2 ignored, since its default action kills.
 Then rank 0 requeues the job and the rerun resumes from the workload's checkpoint. `scontrol requeue`
 sends no SIGUSR2 (Slurm stops the steps itself): the rerun resumes from the last periodic checkpoint.
+Benchmarks (JobSpec.requeue false) ignore SIGUSR2 and run to their end or their time limit: never requeued.
 """
 
 from __future__ import annotations
@@ -23,8 +24,7 @@ import sys
 from pathlib import Path
 
 from toolkit.job.rank import Arg, RankVar, master_port, resolve_argv
-
-EXIT_STOPPED = 75  # toolkit.workloads.stopping: saved after a stop request; requeue to go on
+from toolkit.workloads.stopping import EXIT_STOPPED  # standard library only: cheap for every rank
 
 
 class RankFailed(RuntimeError):
@@ -38,6 +38,7 @@ class RankLauncher:
     run_dir: str
     toolkit_version: str
     stops_on_signal: bool = False
+    requeue: bool = True
     # Local executor only: the whole environment of the workload (submitit's local processes inherit the
     # submitter's, which a job must never see). Under Slurm the batch script already made it explicit.
     local_env: tuple[tuple[str, str], ...] | None = None
@@ -45,7 +46,8 @@ class RankLauncher:
     @classmethod
     def for_spec(cls, spec, run_dir, toolkit_version: str, local_env=None) -> RankLauncher:
         """What a rank of this toolkit.job.spec.JobSpec needs, and nothing more."""
-        return cls(spec.command, spec.world_size, str(run_dir), toolkit_version, spec.stops_on_signal, local_env)
+        return cls(spec.command, spec.world_size, str(run_dir), toolkit_version, spec.stops_on_signal, spec.requeue,
+                   local_env)
 
     def rank_env(self) -> dict[str, str]:
         """This task's per-rank values, named as the rendered script's tasks see them."""
@@ -77,7 +79,7 @@ class RankLauncher:
                     RankVar.MASTER_PORT.value: rank[RankVar.MASTER_PORT.value]})
         argv = resolve_argv(self.command, rank)
         global_rank = int(rank[RankVar.RANK.value])
-        returncode, stop_requested = _run(argv, env, self.stops_on_signal)
+        returncode, stop_requested = _run(argv, env, self.stops_on_signal, self.requeue)
         record = {"rank": global_rank, "host": os.uname().nodename, "exit_code": returncode,
                   "argv0": argv[0], "finished_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")}
         if stop_requested:  # SIGUSR2: the time limit is near, or a preemption notice
@@ -111,12 +113,13 @@ def _ignore_usr2() -> None:
     signal.signal(signal.SIGUSR2, signal.SIG_IGN)  # kept across exec: the workload never dies of it
 
 
-def _run(argv: list[str], env: dict[str, str], stops_on_signal: bool) -> tuple[int, bool]:
+def _run(argv: list[str], env: dict[str, str], stops_on_signal: bool, requeue: bool = True) -> tuple[int, bool]:
     """Run the workload to its end; (exit code, whether a stop (SIGUSR2) was requested meanwhile).
 
     SIGUSR2 and SIGTERM reach the workload from Slurm directly (it signals every process of the step);
-    they are passed on too, for signals sent to this process alone.
+    they are passed on too, for signals sent to this process alone. Without requeue, SIGUSR2 means nothing.
     """
+    stops_on_signal = stops_on_signal and requeue
     try:
         proc = subprocess.Popen(argv, env=env, preexec_fn=None if stops_on_signal else _ignore_usr2)
     except FileNotFoundError:
@@ -125,6 +128,8 @@ def _run(argv: list[str], env: dict[str, str], stops_on_signal: bool) -> tuple[i
     stop = {"requested": False}
 
     def on_usr2(_signum, _frame) -> None:
+        if not requeue:
+            return
         stop["requested"] = True
         if stops_on_signal:
             proc.send_signal(signal.SIGUSR2)

@@ -34,10 +34,6 @@ def runs_root() -> Path:
     return Path(os.environ.get("HPC_RUNS_DIR") or Path.home() / "hpc-runs")
 
 
-def new_run_dir(recipe_name: str, root: Path | None = None) -> Path:
-    return create(run_dir_path(recipe_name, root))
-
-
 def run_dir_path(recipe_name: str, root: Path | None = None) -> Path:
     """A new run dir's path (not created yet: create() it once the job is known to be valid)."""
     root = root or runs_root()
@@ -57,17 +53,27 @@ def create(path: Path) -> Path:
     return path
 
 
-_created: dict[Path, list[Path]] = {}  # run dir -> the directories new_run_dir made for it (itself first)
+_created: dict[Path, list[Path]] = {}  # run dir -> the directories create() made for it (itself first)
 
 
 def discard(run: Path) -> None:
-    """Remove a run dir whose job was never submitted, and the runs root too if new_run_dir made it for it."""
+    """Remove a run dir whose job was never submitted, and the runs root too if create() made it for it."""
     shutil.rmtree(run, ignore_errors=True)
     for parent in _created.pop(run, [])[1:]:
         try:
             parent.rmdir()  # only while empty
         except OSError:
             break
+
+
+def task_dir_name(index: int, count: int) -> str:
+    """A sweep task's run dir, inside the sweep's dir."""
+    return f"task-{index:0{max(3, len(str(count - 1)))}d}"
+
+
+def task_job_id(array_id: str, index: int, count: int) -> str:
+    """Slurm's id of one task ("ID_N"; submitit sends a one-point grid as a plain job: "ID")."""
+    return f"{array_id}_{index}" if count > 1 else array_id
 
 
 def write_json(path: Path, data: dict[str, Any]) -> None:

@@ -1,4 +1,5 @@
-"""What `hpc jobs` shows: runs in the runs root joined with Slurm's view of their jobs.
+"""What `hpc jobs` shows: runs in the runs root joined with Slurm's view of their jobs (single jobs and
+sweeps' job arrays alike).
 
 Slurm forgets finished jobs (MinJobAge, no accounting): then the run dir's result.json says how it ended.
 """
@@ -12,13 +13,17 @@ from typing import Iterator
 
 from toolkit.errors import HpcError
 from toolkit.slurm import status as slurm_status
+from toolkit.slurm.status import State
 from toolkit.submit import rundir
+
+SWEEP = "sweep"  # metadata.json "kind" of a sweep's dir (toolkit.submit.sweep)
+LOCAL = "submitit-local"  # metadata.json "executor" of a run on this machine (toolkit.submit.plan.ExecutorKind)
 
 
 @dataclasses.dataclass
 class RunStatus:
     job_id: str
-    state: str
+    state: State
     source: str  # sacct | squeue | scontrol | run-dir | local
     run_dir: str | None
     recipe: str | None = None
@@ -30,59 +35,52 @@ class RunStatus:
 
     @property
     def done(self) -> bool:
-        return self.state in slurm_status.FINAL_STATES
+        return self.state.done
 
 
-def state_from_run_dir(run: Path) -> str:
+def state_from_run_dir(run: Path) -> State:
     """How a run ended by its own records: rank 0's result, else a failed rank's record, else UNKNOWN."""
     result = rundir.read_json(run / rundir.RESULT)
     if result:
-        return "COMPLETED" if result.get("ok") else "FAILED"
+        return State.COMPLETED if result.get("ok") else State.FAILED
     if any((run / "failures").glob("rank-*.json")):
-        return "FAILED"
-    return "UNKNOWN"
+        return State.FAILED
+    return State.UNKNOWN
 
 
-def _local_state(job_id: str, run: Path) -> str:
+def _local_state(job_id: str, run: Path) -> State:
     """A local run: its result, else whether submitit's process (job id = its pid) still runs."""
     import os
 
     state = state_from_run_dir(run)
-    if state != "UNKNOWN":
+    if state != State.UNKNOWN:
         return state
     try:
         os.kill(int(job_id), 0)
-        return "RUNNING"
+        return State.RUNNING
     except (ProcessLookupError, ValueError):
-        return "FAILED"  # gone without rank 0's result
+        return State.FAILED  # gone without rank 0's result
     except PermissionError:
-        return "RUNNING"
+        return State.RUNNING
 
 
 def status(job_id: str, root: Path | None = None) -> RunStatus:
     run = rundir.find_run(job_id, root)
     meta = (rundir.read_json(run / rundir.METADATA) if run else None) or {}
-    if meta.get("kind") == "sweep":
-        from toolkit.submit import sweep
-
-        return sweep.status(job_id, run, meta)
-    if meta.get("executor") == "local":
+    if meta.get("kind") == SWEEP:
+        return sweep_status(job_id, run, meta)
+    if meta.get("executor") == LOCAL:
         return RunStatus(job_id, _local_state(job_id, run), "local", str(run), meta.get("recipe"), meta.get("nodes"))
     found = slurm_status.query([job_id])
-    base = RunStatus(job_id, "UNKNOWN", "run-dir", str(run) if run else None, meta.get("recipe"), meta.get("nodes"))
+    base = RunStatus(job_id, State.UNKNOWN, "run-dir", str(run) if run else None, meta.get("recipe"), meta.get("nodes"))
     if job_id in found:
         s = found[job_id]
         return dataclasses.replace(base, state=s.state, source=s.source, requeues=s.requeues,
                                    exit_code=s.exit_code, reason=s.reason)
     tasks = [s for key, s in found.items() if key.startswith(f"{job_id}_")]
-    if tasks:  # a job array: summarise its tasks
-        counts: dict[str, int] = {}
-        for t in tasks:
-            counts[t.state] = counts.get(t.state, 0) + 1
-        state = "RUNNING" if any(not t.done for t in tasks) else (
-            "COMPLETED" if set(counts) == {"COMPLETED"} else "FAILED")
-        return dataclasses.replace(base, state=state, source=tasks[0].source, tasks=counts,
-                                   requeues=sum(t.requeues for t in tasks))
+    if tasks:  # a job array submitted by other means: summarise its tasks
+        return dataclasses.replace(base, state=array_state(tasks), source=tasks[0].source,
+                                   tasks=state_counts(tasks), requeues=sum(t.requeues for t in tasks))
     if run is None:
         from toolkit.slurm.commands import check_controller
 
@@ -95,20 +93,107 @@ def status(job_id: str, root: Path | None = None) -> RunStatus:
 def list_statuses(root: Path | None = None) -> list[RunStatus]:
     """Every run in the runs root, newest last, with one Slurm query for all of them."""
     runs = [(run, rundir.read_json(run / rundir.METADATA) or {}) for run in rundir.list_runs(root)]
-    slurm_ids = [str(j) for run, meta in runs if meta.get("executor") != "local" for j in meta.get("job_ids", [])]
+    slurm_ids = [str(j) for run, meta in runs if meta.get("executor") != LOCAL for j in meta.get("job_ids", [])]
     found = slurm_status.query(slurm_ids) if slurm_ids else {}
     out = []
     for run, meta in runs:
-        if meta.get("kind") == "sweep" and meta.get("array_job_id"):
-            from toolkit.submit import sweep
-
-            out.append(sweep.summary(run, meta, found))
+        if meta.get("kind") == SWEEP and meta.get("array_job_id"):
+            out.append(sweep_summary(run, meta, found))
             continue
         for job_id in [str(j) for j in meta.get("job_ids", [])] or ["-"]:
             s = found.get(job_id)
             out.append(RunStatus(job_id, s.state if s else state_from_run_dir(run), s.source if s else "run-dir",
                                  str(run), meta.get("recipe"), meta.get("nodes"), s.requeues if s else 0))
     return out
+
+
+def failed_rank_log(job_id: str, run: Path, logs: Path | None = None) -> str | None:
+    """The log of the rank that failed first (ranks killed after it by srun --kill-on-bad-exit are not it).
+
+    `logs`: submitit's folder, when not the run's own (a sweep's tasks share the sweep's).
+    """
+    failures = [rundir.read_json(p) or {} for p in sorted((run / "failures").glob("rank-*.json"))]
+    failures = [f for f in failures if "rank" in f]
+    if failures:
+        first = min(failures, key=lambda f: (f.get("finished_at", ""), f["rank"]))
+        rank = first["rank"]
+    else:
+        rank = 0
+    log = (logs or run / "submitit") / f"{job_id}_{rank}_log.err"
+    return str(log) if log.exists() else None
+
+
+# -- sweeps: one job array, a run dir per task (toolkit.submit.sweep) -----------------------------------------------
+
+def state_counts(tasks) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for t in tasks:
+        counts[t.state] = counts.get(t.state, 0) + 1
+    return counts
+
+
+def array_state(tasks) -> State:
+    """An array as one state: RUNNING/PENDING while any task is, else COMPLETED when every task completed, else
+    FAILED (UNKNOWN while nobody knows any task yet)."""
+    active = [t for t in tasks if not t.done and t.state != State.UNKNOWN]
+    if active:
+        return State.PENDING if all(t.state == State.PENDING for t in active) else State.RUNNING
+    states = {t.state for t in tasks}
+    if states == {State.UNKNOWN}:
+        return State.UNKNOWN
+    return State.COMPLETED if states == {State.COMPLETED} else State.FAILED
+
+
+def sweep_task_statuses(run: Path, meta: dict, found: dict) -> list[RunStatus]:
+    """Each task's RunStatus: Slurm's view (`found`, from toolkit.slurm.status.query), else its run dir's."""
+    array_id, count = str(meta.get("array_job_id")), int(meta.get("tasks", 0))
+    ids = [rundir.task_job_id(array_id, index, count) for index in range(count)]
+    if any(job_id not in found for job_id in ids):  # accounting lags the controller by a moment: ask it too
+        try:
+            found = {**slurm_status.live([array_id]), **found}
+        except HpcError:
+            pass  # the controller is down: the run dirs still say how tasks ended
+    out = []
+    for index, job_id in enumerate(ids):
+        task_dir = run / rundir.task_dir_name(index, count)
+        s = found.get(job_id)
+        if s is None:
+            out.append(RunStatus(job_id, state_from_run_dir(task_dir), "run-dir", str(task_dir), meta.get("recipe"),
+                                 meta.get("nodes")))
+        else:
+            out.append(RunStatus(job_id, s.state, s.source, str(task_dir), meta.get("recipe"), meta.get("nodes"),
+                                 s.requeues, s.exit_code, s.reason))
+    return out
+
+
+def sweep_summary(run: Path, meta: dict, found: dict) -> RunStatus:
+    """The array as one RunStatus with a count per state (array_state)."""
+    tasks = sweep_task_statuses(run, meta, found)
+    source = next((t.source for t in tasks if t.source != "run-dir"), "run-dir")
+    return RunStatus(str(meta.get("array_job_id")), array_state(tasks), source, str(run), meta.get("recipe"),
+                     meta.get("nodes"), sum(t.requeues for t in tasks), tasks=state_counts(tasks))
+
+
+def sweep_status(job_id: str, run: Path, meta: dict) -> RunStatus:
+    """`hpc jobs status` of a sweep: the array's summary (ID), or one task (ID_N)."""
+    array_id, count = str(meta.get("array_job_id")), int(meta.get("tasks", 0))
+    found = slurm_status.query([array_id])
+    if job_id == array_id and count > 1:
+        return sweep_summary(run, meta, found)
+    for task in sweep_task_statuses(run, meta, found):
+        if task.job_id == job_id:
+            return task
+    raise HpcError(f"sweep {run.name} has no task {job_id}",
+                   fix=f"its tasks are {rundir.task_job_id(array_id, 0, 2)} .. "
+                       f"{rundir.task_job_id(array_id, max(count, 1) - 1, 2)}")
+
+
+def sweep_failed_tasks(run: Path, meta: dict) -> list[dict]:
+    """The tasks that did not complete, each with the log of its first failing rank (if any)."""
+    found = slurm_status.query([str(meta.get("array_job_id"))])
+    return [{"job_id": t.job_id, "state": t.state, "run_dir": t.run_dir,
+             "log": failed_rank_log(t.job_id, Path(t.run_dir), logs=run / "submitit")}
+            for t in sweep_task_statuses(run, meta, found) if t.state != State.COMPLETED]
 
 
 def rank_log(job_id: str, rank: int, root: Path | None = None, stream: str = "out") -> Path:

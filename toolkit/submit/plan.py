@@ -1,0 +1,209 @@
+"""A submission, planned once (torchx's dryrun-then-schedule): `--dry-run` prints the plan, `submit` executes it.
+
+plan() decides everything and submits nothing: the recipe, the queue, the job spec, the script rendered once,
+the executor with its exact parameters (submitit) or argv (sbatch, for MPI binaries), the batch script submitit
+will send, warnings, and the run dir's metadata. execute() checks Slurm would take the job, writes the run dir
+(write_run_dir, the one writer) and submits. Nothing downstream re-plans. Sweeps: toolkit.submit.sweep builds
+one Plan per grid point and submits them as one array.
+
+    executor kinds   submitit-slurm   submitit's SlurmExecutor: srun starts one RankLauncher per rank
+                     submitit-local   submitit's LocalExecutor: this machine, one node (no Slurm installed)
+                     sbatch           the rendered script itself (`sbatch --parsable job.sbatch`): MPI binaries
+                                      take no rank arguments, srun --mpi gives each task its rank
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import shlex
+import sys
+from pathlib import Path
+from typing import Any, Literal, Sequence
+
+from toolkit.errors import HpcError
+from toolkit.submit import rundir
+
+ExecutorKind = Literal["submitit-slurm", "submitit-local", "sbatch"]
+PLAN_FILE = "plan.json"  # the plan a run dir's job was submitted with (what --dry-run --json prints)
+
+
+@dataclasses.dataclass(frozen=True)
+class SubmitRequest:
+    recipe: str
+    nodes: int | None = None
+    cluster: str | None = None
+    queue: str | None = None
+    profile: str | None = None
+    overrides: Sequence[str] = ()
+    account: str | None = None
+    qos: str | None = None
+    reservation: str | None = None
+    dependency: str | None = None
+    executor: str | None = None
+
+    @property
+    def run_name(self) -> str:
+        """The stem of the run dir's name: the recipe (file stem) and profile."""
+        stem = Path(self.recipe).stem
+        return stem if self.profile is None else f"{stem}-{self.profile}"
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    request: SubmitRequest
+    recipe: Any  # toolkit.recipes.schema.Recipe
+    queue: Any  # toolkit.cluster.queues.Queue
+    spec: Any  # toolkit.job.spec.JobSpec
+    run_dir: Path
+    script: str  # job.sbatch: what sbatch runs for the sbatch kind, the equivalent script otherwise
+    executor: ExecutorKind
+    python: str | None  # submitit kinds: the Python that runs the per-rank code on the nodes
+    parameters: dict[str, Any]  # submitit kinds: the executor's parameters, exactly
+    batch_script: str | None  # submitit-slurm: the batch script submitit hands to sbatch
+    argv: tuple[str, ...] | None  # sbatch kind: the command that submits
+    rank0_argv: tuple[str, ...]
+    notes: tuple[str, ...]
+    warnings: tuple[str, ...]
+    metadata: dict[str, Any]  # metadata.json before the job id is known
+
+    def to_json(self) -> dict[str, Any]:
+        import dataclasses as dc
+
+        return {"executor": self.executor, "run_dir": str(self.run_dir), "queue": self.queue.name,
+                "instance_type": self.queue.instance_type, "nodes": self.spec.nodes,
+                "ranks": self.spec.world_size, "python": self.python, "parameters": self.parameters,
+                "argv": list(self.argv) if self.argv else None, "rank0_argv": list(self.rank0_argv),
+                "notes": list(self.notes), "warnings": list(self.warnings),
+                "derived": [dc.asdict(d) for d in self.spec.derived], "script": self.script,
+                "batch_script": self.batch_script}
+
+
+def new_run_dir(request: SubmitRequest, root: Path | None = None) -> Path:
+    """A fresh run dir path for a request (not created: write_run_dir does that once the job is valid)."""
+    return rundir.run_dir_path(request.run_name, root)
+
+
+def plan(request: SubmitRequest, run_dir: Path | None = None, *, task_of: Plan | None = None) -> Plan:
+    """Everything a submit does, decided; nothing written or submitted. `run_dir`: default a fresh path under
+    the runs root. `task_of`: another task of the same job array (toolkit.submit.sweep), whose queue, executor
+    and metadata this one shares; the array's batch script is the sweep's, not a task's."""
+    from toolkit.job.rank import RANK0_PREVIEW, resolve_argv
+    from toolkit.job.render import render_script
+    from toolkit.job.spec import build_job_spec
+    from toolkit.recipes.load import find_recipe, load_recipe
+    from toolkit.submit import executor as executors
+
+    if task_of is None:
+        from toolkit.cluster.queues import resolve_queue
+
+        kind, note = executors.choose_executor(request.executor)
+        notes = [note] if note else []
+        if kind == "slurm":
+            from toolkit.slurm.discovery import use_discovered_slurm
+
+            use_discovered_slurm()
+        queue, how = resolve_queue(request.cluster, request.queue)
+        notes.append(f"queue: {how}")
+    else:
+        kind = "local" if task_of.executor == "submitit-local" else "slurm"
+        queue, notes = task_of.queue, list(task_of.notes)
+    run_dir = run_dir or new_run_dir(request)
+    recipe = load_recipe(request.recipe, profile=request.profile, overrides=request.overrides)
+    spec = build_job_spec(recipe, queue, request.nodes, profile=request.profile, account=request.account,
+                          qos=request.qos, reservation=request.reservation, dependency=request.dependency,
+                          run_dir=str(run_dir))
+    executor: ExecutorKind
+    python = batch_script = argv = None
+    parameters: dict[str, Any] = {}
+    if spec.mpi:
+        if kind == "local":
+            raise HpcError(f"recipe {recipe.name} runs an MPI binary, which only Slurm can start (srun --mpi)",
+                           fix="submit it to a Slurm cluster (locally: make slurm-up)")
+        executor, argv = "sbatch", ("sbatch", "--parsable", str(run_dir / "job.sbatch"))
+    elif kind == "local":
+        executor, python = "submitit-local", sys.executable
+        parameters = executors.local_parameters(spec)
+    else:
+        executor, python = "submitit-slurm", executors.node_python(spec)
+        parameters = executors.slurm_parameters(spec)
+        if task_of is None:
+            batch_script = executors.submitit_batch_script(spec, run_dir / "submitit")
+    # A task shares its array's recipe file and commit: no git calls per task of a large sweep.
+    base = rundir.base_metadata(recipe.name, find_recipe(request.recipe)) if task_of is None else task_of.metadata
+    metadata = {**base, "profile": request.profile, "overrides": list(request.overrides), "executor": executor,
+                "queue": queue.name, "instance_type": queue.instance_type, "fabric": queue.fabric,
+                "nodes": spec.nodes, "ranks_per_node": spec.tasks_per_node, "ranks": spec.world_size, "job_ids": []}
+    return Plan(request=request, recipe=recipe, queue=queue, spec=spec, run_dir=run_dir, script=render_script(spec),
+                executor=executor, python=python, parameters=parameters, batch_script=batch_script,
+                argv=argv, rank0_argv=tuple(resolve_argv(spec.command, RANK0_PREVIEW)), notes=tuple(notes),
+                warnings=spec.warnings, metadata=metadata)
+
+
+def check_slurm_accepts(p: Plan) -> None:
+    """Before anything is written: the controller answers and `sbatch --test-only` takes the job."""
+    if p.executor == "submitit-local":
+        return
+    from toolkit.slurm.commands import check_controller
+    from toolkit.submit.executor import preflight
+
+    check_controller()
+    preflight(p.script)
+
+
+def write_run_dir(p: Plan, metadata: dict[str, Any] | None = None) -> None:
+    """The one run-dir writer: resolved recipe, the script, the plan and its metadata (run dir created here)."""
+    import json
+
+    import yaml
+
+    rundir.create(p.run_dir)
+    (p.run_dir / "recipe.yaml").write_text(yaml.safe_dump(p.recipe.model_dump(mode="json"), sort_keys=False))
+    (p.run_dir / "job.sbatch").write_text(p.script)
+    (p.run_dir / PLAN_FILE).write_text(json.dumps(p.to_json(), indent=2) + "\n")
+    rundir.write_json(p.run_dir / rundir.METADATA, metadata or p.metadata)
+
+
+def execute(p: Plan) -> str:
+    """Submit a plan: check, write its run dir, submit; returns the job id. A refused job leaves no run dir."""
+    from toolkit.submit import executor as executors
+
+    check_slurm_accepts(p)
+    try:
+        write_run_dir(p)
+        if p.executor == "sbatch":
+            job_id = executors.submit_script(p.argv)
+        else:
+            job_id = executors.submit_submitit(p.spec, p.run_dir, p.parameters, p.python,
+                                               local=p.executor == "submitit-local")
+    except BaseException:
+        rundir.discard(p.run_dir)  # never leave a run dir for a job that was not submitted
+        raise
+    rundir.write_json(p.run_dir / rundir.METADATA, {**p.metadata, "job_ids": [job_id]})
+    if p.executor != "submitit-local":
+        save_batch_script(job_id, p.run_dir)
+    return job_id
+
+
+def save_batch_script(job_id: str, run: Path) -> None:
+    """Keep the batch script Slurm stored for the job (what really ran, for reproduction)."""
+    from toolkit.slurm import commands
+
+    res = commands.run(["scontrol", "write", "batch_script", job_id, str(run / "batch_script.sh")], check=False)
+    if res.returncode != 0:
+        (run / "batch_script.sh.missing").write_text(res.stderr or res.stdout)
+
+
+def describe(p: Plan) -> str:
+    """The plan for people: how it is submitted, with what, and the script."""
+    how = {"submitit-slurm": f"submitit's Slurm executor (nodes run {p.python})",
+           "submitit-local": f"submitit's local executor on this machine ({p.python})",
+           "sbatch": "sbatch: " + shlex.join(p.argv or ())}[p.executor]
+    lines = [f"would submit {p.spec.job_name}: {p.spec.nodes} x {p.spec.instance_type} on queue {p.queue.name}, "
+             f"{p.spec.world_size} ranks", f"  with: {how}", f"  run dir: {p.run_dir}"]
+    if p.parameters:
+        lines.append("parameters:")
+        lines += [f"  {k}: {v}" for k, v in p.parameters.items() if k != "setup"]
+    lines += ["rank 0 runs: " + shlex.join(p.rank0_argv), "", "script (job.sbatch):", p.script]
+    if p.batch_script:
+        lines += ["batch script submitit sends to sbatch:", p.batch_script]
+    return "\n".join(lines)
