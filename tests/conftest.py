@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -19,6 +21,20 @@ def run_hpc(*args: str, env: dict[str, str] | None = None, cwd: str | Path | Non
     full_env["PYTHONPATH"] = str(REPO) + os.pathsep + full_env.get("PYTHONPATH", "")
     return subprocess.run([sys.executable, "-m", "toolkit", *args], capture_output=True, text=True,
                           env=full_env, cwd=cwd or REPO, timeout=timeout, input=input)
+
+
+def submit_json(*args: str, env: dict[str, str], cwd: str | Path | None = None, timeout: float = 900) -> dict:
+    """`hpc recipes submit ARGS --json` as users run it; asserts it succeeded and returns its JSON."""
+    res = run_hpc("recipes", "submit", *args, "--json", env=env, cwd=cwd, timeout=timeout)
+    assert res.returncode == 0, res.stdout + res.stderr
+    return json.loads(res.stdout)
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 right now (for a rendezvous in a test)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 # Lines the reliability tests (corpus, fuzz, secrets) report: printed in pytest's terminal summary, also in CI.

@@ -2,14 +2,13 @@
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, run_hpc
+from tests.conftest import REPO, free_port, run_hpc
 from toolkit.errors import HpcError
 from toolkit.reports.nccl import parse_text
 from toolkit.workloads.collectives import bandwidths, bus_factor, layout, parse_size, sizes
@@ -43,16 +42,11 @@ def test_sizes_and_size_syntax():
         sizes(64, 8)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
 
 @pytest.fixture(scope="module")
 def gloo_run(tmp_path_factory) -> Path:
     """A real run: 2 gloo ranks on 127.0.0.1; rank 0's stdout saved as a log."""
-    port = str(_free_port())
+    port = str(free_port())
     procs = []
     for rank in (0, 1):
         env = dict(os.environ, RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",

@@ -1,6 +1,7 @@
 import dataclasses
 
-from tests.jobhelpers import CPU, P3DN
+from tests.jobhelpers import CPU
+from toolkit.cluster.queues import queues_from_config
 from toolkit.job.render import sbatch_directives
 from toolkit.job.spec import build_job_spec
 from toolkit.recipes.load import load_recipe
@@ -12,4 +13,10 @@ def test_wait_all_nodes_only_where_nodes_boot_on_demand():
     static = build_job_spec(recipe, dataclasses.replace(CPU, static_nodes=CPU.max_nodes), 2)
     assert "--wait-all-nodes=1" in sbatch_directives(dynamic)
     assert not any(d.startswith("--wait-all-nodes") for d in sbatch_directives(static))
-    assert P3DN.has_dynamic_nodes
+    # Read from a ParallelCluster file: MinCount < MaxCount boots nodes on demand; MinCount = MaxCount does not.
+    for min_count, dynamic in ((0, True), (4, True), (8, False)):
+        config = {"Scheduling": {"SlurmQueues": [{"Name": "q", "ComputeResources": [
+            {"Name": "r", "InstanceType": "p3dn.24xlarge", "MinCount": min_count, "MaxCount": 8}]}]}}
+        queue = queues_from_config(config)["q"]
+        assert queue.has_dynamic_nodes is dynamic
+        assert ("--wait-all-nodes=1" in sbatch_directives(build_job_spec(recipe, queue, 2))) is dynamic

@@ -1,7 +1,9 @@
 """Rendered sbatch scripts: valid bash, the right directives, CPU forms, and jobs/ matching today's render."""
 
+import os
 import re
 import subprocess
+import sys
 
 import pytest
 
@@ -110,10 +112,23 @@ def test_run_dir_from_a_hostile_root_is_refused(tmp_path):
         build_job_spec(load_recipe("resnet50", overrides=["dirs.root=/tmp/x\ntouch pwned"]), P3DN, 1)
 
 
-def test_master_port_is_stable_distinct_and_below_ephemeral_ports():
+def test_master_port_is_distinct_below_ephemeral_ports_and_the_same_in_every_process_and_path():
     ports = [master_port(job_id) for job_id in range(1, 5000)]
     assert len(set(ports)) == len(ports) and all(1024 < p < 32768 for p in ports)
-    assert master_port(7) == master_port(7)
+    # Another process (another hash seed) computes the same port, and so does the rendered script's shell
+    # arithmetic, which is what the ranks of a rendered job use.
+    job_ids = (7, 123456, 4999)
+    other = subprocess.run([sys.executable, "-c", "import sys; from toolkit.job.rank import master_port; "
+                            "print(*[master_port(int(j)) for j in sys.argv[1:]])", *map(str, job_ids)],
+                           capture_output=True, text=True, env={**os.environ, "PYTHONHASHSEED": "12345",
+                                                                "PYTHONPATH": str(REPO)}, check=True)
+    assert other.stdout.split() == [str(master_port(j)) for j in job_ids]
+    line = next(x for x in render_script(build_job_spec(load_recipe("resnet50"), P3DN, 2)).splitlines()
+                if x.startswith("MASTER_PORT=$(("))
+    for job_id in job_ids:
+        shell = subprocess.run(["bash", "-c", f"{line}; echo $MASTER_PORT"], capture_output=True, text=True,
+                               env={"SLURM_JOB_ID": str(job_id)}, check=True)
+        assert int(shell.stdout) == master_port(job_id)
 
 
 @pytest.mark.parametrize("text,minutes", [("30", 30), ("01:30", 2), ("02:00:00", 120), ("1-00:00:00", 1440),

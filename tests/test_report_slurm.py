@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import run_hpc, slurm_env
+from tests.conftest import run_hpc, slurm_env, submit_json
 from toolkit.workloads.train_log import read_log
 
 pytestmark = [pytest.mark.slurm, pytest.mark.training]
@@ -21,10 +21,8 @@ PATIENCE_S = 900  # a job may pend behind other helpers' jobs
 
 def submit(recipe: str, nodes: int, env: dict, cwd: Path, *overrides: str) -> Path:
     sets = [arg for value in overrides for arg in ("--set", value)]
-    res = run_hpc("recipes", "submit", recipe, "--profile", "smoke", "--nodes", str(nodes), *sets, "--wait", "--json",
-                  env=env, cwd=cwd, timeout=PATIENCE_S)
-    assert res.returncode == 0, res.stdout + res.stderr
-    outcome = json.loads(res.stdout)
+    outcome = submit_json(recipe, "--profile", "smoke", "--nodes", str(nodes), *sets, "--wait", env=env, cwd=cwd,
+                          timeout=PATIENCE_S)
     assert outcome["state"] == "COMPLETED"
     return Path(outcome["run_dir"])
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import run_hpc, slurm_env
+from tests.conftest import run_hpc, slurm_env, submit_json
 from toolkit.workloads.train_log import read_log
 
 pytestmark = [pytest.mark.slurm, pytest.mark.training]
@@ -27,12 +27,6 @@ RESNET = ["resnet50", "--profile", "smoke", "--nodes", "1", "--set", "args.--epo
 ROBERTA = ["roberta", "--profile", "smoke", "--nodes", "1", "--set", "args.--max-update=3000",
            "--set", "args.--total-num-update=3000", "--set", "args.--max-epoch=1000",
            "--set", "args.--save-interval-updates=10", "--set", "args.--log-interval=5"]
-
-
-def submit(env, cwd, args) -> dict:
-    res = run_hpc("recipes", "submit", *args, "--json", env=env, cwd=cwd)
-    assert res.returncode == 0, res.stderr
-    return json.loads(res.stdout)
 
 
 def wait_until(predicate, timeout: float, what: str):
@@ -71,8 +65,8 @@ def interrupted(slurm_sandbox, tmp_path_factory):
     """Both runs submitted at once, each requeued by scontrol early on, then left to meet their time limit."""
     tmp = tmp_path_factory.mktemp("requeue")
     env = dict(slurm_env(slurm_sandbox), HPC_RUNS_DIR=str(tmp / "runs"))
-    resnet = submit(env, tmp, RESNET + TIME_LIMIT)
-    roberta = submit(env, tmp, ROBERTA + TIME_LIMIT)
+    resnet = submit_json(*RESNET + TIME_LIMIT, env=env, cwd=tmp)
+    roberta = submit_json(*ROBERTA + TIME_LIMIT, env=env, cwd=tmp)
     resnet_run, roberta_run = Path(resnet["run_dir"]), Path(roberta["run_dir"])
     roberta_log = roberta_run / "submitit" / f"{roberta['job_id']}_0_log.out"
     # Past the first periodic checkpoint (step/update 10), then `scontrol requeue` (no signal).
@@ -105,7 +99,7 @@ def test_resnet_resumes_exactly_after_scontrol_requeue_and_time_limit(interrupte
 
     # The loss at every step equals that of an uninterrupted run with the same seed.
     env, tmp = interrupted["env"], interrupted["tmp"]
-    reference = submit(env, tmp, RESNET + ["--wait"])
+    reference = submit_json(*RESNET + ["--wait"], env=env, cwd=tmp)
     expected = {r["step"]: r["loss"] for r in train_steps(Path(reference["run_dir"]))}
     got = {r["step"]: r["loss"] for r in train_steps(run)}  # a repeated step keeps its last record
     assert sorted(got) == sorted(expected) == list(range(1, starts[0]["total_steps"] + 1))

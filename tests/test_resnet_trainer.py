@@ -9,7 +9,6 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -17,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO
+from tests.conftest import REPO, free_port
 from toolkit.workloads import checkpoint, smoke_data
 from toolkit.workloads.stopping import EXIT_STOPPED
 from toolkit.workloads.train_log import LOG_NAME, read_log
@@ -44,15 +43,9 @@ def digits(tmp_path_factory) -> Path:
     return small
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def start_ranks(args: list[str], world_size: int, out_dir: Path) -> list[subprocess.Popen]:
     """One trainer process per rank, wired up the way a launcher does it (torchrun-style variables)."""
-    port = _free_port()
+    port = free_port()
     out_dir.mkdir(parents=True, exist_ok=True)
     ranks = []
     for rank in range(world_size):

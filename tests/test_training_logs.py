@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -16,7 +15,7 @@ from typing import NamedTuple
 
 import pytest
 
-from tests.conftest import REPO
+from tests.conftest import REPO, free_port
 from toolkit.errors import HpcError
 from toolkit.reports.training_logs import parse_training_file, parse_training_text, summarize_training, throughput
 from toolkit.workloads.train_log import LOG_NAME, TrainLog, read_log, steady_throughput
@@ -145,12 +144,6 @@ def test_a_file_without_records_is_a_clear_error(tmp_path):
     assert "no training records" in err.value.message
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 @pytest.mark.training
 def test_a_real_trainer_log_restarted_without_its_checkpoint(tmp_path):
     """The real trainer, 1 rank, on the images smoke data: 6 steps, then a restart (other seed, no checkpoint)
@@ -158,7 +151,7 @@ def test_a_real_trainer_log_restarted_without_its_checkpoint(tmp_path):
     subprocess.run([sys.executable, "-m", "toolkit.workloads.smoke_data", "images", str(tmp_path / "data")],
                    check=True, cwd=REPO, env=dict(os.environ, PYTHONPATH=str(REPO)), capture_output=True, timeout=120)
     env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_") and k not in ("RANK", "WORLD_SIZE")}
-    env.update(PYTHONPATH=str(REPO), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()))
+    env.update(PYTHONPATH=str(REPO), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
     base = [sys.executable, "-m", "toolkit.workloads.resnet", "--data", str(tmp_path / "data"), "--arch", "resnet18",
             "--batch-size", "128", "--image-size", "16", "--epochs", "1", "--log-every-steps", "3", "--workers", "0",
             "--threads", "2", "--log-dir", str(tmp_path / "logs")]

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import run_hpc, slurm_env
+from tests.conftest import run_hpc, slurm_env, submit_json
 from toolkit.reports.training_logs import parse_training_file
 from toolkit.workloads.train_log import read_log
 
@@ -22,10 +22,7 @@ pytestmark = [pytest.mark.slurm, pytest.mark.training]
 
 def submit_smoke(sandbox, tmp_path: Path, recipe: str) -> tuple[dict, dict]:
     env = dict(slurm_env(sandbox), HPC_RUNS_DIR=str(tmp_path / "runs"))
-    res = run_hpc("recipes", "submit", recipe, "--profile", "smoke", "--nodes", "2", "--wait", "--json",
-                  env=env, cwd=tmp_path, timeout=900)
-    assert res.returncode == 0, res.stderr
-    result = json.loads(res.stdout)
+    result = submit_json(recipe, "--profile", "smoke", "--nodes", "2", "--wait", env=env, cwd=tmp_path)
     assert result["state"] == "COMPLETED" and result["ranks"] == 4
     status = run_hpc("jobs", "status", result["job_id"], "--json", env=env)
     assert status.returncode == 0 and json.loads(status.stdout)["state"] == "COMPLETED"

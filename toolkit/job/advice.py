@@ -34,11 +34,11 @@ CACHED_MAGIC = b"TNTIDX\x00\x00"  # fairseq.data.indexed_dataset.IndexedDataset 
 def idx_tokens(path: Path) -> int:
     """The number of tokens in one fairseq .idx index (the sum of its sentence sizes)."""
     data = path.read_bytes()
-    if data.startswith(MMAP_MAGIC):  # magic, version <Q, dtype <B, count <Q, doc count <Q, sizes int32[count]
+    if data.startswith(MMAP_MAGIC):  # magic, version <Q, dtype <B, count <Q, sizes int32[count], pointers
         offset = len(MMAP_MAGIC) + 8 + 1
-        count, _docs = struct.unpack_from("<QQ", data, offset)
+        (count,) = struct.unpack_from("<Q", data, offset)
         sizes = array.array("i")
-        start = offset + 16
+        start = offset + 8
         sizes.frombytes(data[start:start + 4 * count])
         return sum(sizes)
     if data.startswith(CACHED_MAGIC):  # magic, version <Q, (code, element size) <QQ, (count, s) <QQ,

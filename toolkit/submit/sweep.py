@@ -19,7 +19,7 @@ import dataclasses
 import itertools
 import re
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
 from toolkit.errors import HpcError, UsageError
 from toolkit.submit import rundir, runs
