@@ -131,8 +131,9 @@ def official_ami_traps(config: dict) -> list[Finding]:
     return found
 
 
-def capacity_block_without_reservation(config: dict) -> list[Finding]:
-    """pcluster's own check needs AWS (CapacityTypeValidator): the missing id is plain from the file."""
+def capacity_block_rules(config: dict) -> list[Finding]:
+    """The Capacity Block rules pcluster cannot see offline or checks only on Instances lists: the reservation
+    id (its check needs AWS) and an AllocationStrategy on a queue of InstanceType compute resources."""
     found = []
     for path, queue, resource in compute_resources(config):
         if queue.get("CapacityType") != "CAPACITY_BLOCK":
@@ -141,7 +142,12 @@ def capacity_block_without_reservation(config: dict) -> list[Finding]:
         if not target.get("CapacityReservationId"):
             found.append(Finding("error", f"{path}/CapacityReservationTarget", CAPACITY_BLOCK_NO_ID,
                                  CAPACITY_BLOCK_NO_ID_FIX))
-    return found
+        if "AllocationStrategy" in queue and "Instances" not in resource:
+            found.append(Finding(
+                "error", path.rsplit("/ComputeResources", 1)[0] + "/AllocationStrategy",
+                "AllocationStrategy is set on a CAPACITY_BLOCK queue: ParallelCluster launches Capacity Block nodes "
+                "without one (its own check covers only Instances lists)", "remove AllocationStrategy from the queue"))
+    return list({(f.path, f.message): f for f in found}.values())
 
 
 def fsx_persistent2_s3_link(config: dict) -> list[Finding]:
@@ -196,6 +202,6 @@ def placement_group_with_reservation(config: dict) -> list[Finding]:
 
 def check(config: dict) -> list[Finding]:
     """All of the toolkit's own checks, in a stable order."""
-    return (unknown_instance_types(config) + official_ami_traps(config) + capacity_block_without_reservation(config)
+    return (unknown_instance_types(config) + official_ami_traps(config) + capacity_block_rules(config)
             + fsx_persistent2_s3_link(config)
             + gdr_without_efa(config) + placement_group_with_reservation(config))

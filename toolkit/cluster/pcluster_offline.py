@@ -437,7 +437,9 @@ def _resource_paths(config: Any) -> dict[int, str]:
 
 # Where a validator's finding lives below the resource that ran it: (validator, words in its message) -> key.
 _KEYS = [
+    ("ComputeResourceSizeValidator", "min count must be a value", "MinCount"),
     ("ComputeResourceSizeValidator", "", "MaxCount"),
+    ("PlacementGroupCapacityTypeValidator", "", "Networking/PlacementGroup"),
     ("EfaValidator", "gdr", "Efa/GdrSupport"),
     ("EfaValidator", "", "Efa/Enabled"),
     ("InstancesEFAValidator", "", "Efa/Enabled"),
@@ -464,6 +466,8 @@ _KEYS = [
 ]
 # Validators a queue runs once per compute resource (in order) without naming it in their arguments.
 _PER_COMPUTE_RESOURCE = {"EfaValidator", "EfaPlacementGroupValidator", "ComputeResourceSizeValidator"}
+# Validators the cluster runs once per compute resource of every queue (in order), naming neither.
+_PER_CLUSTER_COMPUTE_RESOURCE = {"PlacementGroupCapacityTypeValidator"}
 _QUEUE_IN_MESSAGE = re.compile(r"[Qq]ueue '?([a-z][a-z0-9-]*)'?")
 _CR_IN_MESSAGE = re.compile(r"[Cc]ompute [Rr]esource '?([A-Za-z0-9][A-Za-z0-9-]*)'?")
 
@@ -486,6 +490,9 @@ def _path_for(result: Any, tag: tuple | None, paths: dict[int, str], config: Any
               if r.name == wanted or (not wanted and args.get("instance_type") in r.instance_types)]
     if queue and not owners and name in _PER_COMPUTE_RESOURCE and n == len(queue.compute_resources):
         owners = [(queue, queue.compute_resources[k])]
+    every = [(q, r) for q in queues.values() for r in q.compute_resources]
+    if not owners and name in _PER_CLUSTER_COMPUTE_RESOURCE and n == len(every):
+        owners = [every[k]]
     if "/ComputeResources[" not in base and len(owners) == 1:
         base = f"Scheduling/SlurmQueues[{owners[0][0].name}]/ComputeResources[{owners[0][1].name}]"
     elif queue and not base.startswith("Scheduling/SlurmQueues["):

@@ -22,6 +22,10 @@ _LEVEL_ORDER = {"error": 0, "warning": 1, "info": 2}
 _FIXES = [
     (".*", r"failed to run \(", "nothing to change for this check: it is a fault in aws-parallelcluster's validator, "
      "not in the file; the other checks ran (see the ParallelCluster docs for the setting it reads)"),
+    ("MultiNetworkInterfacesInstancesValidator", r"AssignPublicIp", "set Networking/AssignPublicIp: false and "
+     "use a private subnet with a NAT gateway"),
+    ("MultiNetworkInterfacesInstancesValidator", r"", "give the queue a private subnet with a NAT gateway "
+     "(`hpc cluster config --compute-subnet`), or make sure the subnet does not auto-assign public IPs"),
     ("RegionValidator", r"", "write a region ParallelCluster supports, e.g. us-east-1; a ${VARIABLE} must be "
      "substituted first (e.g. envsubst < template.yaml > cluster.yaml)"),
     ("schema", r"Unknown field", "remove the key, or fix its spelling/indentation (see the ParallelCluster v3 "
