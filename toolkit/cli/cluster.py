@@ -82,7 +82,8 @@ def _validation_text(report: dict) -> str:
         if f["fix"]:
             lines.append(f"        fix: {f['fix']}")
     if report["not_checked_offline"]:
-        lines.append("not checked offline (these pcluster validators need AWS; `pcluster create-cluster` runs them):")
+        lines.append("not checked offline (AWS look-ups that `pcluster create-cluster` makes, facts the file does not "
+                     "hold, validators that failed to run):")
         lines += [f"  {name}: {what}" for name, what in report["not_checked_offline"].items()]
     return "\n".join(lines)
 
