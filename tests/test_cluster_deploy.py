@@ -271,6 +271,9 @@ def test_existing_fsx_file_systems_validate_and_are_listed_as_not_checked():
     assert report.valid, _errors(report)
     assert "fs-0123456789abcdef0 (lustre)" in report.not_checked["existing FSx"]
     assert "fsvol-0123456789abcdef0 (zfs)" in report.not_checked["existing FSx"]
+    assert "fsvol-0123456789abcdef1 (ontap)" in report.not_checked["existing FSx"]
+    assert "fc-0123456789abcdef0 (cache)" in report.not_checked["existing FSx"]
+    assert {"EfsIdValidator", "SharedEbsVolumeIdValidator", "MultiAzEbsVolumeValidator"} <= set(report.not_checked)
     text = (DATA / "existing-fsx.yaml").read_text().replace("MaxCount: 8", "MaxCount: 0")
     assert ("Scheduling/SlurmQueues[compute]/ComputeResources[c5-4xl]/MaxCount", "schema") in \
         _errors(validate_text(text))  # the rest of the file is still checked

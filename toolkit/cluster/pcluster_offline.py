@@ -577,6 +577,9 @@ def validate(config: dict, cluster_name: str = "hpc-offline") -> Outcome:
         for failure in failures:
             tag = origins.origin.get(id(failure))
             name, message = failure.validator_type, str(failure.message)
+            if message.startswith("needs AWS ("):  # a validator that caught our refusal and reported it
+                origins.suppressed[name] = message
+                continue
             path = _path_for(failure, tag, paths, loaded)
             if name in INSTANCE_FACTS:
                 touched = [t for t, where in unknown.items() if t in message
