@@ -14,6 +14,7 @@ import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -46,6 +47,11 @@ def main() -> None:
         "pcluster version": [pcluster, "version"],
         "hpc --help": [*hpc, "--help"],
         "hpc cluster validate (p3dn example)": [*hpc, "cluster", "validate", str(EXAMPLE)],
+        # config checks what it writes with validate's rules: it costs about one validate
+        "hpc cluster config (p4d, validated)": [*hpc, "cluster", "config", "--name", "bench", "--region", "us-east-1",
+                                                "--subnet", "subnet-0123456789abcdef0", "--key-name", "k", "--queue",
+                                                "p4d=p4d.24xlarge:4", "--force", "-o",
+                                                str(Path(tempfile.gettempdir()) / "hpc-bench-cluster.yaml")],
     }
     for argv in commands.values():  # warm the page cache and .pyc files: "cold" means a new process
         median_seconds(argv, 1)

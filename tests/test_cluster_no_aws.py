@@ -1,8 +1,12 @@
 """Nothing reaches AWS: every way out (endpoint, proxies, instance metadata, container credentials) points at
-a local listener, and validating valid and invalid configs must not connect to it even once."""
+a local listener, and validating valid and invalid configs must not connect to it even once; and nothing else
+leaves the machine either (no name look-up, no connection to any address, e.g. a custom action's script URL)."""
 
+import json
 import os
 import socket
+import subprocess
+import sys
 import threading
 import time
 
@@ -87,3 +91,61 @@ def test_a_call_to_aws_fails_fast_with_a_clear_message(listener, monkeypatch):
         with pytest.raises(pcluster_offline.OfflineAccessError, match="not checked offline"):
             AWSApi.instance().ec2.get_official_image_id("ubuntu2204", "x86_64")
     assert time.time() - started < 2 and connections == []
+
+
+# A process-wide trap for everything else that leaves the machine: name look-ups (DNS) and connections to any
+# address. It records each attempt in $NET_LOG and refuses it.
+NET_TRAP = '''
+import os, socket
+_log = os.environ["NET_LOG"]
+def _record(what):
+    with open(_log, "a") as f:
+        f.write(what + "\\n")
+def _refuse(name):
+    def refuse(*args, **kwargs):
+        _record(f"{name} {args[:2]!r}")
+        raise OSError(f"network refused by the test: {name}")
+    return refuse
+socket.getaddrinfo = _refuse("getaddrinfo")
+socket.gethostbyname = _refuse("gethostbyname")
+socket.create_connection = _refuse("create_connection")
+socket.socket.connect = _refuse("connect")
+socket.socket.connect_ex = _refuse("connect_ex")
+'''
+
+
+@pytest.fixture
+def net_trap(tmp_path):
+    (tmp_path / "trap").mkdir()
+    (tmp_path / "trap" / "sitecustomize.py").write_text(NET_TRAP)
+    log = tmp_path / "net.log"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_") and "proxy" not in k.lower()}
+    env.update(PYTHONPATH=str(tmp_path / "trap"), NET_LOG=str(log))
+    return env, log
+
+
+def test_the_network_trap_catches_dns_and_urls(net_trap):
+    env, log = net_trap  # the trap works: a URL fetch is seen at the name look-up
+    code = "import urllib.request\ntry:\n    urllib.request.urlopen('https://scripts.example.com/x.sh', timeout=2)\n" \
+           "except OSError:\n    pass\n"
+    subprocess.run([sys.executable, "-c", code], env=env, check=True, timeout=30)
+    assert "scripts.example.com" in log.read_text()
+
+
+def test_validating_urls_storage_and_unknown_types_touches_no_network(net_trap, tmp_path):
+    env, log = net_trap
+    config = (REPO / "tests" / "data" / "cluster" / "existing-fsx.yaml").read_text().replace(
+        "      Networking:\n        SubnetIds:",
+        "      CustomActions:\n        OnNodeConfigured:\n          Script: https://scripts.example.com/setup.sh\n"
+        "        OnNodeStart:\n          Script: s3://my-bucket/start.sh\n"
+        "      Networking:\n        SubnetIds:").replace("c5.4xlarge", "x9.mega")
+    path = tmp_path / "c.yaml"
+    path.write_text(config)
+    started = time.time()
+    res = run_hpc("cluster", "validate", str(path), "--json", env=env, timeout=60)
+    assert not log.exists(), log.read_text()
+    assert res.returncode == 0, res.stdout + res.stderr
+    report = json.loads(res.stdout)
+    assert {"AsyncTimedUrlValidator", "existing FSx"} <= set(report["not_checked_offline"])
+    assert any("x9.mega" in f["message"] and f["level"] == "warning" for f in report["findings"])
+    assert time.time() - started < 30

@@ -59,8 +59,6 @@ FAULTS = {
     "alinux2 (gone in 3.16)": (lambda c: c["Image"].update(Os="alinux2"), "Image/Os", "schema"),
     "V100 without a custom AMI": (lambda c: c["Image"].pop("CustomAmi"), f"{CR}/InstanceType", "hpc"),
     "wrong type": (lambda c: _cr(c).update(MaxCount="eight"), f"{CR}/MaxCount", "schema"),
-    "instance type not in the catalog": (lambda c: _cr(c).update(InstanceType="p9.mega"), f"{CR}/InstanceType",
-                                         "hpc"),
     "PERSISTENT_2 without throughput": (lambda c: (_fsx(c).update(DeploymentType="PERSISTENT_2"),
                                                    _fsx(c).pop("ImportPath")),
                                         f"{FSX}/PerUnitStorageThroughput", "FsxPersistentOptionsValidator"),

@@ -146,7 +146,7 @@ QUEUE = st.from_regex(r"\A[a-z][a-z0-9-]{0,24}\Z")
 @given(subnet=HOSTILE, key=HOSTILE, post_install=HOSTILE, queue=QUEUE, name=st.from_regex(r"\A[a-zA-Z][a-zA-Z0-9-]{0,59}\Z"))
 def test_the_cluster_yaml_writer_keeps_every_value_and_adds_no_key(subnet, key, post_install, queue, name):
     COUNTS["cluster yaml"] += 1
-    spec = ClusterSpec(name=name, region="us-east-1", subnet=subnet, key_name=key,
+    spec = ClusterSpec(name=name, region="us-east-1", head_subnet=subnet, compute_subnet=subnet, key_name=key,
                        queues=(QueueSpec(queue, "c5n.18xlarge", 2),), post_install=post_install)
     doc, _ = build_config(spec, output="out.yaml")
     text = render(doc)

@@ -9,7 +9,7 @@ from typing import Literal
 
 from toolkit.errors import HpcError
 
-Accelerator = Literal["nvidia", "gaudi", "none"]
+Accelerator = Literal["nvidia", "gaudi", "neuron", "none"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -29,6 +29,8 @@ class InstanceType:
     gpu_memory_gib: int | None = None
     instance_store_gb: int = 0
     network_interfaces: int | None = None
+    architecture: Literal["x86_64", "arm64"] = "x86_64"
+    burstable: bool = False  # t2/t3: no cluster placement groups
 
     @property
     def has_efa(self) -> bool:

@@ -17,7 +17,13 @@ app = typer.Typer(help="Generate, validate and inspect AWS ParallelCluster v3 co
 def config(
     name: str = typer.Option(..., "--name", help="Cluster name (for pcluster create-cluster)."),
     region: str = typer.Option(..., "--region", help="AWS region, e.g. us-east-1."),
-    subnet: str = typer.Option(..., "--subnet", help="Subnet id for the head node and the queues."),
+    subnet: Optional[str] = typer.Option(None, "--subnet", help="One subnet id for the head node and every queue: "
+                                         "it must be private, with a NAT gateway (EFA nodes get several network "
+                                         "interfaces, and AWS cannot give those a public IP)."),
+    head_subnet: Optional[str] = typer.Option(None, "--head-subnet", help="Subnet id for the head node (may be "
+                                              "public, for SSH); overrides --subnet."),
+    compute_subnet: Optional[str] = typer.Option(None, "--compute-subnet", help="Subnet id for every queue: a "
+                                                 "private subnet with a NAT gateway; overrides --subnet."),
     key_name: str = typer.Option(..., "--key-name", help="EC2 key pair name for SSH to the head node."),
     queue: List[str] = typer.Option(..., "--queue", help="NAME=INSTANCE_TYPE:MAX_NODES[,efa-stack=modern|legacy|"
                                     "none][,ranks-per-node=N]; repeat for more queues."),
@@ -30,6 +36,8 @@ def config(
                                                  "PERSISTENT_2."),
     capacity_reservation: Optional[str] = typer.Option(None, "--capacity-reservation",
                                                        help="[QUEUE=]cr-... targeted capacity reservation."),
+    capacity_block: Optional[str] = typer.Option(None, "--capacity-block", help="[QUEUE=]cr-... Capacity Block "
+                                                 "for ML: the queue runs its MAX_NODES for the block's duration."),
     post_install: Optional[str] = typer.Option(None, "--post-install", help="Script URL run on compute nodes."),
     output: str = typer.Option(..., "-o", "--output", help="File to write."),
     force: bool = typer.Option(False, "--force", help="Overwrite FILE if it exists."),
@@ -37,16 +45,25 @@ def config(
 ) -> None:
     """Write a ParallelCluster v3 config (Slurm, EFA queues in placement groups, optional FSx for Lustre)."""
     from toolkit.cluster.build import ClusterSpec, FsxSpec, parse_queue, write_config
+    from toolkit.errors import UsageError
+
+    head, compute = head_subnet or subnet, compute_subnet or subnet
+    if not (head and compute):
+        raise UsageError("no subnet for the " + ("head node" if not head else "queues"),
+                         fix="give --head-subnet (head node) and --compute-subnet (a private subnet with NAT for "
+                         "the queues), or --subnet for both")
 
     fsx = None
     if fsx_import or fsx_capacity or fsx_deployment:
         fsx = FsxSpec(deployment=fsx_deployment or "SCRATCH_2", capacity_gib=fsx_capacity or 1200,
                       import_path=fsx_import)
     reservation_queue, _, reservation = (capacity_reservation or "").rpartition("=")
+    block_queue, _, block = (capacity_block or "").rpartition("=")
     spec = ClusterSpec(
-        name=name, region=region, subnet=subnet, key_name=key_name, queues=tuple(parse_queue(q) for q in queue),
-        head_node=head_node, os=os, custom_ami=custom_ami, fsx=fsx, capacity_reservation=reservation or None,
-        reservation_queue=reservation_queue or None, post_install=post_install)
+        name=name, region=region, head_subnet=head, compute_subnet=compute, key_name=key_name,
+        queues=tuple(parse_queue(q) for q in queue), head_node=head_node, os=os, custom_ami=custom_ami, fsx=fsx,
+        capacity_reservation=reservation or None, reservation_queue=reservation_queue or None,
+        capacity_block=block or None, capacity_block_queue=block_queue or None, post_install=post_install)
     warnings = write_config(spec, output, force=force)
     for message in warnings:
         warn(message)
@@ -65,7 +82,8 @@ def _validation_text(report: dict) -> str:
         if f["fix"]:
             lines.append(f"        fix: {f['fix']}")
     if report["not_checked_offline"]:
-        lines.append("not checked offline (these pcluster validators need AWS; `pcluster create-cluster` runs them):")
+        lines.append("not checked offline (AWS look-ups that `pcluster create-cluster` makes, facts the file does not "
+                     "hold, validators that failed to run):")
         lines += [f"  {name}: {what}" for name, what in report["not_checked_offline"].items()]
     return "\n".join(lines)
 

@@ -29,6 +29,11 @@ RESERVATION = re.compile(r"^cr-[0-9a-f]{8,17}$")
 FSX_MOUNT = "/fsx"
 PERSISTENT_2_THROUGHPUT = 125  # MB/s/TiB, the smallest PERSISTENT_2 tier
 INSTALL_FIX = "pip install 'hpc-toolkit[admin]'"
+HEAD_ROOT_GIB = 100  # head node root volume: Slurm state, logs and shared /home builds outgrow the 40 GiB AMI
+COMPUTE_ROOT_GIB = 200  # accelerator nodes' root volume
+SCRATCH = "/scratch"
+IDLE_MINUTES_ACCELERATED = 30  # GPU nodes take minutes to boot: keep them between jobs a little longer
+IDLE_MINUTES = 10  # ParallelCluster's default
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,7 +56,8 @@ class FsxSpec:
 class ClusterSpec:
     name: str
     region: str
-    subnet: str
+    head_subnet: str
+    compute_subnet: str  # the same as head_subnet when one --subnet serves both (it must then be private)
     key_name: str
     queues: tuple[QueueSpec, ...]
     head_node: str = "c5n.18xlarge"
@@ -60,6 +66,8 @@ class ClusterSpec:
     fsx: FsxSpec | None = None
     capacity_reservation: str | None = None
     reservation_queue: str | None = None  # which queue uses it (default: the only accelerator queue)
+    capacity_block: str | None = None  # a Capacity Block for ML (its reservation id)
+    capacity_block_queue: str | None = None  # which queue uses it (default: the only accelerator queue)
     post_install: str | None = None
 
 
@@ -110,6 +118,9 @@ def _check_spec(spec: ClusterSpec) -> dict[str, InstanceType]:
     if spec.capacity_reservation and not RESERVATION.match(spec.capacity_reservation):
         raise UsageError(f"--capacity-reservation {spec.capacity_reservation!r} is not a reservation id",
                          fix="give the id of a targeted On-Demand Capacity Reservation, e.g. cr-0123456789abcdef0")
+    if spec.capacity_block and not RESERVATION.match(spec.capacity_block):
+        raise UsageError(f"--capacity-block {spec.capacity_block!r} is not a reservation id",
+                         fix="give the reservation id of the Capacity Block you bought, e.g. cr-0123456789abcdef0")
     types = {q.name: instance(q.instance_type) for q in spec.queues}
     instance(spec.head_node)
     for queue in spec.queues:
@@ -118,6 +129,9 @@ def _check_spec(spec: ClusterSpec) -> dict[str, InstanceType]:
                              fix="GPU and Gaudi queues run one rank per accelerator: drop ranks-per-node")
         if types[queue.name].proprietary_driver and not spec.custom_ami:
             raise HpcError(checks.V100_TRAP.format(itype=queue.instance_type), fix=checks.V100_FIX.replace(
+                "(Image/CustomAmi or the queue's Image/CustomAmi)", "(pass it as --custom-ami AMI_ID)"))
+        if types[queue.name].accelerator == "gaudi" and not spec.custom_ami:
+            raise HpcError(checks.GAUDI_TRAP.format(itype=queue.instance_type), fix=checks.GAUDI_FIX.replace(
                 "(Image/CustomAmi or the queue's Image/CustomAmi)", "(pass it as --custom-ami AMI_ID)"))
     return types
 
@@ -133,19 +147,20 @@ def _check_fsx(fsx: FsxSpec) -> None:
         raise UsageError(f"--fsx-import {fsx.import_path!r} is not an S3 URL", fix="e.g. s3://my-bucket/prefix")
 
 
-def _reservation_queue(spec: ClusterSpec, types: dict[str, InstanceType]) -> str | None:
-    if not spec.capacity_reservation:
+def _target_queue(option: str, reservation: str | None, named: str | None,
+                  types: dict[str, InstanceType]) -> str | None:
+    """The queue a reservation option applies to: the one named, else the only (accelerator) queue."""
+    if not reservation:
         return None
-    if spec.reservation_queue:
-        if spec.reservation_queue not in types:
-            raise UsageError(f"--capacity-reservation names queue {spec.reservation_queue!r}, which is not given",
+    if named:
+        if named not in types:
+            raise UsageError(f"{option} names queue {named!r}, which is not given",
                              fix=f"use one of: {', '.join(types)}")
-        return spec.reservation_queue
+        return named
     accelerated = [name for name, it in types.items() if it.accelerator != "none"]
     if len(types) == 1 or len(accelerated) == 1:
         return next(iter(types)) if len(types) == 1 else accelerated[0]
-    raise UsageError("--capacity-reservation: more than one queue could use it",
-                     fix="write --capacity-reservation QUEUE=cr-...")
+    raise UsageError(f"{option}: more than one queue could use it", fix=f"write {option} QUEUE=cr-...")
 
 
 def _ruamel():
@@ -184,16 +199,27 @@ def _bucket(url: str) -> str | None:
     return url[len("s3://"):].split("/")[0] if url.startswith("s3://") else None
 
 
-def _compute_resource(queue: QueueSpec, it: InstanceType, reservation: str | None):
+def _several_nics(it: InstanceType) -> bool:
+    """ParallelCluster 3.16 gives these nodes more than one network interface: one per network card, or a
+    primary plus an EFA-only one on single-card EFA types; AWS cannot auto-assign a public IP to them."""
+    return it.network_cards > 1 or it.has_efa
+
+
+def _compute_resource(queue: QueueSpec, it: InstanceType, reservation: str | None, block: bool):
+    notes = ({"MinCount": "Capacity Block: every reserved node runs for the block's duration (MinCount = MaxCount)",
+              "MaxCount": "edit: the number of instances in the Capacity Block"} if block else
+             {"MinCount": "0: nodes start on demand and stop when idle", "MaxCount": "edit: most nodes a job can get"})
     resource = _map(("Name", queue.instance_type.replace(".", "-")), ("InstanceType", queue.instance_type),
-                    ("MinCount", 0), ("MaxCount", queue.max_nodes),
-                    MinCount="0: nodes start on demand and stop when idle",
-                    MaxCount="edit: most nodes a job can get")
+                    ("MinCount", queue.max_nodes if block else 0), ("MaxCount", queue.max_nodes), **notes)
     if it.has_efa:
         resource["Efa"] = _map(("Enabled", True))
     if reservation:
         resource["CapacityReservationTarget"] = _map(("CapacityReservationId", reservation))
-    if it.has_efa or reservation:
+    if block:
+        resource.yaml_set_comment_before_after_key("CapacityReservationTarget", before=(
+            "A Capacity Block brings its own placement: ParallelCluster rejects a placement group and an\n"
+            "AllocationStrategy with it, so neither is set."), indent=10)
+    elif it.has_efa or reservation:
         # a targeted reservation brings its own placement; a new placement group would fight it
         group = _map(("Enabled", not reservation),
                      Enabled=("off: the capacity reservation decides placement (see above)" if reservation
@@ -207,17 +233,36 @@ def _compute_resource(queue: QueueSpec, it: InstanceType, reservation: str | Non
     return resource
 
 
-def _queue(spec: ClusterSpec, queue: QueueSpec, it: InstanceType, reservation: str | None):
+def _local_storage(it: InstanceType):
+    """Root volume room for GPU software, and the NVMe instance store as local scratch, or None."""
+    storage = _map()
+    if it.accelerator != "none":
+        storage["RootVolume"] = _map(("Size", COMPUTE_ROOT_GIB), Size=(
+            "GiB: CUDA/Neuron libraries, containers and caches outgrow the AMI's default"))
+    if it.instance_store_gb:
+        storage["EphemeralVolume"] = _map(("MountDir", SCRATCH), MountDir=(
+            f"the {it.instance_store_gb} GB of NVMe instance store (striped): stage data and checkpoints here; "
+            "wiped when the node stops"))
+    return storage or None
+
+
+def _queue(spec: ClusterSpec, queue: QueueSpec, it: InstanceType, reservation: str | None, block: bool):
     stack = queue.efa_stack or ("modern" if it.has_efa else "none")
     tags = _seq(_map(("Key", TAG_EFA_STACK), ("Value", stack)))
     if queue.ranks_per_node:
         tags.append(_map(("Key", TAG_RANKS_PER_NODE), ("Value", str(queue.ranks_per_node))))
-    entry = _map(("Name", queue.name), ("CapacityType", "ONDEMAND"))
+    entry = _map(("Name", queue.name), ("CapacityType", "CAPACITY_BLOCK" if block else "ONDEMAND"))
     if it.accelerator != "none":
         entry["JobExclusiveAllocation"] = True
         _note(entry, "JobExclusiveAllocation", "one job per node: jobs get every GPU and the whole network")
-    entry["Networking"] = _map(("SubnetIds", _seq(spec.subnet)))
-    entry["ComputeResources"] = _seq(_compute_resource(queue, it, reservation))
+    entry["Networking"] = _map(("SubnetIds", _seq(spec.compute_subnet)))
+    if _several_nics(it):
+        entry["Networking"].yaml_set_comment_before_after_key("SubnetIds", before=(
+            "a private subnet with a NAT gateway: these nodes get several network interfaces (EFA), and AWS\n"
+            "cannot auto-assign a public IP to such instances"), indent=8)
+    entry["ComputeResources"] = _seq(_compute_resource(queue, it, reservation, block))
+    if storage := _local_storage(it):
+        entry["ComputeSettings"] = _map(("LocalStorage", storage))
     if spec.post_install:
         entry["CustomActions"] = _map(("OnNodeConfigured", _map(("Script", spec.post_install))))
         if bucket := _bucket(spec.post_install):
@@ -248,7 +293,9 @@ def _shared_storage(fsx: FsxSpec):
 
 def command_line(spec: ClusterSpec, output: str) -> str:
     """The `hpc cluster config` command that makes this spec (written into the file's header)."""
-    args = ["hpc", "cluster", "config", "--name", spec.name, "--region", spec.region, "--subnet", spec.subnet,
+    subnets = (["--subnet", spec.head_subnet] if spec.head_subnet == spec.compute_subnet else
+               ["--head-subnet", spec.head_subnet, "--compute-subnet", spec.compute_subnet])
+    args = ["hpc", "cluster", "config", "--name", spec.name, "--region", spec.region, *subnets,
             "--key-name", spec.key_name]
     for q in spec.queues:
         options = ([f"efa-stack={q.efa_stack}"] if q.efa_stack else []) + (
@@ -265,6 +312,9 @@ def command_line(spec: ClusterSpec, output: str) -> str:
         target = f"{spec.reservation_queue}={spec.capacity_reservation}" if spec.reservation_queue else \
             spec.capacity_reservation
         args += ["--capacity-reservation", target]
+    if spec.capacity_block:
+        args += ["--capacity-block", f"{spec.capacity_block_queue}={spec.capacity_block}" if spec.capacity_block_queue
+                 else spec.capacity_block]
     if spec.post_install:
         args += ["--post-install", spec.post_install]
     return shlex.join([*args, "-o", output])
@@ -278,22 +328,44 @@ def comment_safe(text: str) -> str:
 
 def build_config(spec: ClusterSpec, output: str = "cluster.yaml"):
     """(commented ParallelCluster v3 document, warnings). Raises UsageError / HpcError on bad input,
-    including the V100 trap without a custom AMI."""
+    including the V100 and Gaudi traps without a custom AMI. The values themselves are checked by
+    write_config, with `hpc cluster validate`'s rules."""
     types = _check_spec(spec)
-    reservation_queue = _reservation_queue(spec, types)
+    reservation_queue = _target_queue("--capacity-reservation", spec.capacity_reservation, spec.reservation_queue,
+                                      types)
+    block_queue = _target_queue("--capacity-block", spec.capacity_block, spec.capacity_block_queue, types)
+    if block_queue and block_queue == reservation_queue:
+        raise UsageError(f"queue {block_queue!r} is given both --capacity-reservation and --capacity-block",
+                         fix="a queue uses one: a Capacity Block (CAPACITY_BLOCK) or an On-Demand Capacity "
+                         "Reservation; name the queue each is for (QUEUE=cr-...)")
     warnings = [checks.V100_REMINDER.format(itype=q.instance_type) for q in spec.queues
                 if types[q.name].proprietary_driver]
     image = _map(("Os", spec.os))
     if spec.custom_ami:  # cluster-wide: the proprietary driver serves every NVIDIA GPU, not only V100
         image["CustomAmi"] = spec.custom_ami
         _note(image, "CustomAmi", "edit: your AMI" + (" with NVIDIA's proprietary driver" if warnings else ""))
+    shared = spec.head_subnet == spec.compute_subnet
     head = _map(("InstanceType", spec.head_node),
-                ("Networking", _map(("SubnetId", spec.subnet), SubnetId="edit: your subnet")),
-                ("Ssh", _map(("KeyName", spec.key_name), KeyName="edit: your EC2 key pair")))
-    queues = _seq(*(_queue(spec, q, types[q.name], spec.capacity_reservation if q.name == reservation_queue
-                           else None) for q in spec.queues))
+                ("Networking", _map(("SubnetId", spec.head_subnet), SubnetId=(
+                    "edit: one subnet for every node: private, with a NAT gateway (reach the head node through "
+                    "SSM or a bastion)" if shared and any(_several_nics(t) for t in types.values())
+                    else "edit: the head node's subnet (public for SSH, or private)"))),
+                ("Ssh", _map(("KeyName", spec.key_name), KeyName="edit: your EC2 key pair")),
+                ("LocalStorage", _map(("RootVolume", _map(("Size", HEAD_ROOT_GIB), Size=(
+                    "GiB: Slurm state, logs and software built on the head node outgrow the AMI's 40"))))))
+
+    def reservation_of(q: QueueSpec) -> str | None:
+        return spec.capacity_reservation if q.name == reservation_queue else \
+            spec.capacity_block if q.name == block_queue else None
+    queues = _seq(*(_queue(spec, q, types[q.name], reservation_of(q), q.name == block_queue)
+                    for q in spec.queues))
+    accelerated = any(t.accelerator != "none" for t in types.values())
+    slurm = _map(("ScaledownIdletime", IDLE_MINUTES_ACCELERATED if accelerated else IDLE_MINUTES),
+                 ScaledownIdletime=("minutes an idle dynamic node stays up: GPU nodes take minutes to boot, so "
+                                    "keep them between jobs" if accelerated else "minutes an idle dynamic node "
+                                    "stays up (ParallelCluster's default)"))
     doc = _map(("Region", spec.region), ("Image", image), ("HeadNode", head),
-               ("Scheduling", _map(("Scheduler", "slurm"), ("SlurmQueues", queues))))
+               ("Scheduling", _map(("Scheduler", "slurm"), ("SlurmSettings", slurm), ("SlurmQueues", queues))))
     if spec.fsx:
         doc["SharedStorage"] = _seq(_shared_storage(spec.fsx))
     doc.yaml_set_start_comment("\n".join([
@@ -333,6 +405,21 @@ def _quote_unprintable(node):
     return node
 
 
+def _validated(text: str, path: str, known: list[str]) -> list[str]:
+    """`hpc cluster validate`'s rules on the config about to be written: an error stops (nothing is written);
+    its warnings are returned (less those already given)."""
+    from toolkit.cluster.validate import validate_text
+
+    report = validate_text(text, path)
+    errors = [f for f in report.findings if f.level == "error"]
+    if errors:
+        first = errors[0]
+        more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
+        raise HpcError(f"the config these options make is not valid, so nothing was written: {first.path}: "
+                       f"{first.message}{more}", fix=first.fix or "check the option that sets that key")
+    return [f"{f.path}: {f.message}" for f in report.findings if f.level == "warning" and f.message not in known]
+
+
 def write_config(spec: ClusterSpec, path: str | Path, force: bool = False) -> list[str]:
     """Write the config to `path` (never over an existing file unless force); returns the warnings."""
     path = Path(path)
@@ -340,6 +427,7 @@ def write_config(spec: ClusterSpec, path: str | Path, force: bool = False) -> li
         raise HpcError(f"{path} already exists", fix="pass --force to overwrite it, or choose another -o FILE")
     doc, warnings = build_config(spec, output=str(path))
     text = render(doc)
+    warnings += _validated(text, str(path), warnings)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp")
     tmp.write_text(text, encoding="utf-8")

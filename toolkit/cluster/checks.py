@@ -1,11 +1,13 @@
 """The toolkit's own checks on a ParallelCluster config dict: the traps pcluster cannot see offline.
 
 - the V100 trap: ParallelCluster >= 3.9 official AMIs carry NVIDIA's open (OpenRM) kernel driver, which does
-  not support V100 (p3, p3dn); pcluster's own check needs AWS (DescribeImages), so we catch it from the catalog
+  not support V100 (p3, p3dn); pcluster's own check needs AWS (DescribeImages), so we catch it from the catalog;
+  likewise Gaudi (dl1), which the official AMIs do not support at all
+- a CAPACITY_BLOCK queue without its reservation id (pcluster's check of it needs AWS)
 - ImportPath / ExportPath / AutoImportPolicy on a PERSISTENT_2 FSx (it links S3 only through
   DataRepositoryAssociations)
 - a placement group together with a targeted capacity reservation
-- instance types the catalog does not know (offline validation needs their facts)
+- instance types the catalog does not know (a warning: the checks that need their facts are limited)
 The config generator uses the same messages, so `hpc cluster config` and `hpc cluster validate` agree.
 """
 
@@ -30,6 +32,22 @@ V100_REMINDER = (
     "V100 trap: {itype} needs NVIDIA's proprietary driver (the open OpenRM driver of ParallelCluster >= 3.9 "
     "official AMIs has no V100 support). Make sure the custom AMI carries it; an AMI made by `pcluster "
     "build-image` needs `--suppress-validators type:InstanceTypeBaseAMICompatibleValidator` at create time."
+)
+GAUDI_TRAP = (
+    "{itype} has Habana Gaudi accelerators, which ParallelCluster's official AMIs do not support (no Habana "
+    "driver or SynapseAI): nodes would boot without working accelerators"
+)
+GAUDI_FIX = (
+    "use an AMI with the Habana driver and SynapseAI (Image/CustomAmi or the queue's Image/CustomAmi), e.g. built "
+    "by `pcluster build-image` with a Habana Deep Learning AMI as parent"
+)
+CAPACITY_BLOCK_NO_ID = (
+    "CapacityType CAPACITY_BLOCK needs the Capacity Block's reservation id: ParallelCluster launches the nodes "
+    "into that reservation only"
+)
+CAPACITY_BLOCK_NO_ID_FIX = (
+    "add CapacityReservationTarget/CapacityReservationId: cr-... (the id of the Capacity Block you bought) to the "
+    "compute resource"
 )
 PG_RESERVATION = (
     "a placement group together with a targeted capacity reservation: the reserved capacity sits where the "
@@ -80,12 +98,15 @@ def instance_types(config: dict) -> Iterator[tuple[str, str]]:
 
 
 def unknown_instance_types(config: dict) -> list[Finding]:
-    known = catalog()
+    """A type outside the catalog is a hole in our data, not a fault in the file: a warning naming the checks
+    that are limited for it."""
     return [
-        Finding("error", path, f"instance type {itype!r} is not in the toolkit's catalog: offline validation "
-                f"needs its facts (GPUs, vCPUs, EFA) and pcluster's instance checks were not run",
-                f"use one of: {', '.join(sorted(known))}; or add its public facts to toolkit/catalog.yaml")
-        for path, itype in instance_types(config) if itype not in known
+        Finding("warning", path, f"instance type {itype!r} is not in the toolkit's catalog: pcluster's checks that "
+                "need its facts (EFA, GPUs, memory, network interfaces and public IPs, architecture, placement "
+                "groups) were not run for it, nor the toolkit's V100 check",
+                "add its public facts to toolkit/catalog.yaml to check them offline; `pcluster create-cluster` "
+                "checks them against AWS")
+        for path, itype in instance_types(config) if itype not in catalog()
     ]
 
 
@@ -93,16 +114,40 @@ def custom_ami(config: dict, queue: dict) -> str | None:
     return _dict(queue.get("Image")).get("CustomAmi") or _dict(config.get("Image")).get("CustomAmi")
 
 
-def v100_trap(config: dict) -> list[Finding]:
+def official_ami_traps(config: dict) -> list[Finding]:
+    """Accelerators the official AMIs cannot drive: V100 (open NVIDIA driver only) and Gaudi (no Habana driver)."""
     found = []
     for path, queue, itype in queue_instance_types(config):
-        if itype not in catalog() or not catalog()[itype].proprietary_driver:
+        it = catalog().get(itype)
+        if it is None or not (it.proprietary_driver or it.accelerator == "gaudi"):
             continue
-        if custom_ami(config, queue):
+        if it.accelerator == "gaudi":
+            if not custom_ami(config, queue):
+                found.append(Finding("error", path, GAUDI_TRAP.format(itype=itype), GAUDI_FIX))
+        elif custom_ami(config, queue):
             found.append(Finding("warning", path, V100_REMINDER.format(itype=itype)))
         else:
             found.append(Finding("error", path, V100_TRAP.format(itype=itype), V100_FIX))
     return found
+
+
+def capacity_block_rules(config: dict) -> list[Finding]:
+    """The Capacity Block rules pcluster cannot see offline or checks only on Instances lists: the reservation
+    id (its check needs AWS) and an AllocationStrategy on a queue of InstanceType compute resources."""
+    found = []
+    for path, queue, resource in compute_resources(config):
+        if queue.get("CapacityType") != "CAPACITY_BLOCK":
+            continue
+        target = _dict(resource.get("CapacityReservationTarget")) or _dict(queue.get("CapacityReservationTarget"))
+        if not target.get("CapacityReservationId"):
+            found.append(Finding("error", f"{path}/CapacityReservationTarget", CAPACITY_BLOCK_NO_ID,
+                                 CAPACITY_BLOCK_NO_ID_FIX))
+        if "AllocationStrategy" in queue and "Instances" not in resource:
+            found.append(Finding(
+                "error", path.rsplit("/ComputeResources", 1)[0] + "/AllocationStrategy",
+                "AllocationStrategy is set on a CAPACITY_BLOCK queue: ParallelCluster launches Capacity Block nodes "
+                "without one (its own check covers only Instances lists)", "remove AllocationStrategy from the queue"))
+    return list({(f.path, f.message): f for f in found}.values())
 
 
 def fsx_persistent2_s3_link(config: dict) -> list[Finding]:
@@ -157,5 +202,6 @@ def placement_group_with_reservation(config: dict) -> list[Finding]:
 
 def check(config: dict) -> list[Finding]:
     """All of the toolkit's own checks, in a stable order."""
-    return (unknown_instance_types(config) + v100_trap(config) + fsx_persistent2_s3_link(config)
+    return (unknown_instance_types(config) + official_ami_traps(config) + capacity_block_rules(config)
+            + fsx_persistent2_s3_link(config)
             + gdr_without_efa(config) + placement_group_with_reservation(config))

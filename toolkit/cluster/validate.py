@@ -20,13 +20,19 @@ _LEVEL_ORDER = {"error": 0, "warning": 1, "info": 2}
 
 # Fixes for pcluster messages, by validator or message: (source, regex on the message) -> fix.
 _FIXES = [
+    (".*", r"failed to run \(", "nothing to change for this check: it is a fault in aws-parallelcluster's validator, "
+     "not in the file; the other checks ran (see the ParallelCluster docs for the setting it reads)"),
+    ("MultiNetworkInterfacesInstancesValidator", r"AssignPublicIp", "set Networking/AssignPublicIp: false and "
+     "use a private subnet with a NAT gateway"),
+    ("MultiNetworkInterfacesInstancesValidator", r"", "give the queue a private subnet with a NAT gateway "
+     "(`hpc cluster config --compute-subnet`), or make sure the subnet does not auto-assign public IPs"),
+    ("RegionValidator", r"", "write a region ParallelCluster supports, e.g. us-east-1; a ${VARIABLE} must be "
+     "substituted first (e.g. envsubst < template.yaml > cluster.yaml)"),
     ("schema", r"Unknown field", "remove the key, or fix its spelling/indentation (see the ParallelCluster v3 "
      "configuration reference)"),
     ("schema", r"Missing data for required field", "add the key"),
     ("schema", r"Must be one of", "use one of the listed values"),
     ("schema", r"Not a valid|Invalid input type", "give a value of the expected type"),
-    ("schema", r"String does not match expected pattern", "use lower-case letters, digits and '-', starting "
-     "with a letter (queue and compute resource names)"),
     ("schema", r"greater than or equal to 1", "use 1 or more"),
     ("ComputeResourceSizeValidator", r"", "make MaxCount >= MinCount (MinCount 0 lets nodes scale to zero)"),
     ("EfaValidator", r"GDR", "enable EFA on the compute resource (Efa/Enabled: true), or remove GdrSupport "
@@ -62,7 +68,31 @@ class Report:
                 "not_checked_offline": self.not_checked}
 
 
-def _fix_for(source: str, message: str) -> str | None:
+# The fix for a value that does not match its schema pattern, by the key it sits under.
+_PATTERN_FIXES = {
+    "SubnetId": "give a subnet id: 'subnet-' and 8 or 17 lower-case hex digits, e.g. subnet-0123456789abcdef0",
+    "SubnetIds": "give subnet ids: 'subnet-' and 8 or 17 lower-case hex digits, e.g. subnet-0123456789abcdef0",
+    "CustomAmi": "give an AMI id: 'ami-' and 8 or 17 lower-case hex digits, e.g. ami-0123456789abcdef0",
+    "CapacityReservationId": "give a capacity reservation id: 'cr-' and 17 lower-case hex digits, e.g. "
+                             "cr-0123456789abcdef0",
+    "SecurityGroups": "give security group ids: 'sg-' and 8 or 17 lower-case hex digits",
+    "AdditionalSecurityGroups": "give security group ids: 'sg-' and 8 or 17 lower-case hex digits",
+    "FileSystemId": "give a file system id: 'fs-' and 8 or 17 lower-case hex digits, e.g. fs-0123456789abcdef0",
+    "VolumeId": "give the volume id: 'fsvol-' and 17 hex digits for FSx, 'vol-' and 8 or 17 for EBS",
+    "SnapshotId": "give a snapshot id: 'snap-' and 8 or 17 lower-case hex digits",
+    "Name": "use lower-case letters, digits and '-', starting with a letter (queue and compute resource names; "
+            "at most 25 characters)",
+    "InstanceRole": "give an IAM role ARN: arn:PARTITION:iam::ACCOUNT:role/NAME",
+    "InstanceProfile": "give an IAM instance profile ARN: arn:PARTITION:iam::ACCOUNT:instance-profile/NAME",
+    "Policy": "give an IAM policy ARN: arn:PARTITION:iam::ACCOUNT:policy/NAME",
+}
+
+
+def _fix_for(source: str, message: str, path: str = "") -> str | None:
+    if source == "schema" and "does not match expected" in message:
+        key = re.sub(r"\[[^\]]*\]$", "", path).rsplit("/", 1)[-1]
+        return _PATTERN_FIXES.get(key, f"write {key or 'the value'} in the format the ParallelCluster v3 "
+                                       "configuration reference gives for it")
     for sources, pattern, fix in _FIXES:
         if re.fullmatch(sources, source) and re.search(pattern, message):
             return fix
@@ -81,7 +111,7 @@ def _line_of(path: str, lines: dict[str, int]) -> int | None:
     return None
 
 
-def _pcluster_findings(config: dict, semantic: bool) -> tuple[list[Finding], dict[str, str]]:
+def _pcluster_findings(config: dict) -> tuple[list[Finding], dict[str, str]]:
     try:
         from toolkit.cluster import pcluster_offline
     except ImportError as exc:
@@ -91,25 +121,21 @@ def _pcluster_findings(config: dict, semantic: bool) -> tuple[list[Finding], dic
                        "validators offline", fix=INSTALL_FIX) from None
 
     try:
-        outcome = pcluster_offline.validate(config, semantic=semantic)
+        outcome = pcluster_offline.validate(config)
     except pcluster_offline.OfflineAccessError as exc:
         return [Finding("error", "", f"pcluster wanted AWS ({exc.service}.{exc.operation}) to validate this "
                         "config; nothing was sent, and the config is not fully checked offline",
                         "report it: the toolkit suppresses the validators that need AWS",
                         source="pcluster")], {}
-    found = [Finding(r.level, r.path, r.message, _fix_for(r.source, r.message), source=r.source)
+    found = [Finding(r.level, r.path, r.message, _fix_for(r.source, r.message, r.path), source=r.source)
              for r in outcome.results]
-    if not semantic:
-        found.append(Finding("info", "", "pcluster's semantic validators were not run: they need the facts of "
-                             "every instance type, and some are not in the toolkit's catalog", source="hpc"))
     return found, outcome.not_checked
 
 
 def validate_config(config: dict, file: str = "<config>", lines: dict[str, int] | None = None) -> Report:
     """Findings for a config mapping (already read): pcluster offline, then the toolkit's own checks."""
     ours = checks.check(config)
-    semantic = not checks.unknown_instance_types(config)
-    theirs, not_checked = _pcluster_findings(config, semantic)
+    theirs, not_checked = _pcluster_findings(config)
     findings = [dataclasses.replace(f, file=file, line=_line_of(f.path, lines or {}))
                 for f in theirs + ours]
     findings.sort(key=lambda f: _LEVEL_ORDER[f.level])
