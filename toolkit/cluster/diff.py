@@ -110,7 +110,8 @@ def _label(item: Any) -> str:
 def _change(row: list) -> Change:
     path, key, old, new, check, reason, action, policy = row
     old, new = (None if value == "-" else value for value in (old, new))  # pcluster's "section absent"
-    item = _label(new if old is None else old) if isinstance(old or new, dict) and (old is None or new is None) else ""
+    added_or_removed = (old is None) != (new is None)
+    item = _label(new if old is None else old) if added_or_removed else ""  # name the list item
     full = "/".join([*path, f"{key}{item}"])
     return Change(full, old, new, policy, str(check), None if reason in (None, "-") else str(reason),
                   None if action is None else str(action))

@@ -130,7 +130,8 @@ def _find_queue(config: dict, name: str) -> tuple[int, dict]:
         if isinstance(queue, dict) and queue.get("Name") == name:
             return index, queue
     names = [q.get("Name") for q in queues if isinstance(q, dict)]
-    raise HpcError(f"no queue {name!r} in Scheduling/SlurmQueues", fix=f"queues in this file: {', '.join(map(str, names)) or 'none'}")
+    raise HpcError(f"no queue {name!r} in Scheduling/SlurmQueues",
+                   fix=f"queues in this file: {', '.join(map(str, names)) or 'none'}")
 
 
 def _render_item(item: dict, mapping: int, parent: int, dash: int, content: int, nl: str) -> list[str]:
@@ -154,7 +155,8 @@ def _tag_queues(config: dict) -> bool:
                for tag in (queue.get("Tags") or []) if isinstance(tag, dict))
 
 
-def new_queue(config: dict, spec: QueueSpec, min_nodes: int | None, capacity_block: str | None) -> tuple[dict, list[str]]:
+def new_queue(config: dict, spec: QueueSpec, min_nodes: int | None,
+              capacity_block: str | None) -> tuple[dict, list[str]]:
     """The mapping of a new queue for this cluster: its subnets from the first queue, EFA and a placement group
     when the catalog says the type has EFA, a Capacity Block as pcluster 3.16 wants one."""
     warnings = []
@@ -203,18 +205,22 @@ def _edit(path: str | Path, action: str, queue: str, splice: Callable, dry_run: 
 
     path = Path(path)
     text, config = read_config(path)
-    if not isinstance((config.get("Scheduling") or {}).get("SlurmQueues"), list) or not config["Scheduling"]["SlurmQueues"]:
-        raise HpcError(f"{path} has no Scheduling/SlurmQueues list", fix="pass a ParallelCluster v3 config with Slurm queues")
+    scheduling = config.get("Scheduling")
+    queues = scheduling.get("SlurmQueues") if isinstance(scheduling, dict) else None
+    if not isinstance(queues, list) or not queues:
+        raise HpcError(f"{path} has no Scheduling/SlurmQueues list",
+                       fix="pass a ParallelCluster v3 config with Slurm queues")
     lines = text.splitlines(keepends=True)
     unterminated = bool(lines) and not lines[-1].endswith("\n")
     if unterminated:
         lines[-1] += "\n"  # the splices work on whole lines; the file's missing last newline is kept below
-    nl = "\r\n" if text.endswith("\r\n") or "\r\n" in text[:2000] else "\n"
+    nl = "\r\n" if "\r\n" in text else "\n"  # new lines end the way the file's lines do
     expected = copy.deepcopy(config)
     try:
         changes, warnings = splice(lines, _ruamel_doc(text), expected, nl)
     except _Layout as exc:
-        raise HpcError(f"{path}: cannot edit this file in place without changing its layout: {exc}", fix=HAND_FIX) from None
+        raise HpcError(f"{path}: cannot edit this file in place without changing its layout: {exc}",
+                       fix=HAND_FIX) from None
     new_text = "".join(lines)
     if unterminated:
         new_text = new_text.rstrip("\r\n")
@@ -236,9 +242,12 @@ def _edit(path: str | Path, action: str, queue: str, splice: Callable, dry_run: 
                                         f"a/{path}", f"b/{path}"))
     if not dry_run:
         tmp = path.with_name(f".{path.name}.hpc-edit.tmp")
-        tmp.write_bytes(new_text.encode("utf-8"))
-        shutil.copymode(path, tmp)
-        os.replace(tmp, path)
+        try:
+            tmp.write_bytes(new_text.encode("utf-8"))
+            shutil.copymode(path, tmp)
+            os.replace(tmp, path)  # atomic: readers see the old file or the new one, never half of it
+        finally:
+            tmp.unlink(missing_ok=True)
     return EditResult(str(path), action, queue, changes, diff, not dry_run, warnings)
 
 
@@ -302,7 +311,8 @@ def set_queue(path: str | Path, name: str, max_nodes: int | None = None, min_nod
         if chosen is None:
             raise HpcError(f"queue {name!r} has no compute resource {compute_resource!r}",
                            fix=f"use one of: {', '.join(str(r.get('Name')) for r in resources)}")
-        resource, rt_resource = queue["ComputeResources"][chosen], doc["Scheduling"]["SlurmQueues"][index]["ComputeResources"][chosen]
+        resource = queue["ComputeResources"][chosen]
+        rt_resource = doc["Scheduling"]["SlurmQueues"][index]["ComputeResources"][chosen]
         where = f"{name}/{resource.get('Name')}"
         counts = {"MaxCount": max_nodes, "MinCount": min_nodes}
         if queue.get("CapacityType") == "CAPACITY_BLOCK" and (max_nodes is None) != (min_nodes is None):
