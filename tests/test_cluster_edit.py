@@ -197,3 +197,23 @@ def test_missing_file_and_bad_yaml(tmp_path):
     bad.write_text("Scheduling:\n  SlurmQueues:\n  - Name: a\n   bad: [\n")
     res = run_hpc("cluster", "queue", "remove", str(bad), "a")
     assert res.returncode == 1 and "not valid YAML" in res.stderr and "Traceback" not in res.stderr
+
+
+def test_readme_maintenance_commands_run_as_written(tmp_path):
+    """The README's block, on a cluster.yaml with a p3dn queue (the README's own config example)."""
+    readme = (REPO / "README.md").read_text()
+    block = readme.split("### Maintaining the queues of a live cluster\n\n", 1)[1].split("\n\n", 1)[0]
+    commands = [line.strip().split("  #")[0].strip() for line in block.splitlines()]
+    assert [c.split()[0] for c in commands] == ["cp", "hpc", "hpc", "hpc", "hpc"]
+    shutil.copyfile(EXAMPLES[0], tmp_path / "cluster.yaml")  # p3dn-efa-fsx.yaml: queues p3dn and cpu
+    codes = []
+    for command in commands:
+        if command.startswith("cp "):
+            shutil.copyfile(tmp_path / "cluster.yaml", tmp_path / "new.yaml")
+            continue
+        res = run_hpc(*command.split()[1:], cwd=tmp_path)
+        assert "Traceback" not in res.stderr
+        codes.append(res.returncode)
+    # the last one is the diff: MaxCount down with the fleet running needs action, so it exits 1
+    assert codes == [0, 0, 0, 1]
+    assert list(_queues(tmp_path / "new.yaml")) == ["p3dn", "cpu", "p5"]

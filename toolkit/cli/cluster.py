@@ -231,11 +231,13 @@ def queue_remove(
 
 
 def _short(value) -> str:
+    """A value for the table: added or removed sections by their name (--json has them whole)."""
     if value is None:
         return "-"
-    if isinstance(value, (dict, list)):
-        return "{...}" if isinstance(value, dict) else "[...]"
-    return str(value)
+    if isinstance(value, dict):
+        name = value.get("Name") or value.get("Key")
+        return f"{{Name: {name}, ...}}" if name else "{...}"
+    return "[...]" if isinstance(value, list) else str(value)
 
 
 def _plan_text(plan: dict) -> str:

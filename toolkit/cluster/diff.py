@@ -139,7 +139,12 @@ def plan_update(old: str | Path, new: str | Path, fleet: str = "running", login_
         pools = (base.get("LoginNodes") or {}).get("Pools") or []
         login_nodes = "running" if any(isinstance(p, dict) and p.get("Count", 1) for p in pools) else "stopped"
     cluster = DeclaredCluster(fleet, login_nodes, head_node)
-    with _region(target):
-        appliable, rows = ConfigPatch(cluster, base, target).check()
+    try:
+        with _region(target):
+            appliable, rows = ConfigPatch(cluster, base, target).check()
+    except Exception as exc:  # pcluster's own code failing on this pair: say so, with what made it fail
+        raise HpcError(f"pcluster's update check failed to run on {old} -> {new}: {type(exc).__name__}: {exc}",
+                       fix="check both files with `hpc cluster validate`; if they are valid, this is a pcluster "
+                           "bug: compare the files by hand") from None
     return UpdatePlan(str(old), str(new), {"fleet": fleet, "login_nodes": login_nodes, "head_node": head_node},
                       [_change(row) for row in rows[1:]], bool(appliable))
