@@ -105,15 +105,15 @@ class StandInCluster:
 
     name = stack_name = "oracle"
 
-    def __init__(self, fleet):
-        self.fleet = fleet
+    def __init__(self, fleet, login_nodes="stopped"):
+        self.fleet, self.login_nodes = fleet, login_nodes
         self.head_node_instance = type("HeadNode", (), {"state": "running"})()
 
     def has_running_capacity(self):
         return self.fleet == "running"
 
     def has_running_login_nodes(self, pool_name=None):
-        return False
+        return self.login_nodes == "running"
 
 
 def _pair(kind):
@@ -125,19 +125,19 @@ def _pair(kind):
     return old, new
 
 
-def _oracle(old, new, fleet, monkeypatch):
+def _oracle(old, new, fleet, monkeypatch, login_nodes="stopped"):
     from pcluster.config.config_patch import ConfigPatch
 
     monkeypatch.setenv("AWS_DEFAULT_REGION", old["Region"])
-    allowed, rows = ConfigPatch(StandInCluster(fleet), old, new).check()
+    allowed, rows = ConfigPatch(StandInCluster(fleet, login_nodes), old, new).check()
     return allowed, [("/".join([*row[0], row[1]]), row[4], row[7]) for row in rows[1:]]
 
 
-def _ours(tmp_path, old, new, fleet):
+def _ours(tmp_path, old, new, fleet, *options):
     (tmp_path / "old.yaml").write_text(yaml.safe_dump(old, sort_keys=False))
     (tmp_path / "new.yaml").write_text(yaml.safe_dump(new, sort_keys=False))
     res = run_hpc("cluster", "diff", str(tmp_path / "old.yaml"), str(tmp_path / "new.yaml"), "--fleet", fleet,
-                  "--json")
+                  "--json", *options)
     assert res.returncode in (0, 1), res.stderr
     data = json.loads(res.stdout)
     assert res.returncode == (0 if data["appliable"] else 1)
@@ -233,3 +233,22 @@ def test_bad_files_are_one_clear_error(tmp_path):
     res = run_hpc("cluster", "diff", str(good), str(invalid))
     assert res.returncode == 1 and "not a valid ParallelCluster v3 config" in res.stderr and "MaxCount" in res.stderr
     assert "Traceback" not in res.stderr
+
+
+LOGIN = {"Pools": [{"Name": "login", "Count": 1, "InstanceType": "m5.xlarge",
+                    "Networking": {"SubnetIds": ["subnet-0fedcba9876543210"]}}]}
+
+
+@pytest.mark.parametrize("login_nodes", ["running", "stopped"])
+def test_login_nodes_as_declared(tmp_path, monkeypatch, login_nodes):
+    """A login pool's instance type: pcluster asks whether that pool runs; the default is 'running' when OLD has
+    a pool with nodes."""
+    old = copy.deepcopy(P5) | {"LoginNodes": copy.deepcopy(LOGIN)}
+    new = copy.deepcopy(old)
+    new["LoginNodes"]["Pools"][0]["InstanceType"] = "m5.8xlarge"
+    allowed, rows = _oracle(old, new, "stopped", monkeypatch, login_nodes)
+    options = [] if login_nodes == "running" else ["--login-nodes", "stopped"]
+    data, ours = _ours(tmp_path, old, new, "stopped", *options)
+    assert (data["appliable"], ours) == (allowed, rows)
+    assert data["declared"]["login_nodes"] == login_nodes
+    assert allowed is (login_nodes == "stopped")

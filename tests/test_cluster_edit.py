@@ -128,6 +128,16 @@ def test_crlf_file_keeps_its_line_endings(tmp_path):
     assert path.read_bytes() == original
 
 
+def test_file_without_a_last_newline_keeps_it(tmp_path):
+    path = tmp_path / "unterminated.yaml"
+    original = AWS_STYLE.read_bytes().rstrip(b"\n")
+    path.write_bytes(original)
+    _ok("add", str(path), "--queue", "extra=m5.8xlarge:2")
+    assert not path.read_bytes().endswith(b"\n") and "extra" in _queues(path)
+    _ok("remove", str(path), "extra")
+    assert path.read_bytes() == original
+
+
 def test_dry_run_prints_the_diff_and_changes_nothing(tmp_path):
     path = _copy(tmp_path, EXAMPLES[0])
     original = path.read_bytes()
