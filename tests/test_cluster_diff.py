@@ -252,3 +252,16 @@ def test_login_nodes_as_declared(tmp_path, monkeypatch, login_nodes):
     assert (data["appliable"], ours) == (allowed, rows)
     assert data["declared"]["login_nodes"] == login_nodes
     assert allowed is (login_nodes == "stopped")
+
+
+def test_an_old_config_from_an_older_parallelcluster_is_still_compared(tmp_path, monkeypatch):
+    """The running cluster's config may predate 3.16 (alinux2 was dropped): pcluster compares it all the same,
+    and so do we, with a note; the NEW config must pass the schema (update-cluster checks it first)."""
+    old = copy.deepcopy(P5)
+    old["Image"]["Os"] = "alinux2"
+    new = copy.deepcopy(P5)
+    _set(**{f"{CR_P5}/MaxCount": 8})(new)
+    allowed, rows = _oracle(old, new, "running", monkeypatch)
+    data, ours = _ours(tmp_path, old, new, "running")
+    assert (data["appliable"], ours) == (allowed, rows)
+    assert any("fails pcluster 3.16's schema: Image/Os" in note for note in data["notes"])

@@ -245,13 +245,15 @@ def _plan_text(plan: dict) -> str:
     lines = [f"{plan['old_file']} -> {plan['new_file']} (declared: compute fleet {declared['fleet']}, login nodes "
              f"{declared['login_nodes']}, head node {declared['head_node']})"]
     if not plan["changes"]:
-        return "\n".join(lines + ["no changes: nothing for update-cluster to do"])
+        return "\n".join(lines + [f"note: {note}" for note in plan["notes"]]
+                         + ["no changes: nothing for update-cluster to do"])
     lines.append(table([[c["path"], _short(c["old"]), _short(c["new"]), c["policy"],
                          "yes" if c["accepted_now"] else c["check"]] for c in plan["changes"]],
                        ["KEY PATH", "OLD", "NEW", "UPDATE POLICY", "ACCEPTED NOW"]))
     for c in plan["changes"]:
         if not c["accepted_now"]:
             lines += [f"{c['check']:<14}{c['path']}: {c['reason']}", f"{'':<14}action: {c['action']}"]
+    lines += [f"note: {note}" for note in plan["notes"]]
     lines.append("pcluster update-cluster would accept this update now" if plan["appliable"] else
                  "pcluster update-cluster would refuse this update as declared: see the actions above")
     return "\n".join(lines)

@@ -62,25 +62,24 @@ class UpdatePlan:
     declared: dict[str, str]  # fleet, login_nodes, head_node
     changes: list[Change]
     appliable: bool  # pcluster's patch_allowed: update-cluster accepts the whole update now
+    notes: list[str]  # what the comparison could not check, or found wrong in OLD
 
     def as_dict(self) -> dict:
         return {"old_file": self.old_file, "new_file": self.new_file, "declared": self.declared,
-                "appliable": self.appliable, "changes": [c.as_dict() for c in self.changes]}
+                "appliable": self.appliable, "changes": [c.as_dict() for c in self.changes], "notes": self.notes}
 
 
-def _schema_check(config: dict, file: str) -> None:
-    """A file pcluster's schema rejects cannot be compared (update-cluster refuses it before any diff)."""
+def _schema_errors(config: dict, file: str) -> tuple[list[str], list[str]]:
+    """(pcluster's schema errors, notes on what could not be checked) for one file, offline."""
     from toolkit.cluster.pcluster_offline import OfflineAccessError, validate
 
     try:
-        errors = [r for r in validate(config, semantic=False).results if r.level == "error"]
-    except OfflineAccessError:  # loading wanted AWS (e.g. an existing FSx): the schema itself passed
-        return
-    if errors:
-        first = errors[0]
-        raise HpcError(f"{file} is not a valid ParallelCluster v3 config: {first.path or '(file)'}: "
-                       f"{first.message}" + (f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""),
-                       fix=f"run `hpc cluster validate {file}` and fix what it reports")
+        results = validate(config, semantic=False).results
+    except OfflineAccessError as exc:  # loading wanted AWS (e.g. an existing FSx): the schema itself passed
+        return [], [f"{file}: pcluster's load needs AWS ({exc.service}.{exc.operation}): not fully checked offline"]
+    except Exception as exc:  # pcluster's loader failing on this input: the patch itself does not need it
+        return [], [f"{file}: pcluster's schema load failed to run ({type(exc).__name__}: {exc})"]
+    return [f"{r.path or '(file)'}: {r.message}" for r in results if r.level == "error"], []
 
 
 @contextlib.contextmanager
@@ -133,8 +132,14 @@ def plan_update(old: str | Path, new: str | Path, fleet: str = "running", login_
                        fix=INSTALL_FIX) from None
     _, base = read_config(old)
     _, target = read_config(new)
-    for config, file in ((base, old), (target, new)):
-        _schema_check(config, str(file))
+    errors, notes = _schema_errors(target, str(new))
+    if errors:  # update-cluster validates the target first and stops there
+        raise HpcError(f"{new} is not a valid ParallelCluster v3 config: {errors[0]}"
+                       + (f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""),
+                       fix=f"run `hpc cluster validate {new}` and fix what it reports")
+    old_errors, old_notes = _schema_errors(base, str(old))  # e.g. written for an older ParallelCluster
+    notes += old_notes + [f"{old} (the cluster's current config) fails pcluster 3.16's schema: {e}"
+                          for e in old_errors]
     if login_nodes is None:
         pools = (base.get("LoginNodes") or {}).get("Pools") or []
         login_nodes = "running" if any(isinstance(p, dict) and p.get("Count", 1) for p in pools) else "stopped"
@@ -147,4 +152,4 @@ def plan_update(old: str | Path, new: str | Path, fleet: str = "running", login_
                        fix="check both files with `hpc cluster validate`; if they are valid, this is a pcluster "
                            "bug: compare the files by hand") from None
     return UpdatePlan(str(old), str(new), {"fleet": fleet, "login_nodes": login_nodes, "head_node": head_node},
-                      [_change(row) for row in rows[1:]], bool(appliable))
+                      [_change(row) for row in rows[1:]], bool(appliable), notes)
