@@ -3,7 +3,10 @@ change and both fleet states, our CLI's verdict, policy names and check results 
 
 import copy
 import json
+import os
 import re
+import subprocess
+import sys
 
 import pytest
 import yaml
@@ -265,3 +268,39 @@ def test_an_old_config_from_an_older_parallelcluster_is_still_compared(tmp_path,
     data, ours = _ours(tmp_path, old, new, "running")
     assert (data["appliable"], ours) == (allowed, rows)
     assert any("fails pcluster 3.16's schema: Image/Os" in note for note in data["notes"])
+
+
+NO_NETWORK = '''
+import os, socket
+
+def _refuse(*args, **kwargs):  # any name look-up or connection is recorded, then refused
+    with open(os.environ["HPC_TEST_NETWORK_LOG"], "a") as log:
+        log.write(repr(args[:2]) + "\\n")
+    raise OSError("network use in an offline command")
+
+socket.getaddrinfo = socket.gethostbyname = socket.create_connection = _refuse
+socket.socket.connect = socket.socket.connect_ex = _refuse
+'''
+
+
+def test_edits_and_diff_never_touch_the_network(tmp_path):
+    """A stand-in for a machine without a network: every DNS look-up and connection from the CLI's process
+    (sitecustomize) is logged and refused. Editing and comparing must not try once."""
+    (tmp_path / "site").mkdir()
+    (tmp_path / "site" / "sitecustomize.py").write_text(NO_NETWORK)
+    log = tmp_path / "network.log"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+    env.update(PYTHONPATH=str(tmp_path / "site"), HPC_TEST_NETWORK_LOG=str(log))
+    new = tmp_path / "new.yaml"
+    new.write_bytes((REPO / "cluster-configs" / "p5-reservation.yaml").read_bytes())
+    codes = [run_hpc("cluster", "queue", *args, env=env).returncode for args in (
+        ["add", str(new), "--queue", "extra=p4d.24xlarge:2"], ["set", str(new), "p5", "--max", "2"],
+        ["remove", str(new), "cpu"])]
+    codes.append(run_hpc("cluster", "diff", str(REPO / "cluster-configs" / "p5-reservation.yaml"), str(new),
+                         env=env).returncode)
+    assert codes == [0, 0, 0, 1]
+    assert not log.exists(), log.read_text()
+    # the trap works: a process that does look a name up is logged
+    subprocess.run([sys.executable, "-c", "import socket; socket.getaddrinfo('example.org', 443)"], env=env,
+                   capture_output=True)
+    assert "example.org" in log.read_text()
