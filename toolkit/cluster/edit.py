@@ -2,7 +2,7 @@
 
 The file is changed by text splices at the positions ruamel.yaml's round-trip parser gives (a full ruamel dump
 re-indents and re-spaces comments), so every byte outside the edited queue or value stays as it was: comments,
-order, quoting, indentation style. Each edit is checked three ways before the file is replaced (atomically):
+order, quoting, indentation style. Each edit is checked twice before the file is replaced (atomically):
 the new text must parse to exactly the mapping the edit means, and toolkit.cluster.validate must find no error
 the file did not already have. Any failure leaves the file untouched and says why.
 """
@@ -106,10 +106,10 @@ def _value_end(line: str, col: int) -> int:
 def _set_scalar(lines: list[str], mapping, key: str, value: Any) -> None:
     """Replace the value of `key` in `mapping` in place, keeping its quoting and any comment after it."""
     row, col = mapping.lc.value(key)
-    line = lines[row]
-    end = _value_end(line, col)
     if isinstance(mapping[key], (dict, list)):
         raise _Layout(f"line {row + 1}: {key} holds a mapping or list, not a value")
+    line = lines[row]
+    end = _value_end(line, col)
     quote = line[col] if line[col:col + 1] in ("'", '"') else ""
     lines[row] = f"{line[:col]}{quote}{value}{quote}{line[end:]}"
 
