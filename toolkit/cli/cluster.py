@@ -177,3 +177,121 @@ def doctor(
     emit(report.as_dict(), as_json, _doctor_text)
     if not report.ok:
         raise typer.Exit(1)
+
+
+queue_app = typer.Typer(help="Add, change or remove queues of a cluster config in place (comments and layout "
+                        "kept; the result is validated before the file is replaced).", no_args_is_help=True,
+                        rich_markup_mode=None)
+app.add_typer(queue_app, name="queue")
+DRY_RUN_OPTION = typer.Option(False, "--dry-run", help="Print the diff of the file; change nothing.")
+
+
+def _edit_output(result, as_json: bool) -> None:
+    for message in result.warnings:
+        warn(message)
+
+    def text(data: dict) -> str:
+        lines = [data["diff"].rstrip("\n")] if data["diff"] and not data["written"] else []
+        lines += [f"{data['file']}: {change}" for change in data["changes"]]
+        lines.append("validated offline; " + ("file updated" if data["written"] else "dry run: file not changed"))
+        lines.append(f"next: `hpc cluster diff OLD {data['file']}` shows what `pcluster update-cluster` would say")
+        return "\n".join(lines)
+    emit(result.as_dict(), as_json, text)
+
+
+@queue_app.command("add")
+def queue_add(
+    file: str = typer.Argument(..., help="ParallelCluster v3 config file to edit."),
+    queue: str = typer.Option(..., "--queue", help="NAME=INSTANCE_TYPE:MAX_NODES[,efa-stack=modern|legacy|none]"
+                              "[,ranks-per-node=N]"),
+    capacity_block: Optional[str] = typer.Option(None, "--capacity-block", help="cr-... reservation id of a "
+                                                 "Capacity Block for ML (MinCount = MaxCount, no placement group)."),
+    min_nodes: Optional[int] = typer.Option(None, "--min", min=0, help="MinCount (default 0; MAX with "
+                                            "--capacity-block)."),
+    dry_run: bool = DRY_RUN_OPTION,
+    as_json: bool = JSON_OPTION,
+) -> None:
+    """Add a queue after the last one (subnets from the first queue; EFA and placement group from the catalog)."""
+    from toolkit.cluster.edit import add_queue
+
+    _edit_output(add_queue(file, queue, min_nodes, capacity_block, dry_run), as_json)
+
+
+@queue_app.command("set")
+def queue_set(
+    file: str = typer.Argument(..., help="ParallelCluster v3 config file to edit."),
+    name: str = typer.Argument(..., help="Queue name."),
+    max_nodes: Optional[int] = typer.Option(None, "--max", min=0, help="New MaxCount."),
+    min_nodes: Optional[int] = typer.Option(None, "--min", min=0, help="New MinCount."),
+    instance: Optional[str] = typer.Option(None, "--instance", help="New instance type."),
+    compute_resource: Optional[str] = typer.Option(None, "--compute-resource", help="Which compute resource "
+                                                   "(needed when the queue has several)."),
+    dry_run: bool = DRY_RUN_OPTION,
+    as_json: bool = JSON_OPTION,
+) -> None:
+    """Change a queue's node counts or instance type in place."""
+    from toolkit.cluster.edit import set_queue
+
+    _edit_output(set_queue(file, name, max_nodes, min_nodes, instance, compute_resource, dry_run), as_json)
+
+
+@queue_app.command("remove")
+def queue_remove(
+    file: str = typer.Argument(..., help="ParallelCluster v3 config file to edit."),
+    name: str = typer.Argument(..., help="Queue name."),
+    dry_run: bool = DRY_RUN_OPTION,
+    as_json: bool = JSON_OPTION,
+) -> None:
+    """Remove a queue (and the comments that introduce it)."""
+    from toolkit.cluster.edit import remove_queue
+
+    _edit_output(remove_queue(file, name, dry_run), as_json)
+
+
+def _short(value) -> str:
+    """A value for the table: added or removed sections by their name (--json has them whole)."""
+    if value is None:
+        return "-"
+    if isinstance(value, dict):
+        name = value.get("Name") or value.get("Key")
+        return f"{{Name: {name}, ...}}" if name else "{...}"
+    return "[...]" if isinstance(value, list) else str(value)
+
+
+def _plan_text(plan: dict) -> str:
+    declared = plan["declared"]
+    lines = [f"{plan['old_file']} -> {plan['new_file']} (declared: compute fleet {declared['fleet']}, login nodes "
+             f"{declared['login_nodes']}, head node {declared['head_node']})"]
+    if not plan["changes"]:
+        return "\n".join(lines + [f"note: {note}" for note in plan["notes"]]
+                         + ["no changes: nothing for update-cluster to do"])
+    lines.append(table([[c["path"], _short(c["old"]), _short(c["new"]), c["policy"],
+                         "yes" if c["accepted_now"] else c["check"]] for c in plan["changes"]],
+                       ["KEY PATH", "OLD", "NEW", "UPDATE POLICY", "ACCEPTED NOW"]))
+    for c in plan["changes"]:
+        if not c["accepted_now"]:
+            lines += [f"{c['check']:<14}{c['path']}: {c['reason']}", f"{'':<14}action: {c['action']}"]
+    lines += [f"note: {note}" for note in plan["notes"]]
+    lines.append("pcluster update-cluster would accept this update now" if plan["appliable"] else
+                 "pcluster update-cluster would refuse this update as declared: see the actions above")
+    return "\n".join(lines)
+
+
+@app.command("diff")
+def diff(
+    old: str = typer.Argument(..., help="The config the cluster runs with now."),
+    new: str = typer.Argument(..., help="The config to update it to."),
+    fleet: str = typer.Option("running", "--fleet", help="Compute fleet state: running or stopped."),
+    login_nodes: Optional[str] = typer.Option(None, "--login-nodes", help="running or stopped (default: running "
+                                              "when OLD has login node pools)."),
+    head_node: str = typer.Option("running", "--head-node", help="Head node state: running or stopped."),
+    as_json: bool = JSON_OPTION,
+) -> None:
+    """What `pcluster update-cluster` would say: every change, its update policy, and what to do (exit 1 when it
+    cannot be applied as declared). Offline, with ParallelCluster's own update rules."""
+    from toolkit.cluster.diff import plan_update
+
+    plan = plan_update(old, new, fleet, login_nodes, head_node).as_dict()
+    emit(plan, as_json, _plan_text)
+    if not plan["appliable"]:
+        raise typer.Exit(1)

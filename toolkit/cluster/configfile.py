@@ -1,0 +1,52 @@
+"""Read a ParallelCluster v3 config file that a command will edit or compare: its text and its mapping, or one
+clear error (missing file, bad YAML, a `${VAR}` a template tool was meant to fill in)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any, Iterator
+
+from toolkit.cluster import yamlsource
+from toolkit.errors import HpcError
+
+_VARIABLE = re.compile(r"\$\{([^}]*)\}")
+
+
+def _scalars(node: Any, path: str = "") -> Iterator[tuple[str, str]]:
+    if isinstance(node, dict):
+        for key, value in node.items():
+            yield from _scalars(value, f"{path}/{key}" if path else str(key))
+    elif isinstance(node, list):
+        for index, item in enumerate(node):
+            name = item.get("Name") if isinstance(item, dict) else None
+            yield from _scalars(item, f"{path}[{name if isinstance(name, str) else index}]")
+    elif isinstance(node, str):
+        yield path, node
+
+
+def read_config(path: str | Path) -> tuple[str, dict]:
+    """(text, config mapping) of a config file. Raises HpcError when it cannot be read, is not YAML, or still
+    holds a `${VAR}` (AWS samples are templates for envsubst: the value would reach pcluster literally)."""
+    path = Path(path)
+    try:
+        text = path.read_bytes().decode("utf-8")  # bytes as they are: no newline translation for edits
+    except FileNotFoundError:
+        raise HpcError(f"{path} does not exist", fix="pass the path of a ParallelCluster v3 config file") from None
+    except (IsADirectoryError, PermissionError, UnicodeDecodeError) as exc:
+        raise HpcError(f"cannot read {path}: {exc}", fix="pass a readable YAML text file") from None
+    config, lines, problems = yamlsource.parse(text, str(path))
+    if problems:
+        problem = problems[0]
+        where = f"{path}:{problem.line}" if problem.line else str(path)
+        raise HpcError(f"{where}: {problem.message}", fix=problem.fix)
+    for key_path, value in _scalars(config):
+        match = _VARIABLE.search(value)
+        if match:
+            line = lines.get(key_path)
+            raise HpcError(
+                f"{path}{f':{line}' if line else ''}: {key_path} holds the variable ${{{match.group(1)}}}, "
+                "left in for a template tool to fill in",
+                fix=f"substitute it first, e.g. `export {match.group(1) or 'VAR'}=...; envsubst < {path} > "
+                    "cluster.yaml`, and pass the result")
+    return text, config
