@@ -28,8 +28,9 @@ from pathlib import Path
 EFA, TCP, IB = "efa", "tcp", "ib"
 _LABELS = {EFA: "EFA (aws-ofi-nccl)", TCP: "TCP sockets", IB: "InfiniBand verbs"}
 
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
 # The host of an NCCL log line: `host:pid:tid [dev] NCCL INFO ...`, after any launcher prefix.
-_HOST = re.compile(r"([A-Za-z][\w.-]*):\d+:\d+ \[\d+\] NCCL (?:INFO|WARN)")
+_HOST = re.compile(r"(\w[\w.-]*):\d+:\d+ \[\d+\] NCCL (?:INFO|WARN)")  # host names may start with a digit
 _PROVIDER = re.compile(r"NET/OFI Selected [Pp]rovider is (\S+)")
 _NETWORK = re.compile(r"NCCL INFO Using network (.+?)\s*$")
 _CHANNEL = re.compile(r"via NET/(AWS Libfabric|Libfabric|Socket|IBext\w*|IB\w*)")
@@ -94,8 +95,11 @@ def nccl_transport(text: str, source: str | None = None) -> Transport:
         found = _classify(line)
         if found is None:
             continue
-        evidence.setdefault(found, line.strip())
-        if host := _HOST.search(line):
+        line = _ANSI.sub("", line)
+        host = _HOST.search(line)
+        # the evidence is NCCL's own line, without launcher prefixes
+        evidence.setdefault(found, line[host.start():] if host else line[line.find("NCCL"):].strip())
+        if host:
             _keep_worst(hosts, host.group(1), found)
     name = max(evidence, key=_RANK.__getitem__, default=None)
     return Transport(name, evidence.get(name) if name else None, hosts, plugin_missing, no_efa, source)
