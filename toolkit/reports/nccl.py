@@ -24,11 +24,10 @@ from pathlib import Path
 from typing import Literal
 
 from toolkit.errors import HpcError, UsageError
-from toolkit.reports.transport import nccl_transport
+from toolkit.reports.transport import ANSI, nccl_transport
 
 Status = Literal["PASS", "FAIL", "NO-VERDICT"]
 
-_ANSI = re.compile(r"\x1b\[[0-9;]*m")  # Ray/SkyPilot colour their prefixes
 # Launcher prefixes, outermost first: Ray's `(head, rank=0, pid=N) `, `(worker1, rank=1, pid=N, ip=A) `,
 # `(RayTrainWorker pid=N, ip=A) `; then mpirun --tag-output's `[1,0]<stdout>:` or srun --label's `0: `.
 _PREFIX_RE = (r"(?:\((?:[\w-]+,? )?(?:rank=\d+, )?pid=\d+(?:, ip=[\d.]+)?\)\s)?"
@@ -218,7 +217,7 @@ def _nccl_log_pattern(text: str) -> re.Pattern:
 
 def _clean(raw: str, nccl_log: re.Pattern) -> tuple[str, bool]:
     """The line without launcher prefix and NCCL log text; and whether NCCL log text was cut off."""
-    line = _PREFIX.sub("", _ANSI.sub("", raw.rstrip("\r\n")), count=1)
+    line = _PREFIX.sub("", raw.rstrip("\r\n"), count=1)
     match = nccl_log.search(line)
     if match:
         return line[: match.start()], True
@@ -233,7 +232,7 @@ def _test_name(text: str) -> str | None:
 def parse_text(text: str, source: str = "") -> list[NcclTest]:
     """Every test in an nccl-tests text log (possibly with launcher prefixes and NCCL INFO lines)."""
     tests: list[NcclTest] = []
-    text = _ANSI.sub("", text)
+    text = ANSI.sub("", text)  # Ray/SkyPilot colour their prefixes
     transport = nccl_transport(text).name
     layout: _Layout | None = None
     current: NcclTest | None = None

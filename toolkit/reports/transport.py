@@ -28,7 +28,7 @@ from pathlib import Path
 EFA, TCP, IB = "efa", "tcp", "ib"
 _LABELS = {EFA: "EFA (aws-ofi-nccl)", TCP: "TCP sockets", IB: "InfiniBand verbs"}
 
-_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+ANSI = re.compile(r"\x1b\[[0-9;]*m")  # terminal colours (Ray, SkyPilot) in saved logs
 # The host of an NCCL log line: `host:pid:tid [dev] NCCL INFO ...`, after any launcher prefix.
 _HOST = re.compile(r"(\w[\w.-]*):\d+:\d+ \[\d+\] NCCL (?:INFO|WARN)")  # host names may start with a digit
 _PROVIDER = re.compile(r"NET/OFI Selected [Pp]rovider is (\S+)")
@@ -95,7 +95,7 @@ def nccl_transport(text: str, source: str | None = None) -> Transport:
         found = _classify(line)
         if found is None:
             continue
-        line = _ANSI.sub("", line)
+        line = ANSI.sub("", line)
         host = _HOST.search(line)
         # the evidence is NCCL's own line, without launcher prefixes
         evidence.setdefault(found, line[host.start():] if host else line[line.find("NCCL"):].strip())
