@@ -101,19 +101,24 @@ def test_nccl_partial_paste_says_the_node_count_is_unknown():
     assert "rank/node count: 8 device line(s) for ranks 0-7 of NCCL's nranks 16" in res.stdout
 
 
-def _collectives_run(tmp_path: Path, log: Path, **meta) -> Path:
-    """A run dir whose rank 0 stdout is the given nccl-tests log, with the queue's metadata."""
+def _collectives_run(tmp_path: Path, log: Path, efa: bool) -> Path:
+    """A run dir whose rank 0 stdout is the given nccl-tests log, its metadata's queue fields as the submit plan
+    writes them for a p4d queue read from a cluster config with Efa/Enabled as given."""
+    from toolkit.cluster.queues import queues_from_config
+
+    queue = queues_from_config({"Scheduling": {"SlurmQueues": [{"Name": "gpu", "ComputeResources": [
+        {"Name": "p4d", "InstanceType": "p4d.24xlarge", "MaxCount": 2, "Efa": {"Enabled": efa}}]}]}})["gpu"]
     run = tmp_path / "run"
     (run / "submitit").mkdir(parents=True)
-    (run / "metadata.json").write_text(json.dumps({"recipe": "nccl-tests", "queue": "gpu", "nodes": 2, "ranks": 16,
-                                                   "job_ids": ["77"], **meta}))
+    (run / "metadata.json").write_text(json.dumps({"recipe": "nccl-tests", "queue": queue.name, "nodes": 2, "ranks": 16,
+                                                   "instance_type": queue.instance_type, "fabric": queue.fabric,
+                                                   "job_ids": ["77"]}))
     (run / "submitit" / "77_0_log.out").write_text(log.read_text())
     return run
 
 
 def test_report_run_names_an_unnamed_test_and_flags_sockets_on_an_efa_queue(tmp_path):
-    run = _collectives_run(tmp_path, NCCL / "2025_ray-skypilot-prefix_socket.sample.txt", instance_type="p5.48xlarge",
-                           efa_enabled=True)
+    run = _collectives_run(tmp_path, NCCL / "2025_ray-skypilot-prefix_socket.sample.txt", efa=True)
     res = run_hpc("report", "run", str(run))
     assert res.returncode == 1, res.stderr
     assert "unknown test: max busbw 2.98 GB/s" in res.stdout and "None:" not in res.stdout
@@ -125,14 +130,15 @@ def test_report_run_names_an_unnamed_test_and_flags_sockets_on_an_efa_queue(tmp_
 
 
 def test_report_run_does_not_flag_efa_runs_or_queues_without_efa(tmp_path):
-    efa = _collectives_run(tmp_path / "a", NCCL / "2022_root_wrong_srun-label.sample.txt", instance_type="p4d.24xlarge",
-                           efa_enabled=True)
+    efa = _collectives_run(tmp_path / "a", NCCL / "2022_root_wrong_srun-label.sample.txt", efa=True)
     res = run_hpc("report", "run", str(efa))
     assert "network: EFA (aws-ofi-nccl)" in res.stdout and "WARNING" not in res.stdout
-    tcp_queue = _collectives_run(tmp_path / "b", NCCL / "2025_ray-skypilot-prefix_socket.sample.txt", efa_enabled=False)
+    tcp_queue = _collectives_run(tmp_path / "b", NCCL / "2025_ray-skypilot-prefix_socket.sample.txt", efa=False)
     res = run_hpc("report", "run", str(tcp_queue))
     assert res.returncode == 0, res.stderr
     assert "network: TCP sockets" in res.stdout and "WARNING" not in res.stdout
+    # judged as the TCP queue it is, not by the instance type's EFA
+    assert "no published floor for p4d.24xlarge over TCP" in res.stdout
 
 
 def test_report_run_takes_a_plain_log_file():

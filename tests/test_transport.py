@@ -3,8 +3,8 @@ source is named); only the tests' own multi-host logs are assembled from such li
 
 import pytest
 
-from toolkit.reports.transport import EFA, IB, TCP, PLUGIN_FIX, PROVIDER_FIX, Transport, efa_problem, files_transport, \
-    logs_transport, nccl_transport
+from toolkit.reports.transport import EFA, IB, TCP, PLUGIN_FIX, PROVIDER_FIX, Transport, efa_expected, efa_problem, \
+    files_transport, logs_transport, nccl_transport
 
 # (line, transport it shows, source)
 LINES = [
@@ -115,3 +115,10 @@ def test_what_is_flagged():
     message = efa_problem(socket, True)
     assert message.startswith("the queue has EFA but NCCL used TCP sockets (log: ds-ml-01-0:17754:17754")
     assert "LD_LIBRARY_PATH" in message and "NCCL_NET" in message
+
+
+@pytest.mark.parametrize("metadata,expected", [
+    ({"fabric": "modern"}, True), ({"fabric": "legacy"}, True), ({"fabric": "none"}, False), ({}, None),
+])
+def test_efa_expected_from_run_metadata(metadata, expected):
+    assert efa_expected(metadata) is expected

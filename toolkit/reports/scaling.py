@@ -12,7 +12,8 @@ logs only, never live Slurm:
         ranks_per_node  (int, optional)
         gpus            (int, optional) GPUs in the job
         instance_type   (str, optional) the queue's instance type, for the nccl verdict of a collectives run
-        efa_enabled     (bool, optional) the queue has EFA enabled: a run whose NCCL used sockets is flagged
+        fabric          (str, optional) the queue's EFA stack (modern | legacy | none): on an EFA one, a run
+                               whose NCCL used sockets is flagged
         queue, job_ids, executor, ... (shown as they are)
     RUN_DIR/result.json     rank 0's exit record (optional: a killed job leaves none)
     RUN_DIR/logs/train_log.jsonl
@@ -152,8 +153,8 @@ def _summarize_logs(summary: RunSummary, texts: dict[Path, str], meta: dict, mis
     found = transport.logs_transport({str(p): t for p, t in texts.items()})
     summary.transport = {"name": found.name, "label": found.label, "evidence": found.evidence, "hosts": found.hosts,
                          "source": found.source}
-    efa = meta.get("efa_enabled")
-    summary.efa_problem = transport.efa_problem(found, efa if isinstance(efa, bool) else None)
+    efa = transport.efa_expected(meta)
+    summary.efa_problem = transport.efa_problem(found, efa)
     for path, text in texts.items():
         log = training_logs.parse_training_text(text, str(path))
         if log:
@@ -166,8 +167,9 @@ def _summarize_logs(summary: RunSummary, texts: dict[Path, str], meta: dict, mis
         if tests:
             summary.log = str(path)
             instance_type = meta.get("instance_type")
-            summary.nccl = [{**nccl.summarize(t), "verdict": dataclasses.asdict(nccl.judge(t, instance_type, summary.nodes))}
-                            for t in tests]
+            expected = None if efa is None else transport.EFA if efa else transport.TCP  # the queue's, not the instance's
+            summary.nccl = [{**nccl.summarize(t), "verdict": dataclasses.asdict(
+                nccl.judge(t, instance_type, summary.nodes, expected))} for t in tests]
             return summary
     if any(training_logs.looks_like_fairseq(text) for text in texts.values()):
         fix = training_logs.FAIRSEQ_FIX

@@ -140,6 +140,13 @@ PROVIDER_FIX = ("aws-ofi-nccl loaded but libfabric offered no EFA provider: chec
                 "(`fi_info -p efa`), that containers see /dev/infiniband, and that the queue has Efa: Enabled: true")
 
 
+def efa_expected(metadata: dict) -> bool | None:
+    """Whether a run dir's metadata.json says its queue runs NCCL over EFA: its `fabric` (Queue.fabric, the EFA
+    stack jobs on the queue set up: modern | legacy, or none for TCP); None when the run dir predates it."""
+    fabric = metadata.get("fabric")
+    return None if fabric is None else fabric != "none"
+
+
 def efa_problem(transport: Transport, efa_expected: bool | None) -> str | None:
     """Why a run that should use EFA did not, with the fix; None when there is nothing to flag.
 
