@@ -202,6 +202,16 @@ def test_fairseq_legacy_format():
     assert s["updates"] == 30
 
 
+def test_fairseq_0_10_tagged_its_interval_lines_train():
+    # verbatim from a published fairseq 0.10 log (facebookresearch/fairseq issue on FusedAdam, 2020-02-28)
+    line = ("2020-02-28 16:17:37 | INFO | train | epoch 001:     19 / 3373 loss=14.704, nll_loss=14.68, ppl=26246.1, "
+            "wps=33168.8, ups=2.2, wpb=15074.5, bsz=512, num_updates=20, lr=1.8375e-06, gnorm=7.015, clip=100, oom=0, "
+            "train_wall=9, wall=24")
+    [point] = parse_training_text(line).points
+    assert (point.kind, point.update, point.epoch, point.loss, point.rate, point.wall) == \
+        ("train_inner", 20, 1.0, 14.704, 33168.8, 24.0)
+
+
 def test_fairseq_log_without_interval_records_says_to_use_json(tmp_path):
     # --log-format none: fairseq's own lines only
     log = tmp_path / "none.log"

@@ -95,12 +95,13 @@ def _fairseq_point(obj: dict, tag: str | None) -> LogPoint | None:
 def _fairseq_text_point(line: str) -> LogPoint | None:
     """A record of fairseq's simple / legacy text formats (see the module docstring), or None."""
     if m := _FAIRSEQ_COMMAS.search(line):
-        pairs = (item.split("=", 1) for item in m.group(2).split(", ") if "=" in item)
-        return _fairseq_point({"epoch": int(m.group(1)), **{k.strip(): v.strip() for k, v in pairs}}, "train_inner")
-    if m := _FAIRSEQ_PIPES.search(line):
-        pairs = (item.split(" ", 1) for item in m.group(3).split(" | ") if " " in item)
-        return _fairseq_point({"epoch": int(m.group(1)), **{k.strip(): v.strip() for k, v in pairs}}, m.group(2) or "train")
-    return None
+        epoch, items, sep, tag = m.group(1), m.group(2).split(", "), "=", "train_inner"
+    elif m := _FAIRSEQ_PIPES.search(line):
+        epoch, items, sep, tag = m.group(1), m.group(3).split(" | "), " ", m.group(2) or "train"
+    else:
+        return None
+    pairs = (item.split(sep, 1) for item in items if sep in item)
+    return _fairseq_point({"epoch": int(epoch), **{k.strip(): v.strip() for k, v in pairs}}, tag)
 
 
 def looks_like_fairseq(text: str) -> bool:
