@@ -214,7 +214,7 @@ def test_a_device_list_with_a_gap_and_no_nranks_is_an_unknown_count():
     kept = [line for line in lines if not any(f"Rank {r:2d} Group" in line for r in range(4, 12))]
     [t] = parse_text("\n".join(kept))
     assert (t.ranks, t.nodes) == (None, None)
-    assert t.count_note == "8 device line(s) for ranks 0-3, 12-15: the list is incomplete and the log has no NCCL nranks line"
+    assert t.count_note == "8 device line(s) for ranks 0-3, 12-15: the list is incomplete and no NCCL nranks line"
     verdict = judge(t, "p4d.24xlarge")
     assert verdict.status == "NO-VERDICT" and "node count is unknown" in verdict.reason and "--nodes" in verdict.reason
     assert summarize(t)["count_note"] == t.count_note
@@ -231,3 +231,24 @@ def test_one_unreadable_file_does_not_hide_the_others(tmp_path):
     assert all(e["fix"] for e in data["errors"])
     with pytest.raises(HpcError, match="no such file"):  # nothing readable at all: the one error
         report([tmp_path / "missing.log"])
+
+
+def test_a_log_with_nccl_init_lines_but_no_device_lines():
+    # verbatim lines of a published 16-rank MSCCL/nccl-tests example output (mpirun --tag-output)
+    text = """\
+[1,5]<stdout>:az-eus-v100-32gb-5-worker-zphjiy:18101:18135 [5] NCCL INFO comm 0x7f3804000fa0 rank 5 nranks 16 cudaDev 5 busId 3bfd00000 - Init COMPLETE
+[1,0]<stdout>:NCCL version 2.12.12.MSCCL.0.7.3+cuda11.6
+[1,0]<stdout>:az-eus-v100-32gb-5-worker-zphjiy:18075:18131 [0] NCCL INFO comm 0x7f26f0000fa0 rank 0 nranks 16 cudaDev 0 busId f6a800000 - Init COMPLETE
+[1,0]<stdout>:#
+[1,0]<stdout>:#                                                              out-of-place                       in-place
+[1,0]<stdout>:#       size         count      type   redop    root     time   algbw   busbw #wrong     time   algbw   busbw #wrong
+[1,0]<stdout>:#        (B)    (elements)                               (us)  (GB/s)  (GB/s)            (us)  (GB/s)  (GB/s)
+[1,0]<stdout>:az-eus-v100-32gb-5-worker-zphjiy:18075:18075 [0] NCCL INFO Launch mode Parallel
+[1,0]<stdout>:        1024           256     float     sum      -1    75.18    0.01    0.03      0    78.30    0.01    0.02      0
+[1,0]<stdout>:        2048           512     float     sum      -1    79.54    0.03    0.05      0    82.56    0.02    0.05      0
+"""
+    [t] = parse_text(text)
+    assert [r.size for r in t.rows] == [1024, 2048] and (t.ranks, t.nodes) == (16, None)
+    assert t.count_note == "no device lines ('#  Rank N ... on HOST device D') of NCCL's nranks 16: the node count is not in the log"
+    # 16 ranks on 8-GPU p3dn nodes: at least 2 nodes, so the verdict gets past the node count to the sizes
+    assert judge(t, "p3dn.24xlarge").reason.startswith("largest message 2048 B is under the floor's")

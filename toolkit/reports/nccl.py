@@ -111,12 +111,11 @@ class NcclTest:
         if self.ranks is not None and self.nodes is not None:
             return None
         listed = len(self.device_ranks)
-        if not listed:
-            return "the log has no device lines ('#  Rank N ... on HOST device D') and no NCCL nranks line"
-        shown = f"{listed} device line(s) for ranks {_spans(self.device_ranks)}"
+        shown = (f"{listed} device line(s) for ranks {_spans(self.device_ranks)}" if listed else
+                 "no device lines ('#  Rank N ... on HOST device D')")
         if self.nccl_nranks:
             return f"{shown} of NCCL's nranks {self.nccl_nranks}: the node count is not in the log"
-        return f"{shown}: the list is incomplete and the log has no NCCL nranks line"
+        return f"{shown}{': the list is incomplete' if listed else ''} and no NCCL nranks line"
 
 
 @dataclasses.dataclass
