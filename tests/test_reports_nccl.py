@@ -252,3 +252,15 @@ def test_a_log_with_nccl_init_lines_but_no_device_lines():
     assert t.count_note == "no device lines ('#  Rank N ... on HOST device D') of NCCL's nranks 16: the node count is not in the log"
     # 16 ranks on 8-GPU p3dn nodes: at least 2 nodes, so the verdict gets past the node count to the sizes
     assert judge(t, "p3dn.24xlarge").reason.startswith("largest message 2048 B is under the floor's")
+
+
+def test_nccl_lines_of_hosts_whose_names_start_with_a_digit_are_not_rows():
+    # the INFO lines are verbatim from NVIDIA/nccl#1597 (hosts 8h200-2, 8h200-3); rows from the SkyPilot README
+    text = "\n".join(header_lines() + [
+        "        1024            16     float    none      -1    28.39    0.04    0.03      0    28.07    0.04    0.03      0",
+        "8h200-2:6831:6840 [0] NCCL INFO Using network Libfabric",
+        "8h200-3:6310:6318 [0] NCCL INFO NET/OFI Selected Provider is efa (found 16 nics)",
+        "        2048            32     float    none      -1    28.29    0.07    0.07      0    28.24    0.07    0.07      0",
+    ])
+    [t] = parse_text(text)
+    assert [r.size for r in t.rows] == [1024, 2048] and t.transport == "efa"

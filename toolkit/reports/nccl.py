@@ -36,7 +36,9 @@ _PREFIX = re.compile("^" + _PREFIX_RE)
 # NCCL's debug prefix `host:pid:tid [dev] `: where it starts, the rest of the line is NCCL's, not the table's.
 _NCCL_LOG_TAIL = r":\d+:\d+ \[\d+\] "
 _NCCL_LOG = re.compile(r"[A-Za-z][\w.-]*" + _NCCL_LOG_TAIL)
-_NCCL_LOG_HOSTS = re.compile(r"(?m)^" + _PREFIX_RE + r"([A-Za-z][\w.-]*)" + _NCCL_LOG_TAIL)
+# At a line's start a host name may begin with a digit (`8h200-2:6831:6840 [0] NCCL INFO ...`); mid-line (the
+# fallback above) it must not, or a glued row's last number would be taken for one.
+_NCCL_LOG_HOSTS = re.compile(r"(?m)^" + _PREFIX_RE + r"(\w[\w.-]*)" + _NCCL_LOG_TAIL)
 # NCCL's communicator line: `comm 0x.. rank 0 nranks 16 cudaDev 0 ..` (`nRanks 16 nNodes 2 ..` since 2.19)
 _NCCL_COMM = re.compile(r"NCCL INFO (?:\w+ )?comm \S+ rank \d+ n[Rr]anks (\d+)(?: nNodes (\d+))?")
 _HEADER = re.compile(r"^#\s*(?:size|bytes)\s+.*\bbusbw\b")
