@@ -60,7 +60,8 @@ def nccl(
     as_json: bool = JSON_OPTION,
     plot: Optional[Path] = PLOT_OPTION,
     instance: Optional[str] = typer.Option(None, "--instance", help="Instance type, to judge against its catalog floor."),
-    nodes: Optional[int] = typer.Option(None, "--nodes", min=1, help="Nodes in the run (default: from the log's device list)."),
+    nodes: Optional[int] = typer.Option(None, "--nodes", min=1, help="Nodes in the run (default: NCCL's nNodes, or a complete device list; "
+                                 "else at least ranks / GPUs per --instance)."),
     transport: Optional[str] = typer.Option(None, "--transport", help="efa or tcp: the floor to judge against "
                                             "(default: the instance's own, EFA when it has it)."),
 ) -> None:
