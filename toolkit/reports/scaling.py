@@ -128,8 +128,8 @@ def read_run(run_dir: str | Path) -> RunSummary:
     run_dir = Path(run_dir)
     if run_dir.is_file():
         summary = RunSummary(str(run_dir), None, None, None, None, None, log_only=True)
-        return _summarize_logs(summary, {run_dir: _read(run_dir)}, {}, f"no training records or nccl-tests results in {run_dir}",
-                               "pass rank 0's log of fairseq or the ResNet trainer's train_log.jsonl, an nccl-tests "
+        return _summarize_logs(summary, {run_dir: _read(run_dir)}, {},
+                               f"no training records or nccl-tests results in {run_dir}", "pass rank 0's log of fairseq or the ResNet trainer's train_log.jsonl, an nccl-tests "
                                "log, or the run dir")
     meta = read_metadata(run_dir)
     nodes, gpus = _int_field(meta, "nodes", run_dir), _int_field(meta, "gpus", run_dir)
@@ -167,7 +167,8 @@ def _summarize_logs(summary: RunSummary, texts: dict[Path, str], meta: dict, mis
         if tests:
             summary.log = str(path)
             instance_type = meta.get("instance_type")
-            expected = None if efa is None else transport.EFA if efa else transport.TCP  # the queue's, not the instance's
+            # judged over the queue's transport, not the instance type's
+            expected = None if efa is None else transport.EFA if efa else transport.TCP
             summary.nccl = [{**nccl.summarize(t), "verdict": dataclasses.asdict(
                 nccl.judge(t, instance_type, summary.nodes, expected))} for t in tests]
             return summary

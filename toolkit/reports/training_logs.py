@@ -175,7 +175,8 @@ def parse_training_file(path: str | Path) -> TrainingLog:
     log = parse_training_text(text, str(path))
     if log is None:
         raise HpcError(f"no training records in {path}", fix=FAIRSEQ_FIX if looks_like_fairseq(text) else
-                       "pass rank 0's log of fairseq (--log-format json or simple) or the ResNet trainer's train_log.jsonl")
+                       "pass rank 0's log of fairseq (--log-format json or simple) or the ResNet trainer's "
+                       "train_log.jsonl")
     return log
 
 

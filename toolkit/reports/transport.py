@@ -63,7 +63,9 @@ def _classify(line: str) -> str | None:
         return EFA if m.group(1).lower().startswith("efa") else TCP
     if m := _NETWORK.search(line):
         network = m.group(1).lower()
-        return EFA if "libfabric" in network else TCP if network == "socket" else IB if network.startswith("ib") else None
+        if network.startswith("ib"):
+            return IB
+        return EFA if "libfabric" in network else TCP if network == "socket" else None
     if m := _CHANNEL.search(line):
         network = m.group(1).lower()
         return EFA if "libfabric" in network else TCP if network == "socket" else IB
