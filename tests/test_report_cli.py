@@ -80,3 +80,71 @@ def test_report_run_and_scaling_with_json_and_plot(tmp_path):
 def test_report_scaling_of_a_missing_run_dir_is_exit_1(tmp_path):
     res = run_hpc("report", "scaling", str(tmp_path / "nope"))
     assert res.returncode == 1 and "no such run dir" in res.stderr
+
+
+def test_nccl_one_unreadable_file_is_named_and_the_others_reported(tmp_path):
+    res = run_hpc("report", "nccl", str(NCCL / "2023_partial-paste_nranks-only.sample.txt"), str(tmp_path / "gone.log"),
+                  "--instance", "p4d.24xlarge")
+    assert res.returncode == 1 and "Traceback" not in res.stderr
+    assert "verdict: PASS" in res.stdout and "1073741824" in res.stdout and "overall: FAIL" in res.stdout
+    assert f"unreadable: {tmp_path / 'gone.log'}: no such file" in res.stdout
+    assert f"{tmp_path / 'gone.log'}: no such file" in res.stderr and "fix:" in res.stderr
+    data = json.loads(run_hpc("report", "nccl", str(NCCL / "2023_partial-paste_nranks-only.sample.txt"),
+                              str(tmp_path / "gone.log"), "--json").stdout)
+    assert data["errors"][0]["source"] == str(tmp_path / "gone.log") and len(data["tests"]) == 1
+
+
+def test_nccl_partial_paste_says_the_node_count_is_unknown():
+    res = run_hpc("report", "nccl", str(NCCL / "2023_partial-paste_nranks-only.sample.txt"))
+    assert res.returncode == 0, res.stderr
+    assert "ranks=16 nodes=?" in res.stdout
+    assert "rank/node count: 8 device line(s) for ranks 0-7 of NCCL's nranks 16" in res.stdout
+
+
+def _collectives_run(tmp_path: Path, log: Path, efa: bool) -> Path:
+    """A run dir whose rank 0 stdout is the given nccl-tests log, its metadata's queue fields as the submit plan
+    writes them for a p4d queue read from a cluster config with Efa/Enabled as given."""
+    from toolkit.cluster.queues import queues_from_config
+
+    queue = queues_from_config({"Scheduling": {"SlurmQueues": [{"Name": "gpu", "ComputeResources": [
+        {"Name": "p4d", "InstanceType": "p4d.24xlarge", "MaxCount": 2, "Efa": {"Enabled": efa}}]}]}})["gpu"]
+    run = tmp_path / "run"
+    (run / "submitit").mkdir(parents=True)
+    (run / "metadata.json").write_text(json.dumps({"recipe": "nccl-tests", "queue": queue.name, "nodes": 2, "ranks": 16,
+                                                   "instance_type": queue.instance_type, "fabric": queue.fabric,
+                                                   "job_ids": ["77"]}))
+    (run / "submitit" / "77_0_log.out").write_text(log.read_text())
+    return run
+
+
+def test_report_run_names_an_unnamed_test_and_flags_sockets_on_an_efa_queue(tmp_path):
+    run = _collectives_run(tmp_path, NCCL / "2025_ray-skypilot-prefix_socket.sample.txt", efa=True)
+    res = run_hpc("report", "run", str(run))
+    assert res.returncode == 1, res.stderr
+    assert "unknown test: max busbw 2.98 GB/s" in res.stdout and "None:" not in res.stdout
+    assert "network: TCP sockets (nc-d87e1263-worker1:4926:4926 [0] NCCL INFO Using network Socket)" in res.stdout
+    assert "WARNING: the queue has EFA but NCCL used TCP sockets" in res.stdout and "LD_LIBRARY_PATH" in res.stdout
+    data = json.loads(run_hpc("report", "run", str(run), "--json").stdout)
+    assert data["transport"]["name"] == "tcp" and data["transport"]["hosts"] == {"nc-d87e1263-worker1": "tcp"}
+    assert data["efa_problem"].startswith("the queue has EFA but NCCL used TCP sockets")
+
+
+def test_report_run_does_not_flag_efa_runs_or_queues_without_efa(tmp_path):
+    efa = _collectives_run(tmp_path / "a", NCCL / "2022_root_wrong_srun-label.sample.txt", efa=True)
+    res = run_hpc("report", "run", str(efa))
+    assert "network: EFA (aws-ofi-nccl)" in res.stdout and "WARNING" not in res.stdout
+    tcp_queue = _collectives_run(tmp_path / "b", NCCL / "2025_ray-skypilot-prefix_socket.sample.txt", efa=False)
+    res = run_hpc("report", "run", str(tcp_queue))
+    assert res.returncode == 0, res.stderr
+    assert "network: TCP sockets" in res.stdout and "WARNING" not in res.stdout
+    # judged as the TCP queue it is, not by the instance type's EFA
+    assert "no published floor for p4d.24xlarge over TCP" in res.stdout
+
+
+def test_report_run_takes_a_plain_log_file():
+    res = run_hpc("report", "run", str(Path(__file__).parent / "fixtures" / "training" / "fairseq_legacy_0.9.sample.txt"))
+    assert res.returncode == 0, res.stderr
+    assert "(a plain log: no run dir metadata)" in res.stdout and "throughput: 142500.0 words/s" in res.stdout
+    res = run_hpc("report", "run", str(NCCL / "2019_brace-first-char_mpirun-tagged.sample.txt"), "--json")
+    data = json.loads(res.stdout)
+    assert data["log_only"] and data["nccl"][0]["test"] == "all_reduce" and data["transport"]["name"] == "efa"

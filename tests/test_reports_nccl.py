@@ -180,3 +180,87 @@ def test_report_combines_files_and_rejects_unknown_transport(tmp_path):
     with pytest.raises(HpcError) as err:
         report([tmp_path / "a.log"], transport="infiniband")
     assert err.value.exit_code == 2
+
+
+# ---- logs as published: launcher prefixes, a first `{`, partial pastes, several files -------------------------
+
+def test_ray_skypilot_prefixes_are_stripped_and_counts_come_from_nccl():
+    # `(head, rank=0, pid=N) [1,0]<stdout>:` (coloured) and `(worker1, rank=1, pid=N, ip=A) [1,8]<stdout>:` lines
+    [t] = parse_file(FIXTURES / "2025_ray-skypilot-prefix_socket.sample.txt")
+    assert [r.size for r in t.rows] == [1 << 20, 1 << 22, 1 << 24, 1 << 26, 1 << 28, 1 << 30]
+    assert t.rows[-1].out_of_place.busbw_gbs == 2.95 and t.avg_busbw_gbs == 2.00833
+    assert (t.ranks, t.nodes, t.nccl_nnodes, t.transport) == (16, 2, 2, "tcp") and t.name is None
+
+
+def test_a_text_log_whose_first_character_is_a_brace_is_read_as_text():
+    path = FIXTURES / "2019_brace-first-char_mpirun-tagged.sample.txt"
+    assert path.read_text().startswith("{ /opt/amazon/openmpi/bin/mpirun")
+    [t] = parse_file(path)
+    assert t.name == "all_reduce" and len(t.rows) == 4 and t.rows[-1].in_place.error == 0.0
+    assert (t.ranks, t.nodes, t.transport) == (16, 2, "efa")
+
+
+def test_partial_paste_takes_ranks_from_nccl_nranks_and_never_says_one_node():
+    [t] = parse_file(FIXTURES / "2023_partial-paste_nranks-only.sample.txt")
+    assert (t.ranks, t.nodes) == (16, None) and len(set(t.hosts)) == 1  # 8 device lines, all on the first node
+    assert t.count_note == "8 device line(s) for ranks 0-7 of NCCL's nranks 16: the node count is not in the log"
+    verdict = judge(t, "p4d.24xlarge")  # 16 ranks / 8 GPUs per p4d: at least 2 nodes, so the network was measured
+    assert verdict.status == "PASS" and "2 nodes (at least, from 16 ranks / 8 GPUs per node)" in verdict.reason
+    assert judge(t, "p4d.24xlarge", nodes=1).reason.startswith("one node")  # --nodes still wins
+
+
+def test_a_device_list_with_a_gap_and_no_nranks_is_an_unknown_count():
+    lines = (FIXTURES / "2022_root_wrong_srun-label.sample.txt").read_text().splitlines()
+    kept = [line for line in lines if not any(f"Rank {r:2d} Group" in line for r in range(4, 12))]
+    [t] = parse_text("\n".join(kept))
+    assert (t.ranks, t.nodes) == (None, None)
+    assert t.count_note == "8 device line(s) for ranks 0-3, 12-15: the list is incomplete and no NCCL nranks line"
+    verdict = judge(t, "p4d.24xlarge")
+    assert verdict.status == "NO-VERDICT" and "node count is unknown" in verdict.reason and "--nodes" in verdict.reason
+    assert summarize(t)["count_note"] == t.count_note
+
+
+def test_one_unreadable_file_does_not_hide_the_others(tmp_path):
+    (tmp_path / "a.log").write_text(_two_node_run(9.5))
+    (tmp_path / "empty.log").write_text("srun: error: Unable to create step for job 42\n")
+    data, tests = report([tmp_path / "a.log", tmp_path / "missing.log", tmp_path / "empty.log"], "p3dn.24xlarge")
+    assert [t["verdict"]["status"] for t in data["tests"]] == ["PASS"] and len(tests) == 1
+    assert data["status"] == "FAIL"  # an unreadable file is a failure of the report, whatever the others say
+    assert [e["source"] for e in data["errors"]] == [str(tmp_path / "missing.log"), str(tmp_path / "empty.log")]
+    assert data["errors"][0]["error"].startswith("no such file") and data["errors"][1]["error"].startswith("no nccl-tests")
+    assert all(e["fix"] for e in data["errors"])
+    with pytest.raises(HpcError, match="no such file"):  # nothing readable at all: the one error
+        report([tmp_path / "missing.log"])
+
+
+def test_a_log_with_nccl_init_lines_but_no_device_lines():
+    # verbatim lines of a published 16-rank MSCCL/nccl-tests example output (mpirun --tag-output)
+    text = """\
+[1,5]<stdout>:az-eus-v100-32gb-5-worker-zphjiy:18101:18135 [5] NCCL INFO comm 0x7f3804000fa0 rank 5 nranks 16 cudaDev 5 busId 3bfd00000 - Init COMPLETE
+[1,0]<stdout>:NCCL version 2.12.12.MSCCL.0.7.3+cuda11.6
+[1,0]<stdout>:az-eus-v100-32gb-5-worker-zphjiy:18075:18131 [0] NCCL INFO comm 0x7f26f0000fa0 rank 0 nranks 16 cudaDev 0 busId f6a800000 - Init COMPLETE
+[1,0]<stdout>:#
+[1,0]<stdout>:#                                                              out-of-place                       in-place
+[1,0]<stdout>:#       size         count      type   redop    root     time   algbw   busbw #wrong     time   algbw   busbw #wrong
+[1,0]<stdout>:#        (B)    (elements)                               (us)  (GB/s)  (GB/s)            (us)  (GB/s)  (GB/s)
+[1,0]<stdout>:az-eus-v100-32gb-5-worker-zphjiy:18075:18075 [0] NCCL INFO Launch mode Parallel
+[1,0]<stdout>:        1024           256     float     sum      -1    75.18    0.01    0.03      0    78.30    0.01    0.02      0
+[1,0]<stdout>:        2048           512     float     sum      -1    79.54    0.03    0.05      0    82.56    0.02    0.05      0
+"""
+    [t] = parse_text(text)
+    assert [r.size for r in t.rows] == [1024, 2048] and (t.ranks, t.nodes) == (16, None)
+    assert t.count_note == "no device lines ('#  Rank N ... on HOST device D') of NCCL's nranks 16: the node count is not in the log"
+    # 16 ranks on 8-GPU p3dn nodes: at least 2 nodes, so the verdict gets past the node count to the sizes
+    assert judge(t, "p3dn.24xlarge").reason.startswith("largest message 2048 B is under the floor's")
+
+
+def test_nccl_lines_of_hosts_whose_names_start_with_a_digit_are_not_rows():
+    # the INFO lines are verbatim from NVIDIA/nccl#1597 (hosts 8h200-2, 8h200-3); rows from the SkyPilot README
+    text = "\n".join(header_lines() + [
+        "        1024            16     float    none      -1    28.39    0.04    0.03      0    28.07    0.04    0.03      0",
+        "8h200-2:6831:6840 [0] NCCL INFO Using network Libfabric",
+        "8h200-3:6310:6318 [0] NCCL INFO NET/OFI Selected Provider is efa (found 16 nics)",
+        "        2048            32     float    none      -1    28.29    0.07    0.07      0    28.24    0.07    0.07      0",
+    ])
+    [t] = parse_text(text)
+    assert [r.size for r in t.rows] == [1024, 2048] and t.transport == "efa"

@@ -17,7 +17,7 @@ import pytest
 
 from tests.conftest import REPO, free_port
 from toolkit.errors import HpcError
-from toolkit.reports.training_logs import parse_training_file, parse_training_text, summarize_training, throughput
+from toolkit.reports.training_logs import FAIRSEQ_FIX, parse_training_file, parse_training_text, summarize_training, throughput
 from toolkit.workloads.train_log import LOG_NAME, TrainLog, read_log, steady_throughput
 
 FAIRSEQ = Path(__file__).parent / "fixtures" / "training" / "fairseq_translation.sample.txt"
@@ -171,3 +171,49 @@ def test_a_real_trainer_log_restarted_without_its_checkpoint(tmp_path):
                                             / sum(r["interval_seconds"] for r in kept))
     assert s["valid_curve"] == [[11, val["loss"], val["top1"]]] and s["final_top1"] == val["top1"]
     assert (s["updates"], s["epochs"], s["status"], s["starts"]) == (11, 1, "completed", 2)
+
+
+# ---- fairseq's text formats: --log-format simple (the default without a TTY) and fairseq <= 0.9 -------------
+
+SIMPLE = FAIRSEQ.with_name("fairseq_translation_simple.sample.txt")  # written by fairseq's own SimpleProgressBar
+LEGACY = FAIRSEQ.with_name("fairseq_legacy_0.9.sample.txt")
+
+
+def test_fairseq_simple_format_gives_the_same_records_as_json():
+    simple, as_json = parse_training_file(SIMPLE), parse_training_file(FAIRSEQ)  # the same run, both formats
+    assert [(p.kind, p.update, p.loss, p.rate) for p in simple.points] == \
+        [(p.kind, p.update, p.loss, p.rate) for p in as_json.points]
+    s = summarize_training(simple)
+    assert s["throughput"] == pytest.approx(600.0) and s["valid_curve"] == [[6, 10.512, None]] and s["epochs"] == 1
+
+
+def test_fairseq_legacy_format():
+    s = summarize_training(parse_training_file(LEGACY))
+    # wall in whole seconds: 120000 w/s for 10 s then 150000 w/s for 30 s, the first interval dropped as warm-up
+    assert s["throughput"] == pytest.approx((120000 * 10 + 150000 * 30) / 40) and "wall time" in s["throughput_note"]
+    assert s["loss_curve"] == [[10, 15.18], [20, 14.704], [30, 14.011]] and s["valid_curve"] == [[30, 13.412, None]]
+    assert s["updates"] == 30
+
+
+def test_fairseq_0_10_tagged_its_interval_lines_train():
+    # verbatim from a published fairseq 0.10 log (facebookresearch/fairseq issue on FusedAdam, 2020-02-28)
+    line = ("2020-02-28 16:17:37 | INFO | train | epoch 001:     19 / 3373 loss=14.704, nll_loss=14.68, ppl=26246.1, "
+            "wps=33168.8, ups=2.2, wpb=15074.5, bsz=512, num_updates=20, lr=1.8375e-06, gnorm=7.015, clip=100, oom=0, "
+            "train_wall=9, wall=24")
+    [point] = parse_training_text(line).points
+    assert (point.kind, point.update, point.epoch, point.loss, point.rate, point.wall) == \
+        ("train_inner", 20, 1.0, 14.704, 33168.8, 24.0)
+
+
+def test_fairseq_log_without_interval_records_says_to_use_json(tmp_path):
+    # --log-format none: fairseq's own lines only
+    log = tmp_path / "none.log"
+    log.write_text("\n".join(line for line in SIMPLE.read_text().splitlines() if "fairseq" in line) + "\n")
+    with pytest.raises(HpcError) as err:
+        parse_training_file(log)
+    assert err.value.fix == FAIRSEQ_FIX and "train with --log-format json" in FAIRSEQ_FIX
+    other = tmp_path / "other.log"
+    other.write_text("hello\n")
+    with pytest.raises(HpcError) as err:
+        parse_training_file(other)
+    assert err.value.fix != FAIRSEQ_FIX

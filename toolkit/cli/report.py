@@ -7,7 +7,7 @@ from typing import List, Optional
 
 import typer
 
-from toolkit.cli.output import JSON_OPTION, emit, info, table
+from toolkit.cli.output import JSON_OPTION, emit, info, table, warn
 
 app = typer.Typer(help="Reports from logs and run dirs: nccl-tests bandwidth, one run, scaling efficiency.",
                   no_args_is_help=True, rich_markup_mode=None)
@@ -19,11 +19,17 @@ def _num(value, digits: int = 2) -> str:
     return "-" if value is None else f"{value:.{digits}f}"
 
 
+def _test_name(test: dict) -> str:
+    return test["test"] or "unknown test"
+
+
 def _nccl_text(data: dict) -> str:
     out = []
     for test in data["tests"]:
-        out.append(f"== {test['source']}: {test['test'] or 'unknown test'}  ranks={test['ranks'] or '?'} "
+        out.append(f"== {test['source']}: {_test_name(test)}  ranks={test['ranks'] or '?'} "
                    f"nodes={test['nodes'] or '?'} transport={test['transport'] or '?'}  [{test['format']}]")
+        if test["count_note"]:
+            out.append(f"rank/node count: {test['count_note']}")
         rows = []
         for r in test["rows"]:
             cells = [r["size"], r["count"], r["dtype"], r["redop"]]
@@ -42,6 +48,8 @@ def _nccl_text(data: dict) -> str:
         if v["source"]:
             out.append(f"  floor source: {v['source']}")
         out.append("")
+    for error in data["errors"]:
+        out.append(f"unreadable: {error['source']}: {error['error']} (fix: {error['fix']})")
     out.append(f"overall: {data['status']}")
     return "\n".join(out)
 
@@ -52,7 +60,8 @@ def nccl(
     as_json: bool = JSON_OPTION,
     plot: Optional[Path] = PLOT_OPTION,
     instance: Optional[str] = typer.Option(None, "--instance", help="Instance type, to judge against its catalog floor."),
-    nodes: Optional[int] = typer.Option(None, "--nodes", min=1, help="Nodes in the run (default: from the log's device list)."),
+    nodes: Optional[int] = typer.Option(None, "--nodes", min=1, help="Nodes in the run (default: NCCL's nNodes, or a complete device list; "
+                                 "else at least ranks / GPUs per --instance)."),
     transport: Optional[str] = typer.Option(None, "--transport", help="efa or tcp: the floor to judge against "
                                             "(default: the instance's own, EFA when it has it)."),
 ) -> None:
@@ -64,6 +73,8 @@ def nccl(
 
     data, tests = nccl_report.report(logs, instance, nodes, transport)
     emit(data, as_json, _nccl_text)
+    for error in data["errors"]:  # the other files are reported; the bad ones are named on stderr too
+        warn(f"{error['source']}: {error['error']}\n  fix: {error['fix']}")
     if plot:
         from toolkit.reports.plots import nccl_figure, save_png
 
@@ -74,9 +85,16 @@ def nccl(
 
 
 def _run_text(run) -> str:
-    lines = [f"run {run.run_dir}: recipe {run.recipe or '?'}" + (f" (profile {run.profile})" if run.profile else "")
-             + f", nodes {run.nodes or '?'}, ranks {run.ranks or '?'}" + (f", GPUs {run.gpus}" if run.gpus else "")
-             + (f", job {', '.join(run.job_ids)}" if run.job_ids else ""), f"log: {run.log}"]
+    if run.log_only:
+        lines = [f"log {run.log} (a plain log: no run dir metadata)"]
+    else:
+        lines = [f"run {run.run_dir}: recipe {run.recipe or '?'}" + (f" (profile {run.profile})" if run.profile else "")
+                 + f", nodes {run.nodes or '?'}, ranks {run.ranks or '?'}" + (f", GPUs {run.gpus}" if run.gpus else "")
+                 + (f", job {', '.join(run.job_ids)}" if run.job_ids else ""), f"log: {run.log}"]
+    if run.transport:
+        lines.append(f"network: {run.transport['label']}" + (f" ({run.transport['evidence']})" if run.transport["evidence"] else ""))
+    if run.efa_problem:
+        lines.append(f"WARNING: {run.efa_problem}")
     if run.result:
         lines.append(f"rank 0 exit code {run.result.get('exit_code')} on {run.result.get('host', '?')}")
     if run.training:
@@ -92,22 +110,25 @@ def _run_text(run) -> str:
         if t["status"]:
             lines.append(f"trainer: {t['status']} after {t['starts']} start(s)")
     for test in run.nccl or []:
-        lines.append(f"{test['test']}: max busbw {_num(test['max_busbw_gbs'])} GB/s, avg {_num(test['avg_busbw_gbs'], 3)}"
+        lines.append(f"{_test_name(test)}: max busbw {_num(test['max_busbw_gbs'])} GB/s, avg {_num(test['avg_busbw_gbs'], 3)}"
                      f" GB/s, wrong values {test['wrong_values']}, verdict {test['verdict']['status']}: {test['verdict']['reason']}")
     return "\n".join(lines)
 
 
 @app.command("run")
-def run(run_dir: Path = typer.Argument(..., help="A run directory (with metadata.json and its logs)."),
+def run(run_dir: Path = typer.Argument(..., help="A run directory (with metadata.json and its logs), or one log file."),
         as_json: bool = JSON_OPTION) -> None:
-    """Summarise one run: throughput (warm-up excluded), loss, updates; or its nccl results."""
+    """Summarise one run: throughput (warm-up excluded), loss, updates, or its nccl results; and the network
+    NCCL used. Exit 1 when an nccl test fails or the queue has EFA but NCCL used sockets."""
     import dataclasses
 
     from toolkit.reports.scaling import read_run
 
     summary = read_run(run_dir)
     emit(dataclasses.asdict(summary), as_json, lambda _: _run_text(summary))
-    if summary.nccl and any(t["verdict"]["status"] == "FAIL" for t in summary.nccl):
+    if summary.efa_problem and as_json:  # the text output shows it already
+        warn(summary.efa_problem)
+    if summary.efa_problem or summary.nccl and any(t["verdict"]["status"] == "FAIL" for t in summary.nccl):
         raise typer.Exit(1)
 
 

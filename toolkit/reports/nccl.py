@@ -3,9 +3,16 @@
 Text parsing keys on the column header line, never on field counts alone: the header says which columns a row
 has (with or without `redop`/`root`, `#wrong` or the pre-2022 float `error`, `-I 1` per-iteration columns,
 `#bitdiff`, a `-S` timestamp) and how they split into the out-of-place and in-place groups. Lines may carry
-launcher prefixes (`[1,0]<stdout>:` from mpirun --tag-output, `0: ` from srun --label) and NCCL's own
-`host:pid:tid [dev] NCCL INFO ...` lines, even in the middle of a row (both write to the same stdout); such a
-row is stitched back together. One file may hold several tests (one per header).
+launcher prefixes (`(head, rank=0, pid=N) ` from Ray/SkyPilot, then `[1,0]<stdout>:` from mpirun --tag-output
+or `0: ` from srun --label) and NCCL's own `host:pid:tid [dev] NCCL INFO ...` lines, even in the middle of a row
+(both write to the same stdout); such a row is stitched back together. One file may hold several tests (one per
+header). A text log may start with `{` (a pasted `{ mpirun ...; } | tee` command): only a file that parses as
+JSON is read as `-J` output.
+
+Ranks and nodes: nccl-tests prints one `#  Rank  N Group G Pid P on HOST device D [bus] NAME` line per rank
+(rank 0 gathers them over MPI), but pasted logs often keep only some. NCCL's own `comm 0x.. rank 0 nranks 16 ..`
+(`nRanks 16 nNodes 2 ..` since 2.19) lines are the authority when present; the device lines count only when
+they list ranks 0..N-1 in full. Otherwise the count is unknown, and said so, never guessed from a partial list.
 """
 
 from __future__ import annotations
@@ -17,24 +24,28 @@ from pathlib import Path
 from typing import Literal
 
 from toolkit.errors import HpcError, UsageError
+from toolkit.reports.transport import ANSI, nccl_transport
 
 Status = Literal["PASS", "FAIL", "NO-VERDICT"]
 
-_PREFIX = re.compile(r"^(?:\[\d+,\d+\]<std(?:out|err)>:\s?|\s*\d+:\s)")
+# Launcher prefixes, outermost first: Ray's `(head, rank=0, pid=N) `, `(worker1, rank=1, pid=N, ip=A) `,
+# `(RayTrainWorker pid=N, ip=A) `; then mpirun --tag-output's `[1,0]<stdout>:` or srun --label's `0: `.
+_PREFIX_RE = (r"(?:\((?:[\w-]+,? )?(?:rank=\d+, )?pid=\d+(?:, ip=[\d.]+)?\)\s)?"
+              r"(?:\[\d+,\d+\]<std(?:out|err)>:\s?|\s*\d+:\s)?")
+_PREFIX = re.compile("^" + _PREFIX_RE)
 # NCCL's debug prefix `host:pid:tid [dev] `: where it starts, the rest of the line is NCCL's, not the table's.
 _NCCL_LOG_TAIL = r":\d+:\d+ \[\d+\] "
 _NCCL_LOG = re.compile(r"[A-Za-z][\w.-]*" + _NCCL_LOG_TAIL)
-_NCCL_LOG_HOSTS = re.compile(r"(?m)^(?:\[\d+,\d+\]<std(?:out|err)>:\s?|\s*\d+:\s)?([A-Za-z][\w.-]*)" + _NCCL_LOG_TAIL)
+# At a line's start a host name may begin with a digit (`8h200-2:6831:6840 [0] NCCL INFO ...`); mid-line (the
+# fallback above) it must not, or a glued row's last number would be taken for one.
+_NCCL_LOG_HOSTS = re.compile(r"(?m)^" + _PREFIX_RE + r"(\w[\w.-]*)" + _NCCL_LOG_TAIL)
+# NCCL's communicator line: `comm 0x.. rank 0 nranks 16 cudaDev 0 ..` (`nRanks 16 nNodes 2 ..` since 2.19)
+_NCCL_COMM = re.compile(r"NCCL INFO (?:\w+ )?comm \S+ rank \d+ n[Rr]anks (\d+)(?: nNodes (\d+))?")
 _HEADER = re.compile(r"^#\s*(?:size|bytes)\s+.*\bbusbw\b")
 _TEST_NAME = re.compile(r"\b([a-z][a-z0-9]*(?:_[a-z0-9]+)*)_perf(?:_mpi)?\b")
 _DEVICE = re.compile(r"^#\s*Rank\s+(\d+)\s+(?:Group\s+\d+\s+)?Pid\s+\d+\s+on\s+(\S+)\s+device\s+(\d+)\s+\[[^\]]*\]\s*(.*)$")
 _OUT_OF_BOUNDS = re.compile(r"^#\s*Out of bounds values\s*:\s*(\d+)")
 _AVG_BUSBW = re.compile(r"^#\s*Avg bus bandwidth\s*:\s*(\S+)")
-_TRANSPORTS = (  # NCCL INFO lines that name the network transport; the first match in a file wins
-    (re.compile(r"NET/AWS Libfabric|NET/OFI Selected [Pp]rovider is efa|Using network AWS Libfabric|NET/OFI.*\befa\b"), "efa"),
-    (re.compile(r"via NET/Socket|Using network Socket"), "tcp"),
-    (re.compile(r"via NET/IB|Using network IB"), "ib"),
-)
 _TIME_COLUMNS = ("time", "cputime")
 _WRONG_COLUMNS = ("#wrong", "wrong")
 _ERROR_COLUMNS = ("error", "res")  # before Aug 2022: a float max error, not a count
@@ -74,18 +85,39 @@ class NcclTest:
     source: str = ""
     out_of_bounds: int | None = None  # footer "Out of bounds values"
     avg_busbw_gbs: float | None = None  # footer "Avg bus bandwidth"
-    hosts: list[str] = dataclasses.field(default_factory=list)  # one per rank, from the "Using devices" lines
+    hosts: list[str] = dataclasses.field(default_factory=list)  # one per listed rank, from the "Using devices" lines
     devices: list[str] = dataclasses.field(default_factory=list)
-    transport: str | None = None  # efa / tcp / ib, from NCCL INFO lines
+    transport: str | None = None  # efa / tcp / ib, from NCCL INFO lines (toolkit.reports.transport)
     format: str = ""  # "text: <header columns>" or "json v<version>"
+    device_ranks: list[int] = dataclasses.field(default_factory=list)  # the rank number of each device line
+    nccl_nranks: int | None = None  # from NCCL's `comm .. nranks N` lines
+    nccl_nnodes: int | None = None  # from NCCL's `comm .. nNodes N` lines (NCCL >= 2.19)
+
+    @property
+    def devices_complete(self) -> bool:
+        """The device lines list every rank: 0..N-1, and N agrees with NCCL's nranks where the log has it."""
+        listed = len(self.device_ranks)
+        return bool(listed) and self.device_ranks == list(range(listed)) and self.nccl_nranks in (None, listed)
 
     @property
     def ranks(self) -> int | None:
-        return len(self.hosts) or None
+        return self.nccl_nranks or (len(self.device_ranks) if self.devices_complete else None)
 
     @property
     def nodes(self) -> int | None:
-        return len(set(self.hosts)) or None
+        return self.nccl_nnodes or (len(set(self.hosts)) if self.devices_complete else None)
+
+    @property
+    def count_note(self) -> str | None:
+        """Why the rank or node count is unknown (None when both are known)."""
+        if self.ranks is not None and self.nodes is not None:
+            return None
+        listed = len(self.device_ranks)
+        shown = (f"{listed} device line(s) for ranks {_spans(self.device_ranks)}" if listed else
+                 "no device lines ('#  Rank N ... on HOST device D')")
+        if self.nccl_nranks:
+            return f"{shown} of NCCL's nranks {self.nccl_nranks}: the node count is not in the log"
+        return f"{shown}{': the list is incomplete' if listed else ''} and no NCCL nranks line"
 
 
 @dataclasses.dataclass
@@ -95,6 +127,17 @@ class Verdict:
     floor_busbw_gbs: float | None = None
     measured_busbw_gbs: float | None = None
     source: str | None = None
+
+
+def _spans(numbers: list[int]) -> str:
+    """[0, 1, 2, 5, 6] -> '0-2, 5-6'."""
+    spans: list[list[int]] = []
+    for n in sorted(set(numbers)):
+        if spans and n == spans[-1][1] + 1:
+            spans[-1][1] = n
+        else:
+            spans.append([n, n])
+    return ", ".join(f"{a}-{b}" if a != b else str(a) for a, b in spans)
 
 
 # ---- text ----------------------------------------------------------------------------------------------------
@@ -190,14 +233,22 @@ def _test_name(text: str) -> str | None:
 def parse_text(text: str, source: str = "") -> list[NcclTest]:
     """Every test in an nccl-tests text log (possibly with launcher prefixes and NCCL INFO lines)."""
     tests: list[NcclTest] = []
-    transport = next((t for pattern, t in _TRANSPORTS if pattern.search(text)), None)
+    text = ANSI.sub("", text)  # Ray/SkyPilot colour their prefixes
+    transport = nccl_transport(text).name
     layout: _Layout | None = None
     current: NcclTest | None = None
     pending_name: str | None = None
-    pending_devices: list[tuple[str, str]] = []
+    pending_devices: list[tuple[int, str, str]] = []
+    pending_comm: list[tuple[int, int | None]] = []  # NCCL (nranks, nNodes) lines before the next test's header
     partial = ""  # a row split by NCCL log text, waiting for its remainder
     nccl_log = _nccl_log_pattern(text)
     for raw in text.splitlines():
+        if comm := _NCCL_COMM.search(raw):
+            counts = (int(comm.group(1)), int(comm.group(2)) if comm.group(2) else None)
+            if current is not None and not pending_devices and pending_name is None:
+                _add_comm(current, [counts])  # e.g. `Destroy COMPLETE` after the table
+            else:
+                pending_comm.append(counts)
         line, had_log = _clean(raw, nccl_log)
         stripped = line.strip()
         if stripped.startswith("#"):
@@ -206,15 +257,16 @@ def parse_text(text: str, source: str = "") -> list[NcclTest]:
                 layout = _Layout.from_header(stripped)
                 if layout is None:
                     continue
-                devices = pending_devices or []
                 current = NcclTest(name=pending_name, rows=[], source=source, transport=transport,
-                                   hosts=[h for h, _ in devices], devices=[d for _, d in devices],
+                                   hosts=[h for _, h, _ in pending_devices], devices=[d for _, _, d in pending_devices],
+                                   device_ranks=[r for r, _, _ in pending_devices],
                                    format="text: " + " | ".join([" ".join(layout.keys)] + [" ".join(g) for g in layout.groups])
                                    + (" | timestamp" if layout.timestamp else ""))
+                _add_comm(current, pending_comm)
                 tests.append(current)
-                pending_name, pending_devices = None, []
+                pending_name, pending_devices, pending_comm = None, [], []
             elif m := _DEVICE.match(stripped):
-                pending_devices.append((m.group(2), m.group(4).strip()))
+                pending_devices.append((int(m.group(1)), m.group(2), m.group(4).strip()))
             elif (m := _OUT_OF_BOUNDS.match(stripped)) and current is not None:
                 current.out_of_bounds = int(m.group(1))
             elif (m := _AVG_BUSBW.match(stripped)) and current is not None:
@@ -238,6 +290,13 @@ def parse_text(text: str, source: str = "") -> list[NcclTest]:
         if row is not None:
             current.rows.append(row)
     return [t for t in tests if t.rows]
+
+
+def _add_comm(test: NcclTest, counts: list[tuple[int, int | None]]) -> None:
+    """Take the largest communicator NCCL reported (nccl-tests may also split the world one)."""
+    for nranks, nnodes in counts:
+        if test.nccl_nranks is None or nranks > test.nccl_nranks:
+            test.nccl_nranks, test.nccl_nnodes = nranks, nnodes
 
 
 def _starts_row(tokens: list[str]) -> bool:
@@ -276,6 +335,7 @@ def parse_json(data: dict, source: str = "") -> list[NcclTest]:
     return [NcclTest(name=_test_name(Path(args[0]).name) if args else None, rows=rows, source=source,
                      out_of_bounds=oob.get("count"), avg_busbw_gbs=_json_float(avg.get("bandwidth")),
                      hosts=[d.get("hostname", "") for d in devices], devices=[d.get("device_info", "") for d in devices],
+                     device_ranks=[d.get("rank", i) for i, d in enumerate(devices)],
                      format=f"json v{data.get('version', '?')}")]
 
 
@@ -295,15 +355,14 @@ def parse_file(path: str | Path) -> list[NcclTest]:
         raise HpcError(f"no such file: {path}", fix="check the path of the nccl-tests log") from None
     except IsADirectoryError:
         raise HpcError(f"{path} is a directory, not a log file", fix="pass the log file itself") from None
-    if text.lstrip().startswith("{"):
+    tests = parse_text(text, str(path))
+    if not tests and text.lstrip().startswith("{"):  # -J output (a text log may start with `{` too)
         try:
             data = json.loads(text)
         except json.JSONDecodeError as exc:
             raise HpcError(f"{path} looks like JSON but does not parse: {exc}",
                            fix="the run may have been cut short; use its text output instead") from None
         tests = parse_json(data, str(path))
-    else:
-        tests = parse_text(text, str(path))
     if not tests:
         raise HpcError(f"no nccl-tests results found in {path}",
                        fix="pass the stdout of an nccl-tests binary (or -J JSON); its table header starts '#  size'")
@@ -322,7 +381,7 @@ def summarize(test: NcclTest) -> dict:
     computed_avg = sum(m.busbw_gbs for m in measures) / len(measures) if measures else None
     return {
         "test": test.name, "source": test.source, "format": test.format,
-        "ranks": test.ranks, "nodes": test.nodes, "transport": test.transport,
+        "ranks": test.ranks, "nodes": test.nodes, "count_note": test.count_note, "transport": test.transport,
         "max_busbw_gbs": best[0], "max_busbw_size": best[1],
         "avg_busbw_gbs": test.avg_busbw_gbs if test.avg_busbw_gbs is not None else computed_avg,
         "wrong_values": sum(wrongs) if wrongs else (None if not errors else 0),
@@ -348,9 +407,14 @@ def judge(test: NcclTest, instance_type: str | None = None, nodes: int | None = 
                                "the collective returned corrupt data")
     if instance_type is None:
         return Verdict("NO-VERDICT", "no instance type given (--instance TYPE) to pick a floor")
-    nodes = nodes or test.nodes
+    nodes, how = nodes or test.nodes, ""
     if nodes is None:
-        return Verdict("NO-VERDICT", "the node count is not in the log (pass --nodes N)")
+        # NCCL ranks are GPUs: more ranks than one instance has GPUs means at least that many nodes.
+        gpus = instance(instance_type).gpus
+        if test.ranks and gpus and test.ranks > gpus:
+            nodes, how = -(-test.ranks // gpus), f"at least, from {test.ranks} ranks / {gpus} GPUs per node"
+        else:
+            return Verdict("NO-VERDICT", f"the node count is unknown ({test.count_note}); pass --nodes N")
     if nodes < 2:
         return Verdict("NO-VERDICT", "one node: NVLink only, the network was not measured")
     if test.name not in (None, "all_reduce"):
@@ -372,26 +436,37 @@ def judge(test: NcclTest, instance_type: str | None = None, nodes: int | None = 
         note = f"; NCCL used {test.transport.upper()}, not {expected.upper()}: check the EFA stack (aws-ofi-nccl, FI_PROVIDER)"
     status: Status = "PASS" if best >= floor.floor_busbw_gbs else "FAIL"
     reason = (f"best busbw {best:g} GB/s at >= {floor.min_bytes} B vs floor {floor.floor_busbw_gbs:g} GB/s "
-              f"({instance_type}, {expected.upper()}, {nodes} nodes){note}")
+              f"({instance_type}, {expected.upper()}, {nodes} nodes{f' ({how})' if how else ''}){note}")
     return Verdict(status, reason, floor.floor_busbw_gbs, best, floor.source)
 
 
 def report(paths: list[str | Path], instance_type: str | None = None, nodes: int | None = None,
            transport: str | None = None) -> tuple[dict, list[NcclTest]]:
     """Every test in the given logs with its rows, summary and verdict; the overall status is FAIL if any test
-    fails, else PASS if any passes, else NO-VERDICT. Returns the JSON-ready report and the parsed tests."""
+    fails or any file cannot be read (listed under `errors`, the others are still reported), else PASS if any
+    passes, else NO-VERDICT. Returns the JSON-ready report and the parsed tests. When no file can be read at
+    all, the (first) file's error is raised."""
     from toolkit.catalog import instance
 
     if transport not in (None, "efa", "tcp"):
         raise UsageError(f"unknown transport {transport!r}", fix="use --transport efa or --transport tcp")
     if instance_type is not None:
         instance(instance_type)
-    tests = [t for path in paths for t in parse_file(path)]
+    tests: list[NcclTest] = []
+    errors: list[tuple[str, HpcError]] = []
+    for path in paths:
+        try:
+            tests += parse_file(path)
+        except HpcError as exc:
+            errors.append((str(path), exc))
+    if errors and not tests:
+        raise errors[0][1]
     entries = []
     for test in tests:
         verdict = judge(test, instance_type, nodes, transport)
         entries.append({**summarize(test), "verdict": dataclasses.asdict(verdict),
                         "rows": [dataclasses.asdict(r) for r in test.rows]})
     statuses = {e["verdict"]["status"] for e in entries}
-    status = "FAIL" if "FAIL" in statuses else "PASS" if "PASS" in statuses else "NO-VERDICT"
-    return {"status": status, "instance_type": instance_type, "tests": entries}, tests
+    status = "FAIL" if "FAIL" in statuses or errors else "PASS" if "PASS" in statuses else "NO-VERDICT"
+    return {"status": status, "instance_type": instance_type, "tests": entries,
+            "errors": [{"source": source, "error": exc.message, "fix": exc.fix} for source, exc in errors]}, tests

@@ -12,6 +12,8 @@ logs only, never live Slurm:
         ranks_per_node  (int, optional)
         gpus            (int, optional) GPUs in the job
         instance_type   (str, optional) the queue's instance type, for the nccl verdict of a collectives run
+        fabric          (str, optional) the queue's EFA stack (modern | legacy | none): on an EFA one, a run
+                               whose NCCL used sockets is flagged
         queue, job_ids, executor, ... (shown as they are)
     RUN_DIR/result.json     rank 0's exit record (optional: a killed job leaves none)
     RUN_DIR/logs/train_log.jsonl
@@ -25,7 +27,9 @@ logs only, never live Slurm:
 The training log used is the first of: logs/train_log.jsonl, rank 0's submitit logs (newest job first), then
 every other *.out, *.err, *.log, *.jsonl, *.txt and *.json below RUN_DIR, that holds training records (only rank 0
 logs them: fairseq and our trainer alike). A run dir without training records but with nccl-tests tables
-(the collectives recipe) is summarised as nccl results.
+(the collectives recipe) is summarised as nccl results. Every log is also searched for the network transport
+NCCL selected (toolkit.reports.transport). A plain log file (no run dir) is summarised the same way, without
+the metadata.
 """
 
 from __future__ import annotations
@@ -35,7 +39,7 @@ import json
 from pathlib import Path
 
 from toolkit.errors import HpcError
-from toolkit.reports import nccl, training_logs
+from toolkit.reports import nccl, training_logs, transport
 from toolkit.submit.rundir import METADATA, RESULT, read_json
 from toolkit.workloads.train_log import LOG_NAME
 
@@ -56,6 +60,9 @@ class RunSummary:
     profile: str | None = None
     job_ids: list[str] = dataclasses.field(default_factory=list)
     result: dict | None = None  # rank 0's result.json
+    transport: dict | None = None  # NCCL's network: name (efa/tcp/ib or None), label, evidence, hosts
+    efa_problem: str | None = None  # set when the queue has EFA but NCCL used something else (with the fix)
+    log_only: bool = False  # summarised from a plain log file, not a run dir
 
     @property
     def throughput(self) -> float | None:
@@ -117,8 +124,13 @@ def _logged_world_size(log: training_logs.TrainingLog) -> int | None:
 
 
 def read_run(run_dir: str | Path) -> RunSummary:
-    """Summarise one run dir (see the module docstring for what it must hold)."""
+    """Summarise one run dir (see the module docstring for what it must hold), or one plain log file."""
     run_dir = Path(run_dir)
+    if run_dir.is_file():
+        summary = RunSummary(str(run_dir), None, None, None, None, None, log_only=True)
+        return _summarize_logs(summary, {run_dir: _read(run_dir)}, {},
+                               f"no training records or nccl-tests results in {run_dir}", "pass rank 0's log of fairseq or the ResNet trainer's train_log.jsonl, an nccl-tests "
+                               "log, or the run dir")
     meta = read_metadata(run_dir)
     nodes, gpus = _int_field(meta, "nodes", run_dir), _int_field(meta, "gpus", run_dir)
     ranks = _int_field(meta, "ranks", run_dir)
@@ -130,6 +142,19 @@ def read_run(run_dir: str | Path) -> RunSummary:
                          job_ids=[str(j) for j in meta.get("job_ids") or []],
                          result=result if isinstance(result, dict) else None)
     texts = {path: _read(path) for path in log_files(run_dir)}
+    return _summarize_logs(summary, texts, meta, f"no training records or nccl-tests results in the logs of {run_dir}",
+                           "check that the job ran (hpc jobs logs); our trainer's train_log.jsonl is read only from "
+                           f"RUN_DIR/{TRAINER_LOG} (recipe dirs.logs under: run)")
+
+
+def _summarize_logs(summary: RunSummary, texts: dict[Path, str], meta: dict, missing: str, fix: str) -> RunSummary:
+    """Fill the summary from the first log with training records, else the first with nccl-tests tables; and
+    NCCL's transport over all of them, flagged against the queue's EFA setting."""
+    found = transport.logs_transport({str(p): t for p, t in texts.items()})
+    summary.transport = {"name": found.name, "label": found.label, "evidence": found.evidence, "hosts": found.hosts,
+                         "source": found.source}
+    efa = transport.efa_expected(meta)
+    summary.efa_problem = transport.efa_problem(found, efa)
     for path, text in texts.items():
         log = training_logs.parse_training_text(text, str(path))
         if log:
@@ -138,16 +163,18 @@ def read_run(run_dir: str | Path) -> RunSummary:
                 summary.ranks = _logged_world_size(log)
             return summary
     for path, text in texts.items():
-        tests = nccl.parse_text(text, str(path)) if not text.lstrip().startswith("{") else []
+        tests = nccl.parse_text(text, str(path))
         if tests:
             summary.log = str(path)
             instance_type = meta.get("instance_type")
-            summary.nccl = [{**nccl.summarize(t), "verdict": dataclasses.asdict(nccl.judge(t, instance_type, nodes))}
-                            for t in tests]
+            # judged over the queue's transport, not the instance type's
+            expected = None if efa is None else transport.EFA if efa else transport.TCP
+            summary.nccl = [{**nccl.summarize(t), "verdict": dataclasses.asdict(
+                nccl.judge(t, instance_type, summary.nodes, expected))} for t in tests]
             return summary
-    raise HpcError(f"no training records or nccl-tests results in the logs of {run_dir}",
-                   fix="check that the job ran (hpc jobs logs); our trainer's train_log.jsonl is read only from "
-                       f"RUN_DIR/{TRAINER_LOG} (recipe dirs.logs under: run)")
+    if any(training_logs.looks_like_fairseq(text) for text in texts.values()):
+        fix = training_logs.FAIRSEQ_FIX
+    raise HpcError(missing, fix=fix)
 
 
 @dataclasses.dataclass

@@ -7,6 +7,12 @@ wpb and wps are summed over ranks and only rank 0 logs. Kinds: train_inner (plai
 dropped (start-up, data loading, the first slow iterations; fairseq even logs wps "0" there) and the rest are
 averaged weighted by each interval's time, i.e. words done / time spent after warm-up: from the `wall` clock,
 or, where whole-second `wall` values cannot tell short intervals apart, from its updates / `ups`.
+fairseq's other text formats are read too: `--log-format simple` (the default without a TTY) logs
+`<time> | INFO | train_inner | epoch 001:    100 / 487 loss=4.655, ..., num_updates=100, ...` per interval and
+`<time> | INFO | valid | epoch 001 | valid on 'valid' subset | loss 2.001 | ... | num_updates 100` at epoch
+ends; fairseq <= 0.9 wrote the same without the time/level/tag (`| epoch 001:     10 / 31621 loss=15.180, ...`).
+`--log-format none` and `tqdm` (on a TTY) leave no per-interval records: such a log gets an error saying
+to use `--log-format json`.
 
 Our ResNet trainer (toolkit.workloads.resnet): rank 0's `train_log.jsonl`, one JSON object per line with an
 `event` of start | train | val | checkpoint | end (toolkit.workloads.train_log documents the fields). A
@@ -26,6 +32,12 @@ from toolkit.errors import HpcError
 from toolkit.workloads.train_log import steady_throughput
 
 _FAIRSEQ_TAGGED = re.compile(r"\|\s*[A-Z]+\s*\|\s*([\w.]+)\s*\|\s*(\{.*\})\s*$")
+# --log-format simple (and fairseq <= 0.9): per-interval `epoch 001:    100 / 487 k=v, k=v` (commas) and
+# end-of-epoch `epoch 001 | [valid on 'SUBSET' subset | ]k v | k v` (pipes).
+_FAIRSEQ_COMMAS = re.compile(r"(?:^|\| )epoch (\d+):\s+\d+ / \d+ (\w+=.*)$")
+_FAIRSEQ_PIPES = re.compile(r"(?:^|\| )epoch (\d+) \| (?:valid on '([\w.-]+)' subset \| )?(\w+ .*)$")
+FAIRSEQ_FIX = ("fairseq wrote no per-interval records this report can read (--log-format none, or tqdm on a "
+               "terminal): train with --log-format json (or simple) and a --log-interval")
 
 # Our trainer's events and the numeric fields each needs to be usable (steady_throughput reads the interval ones).
 TRAINER_REQUIRED = {"start": (), "train": ("step", "interval_images", "interval_seconds"), "val": ("step",),
@@ -80,6 +92,23 @@ def _fairseq_point(obj: dict, tag: str | None) -> LogPoint | None:
                     values=values)
 
 
+def _fairseq_text_point(line: str) -> LogPoint | None:
+    """A record of fairseq's simple / legacy text formats (see the module docstring), or None."""
+    if m := _FAIRSEQ_COMMAS.search(line):
+        epoch, items, sep, tag = m.group(1), m.group(2).split(", "), "=", "train_inner"
+    elif m := _FAIRSEQ_PIPES.search(line):
+        epoch, items, sep, tag = m.group(1), m.group(3).split(" | "), " ", m.group(2) or "train"
+    else:
+        return None
+    pairs = (item.split(sep, 1) for item in items if sep in item)
+    return _fairseq_point({"epoch": int(epoch), **{k.strip(): v.strip() for k, v in pairs}}, tag)
+
+
+def looks_like_fairseq(text: str) -> bool:
+    """fairseq's own logger names (fairseq_cli.train, fairseq.trainer) appear in every format's stdout."""
+    return "fairseq_cli." in text or "| fairseq." in text
+
+
 def _is_trainer_record(obj: dict) -> bool:
     required = TRAINER_REQUIRED.get(obj.get("event"))
     return required is not None and all(_num(obj.get(key)) is not None for key in required)
@@ -121,6 +150,8 @@ def parse_training_text(text: str, source: str = "") -> TrainingLog | None:
         stripped = line.strip()
         obj = _json_object(stripped) if stripped.startswith("{") else None
         if obj is None:
+            if "epoch" in line and (point := _fairseq_text_point(stripped)):
+                fairseq.append(point)
             continue
         if "event" in obj:
             if _is_trainer_record(obj):
@@ -143,8 +174,9 @@ def parse_training_file(path: str | Path) -> TrainingLog:
         raise HpcError(f"no such file: {path}", fix="check the path of the training log") from None
     log = parse_training_text(text, str(path))
     if log is None:
-        raise HpcError(f"no training records in {path}",
-                       fix="pass rank 0's log of fairseq (--log-format json) or the ResNet trainer's train_log.jsonl")
+        raise HpcError(f"no training records in {path}", fix=FAIRSEQ_FIX if looks_like_fairseq(text) else
+                       "pass rank 0's log of fairseq (--log-format json or simple) or the ResNet trainer's "
+                       "train_log.jsonl")
     return log
 
 
