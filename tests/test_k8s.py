@@ -1,0 +1,232 @@
+"""Kubernetes forms of the recipes: rendered from the JobSpec, validated offline against the real schemas.
+
+No API server exists here: validation is the boundary (kubernetes-validate's OpenAPI schemas, kubeflow-training's
+models, the MPI Operator's v2beta1 API), and a worker's argv is checked by running the container's own command
+line in bash with the variables torchrun gives each worker.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import subprocess
+
+import pytest
+import yaml
+
+from tests.conftest import REPO, run_hpc
+from toolkit.cluster.queues import load_queues
+from toolkit.job.rank import resolve_argv
+from toolkit.job.spec import build_job_spec
+from toolkit.k8s.manifests import EFA, GPU, HUGEPAGES, Storage, render
+from toolkit.k8s.validate import validate_text
+from toolkit.recipes.load import load_recipe
+
+SETUPS = [("resnet50", "p4d.24xlarge", 3, "PyTorchJob"), ("roberta", "p5.48xlarge", 8, "PyTorchJob"),
+          ("nccl-tests", "p4d.24xlarge", 2, "MPIJob")]
+
+
+def _render(name, itype, nodes, **kw):
+    return render(load_recipe(name), itype, nodes, storage=Storage(storage_class="fsx-lustre"), image="img:1", **kw)
+
+
+def _job(rendered) -> dict:
+    return rendered.documents[-1]
+
+
+def _worker_pod(job: dict) -> dict:
+    replicas = "pytorchReplicaSpecs" if job["kind"] == "PyTorchJob" else "mpiReplicaSpecs"
+    return job["spec"][replicas]["Worker"]["template"]["spec"]
+
+
+def _errors(text: str) -> list[dict]:
+    return [f for f in validate_text(text)["findings"] if f["level"] == "error"]
+
+
+@pytest.mark.parametrize("name,itype,nodes,kind", SETUPS)
+def test_the_published_setups_render_and_pass_offline_validation(name, itype, nodes, kind):
+    rendered = _render(name, itype, nodes)
+    report = validate_text(rendered.text)
+    assert report["valid"], report["findings"]
+    assert [d["kind"] for d in rendered.documents] == ["StorageClass", "PersistentVolumeClaim", kind]
+    job, it = _job(rendered), rendered.spec
+    pod = _worker_pod(job)
+    limits = pod["containers"][0]["resources"]["limits"]
+    efa = {"p4d.24xlarge": 4, "p5.48xlarge": 32}[itype]
+    assert limits == {GPU: 8, EFA: efa, HUGEPAGES: "5120Mi"}
+    assert pod["nodeSelector"] == {"node.kubernetes.io/instance-type": itype}
+    if kind == "PyTorchJob":
+        assert job["spec"]["nprocPerNode"] == "8"
+        assert job["spec"]["elasticPolicy"] == {"rdzvBackend": "c10d", "minReplicas": nodes, "maxReplicas": nodes,
+                                                "maxRestarts": 3}
+        assert job["spec"]["pytorchReplicaSpecs"]["Worker"]["replicas"] == nodes
+    else:
+        assert job["spec"]["slotsPerWorker"] == 8
+        launcher = job["spec"]["mpiReplicaSpecs"]["Launcher"]["template"]["spec"]["containers"][0]
+        assert launcher["args"][:6] == ["--allow-run-as-root", "-np", str(nodes * 8), "--map-by", "ppr:8:node",
+                                        "--bind-to"]
+        assert launcher["args"][-len(it.command):] == list(it.command)
+    # requests leave room for the node's daemons; /dev/shm is memory-backed and sized for data loaders
+    requests = pod["containers"][0]["resources"]["requests"]
+    assert 0 < int(requests["cpu"]) < {"p4d.24xlarge": 96, "p5.48xlarge": 192}[itype]
+    shm = next(v for v in pod["volumes"] if v["name"] == "dshm")["emptyDir"]
+    assert shm["medium"] == "Memory" and int(shm["sizeLimit"][:-2]) >= 64
+    claim = next(v for v in pod["volumes"] if v["name"] == "fsx")["persistentVolumeClaim"]["claimName"]
+    assert rendered.documents[1]["metadata"]["name"] == claim
+    assert rendered.documents[1]["spec"]["accessModes"] == ["ReadWriteMany"]
+    assert rendered.documents[0]["provisioner"] == "fsx.csi.aws.com"
+
+
+def test_efa_devices_are_all_of_the_instances_and_the_environment_is_the_slurm_one():
+    p3dn = _render("resnet50", "p3dn.24xlarge", 2)
+    assert _worker_pod(_job(p3dn))["containers"][0]["resources"]["limits"][EFA] == 1
+    tcp = _render("resnet50", "p4d.24xlarge", 2, efa=False)
+    limits = _worker_pod(_job(tcp))["containers"][0]["resources"]["limits"]
+    assert EFA not in limits and HUGEPAGES not in limits
+    env = {e["name"]: e["value"] for e in _worker_pod(_job(tcp))["containers"][0]["env"]}
+    assert env == tcp.spec.environ and env["NCCL_SOCKET_NTHREADS"] == "4"  # job_env's TCP set
+
+
+@pytest.mark.parametrize("name,itype,nodes,kind", SETUPS)
+def test_planted_faults_are_caught_at_their_paths(name, itype, nodes, kind):
+    docs = _render(name, itype, nodes).documents
+    replicas = "pytorchReplicaSpecs" if kind == "PyTorchJob" else "mpiReplicaSpecs"
+    pod = f"spec.{replicas}.Worker.template.spec"
+    job_doc = f"document 3 ({kind}/{name})"
+
+    def caught(mutate) -> list[tuple[str, str]]:
+        planted = copy.deepcopy(docs)
+        mutate(planted)
+        return [(f["path"], f["fix"]) for f in _errors(yaml.safe_dump_all(planted))]
+
+    wrong = {"PyTorchJob": "kubeflow.org/v2", "MPIJob": "kubeflow.org/v1"}[kind]
+    assert caught(lambda d: d[2].update(apiVersion=wrong)) == [
+        (f"{job_doc}: apiVersion", f"set apiVersion: {docs[2]['apiVersion']}")]
+    assert caught(lambda d: d[1].update(apiVersion="v2")) == [
+        ("document 2 (PersistentVolumeClaim/fsx-claim): apiVersion", "set apiVersion: v1")]
+
+    def p3dn(d):
+        d[2]["spec"][replicas]["Worker"]["template"]["spec"]["nodeSelector"]["node.kubernetes.io/instance-type"] = \
+            "p3dn.24xlarge"
+    efa = {"p4d.24xlarge": 4, "p5.48xlarge": 32}[itype]
+    assert caught(p3dn) == [(f'{job_doc}: {pod}.containers[0].resources.limits["vpc.amazonaws.com/efa"]',
+                             "request 1")], efa
+
+    def rwo(d):
+        d[1]["spec"]["accessModes"] = ["ReadWriteOnce"]
+    assert caught(rwo) == [("document 2 (PersistentVolumeClaim/fsx-claim): spec.accessModes",
+                            "use accessModes: [ReadWriteMany] (FSx for Lustre through fsx.csi.aws.com supports it)")]
+
+    def ranks(d):
+        if kind == "PyTorchJob":
+            d[2]["spec"]["nprocPerNode"] = "4"
+        else:
+            d[2]["spec"]["slotsPerWorker"] = 4
+    key = "spec.nprocPerNode" if kind == "PyTorchJob" else "spec.slotsPerWorker"
+    [(path, fix)] = caught(ranks)
+    assert path == f"{job_doc}: {key}" and "8" in fix
+
+    def typo(d):
+        d[2]["spec"][replicas]["Worker"]["template"]["spec"]["containers"][0]["comand"] = ["x"]
+    [(path, fix)] = caught(typo)
+    assert path == f"{job_doc}: {pod}.containers[0]" and fix.startswith("remove the key")
+
+
+def test_kubeflow_schema_comes_from_the_operators_models():
+    """A required field of the Training Operator's PyTorchJobSpec model, and a wrong type deep in its policy."""
+    job = _job(_render("resnet50", "p4d.24xlarge", 3))
+    del job["spec"]["runPolicy"]
+    job["spec"]["elasticPolicy"]["maxRestarts"] = "three"
+    found = {(f["path"], f["message"]) for f in _errors(yaml.safe_dump(job))}
+    assert found == {("document 1 (PyTorchJob/resnet50): spec", "'runPolicy' is a required property"),
+                     ("document 1 (PyTorchJob/resnet50): spec.elasticPolicy.maxRestarts",
+                      "'three' is not of type 'integer'")}
+
+
+def test_validate_cli_names_document_path_and_fix(tmp_path):
+    docs = _render("resnet50", "p4d.24xlarge", 3).documents
+    docs[1]["spec"]["accessModes"] = ["ReadWriteOnce"]
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(yaml.safe_dump_all(docs))
+    res = run_hpc("k8s", "validate", str(bad))
+    assert res.returncode == 1, res.stderr
+    assert "INVALID" in res.stdout and "document 2 (PersistentVolumeClaim/fsx-claim): spec.accessModes" in res.stdout
+    assert "fix: use accessModes: [ReadWriteMany]" in res.stdout
+    res = run_hpc("k8s", "validate", str(bad), "--json")
+    assert res.returncode == 1 and json.loads(res.stdout)["valid"] is False
+    bad.write_text("kind: [unclosed\n")
+    res = run_hpc("k8s", "validate", str(bad))
+    assert res.returncode == 1 and "not valid YAML" in res.stdout and "Traceback" not in res.stderr
+
+
+@pytest.mark.parametrize("args,message", [
+    (["nccl-tests", "--nodes", "2", "--instance", "m5.xlarge"], "runs on GPUs only; m5.xlarge has no GPUs"),
+    (["resnet50", "--nodes", "2", "--instance", "p3.16xlarge", "--efa"], "p3.16xlarge has no EFA devices"),
+    (["nccl-tests", "--nodes", "2", "--instance", "p4d.24xlarge", "--set", "launcher.mpi=null"],
+     "launcher kind binary without `mpi` has no Kubernetes form"),
+    (["roberta", "--nodes", "2", "--instance", "p4d.24xlarge", "--profile", "smoke"], "has no Kubernetes form"),
+    (["resnet50", "--nodes", "2", "--instance", "p9.huge"], "instance type 'p9.huge' is not in the toolkit's catalog"),
+])
+def test_bad_input_gets_one_clear_error(args, message):
+    res = run_hpc("k8s", "render", *args)
+    assert res.returncode == 1 and res.stdout == ""
+    lines = res.stderr.strip().splitlines()
+    assert lines[0].startswith("error: ") and message in lines[0], res.stderr
+    assert lines[1].startswith("  fix: ") and len(lines) == 2
+
+
+def test_rendering_is_byte_stable_across_processes(tmp_path):
+    outputs = []
+    for i in range(2):
+        out = tmp_path / f"r{i}.yaml"
+        res = run_hpc("k8s", "render", "roberta", "--nodes", "8", "--instance", "p5.48xlarge", "-o", str(out))
+        assert res.returncode == 0, res.stderr
+        outputs.append(out.read_text().replace(str(out), "OUT"))
+    assert outputs[0] == outputs[1]
+
+
+def test_slurm_and_kubernetes_forms_agree_on_argv_and_derived_values(tmp_path):
+    """roberta on 8 x p3dn: the Slurm queue of jobs/p3dn-cluster.yaml vs the Kubernetes form of the same nodes."""
+    recipe = load_recipe("roberta")
+    slurm = build_job_spec(recipe, load_queues(REPO / "jobs" / "p3dn-cluster.yaml")["p3dn"], 8)
+    k8s = render(recipe, "p3dn.24xlarge", 8, image="img:1")
+    container = _worker_pod(_job(k8s))["containers"][0]
+    assert container["command"] == ["torchrun"] and container["args"][:3] == ["--no-python", "bash", "-c"]
+    # Run the container's command line as one torchrun worker would (rank 13 = node 1, local rank 5), with the
+    # program replaced by a stand-in that prints its argv.
+    printer = tmp_path / "print-argv"
+    printer.write_text("#!/bin/sh\nexec python3 -c 'import json,sys; print(json.dumps(sys.argv[1:]))' \"$@\"\n")
+    printer.chmod(0o755)
+    args = container["args"][1:]
+    assert args[3] == "fairseq-train"
+    args[3] = str(printer)
+    worker_env = {"PATH": os.environ["PATH"], "RANK": "13", "LOCAL_RANK": "5", "MASTER_ADDR": "roberta-worker-0",
+                  "MASTER_PORT": "29500", "TORCHELASTIC_RESTART_COUNT": "2"}
+    res = subprocess.run(args, env=worker_env, capture_output=True, text=True, timeout=30)
+    assert res.returncode == 0, res.stderr
+    # The worker's store moves to a fresh port per restart attempt (MASTER_PORT + 1 + restart count).
+    expected = resolve_argv(slurm.command, {"SLURM_PROCID": "13", "SLURM_LOCALID": "5",
+                                            "MASTER_ADDR": "roberta-worker-0", "MASTER_PORT": "29503"})
+    assert json.loads(res.stdout) == expected[1:]
+    assert "--update-freq" in expected and expected[expected.index("--distributed-world-size") + 1] == "64"
+    # The same derived values, from the same code (only Slurm's node-boot rule differs: EKS pods start on nodes).
+    both = {d.key: d.value for d in slurm.derived if d.key != "--wait-all-nodes"}
+    assert {d.key: d.value for d in k8s.spec.derived if d.key != "--wait-all-nodes"} == both
+    for key, value in both.items():
+        if key != "software":
+            assert f"#   {key} = {value}  (" in k8s.text
+    assert k8s.spec.environ == {e["name"]: e["value"] for e in container["env"]}
+    spec = _job(k8s)["spec"]
+    assert spec["pytorchReplicaSpecs"]["Worker"]["replicas"] * int(spec["nprocPerNode"]) == slurm.world_size
+
+
+def test_help_does_not_load_the_kubernetes_libraries():
+    res = subprocess.run([os.sys.executable, "-X", "importtime", "-m", "toolkit", "--help"], capture_output=True,
+                         text=True, cwd=REPO, env=dict(os.environ, PYTHONPATH=str(REPO)), timeout=60)
+    assert res.returncode == 0 and "k8s" in res.stdout
+    loaded = {line.split("|")[-1].strip() for line in res.stderr.splitlines() if line.startswith("import time:")}
+    assert "toolkit.cli.k8s" in loaded
+    assert not {m for m in loaded if m.split(".")[0] in ("kubernetes_validate", "kubeflow", "kubernetes",
+                                                          "jsonschema", "yaml")} | ({"toolkit.k8s"} & loaded)
+
