@@ -230,3 +230,32 @@ def test_help_does_not_load_the_kubernetes_libraries():
     assert not {m for m in loaded if m.split(".")[0] in ("kubernetes_validate", "kubeflow", "kubernetes",
                                                           "jsonschema", "yaml")} | ({"toolkit.k8s"} & loaded)
 
+
+
+@pytest.mark.training
+@pytest.mark.parametrize("name", ["resnet50", "roberta"])
+def test_real_torchrun_starts_each_worker_with_the_slurm_ranks_argv(name, tmp_path):
+    """torchrun (torch's own, from the training environment) run with the container's arguments and the PET_*
+    variables the Training Operator sets; one node of 2 workers, with PET_STANDALONE standing in for the
+    operator's rendezvous Service. Each worker's argv must be the Slurm rank's argv for the same rank."""
+    import sys
+
+    k8s = render(load_recipe(name), "p3dn.24xlarge", 1, image="img:1")
+    container = _worker_pod(_job(k8s))["containers"][0]
+    printer = tmp_path / "print-argv"
+    printer.write_text("#!/bin/sh\nexec python3 -c 'import json,os,sys; print(json.dumps([sys.argv[1:], "
+                       "{k: os.environ[k] for k in (\"RANK\", \"LOCAL_RANK\", \"MASTER_ADDR\", \"MASTER_PORT\")}]))' "
+                       "\"$@\"\n")
+    printer.chmod(0o755)
+    args = list(container["args"])
+    args[4] = str(printer)  # the program: fairseq-train, or python for `python -m MODULE`
+    env = dict(os.environ, PET_NNODES="1:1", PET_NPROC_PER_NODE="2", PET_MAX_RESTARTS="0", PET_STANDALONE="1")
+    torchrun = os.path.join(os.path.dirname(sys.executable), container["command"][0])
+    res = subprocess.run([torchrun, *args], env=env, capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr[-2000:]
+    workers = sorted((json.loads(line) for line in res.stdout.splitlines()), key=lambda w: w[1]["RANK"])
+    assert [w[1]["RANK"] for w in workers] == ["0", "1"]
+    for argv, seen in workers:
+        slurm_rank = {"SLURM_PROCID": seen["RANK"], "SLURM_LOCALID": seen["LOCAL_RANK"],
+                      "MASTER_ADDR": seen["MASTER_ADDR"], "MASTER_PORT": seen["MASTER_PORT"]}
+        assert argv == resolve_argv(k8s.spec.command, slurm_rank)[1:]
