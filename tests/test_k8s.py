@@ -221,6 +221,20 @@ def test_slurm_and_kubernetes_forms_agree_on_argv_and_derived_values(tmp_path):
     assert spec["pytorchReplicaSpecs"]["Worker"]["replicas"] * int(spec["nprocPerNode"]) == slurm.world_size
 
 
+def test_the_slurm_warnings_come_with_the_kubernetes_form():
+    """resnet50 on 32 x p4d: a global batch of 65,536 gets the same large-batch warning on both targets."""
+    from toolkit.cluster.queues import Queue
+
+    recipe = load_recipe("resnet50")
+    slurm = build_job_spec(recipe, Queue(name="p4d", instance_type="p4d.24xlarge", max_nodes=32, efa_enabled=True), 32)
+    k8s = render(recipe, "p4d.24xlarge", 32, image="img:1")
+    assert slurm.warnings and k8s.spec.warnings == slurm.warnings
+    assert f"#   {slurm.warnings[0]}" in k8s.text
+    res = run_hpc("k8s", "render", "resnet50", "--nodes", "32", "--instance", "p4d.24xlarge", "--json")
+    assert res.returncode == 0 and json.loads(res.stdout)["warnings"] == list(slurm.warnings)
+    assert f"warning: {slurm.warnings[0]}" in res.stderr
+
+
 def test_help_does_not_load_the_kubernetes_libraries():
     res = subprocess.run([os.sys.executable, "-X", "importtime", "-m", "toolkit", "--help"], capture_output=True,
                          text=True, cwd=REPO, env=dict(os.environ, PYTHONPATH=str(REPO)), timeout=60)
@@ -242,19 +256,20 @@ def test_real_torchrun_starts_each_worker_with_the_slurm_ranks_argv(name, tmp_pa
 
     k8s = render(load_recipe(name), "p3dn.24xlarge", 1, image="img:1")
     container = _worker_pod(_job(k8s))["containers"][0]
-    printer = tmp_path / "print-argv"
-    printer.write_text("#!/bin/sh\nexec python3 -c 'import json,os,sys; print(json.dumps([sys.argv[1:], "
-                       "{k: os.environ[k] for k in (\"RANK\", \"LOCAL_RANK\", \"MASTER_ADDR\", \"MASTER_PORT\")}]))' "
-                       "\"$@\"\n")
+    printer = tmp_path / "record-argv"  # one file per worker: torchrun interleaves the workers' stdout
+    printer.write_text("#!/bin/sh\nexec python3 -c 'import json,os,sys; json.dump([sys.argv[1:], "
+                       "{k: os.environ[k] for k in (\"RANK\", \"LOCAL_RANK\", \"MASTER_ADDR\", \"MASTER_PORT\")}], "
+                       "open(os.path.join(os.environ[\"ARGV_DIR\"], os.environ[\"RANK\"]), \"w\"))' \"$@\"\n")
     printer.chmod(0o755)
     args = list(container["args"])
     args[4] = str(printer)  # the program: fairseq-train, or python for `python -m MODULE`
-    env = dict(os.environ, PET_NNODES="1:1", PET_NPROC_PER_NODE="2", PET_MAX_RESTARTS="0", PET_STANDALONE="1")
+    (tmp_path / "argv").mkdir()
+    env = dict(os.environ, PET_NNODES="1:1", PET_NPROC_PER_NODE="2", PET_MAX_RESTARTS="0", PET_STANDALONE="1",
+               ARGV_DIR=str(tmp_path / "argv"))
     torchrun = os.path.join(os.path.dirname(sys.executable), container["command"][0])
     res = subprocess.run([torchrun, *args], env=env, capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stderr[-2000:]
-    workers = sorted((json.loads(line) for line in res.stdout.splitlines()), key=lambda w: w[1]["RANK"])
-    assert [w[1]["RANK"] for w in workers] == ["0", "1"]
+    workers = [json.loads((tmp_path / "argv" / rank).read_text()) for rank in ("0", "1")]
     for argv, seen in workers:
         slurm_rank = {"SLURM_PROCID": seen["RANK"], "SLURM_LOCALID": seen["LOCAL_RANK"],
                       "MASTER_ADDR": seen["MASTER_ADDR"], "MASTER_PORT": seen["MASTER_PORT"]}

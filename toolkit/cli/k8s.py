@@ -70,6 +70,8 @@ def render(name: str = typer.Argument(..., help="Recipe name or path to a recipe
                                 storage=storage, efa=efa, command_line=line)
     for note in rendered.notes:
         info(f"note: {note}")
+    for warning in rendered.spec.warnings:
+        info(f"warning: {warning}")
     if output is not None:
         try:
             output.write_text(rendered.text)
@@ -81,7 +83,8 @@ def render(name: str = typer.Argument(..., help="Recipe name or path to a recipe
         spec = rendered.spec
         emit({"manifests": rendered.text, "documents": rendered.documents,
               "output": str(output) if output else None, "nodes": spec.nodes, "world_size": spec.world_size,
-              "derived": [dataclasses.asdict(d) for d in spec.derived], "notes": rendered.notes}, True)
+              "derived": [dataclasses.asdict(d) for d in spec.derived], "warnings": list(spec.warnings),
+              "notes": rendered.notes}, True)
     elif output is None:
         typer.echo(rendered.text, nl=False)
 

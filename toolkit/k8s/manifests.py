@@ -307,6 +307,8 @@ def render(recipe, instance_type: str, nodes: int, *, profile: str | None = None
               f"{queue.efa_interfaces} EFA devices per node.", "",
               "Derived values (the same JobSpec code as the Slurm form):"]
     header += [f"  {d.key} = {d.value}  ({d.rule})" for d in spec.derived if d.key not in SLURM_ONLY]
+    if spec.warnings:
+        header += ["", "Warnings (as for the Slurm form):"] + [f"  {w}" for w in spec.warnings]
     if any(isinstance(v, str) and v.startswith(FILL_IN) for d in documents for v in _strings(d)):
         header += ["", "Values marked '<fill in: ...>' must be replaced before `kubectl apply`."]
     return Rendered(spec, documents, to_yaml(documents, header), notes)
