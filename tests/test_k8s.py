@@ -144,6 +144,21 @@ def test_kubeflow_schema_comes_from_the_operators_models():
                       "'three' is not of type 'integer'")}
 
 
+def test_core_kinds_are_checked_against_the_kubernetes_schemas():
+    docs = _render("roberta", "p5.48xlarge", 8).documents
+    docs[0]["parameters"]["perUnitStorageThroughput"] = 250  # StorageClass parameters are strings
+    docs[1]["spec"]["accessModes"] = "ReadWriteMany"  # a list
+    docs[1]["metadata"]["lables"] = {}
+    found = [(f["path"], f["fix"]) for f in _errors(yaml.safe_dump_all(docs))]
+    assert found == [
+        ("document 1 (StorageClass/fsx-lustre): parameters.perUnitStorageThroughput",
+         "give a value of the type the schema expects"),
+        ("document 2 (PersistentVolumeClaim/fsx-claim): metadata",
+         "remove the key, or fix its spelling or indentation (see the kind's API reference)"),
+        ("document 2 (PersistentVolumeClaim/fsx-claim): spec.accessModes", "give a value of the type the schema expects"),
+    ]
+
+
 def test_validate_cli_names_document_path_and_fix(tmp_path):
     docs = _render("resnet50", "p4d.24xlarge", 3).documents
     docs[1]["spec"]["accessModes"] = ["ReadWriteOnce"]

@@ -23,6 +23,7 @@ from toolkit.errors import HpcError
 KUBERNETES_VERSION = "1.33"  # the EKS standard-support release the schemas are taken from
 INSTALL_FIX = "pip install 'hpc-toolkit[k8s]' (kubernetes-validate and kubeflow-training)"
 DEFS = "https://kubernetes.io/api/_definitions.json#/$defs/"
+QUANTITY = DEFS + "io.k8s.apimachinery.pkg.api.resource.Quantity"
 KUBEFLOW = {"PyTorchJob": "kubeflow.org/v1", "MPIJob": "kubeflow.org/v2beta1"}
 _LEVEL_ORDER = {"error": 0, "warning": 1, "info": 2}
 # Kubernetes client model names the Kubeflow models refer to -> the OpenAPI definitions they are.
@@ -65,14 +66,13 @@ def _core_schema(kind: str, api_version: str) -> dict | None:
 
 def _core_api_versions(kind: str) -> list[str]:
     """The apiVersions Kubernetes serves `kind` in (from the schemas' apiVersion enums)."""
+    import json
     from importlib import resources
 
     folder = resources.files("kubernetes_validate").joinpath(_schema_dir())
     found = []
     for entry in folder.iterdir():
         if entry.name.startswith(kind.lower() + "-") and not entry.name[len(kind) + 1:].startswith("list"):
-            import json
-
             schema = json.loads(entry.read_text())
             if kind in (schema.get("properties", {}).get("kind", {}).get("enum") or []):
                 found += schema["properties"]["apiVersion"].get("enum") or []
@@ -135,7 +135,8 @@ def _kubeflow_schema(kind: str) -> dict:
 
 
 def mpi_job_schema() -> dict:
-    """MPIJob kubeflow.org/v2beta1, as the MPI Operator's v2beta1 API (pkg/apis/kubeflow/v2beta1) defines it."""
+    """MPIJob kubeflow.org/v2beta1, written out from the MPI Operator's v2beta1 API (kubeflow/mpi-operator,
+    pkg/apis/kubeflow/v2beta1: types.go and its swagger.json); strict like the Kubeflow models' schema."""
     integer, string = {"type": "integer"}, {"type": "string"}
     replica = {"type": "object", "additionalProperties": False, "properties": {
         "replicas": integer,
@@ -147,8 +148,7 @@ def mpi_job_schema() -> dict:
         "managedBy": string,
         "schedulingPolicy": {"type": "object", "additionalProperties": False, "properties": {
             "minAvailable": integer, "queue": string, "priorityClass": string, "scheduleTimeoutSeconds": integer,
-            "minResources": {"type": "object",
-                             "additionalProperties": {"$ref": DEFS + "io.k8s.apimachinery.pkg.api.resource.Quantity"}}}}}}
+            "minResources": {"type": "object", "additionalProperties": {"$ref": QUANTITY}}}}}}
     spec = {"type": "object", "additionalProperties": False, "required": ["mpiReplicaSpecs"], "properties": {
         "slotsPerWorker": integer, "runLauncherAsWorker": {"type": "boolean"}, "sshAuthMountPath": string,
         "launcherCreationPolicy": {"enum": ["AtStartup", "WaitForWorkersReady"]},
@@ -165,8 +165,6 @@ def _validator(schema: dict):
     from referencing import Registry, Resource
 
     registry = Resource.from_contents(_definitions()) @ Registry()
-    if "$id" in schema:
-        registry = Resource.from_contents(schema) @ registry
     return jsonschema.Draft202012Validator(schema, registry=registry)
 
 
@@ -187,7 +185,8 @@ def _schema_fix(error) -> str:
     if error.validator == "additionalProperties":
         return "remove the key, or fix its spelling or indentation (see the kind's API reference)"
     if error.validator in ("enum", "const"):
-        return f"use {' or '.join(repr(v) for v in (error.validator_value if error.validator == 'enum' else [error.validator_value]))}"
+        allowed = error.validator_value if error.validator == "enum" else [error.validator_value]
+        return f"use {' or '.join(repr(v) for v in allowed)}"
     if error.validator == "required":
         return "add the key"
     if error.validator == "propertyNames":
@@ -276,7 +275,8 @@ def _our_findings(docs: list[tuple[str, dict]]) -> list[Finding]:
                     findings.append(Finding(
                         "error", f"{where}: {key_path(lpath + [EFA])}",
                         f"{efa} EFA devices requested; {it.name} has {it.efa_interfaces}: the pod never schedules",
-                        f"request {it.efa_interfaces}" if it.efa_interfaces else f"remove {EFA} ({it.name} has no EFA)"))
+                        f"request {it.efa_interfaces}" if it.efa_interfaces
+                        else f"remove {EFA} ({it.name} has no EFA)"))
                 elif it is not None and efa is not None and 0 < efa < it.efa_interfaces:
                     findings.append(Finding(
                         "warning", f"{where}: {key_path(lpath + [EFA])}",
@@ -318,8 +318,9 @@ def _ranks_vs_gpus(where: str, doc: dict, gpus: int | None, gpu_path: str) -> li
     if not gpus:
         return []
     if doc.get("kind") == "PyTorchJob":
+        deprecated = (spec.get("elasticPolicy") or {}).get("nProcPerNode")  # before Training Operator 1.7
         for path, value in ((["spec", "nprocPerNode"], spec.get("nprocPerNode")),
-                            (["spec", "elasticPolicy", "nProcPerNode"], (spec.get("elasticPolicy") or {}).get("nProcPerNode"))):
+                            (["spec", "elasticPolicy", "nProcPerNode"], deprecated)):
             if value is not None and _count(value) is not None and _count(value) != gpus:
                 return [Finding("error", f"{where}: {key_path(path)}",
                                 f"{value} processes per node, but each pod gets {gpus} GPUs ({gpu_path})",
