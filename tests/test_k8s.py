@@ -10,6 +10,7 @@ from __future__ import annotations
 import copy
 import json
 import os
+import re
 import subprocess
 
 import pytest
@@ -17,7 +18,7 @@ import yaml
 
 from tests.conftest import REPO, run_hpc
 from toolkit.cluster.queues import load_queues
-from toolkit.job.rank import resolve_argv
+from toolkit.job.rank import RankVar, resolve_argv
 from toolkit.job.spec import build_job_spec
 from toolkit.k8s.manifests import EFA, GPU, HUGEPAGES, Storage, render
 from toolkit.k8s.validate import validate_text
@@ -289,3 +290,41 @@ def test_real_torchrun_starts_each_worker_with_the_slurm_ranks_argv(name, tmp_pa
         slurm_rank = {"SLURM_PROCID": seen["RANK"], "SLURM_LOCALID": seen["LOCAL_RANK"],
                       "MASTER_ADDR": seen["MASTER_ADDR"], "MASTER_PORT": seen["MASTER_PORT"]}
         assert argv == resolve_argv(k8s.spec.command, slurm_rank)[1:]
+
+
+STAND_IN_WORKER = """\
+import datetime, os, signal, sys
+import torch, torch.distributed as dist
+rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+attempt = int(os.environ["TORCHELASTIC_RESTART_COUNT"])
+dist.init_process_group("gloo", init_method=sys.argv[1], rank=rank, world_size=world,
+                        timeout=datetime.timedelta(seconds=20))
+total = torch.ones(1)
+dist.all_reduce(total)
+if attempt == 0 and rank == 1:
+    os.kill(os.getpid(), signal.SIGKILL)  # a worker lost mid-job
+dist.barrier()
+print(f"attempt {attempt} rank {rank} sum {total.item():.0f}", flush=True)
+"""
+
+
+@pytest.mark.training
+def test_a_killed_worker_restarts_the_group_under_the_rendered_command_line(tmp_path):
+    """The container's torchrun arguments (restart-safe store: a fresh port per attempt) around a stand-in worker
+    that rendezvouses like fairseq (--distributed-init-method tcp://MASTER_ADDR:MASTER_PORT) and is SIGKILLed on
+    the first attempt: torchrun's restart must complete. Without the fresh store torch 2.14's restarted workers
+    failed or hung here."""
+    import sys
+
+    from toolkit.k8s.manifests import torchrun_args
+
+    worker = tmp_path / "worker.py"
+    worker.write_text(STAND_IN_WORKER)
+    command = (sys.executable, str(worker), ("tcp://", RankVar.MASTER_ADDR, ":", RankVar.MASTER_PORT))
+    env = dict(os.environ, PET_NNODES="1:1", PET_NPROC_PER_NODE="2", PET_MAX_RESTARTS="1", PET_STANDALONE="1")
+    torchrun = os.path.join(os.path.dirname(sys.executable), "torchrun")
+    res = subprocess.run([torchrun, *torchrun_args(command)], env=env, capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr[-3000:]
+    # torchrun interleaves the workers' stdout: find the lines rather than split it
+    assert sorted(re.findall(r"attempt \d+ rank \d+ sum \d+", res.stdout)) == [
+        "attempt 1 rank 0 sum 2", "attempt 1 rank 1 sum 2"]

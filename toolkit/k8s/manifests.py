@@ -52,7 +52,7 @@ MAX_RESTARTS = 3
 TORCHRUN_VARS = {RankVar.RANK: "RANK", RankVar.LOCAL_RANK: "LOCAL_RANK", RankVar.MASTER_ADDR: "MASTER_ADDR",
                  RankVar.MASTER_PORT: "MASTER_PORT"}
 # torch 2.14 measured: after a worker was killed, restarted workers read the previous attempt's peers from the
-# agent's store and hang; a fresh store per attempt (hosted by rank 0 on the next port) restarts cleanly.
+# agent's store and fail or hang; a fresh store per attempt (rank 0 hosts it on the next port) restarts cleanly
 RESTART_SAFE_STORE = ("export TORCHELASTIC_USE_AGENT_STORE=False "
                       "MASTER_PORT=$((MASTER_PORT + 1 + ${TORCHELASTIC_RESTART_COUNT:-0}))")
 
