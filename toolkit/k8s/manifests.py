@@ -52,7 +52,7 @@ MAX_RESTARTS = 3
 TORCHRUN_VARS = {RankVar.RANK: "RANK", RankVar.LOCAL_RANK: "LOCAL_RANK", RankVar.MASTER_ADDR: "MASTER_ADDR",
                  RankVar.MASTER_PORT: "MASTER_PORT"}
 # torch 2.14 measured: after a worker was killed, restarted workers read the previous attempt's peers from the
-# agent's store and fail or hang; a fresh store per attempt (rank 0 hosts it on the next port) restarts cleanly
+# agent's store and fail or hang; a fresh store per attempt (rank 0 hosts it on the next port) restarts cleanly.
 RESTART_SAFE_STORE = ("export TORCHELASTIC_USE_AGENT_STORE=False "
                       "MASTER_PORT=$((MASTER_PORT + 1 + ${TORCHELASTIC_RESTART_COUNT:-0}))")
 
@@ -82,9 +82,15 @@ def k8s_queue(instance_type: str, nodes: int, efa: bool | None):
         raise HpcError(f"--efa given, but {instance_type} has no EFA devices (efa_interfaces: 0 in the catalog)",
                        fix="drop --efa (NCCL then uses TCP), or choose an instance with EFA, e.g. p4d.24xlarge")
     use_efa = it.has_efa if efa is None else efa
-    return Queue(name=instance_type, instance_type=instance_type, max_nodes=nodes,
-                 efa_stack="modern" if use_efa else "none", fsx_mount=FSX_MOUNT, efa_enabled=use_efa,
-                 static_nodes=nodes)
+    queue = Queue(name=instance_type, instance_type=instance_type, max_nodes=nodes,
+                  efa_stack="modern" if use_efa else "none", fsx_mount=FSX_MOUNT, efa_enabled=use_efa,
+                  static_nodes=nodes)
+    # ranks (and CPU threads per rank) share the CPUs the pod requests, not the whole node's
+    return dataclasses.replace(queue, cpus_per_task_override=max(1, pod_cpus(it) // queue.tasks_per_node))
+
+
+def pod_cpus(it: InstanceType) -> int:
+    return math.floor(it.vcpus * (1 - NODE_RESERVE))
 
 
 def _kind_of(recipe) -> str:
@@ -119,7 +125,7 @@ def _dns_name(text: str) -> str:
 
 def resources(it: InstanceType, gpus: int, efa: int) -> dict:
     """A node-sized pod: every GPU and EFA device, huge pages for EFA, CPU/memory less the daemons' share."""
-    requests: dict[str, Any] = {"cpu": str(math.floor(it.vcpus * (1 - NODE_RESERVE))),
+    requests: dict[str, Any] = {"cpu": str(pod_cpus(it)),
                                 "memory": f"{math.floor(it.memory_gib * (1 - NODE_RESERVE))}Gi"}
     devices: dict[str, Any] = {}
     if gpus:
@@ -306,7 +312,10 @@ def render(recipe, instance_type: str, nodes: int, *, profile: str | None = None
               f"{spec.nodes} x {it.name}, {spec.tasks_per_node} ranks per node, world size {spec.world_size}; "
               f"{queue.efa_interfaces} EFA devices per node.", "",
               "Derived values (the same JobSpec code as the Slurm form):"]
-    header += [f"  {d.key} = {d.value}  ({d.rule})" for d in spec.derived if d.key not in SLURM_ONLY]
+    # the queue's CPU override is this module's: say what it is
+    rules = {"cpus per task": f"{pod_cpus(it)} CPUs requested per pod / {spec.tasks_per_node} ranks; a tenth of the "
+                              f"node's {it.vcpus} vCPUs is left to its daemons"}
+    header += [f"  {d.key} = {d.value}  ({rules.get(d.key, d.rule)})" for d in spec.derived if d.key not in SLURM_ONLY]
     if spec.warnings:
         header += ["", "Warnings (as for the Slurm form):"] + [f"  {w}" for w in spec.warnings]
     if any(isinstance(v, str) and v.startswith(FILL_IN) for d in documents for v in _strings(d)):
