@@ -86,7 +86,7 @@ def test_efa_devices_are_all_of_the_instances_and_the_environment_is_the_slurm_o
     limits = _worker_pod(_job(tcp))["containers"][0]["resources"]["limits"]
     assert EFA not in limits and HUGEPAGES not in limits
     env = {e["name"]: e["value"] for e in _worker_pod(_job(tcp))["containers"][0]["env"]}
-    assert env == tcp.spec.environ and env["NCCL_SOCKET_NTHREADS"] == "4"  # job_env's TCP set
+    assert env == {**tcp.spec.environ, "OMP_NUM_THREADS": "10"} and env["NCCL_SOCKET_NTHREADS"] == "4"  # TCP set
 
 
 @pytest.mark.parametrize("name,itype,nodes,kind", SETUPS)
@@ -235,7 +235,7 @@ def test_slurm_and_kubernetes_forms_agree_on_argv_and_derived_values(tmp_path):
     for key, value in both.items():
         if key != "software":
             assert f"#   {key} = {value}  (" in k8s.text
-    assert k8s.spec.environ == {e["name"]: e["value"] for e in container["env"]}
+    assert {e["name"]: e["value"] for e in container["env"]} == {**slurm.environ, "OMP_NUM_THREADS": "10"}
     spec = _job(k8s)["spec"]
     assert spec["pytorchReplicaSpecs"]["Worker"]["replicas"] * int(spec["nprocPerNode"]) == slurm.world_size
 
@@ -277,14 +277,15 @@ def test_real_torchrun_starts_each_worker_with_the_slurm_ranks_argv(name, tmp_pa
     container = _worker_pod(_job(k8s))["containers"][0]
     printer = tmp_path / "record-argv"  # one file per worker: torchrun interleaves the workers' stdout
     printer.write_text("#!/bin/sh\nexec python3 -c 'import json,os,sys; json.dump([sys.argv[1:], "
-                       "{k: os.environ[k] for k in (\"RANK\", \"LOCAL_RANK\", \"MASTER_ADDR\", \"MASTER_PORT\")}], "
+                       "{k: os.environ[k] for k in (\"RANK\", \"LOCAL_RANK\", \"MASTER_ADDR\", \"MASTER_PORT\", "
+                       "\"OMP_NUM_THREADS\")}], "
                        "open(os.path.join(os.environ[\"ARGV_DIR\"], os.environ[\"RANK\"]), \"w\"))' \"$@\"\n")
     printer.chmod(0o755)
     args = list(container["args"])
     args[4] = str(printer)  # the program: fairseq-train, or python for `python -m MODULE`
     (tmp_path / "argv").mkdir()
-    env = dict(os.environ, PET_NNODES="1:1", PET_NPROC_PER_NODE="2", PET_MAX_RESTARTS="0", PET_STANDALONE="1",
-               ARGV_DIR=str(tmp_path / "argv"))
+    env = dict(os.environ, **{e["name"]: e["value"] for e in container["env"]}, PET_NNODES="1:1",
+               PET_NPROC_PER_NODE="2", PET_MAX_RESTARTS="0", PET_STANDALONE="1", ARGV_DIR=str(tmp_path / "argv"))
     torchrun = os.path.join(os.path.dirname(sys.executable), container["command"][0])
     res = subprocess.run([torchrun, *args], env=env, capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stderr[-2000:]
@@ -293,6 +294,7 @@ def test_real_torchrun_starts_each_worker_with_the_slurm_ranks_argv(name, tmp_pa
         slurm_rank = {"SLURM_PROCID": seen["RANK"], "SLURM_LOCALID": seen["LOCAL_RANK"],
                       "MASTER_ADDR": seen["MASTER_ADDR"], "MASTER_PORT": seen["MASTER_PORT"]}
         assert argv == resolve_argv(k8s.spec.command, slurm_rank)[1:]
+        assert seen["OMP_NUM_THREADS"] == "10"  # the rank's CPUs (86 requested / 8 ranks), not torchrun's 1
 
 
 STAND_IN_WORKER = """\

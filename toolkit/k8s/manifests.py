@@ -173,6 +173,14 @@ def _env(spec) -> list[dict]:
     return [{"name": var.name, "value": var.value} for var in spec.env]
 
 
+def _torchrun_env(spec) -> list[dict]:
+    """The job's variables, plus threads per rank: torchrun would set OMP_NUM_THREADS=1 for every worker,
+    where a Slurm rank keeps its CPUs per task (our trainer reads SLURM_CPUS_PER_TASK, absent here)."""
+    threads = [] if "OMP_NUM_THREADS" in spec.environ else [{"name": "OMP_NUM_THREADS",
+                                                               "value": str(spec.cpus_per_task)}]
+    return _env(spec) + threads
+
+
 def _pod(spec, it: InstanceType, container: dict, claim: str | None, labels: dict, efa: int) -> dict:
     gpus = spec.gpus_per_node
     container = {**container, "resources": resources(it, gpus, efa)}
@@ -199,7 +207,7 @@ def _metadata(name: str, namespace: str, labels: dict) -> dict:
 def pytorch_job(spec, it: InstanceType, name: str, namespace: str, image: str, claim: str, efa: int) -> dict:
     labels = {"app.kubernetes.io/managed-by": "hpc-toolkit", "hpc-toolkit/recipe": _dns_name(spec.recipe)}
     container = {"name": "pytorch", "image": image, "command": ["torchrun"], "args": torchrun_args(spec.command),
-                 "env": _env(spec)}
+                 "env": _torchrun_env(spec)}
     return {
         "apiVersion": "kubeflow.org/v1",
         "kind": "PyTorchJob",
