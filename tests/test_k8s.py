@@ -110,9 +110,8 @@ def test_planted_faults_are_caught_at_their_paths(name, itype, nodes, kind):
     def p3dn(d):
         d[2]["spec"][replicas]["Worker"]["template"]["spec"]["nodeSelector"]["node.kubernetes.io/instance-type"] = \
             "p3dn.24xlarge"
-    efa = {"p4d.24xlarge": 4, "p5.48xlarge": 32}[itype]
     assert caught(p3dn) == [(f'{job_doc}: {pod}.containers[0].resources.limits["vpc.amazonaws.com/efa"]',
-                             "request 1")], efa
+                             "request 1")]  # 4 (p4d) or 32 (p5) EFA devices on a p3dn, which has 1
 
     def rwo(d):
         d[1]["spec"]["accessModes"] = ["ReadWriteOnce"]
@@ -183,6 +182,8 @@ def test_validate_cli_names_document_path_and_fix(tmp_path):
      "launcher kind binary without `mpi` has no Kubernetes form"),
     (["roberta", "--nodes", "2", "--instance", "p4d.24xlarge", "--profile", "smoke"], "has no Kubernetes form"),
     (["resnet50", "--nodes", "2", "--instance", "p9.huge"], "instance type 'p9.huge' is not in the toolkit's catalog"),
+    (["roberta", "--nodes", "2", "--instance", "p4d.24xlarge", "--profile", "smoke", "--set", "prepare=null"],
+     "but the pods see only the FSx volume at /fsx"),
 ])
 def test_bad_input_gets_one_clear_error(args, message):
     res = run_hpc("k8s", "render", *args)

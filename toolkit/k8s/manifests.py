@@ -302,6 +302,11 @@ def render(recipe, instance_type: str, nodes: int, *, profile: str | None = None
     _check_input(recipe, it, profile)
     queue = k8s_queue(instance_type, nodes, efa)
     spec = build_job_spec(recipe, queue, nodes, profile=profile)
+    if not spec.run_dir.startswith(FSX_MOUNT + "/"):
+        raise HpcError(f"recipe {recipe.name}: its dirs are under {spec.run_dir.rsplit('/runs/', 1)[0]}, but the pods "
+                       f"see only the FSx volume at {FSX_MOUNT}",
+                       fix=f"put dirs.root under {FSX_MOUNT} (e.g. --set dirs.root={FSX_MOUNT}/{spec.recipe}), or leave "
+                           "it unset")
     notes = []
     if image is None:
         image = FILL_IN + ("an image with the EFA installer, aws-ofi-nccl, Open MPI and nccl-tests>" if kind == "MPIJob"
