@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 PIP := $(BIN)/pip --disable-pip-version-check -q
 
-.PHONY: venv train-env slurm-up slurm-down test demo bench jobs cluster-configs clean
+.PHONY: venv train-env slurm-up slurm-down test demo bench jobs k8s-jobs cluster-configs clean
 
 # The toolkit with its admin (aws-parallelcluster), report and test extras, editable.
 $(VENV)/.core-installed: pyproject.toml
@@ -55,6 +55,13 @@ jobs: venv
 	@for job in $(JOBS); do name=$${job%%:*}; nodes=$${job##*:}; \
 	  $(BIN)/python -m toolkit recipes render $$name --nodes $$nodes --cluster jobs/p3dn-cluster.yaml --queue p3dn \
 	    -o jobs/$$name-$${nodes}xp3dn.sbatch --force || exit 1; done
+
+# Reviewed Kubernetes renders in jobs/k8s/ (tests/test_k8s_examples.py checks they match today's rendering).
+K8S_JOBS := resnet50:3:p4d.24xlarge roberta:8:p5.48xlarge nccl-tests:2:p4d.24xlarge
+k8s-jobs: venv
+	@for job in $(K8S_JOBS); do name=$${job%%:*}; rest=$${job#*:}; nodes=$${rest%%:*}; itype=$${rest#*:}; \
+	  $(BIN)/python -m toolkit k8s render $$name --nodes $$nodes --instance $$itype --fsx-storage-class fsx-lustre \
+	    -o jobs/k8s/$$name-$${nodes}x$${itype%%.*}.yaml --force || exit 1; done
 
 # Rewrite cluster-configs/*.yaml with the command recorded in each file's header.
 cluster-configs: venv

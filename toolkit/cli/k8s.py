@@ -1,0 +1,112 @@
+"""`hpc k8s`: the recipes as Kubernetes manifests for Amazon EKS (render, validate offline)."""
+
+from __future__ import annotations
+
+import shlex
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from toolkit.cli.output import JSON_OPTION, emit, info
+
+app = typer.Typer(help="The recipes as Kubernetes manifests (Amazon EKS): render, validate offline.",
+                  no_args_is_help=True, rich_markup_mode=None)
+
+
+def render_command_line(name: str, nodes: int, instance: str, profile, overrides, namespace, image, claim,
+                        storage_class, efa, output) -> str:
+    """The `hpc k8s render` line that reproduces a rendering (recorded in the file's header)."""
+    words = ["hpc", "k8s", "render", name, "--nodes", str(nodes), "--instance", instance]
+    words += ["--profile", profile] if profile else []
+    for item in overrides:
+        words += ["--set", item]
+    words += ["--namespace", namespace] if namespace != "default" else []
+    words += ["--image", image] if image else []
+    words += ["--fsx-claim", claim] if claim else []
+    words += ["--fsx-storage-class", storage_class] if storage_class else []
+    words += [] if efa is None else ["--efa" if efa else "--no-efa"]
+    words += ["-o", str(output)] if output else []
+    return shlex.join(words)
+
+
+@app.command()
+def render(name: str = typer.Argument(..., help="Recipe name or path to a recipe file."),
+           nodes: int = typer.Option(..., "--nodes", "-N", min=1, help="Nodes (pods, one per node)."),
+           instance: str = typer.Option(..., "--instance", help="EC2 instance type of the nodes (catalog name)."),
+           profile: Optional[str] = typer.Option(None, "--profile", "-p", help="A named profile of the recipe."),
+           overrides: list[str] = typer.Option([], "--set", help="Override a recipe value: KEY.PATH=VALUE."),
+           namespace: str = typer.Option("default", "--namespace", "-n", help="Kubernetes namespace."),
+           image: Optional[str] = typer.Option(None, "--image", help="Container image (default: a placeholder to "
+                                                                      "fill in)."),
+           claim: Optional[str] = typer.Option(None, "--fsx-claim", help="An existing ReadWriteMany claim for the "
+                                                                          "dirs (default: fsx-claim)."),
+           storage_class: Optional[str] = typer.Option(None, "--fsx-storage-class",
+                                                       help="Render a StorageClass of this name (FSx CSI dynamic "
+                                                            "provisioning) and a claim through it."),
+           efa: Optional[bool] = typer.Option(None, "--efa/--no-efa", help="Use the instance's EFA devices "
+                                                                           "(default: all of them, if it has any)."),
+           output: Optional[Path] = typer.Option(None, "--output", "-o", help="Write the manifests here."),
+           force: bool = typer.Option(False, "--force", help="Overwrite an existing --output file."),
+           as_json: bool = JSON_OPTION) -> None:
+    """Render a recipe as Kubernetes manifests: PyTorchJob (training) or MPIJob (nccl-tests), FSx claim."""
+    import dataclasses
+
+    from toolkit.errors import HpcError, UsageError
+    from toolkit.k8s.manifests import DEFAULT_CLAIM, Storage
+    from toolkit.k8s.manifests import render as render_manifests
+    from toolkit.recipes.load import load_recipe
+
+    if claim and storage_class:
+        raise UsageError("--fsx-claim names an existing claim; --fsx-storage-class makes a new one",
+                         fix="give one of them")
+    if output is not None and output.exists() and not force:
+        raise HpcError(f"{output} exists", fix="pass --force to overwrite it, or choose another -o FILE")
+    recipe = load_recipe(name, profile=profile, overrides=overrides)
+    storage = Storage(claim=claim or DEFAULT_CLAIM, storage_class=storage_class)
+    line = render_command_line(name, nodes, instance, profile, overrides, namespace, image, claim, storage_class,
+                               efa, output)
+    rendered = render_manifests(recipe, instance, nodes, profile=profile, namespace=namespace, image=image,
+                                storage=storage, efa=efa, command_line=line)
+    for note in rendered.notes:
+        info(f"note: {note}")
+    for warning in rendered.spec.warnings:
+        info(f"warning: {warning}")
+    if output is not None:
+        try:
+            output.write_text(rendered.text)
+        except OSError as exc:
+            raise HpcError(f"cannot write {output}: {exc.strerror}",
+                           fix="choose an -o FILE in an existing, writable directory") from None
+        info(f"wrote {output}")
+    if as_json:
+        spec = rendered.spec
+        emit({"manifests": rendered.text, "documents": rendered.documents,
+              "output": str(output) if output else None, "nodes": spec.nodes, "world_size": spec.world_size,
+              "derived": [dataclasses.asdict(d) for d in spec.derived], "warnings": list(spec.warnings),
+              "notes": rendered.notes}, True)
+    elif output is None:
+        typer.echo(rendered.text, nl=False)
+
+
+def _validation_text(report: dict) -> str:
+    findings = report["findings"]
+    counts = {level: sum(f["level"] == level for f in findings) for level in ("error", "warning", "info")}
+    lines = [f"{report['file']}: {'valid' if report['valid'] else 'INVALID'} ({len(report['documents'])} documents; "
+             f"{counts['error']} errors, {counts['warning']} warnings, {counts['info']} notes)"]
+    for f in findings:
+        lines += [f"{f['level']:<8}{f['path']}", f"        {f['message']}"]
+        lines += [f"        fix: {f['fix']}"] if f["fix"] else []
+    return "\n".join(lines)
+
+
+@app.command()
+def validate(file: Path = typer.Argument(..., help="A file of Kubernetes manifests (YAML, `---`-separated)."),
+             as_json: bool = JSON_OPTION) -> None:
+    """Check manifests offline: Kubernetes and Kubeflow schemas, GPUs/EFA vs the instance, claim access modes."""
+    from toolkit.k8s.validate import validate_file
+
+    report = validate_file(file)
+    emit(report, as_json, _validation_text)
+    if not report["valid"]:
+        raise typer.Exit(1)

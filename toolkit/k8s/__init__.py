@@ -1,0 +1,1 @@
+"""Kubernetes (Amazon EKS) forms of the recipes: manifests rendered from the JobSpec, validated offline."""

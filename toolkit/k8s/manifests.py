@@ -1,0 +1,347 @@
+"""Recipe + instance type + nodes -> Kubernetes manifests (Amazon EKS): the JobSpec, in another form.
+
+The JobSpec is built by toolkit.job.spec.build_job_spec, exactly as for Slurm, from a Queue made for the
+instance type (a Kubernetes "queue" is the instance type with max nodes = the job's nodes). World size,
+scaling (update-freq, LR), device forms, argv and the EFA/NCCL environment therefore come from the one
+place that computes them; this module only translates:
+
+  training launchers (fairseq, python-module)  -> Kubeflow PyTorchJob (kubeflow.org/v1), torchrun elastic agent
+  binary + MPI (nccl-tests)                    -> MPIJob (kubeflow.org/v2beta1), one slot per GPU
+  the recipe's dirs                            -> an FSx for Lustre PersistentVolumeClaim (ReadWriteMany)
+
+Per-rank values (toolkit.job.rank.RankVar) are the Slurm task variables there and torchrun's worker variables
+here; each worker's bash expands them, as each Slurm task's bash does in the rendered sbatch script.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import shlex
+from typing import Any
+
+from toolkit.catalog import InstanceType, instance
+from toolkit.errors import HpcError
+from toolkit.job.rank import Arg, RankVar
+
+# The only values a user must supply by hand: flagged by `hpc k8s validate` until they are replaced.
+FILL_IN = "<fill in: "
+INSTANCE_LABEL = "node.kubernetes.io/instance-type"
+GPU = "nvidia.com/gpu"
+EFA = "vpc.amazonaws.com/efa"
+HUGEPAGES = "hugepages-2Mi"
+# libfabric's EFA provider allocates its bounce buffers from 2 MiB huge pages; a pod gets none unless it asks
+# (AWS's EKS EFA samples request 5120Mi per node).
+EFA_HUGEPAGES = "5120Mi"
+FSX_MOUNT = "/fsx"
+FSX_PROVISIONER = "fsx.csi.aws.com"
+# FSx for Lustre SCRATCH_2/PERSISTENT_2 capacities are 1200 GiB or multiples of 2400 GiB.
+FSX_CAPACITY = "1200Gi"
+DEFAULT_CLAIM = "fsx-claim"
+# Node daemons (kubelet, VPC CNI, EFA and NVIDIA device plugins, FSx CSI node driver, log/metric agents) and
+# the kubelet's own reservations live beside the job: requests leave this share of the node to them.
+NODE_RESERVE = 0.1
+# /dev/shm for data-loader workers (they pass batches through shared memory; Kubernetes gives 64 MiB):
+# a memory-backed emptyDir capped at this share of the pod's memory, which its usage counts against.
+SHM_SHARE = 0.25
+# Derived values that only mean something to Slurm (the image brings the software; pods start with their nodes).
+SLURM_ONLY = ("software", "--wait-all-nodes")
+# torchrun restarts all workers of a node this many times after a failure before the job fails.
+MAX_RESTARTS = 3
+# Per-rank values under torchrun: the worker variables torchrun exports (Slurm: SLURM_PROCID, SLURM_LOCALID).
+TORCHRUN_VARS = {RankVar.RANK: "RANK", RankVar.LOCAL_RANK: "LOCAL_RANK", RankVar.MASTER_ADDR: "MASTER_ADDR",
+                 RankVar.MASTER_PORT: "MASTER_PORT"}
+# torch 2.14 measured: after a worker was killed, restarted workers read the previous attempt's peers from the
+# agent's store and fail or hang; a fresh store per attempt (rank 0 hosts it on the next port) restarts cleanly.
+RESTART_SAFE_STORE = ("export TORCHELASTIC_USE_AGENT_STORE=False "
+                      "MASTER_PORT=$((MASTER_PORT + 1 + ${TORCHELASTIC_RESTART_COUNT:-0}))")
+
+
+@dataclasses.dataclass(frozen=True)
+class Storage:
+    """Where the recipe's dirs live: an existing claim, or a claim made through a StorageClass."""
+
+    claim: str = DEFAULT_CLAIM
+    storage_class: str | None = None  # set: render the StorageClass and the claim (dynamic provisioning)
+
+
+@dataclasses.dataclass(frozen=True)
+class Rendered:
+    spec: Any  # toolkit.job.spec.JobSpec
+    documents: list[dict]
+    text: str
+    notes: list[str]
+
+
+def k8s_queue(instance_type: str, nodes: int, efa: bool | None):
+    """The Queue a Kubernetes job is planned on: the instance type, exactly `nodes` nodes, FSx at /fsx."""
+    from toolkit.cluster.queues import Queue
+
+    it = instance(instance_type)
+    if efa and not it.has_efa:
+        raise HpcError(f"--efa given, but {instance_type} has no EFA devices (efa_interfaces: 0 in the catalog)",
+                       fix="drop --efa (NCCL then uses TCP), or choose an instance with EFA, e.g. p4d.24xlarge")
+    use_efa = it.has_efa if efa is None else efa
+    queue = Queue(name=instance_type, instance_type=instance_type, max_nodes=nodes,
+                  efa_stack="modern" if use_efa else "none", fsx_mount=FSX_MOUNT, efa_enabled=use_efa,
+                  static_nodes=nodes)
+    # ranks (and CPU threads per rank) share the CPUs the pod requests, not the whole node's
+    return dataclasses.replace(queue, cpus_per_task_override=max(1, pod_cpus(it) // queue.tasks_per_node))
+
+
+def pod_cpus(it: InstanceType) -> int:
+    return math.floor(it.vcpus * (1 - NODE_RESERVE))
+
+
+def _kind_of(recipe) -> str:
+    launcher = recipe.launcher
+    if launcher.kind in ("fairseq", "python-module"):
+        return "PyTorchJob"
+    if launcher.kind == "binary" and launcher.mpi:
+        return "MPIJob"
+    raise HpcError(f"recipe {recipe.name}: launcher kind {launcher.kind}"
+                   + (" without `mpi`" if launcher.kind == "binary" else "") + " has no Kubernetes form",
+                   fix="Kubernetes forms exist for fairseq and python-module launchers (PyTorchJob) and MPI "
+                       "binaries (MPIJob, launcher.mpi set); run this recipe with `hpc recipes submit`")
+
+
+def _check_input(recipe, it: InstanceType, profile: str | None) -> None:
+    if it.accelerator == "gaudi":
+        raise HpcError(f"{it.name} is a Gaudi instance: recipes have no Gaudi form yet",
+                       fix="choose an NVIDIA GPU instance (e.g. p4d.24xlarge, p5.48xlarge)")
+    if not it.is_gpu and "cpu" not in recipe.resources.runs_on:
+        raise HpcError(f"recipe {recipe.name} runs on GPUs only; {it.name} has no GPUs",
+                       fix="choose a GPU instance with --instance (e.g. p4d.24xlarge, p5.48xlarge)")
+    if recipe.prepare:
+        which = f"profile {profile} of recipe {recipe.name}" if profile else f"recipe {recipe.name}"
+        raise HpcError(f"{which} makes its data with `prepare` on the first node before the ranks start: that "
+                       "step has no Kubernetes form (every pod would run it)",
+                       fix="make the data on the FSx volume first and drop `prepare` (--set prepare=null)")
+
+
+def _dns_name(text: str) -> str:
+    return text.replace("_", "-").lower()[:63].rstrip("-")
+
+
+def resources(it: InstanceType, gpus: int, efa: int) -> dict:
+    """A node-sized pod: every GPU and EFA device, huge pages for EFA, CPU/memory less the daemons' share."""
+    requests: dict[str, Any] = {"cpu": str(pod_cpus(it)),
+                                "memory": f"{math.floor(it.memory_gib * (1 - NODE_RESERVE))}Gi"}
+    devices: dict[str, Any] = {}
+    if gpus:
+        devices[GPU] = gpus
+    if efa:
+        devices[EFA] = efa
+        devices[HUGEPAGES] = EFA_HUGEPAGES
+    return {"requests": {**requests, **devices}, "limits": dict(devices)} if devices else {"requests": requests}
+
+
+def shm_size(it: InstanceType) -> str:
+    return f"{math.floor(it.memory_gib * (1 - NODE_RESERVE) * SHM_SHARE)}Gi"
+
+
+def _worker_word(arg: Arg) -> str:
+    """One argument as a bash word for a torchrun worker: literals quoted, RankVars as torchrun's variables."""
+    parts = arg if isinstance(arg, tuple) else (arg,)
+    return "".join(shlex.quote(p) if isinstance(p, str) else f'"${{{TORCHRUN_VARS[p]}}}"' for p in parts)
+
+
+def torchrun_args(command: tuple[Arg, ...]) -> list[str]:
+    """torchrun's arguments for a JobSpec command: each worker's bash runs the command with its own values.
+
+    torchrun reads its other settings (nodes, processes per node, rendezvous, restarts) from the PET_*
+    variables the Training Operator sets from the PyTorchJob.
+    """
+    from toolkit.job.render import split_command
+
+    head, tail = split_command(command)
+    script = f'{RESTART_SAFE_STORE}; exec "$0" "$@"' + "".join(" " + _worker_word(a) for a in tail)
+    return ["--no-python", "bash", "-c", script, *head]
+
+
+def mpirun_args(spec) -> list[str]:
+    """mpirun's arguments for an MPI binary: one rank per slot (GPU), the job's variables forwarded."""
+    if any(not isinstance(a, str) for a in spec.command):
+        raise HpcError(f"recipe {spec.recipe}: an MPI binary takes its rank from MPI, but its command has "
+                       "per-rank values", fix="remove the per-rank values from the recipe's args")
+    forwarded = [w for var in spec.env for w in ("-x", var.name)]
+    return ["--allow-run-as-root", "-np", str(spec.world_size), "--map-by", f"ppr:{spec.tasks_per_node}:node",
+            "--bind-to", "none", "-x", "PATH", "-x", "LD_LIBRARY_PATH", *forwarded, *spec.command]
+
+
+def _env(spec) -> list[dict]:
+    return [{"name": var.name, "value": var.value} for var in spec.env]
+
+
+def _torchrun_env(spec) -> list[dict]:
+    """The job's variables, plus threads per rank: torchrun would set OMP_NUM_THREADS=1 for every worker,
+    where a Slurm rank keeps its CPUs per task (our trainer reads SLURM_CPUS_PER_TASK, absent here)."""
+    threads = [] if "OMP_NUM_THREADS" in spec.environ else [{"name": "OMP_NUM_THREADS",
+                                                               "value": str(spec.cpus_per_task)}]
+    return _env(spec) + threads
+
+
+def _pod(spec, it: InstanceType, container: dict, claim: str | None, labels: dict, efa: int) -> dict:
+    gpus = spec.gpus_per_node
+    container = {**container, "resources": resources(it, gpus, efa)}
+    volumes: list[dict] = []
+    mounts: list[dict] = []
+    if claim:
+        volumes.append({"name": "fsx", "persistentVolumeClaim": {"claimName": claim}})
+        mounts.append({"name": "fsx", "mountPath": FSX_MOUNT})
+    volumes.append({"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": shm_size(it)}})
+    mounts.append({"name": "dshm", "mountPath": "/dev/shm"})
+    container["volumeMounts"] = mounts
+    pod: dict[str, Any] = {"nodeSelector": {INSTANCE_LABEL: it.name}}
+    if gpus:
+        pod["tolerations"] = [{"key": GPU, "operator": "Exists", "effect": "NoSchedule"}]
+    pod["containers"] = [container]
+    pod["volumes"] = volumes
+    return {"metadata": {"labels": labels}, "spec": pod}
+
+
+def _metadata(name: str, namespace: str, labels: dict) -> dict:
+    return {"name": name, "namespace": namespace, "labels": labels}
+
+
+def pytorch_job(spec, it: InstanceType, name: str, namespace: str, image: str, claim: str, efa: int) -> dict:
+    labels = {"app.kubernetes.io/managed-by": "hpc-toolkit", "hpc-toolkit/recipe": _dns_name(spec.recipe)}
+    container = {"name": "pytorch", "image": image, "command": ["torchrun"], "args": torchrun_args(spec.command),
+                 "env": _torchrun_env(spec)}
+    return {
+        "apiVersion": "kubeflow.org/v1",
+        "kind": "PyTorchJob",
+        "metadata": _metadata(name, namespace, labels),
+        "spec": {
+            "nprocPerNode": str(spec.tasks_per_node),
+            # min = max: the derived values (world size, update-freq, LR) hold for exactly this many nodes;
+            # the elastic agent still replaces failed workers and restarts the group from its checkpoint.
+            "elasticPolicy": {"rdzvBackend": "c10d", "minReplicas": spec.nodes, "maxReplicas": spec.nodes,
+                              "maxRestarts": MAX_RESTARTS},
+            "runPolicy": {"cleanPodPolicy": "None"},
+            "pytorchReplicaSpecs": {"Worker": {
+                "replicas": spec.nodes, "restartPolicy": "OnFailure",
+                "template": _pod(spec, it, container, claim, labels, efa)}},
+        },
+    }
+
+
+def mpi_job(spec, it: InstanceType, name: str, namespace: str, image: str, claim: str, efa: int) -> dict:
+    labels = {"app.kubernetes.io/managed-by": "hpc-toolkit", "hpc-toolkit/recipe": _dns_name(spec.recipe)}
+    launcher = {"name": "launcher", "image": image, "command": ["mpirun"], "args": mpirun_args(spec),
+                "env": _env(spec), "resources": {"requests": {"cpu": "1", "memory": "2Gi"}}}
+    worker = {"name": "worker", "image": image, "command": ["/usr/sbin/sshd"], "args": ["-De"]}
+    return {
+        "apiVersion": "kubeflow.org/v2beta1",
+        "kind": "MPIJob",
+        "metadata": _metadata(name, namespace, labels),
+        "spec": {
+            "slotsPerWorker": spec.tasks_per_node,
+            # a benchmark is not retried for long: a run hung on a bad fabric must end, not loop
+            "runPolicy": {"cleanPodPolicy": "Running", "backoffLimit": 2},
+            "mpiImplementation": "OpenMPI",
+            "mpiReplicaSpecs": {
+                "Launcher": {"replicas": 1, "restartPolicy": "OnFailure",
+                             "template": {"metadata": {"labels": labels}, "spec": {"containers": [launcher]}}},
+                "Worker": {"replicas": spec.nodes, "template": _pod(spec, it, worker, claim, labels, efa)},
+            },
+        },
+    }
+
+
+def storage_documents(storage: Storage, namespace: str) -> list[dict]:
+    """The StorageClass and claim for FSx for Lustre dynamic provisioning (none for an existing claim)."""
+    if storage.storage_class is None:
+        return []
+    storage_class = {
+        "apiVersion": "storage.k8s.io/v1",
+        "kind": "StorageClass",
+        "metadata": {"name": storage.storage_class},
+        "provisioner": FSX_PROVISIONER,
+        "parameters": {
+            "subnetId": FILL_IN + "a subnet id of the cluster's GPU nodes (subnet-...), in their Availability Zone>",
+            "securityGroupIds": FILL_IN + "security group ids (sg-..., comma-separated) that allow Lustre "
+                                          "traffic (TCP 988, 1018-1023) from the nodes>",
+            "deploymentType": "PERSISTENT_2",
+            "perUnitStorageThroughput": "250",
+        },
+        "reclaimPolicy": "Retain",
+        "volumeBindingMode": "Immediate",
+        "mountOptions": ["flock"],
+    }
+    claim = {
+        "apiVersion": "v1",
+        "kind": "PersistentVolumeClaim",
+        "metadata": {"name": storage.claim, "namespace": namespace},
+        "spec": {"accessModes": ["ReadWriteMany"], "storageClassName": storage.storage_class,
+                 "resources": {"requests": {"storage": FSX_CAPACITY}}},
+    }
+    return [storage_class, claim]
+
+
+def to_yaml(documents: list[dict], header: list[str]) -> str:
+    import yaml
+
+    class Dumper(yaml.SafeDumper):  # spell shared values out (no &id001 anchors: people read these files)
+        def ignore_aliases(self, data):
+            return True
+
+    body = "---\n".join(yaml.dump(d, Dumper=Dumper, sort_keys=False, default_flow_style=False, width=10_000)
+                        for d in documents)
+    return "".join(f"# {line}\n".replace("# \n", "#\n") for line in header) + "---\n" + body
+
+
+def render(recipe, instance_type: str, nodes: int, *, profile: str | None = None, namespace: str = "default",
+           image: str | None = None, storage: Storage = Storage(), efa: bool | None = None,
+           command_line: str = "") -> Rendered:
+    """The manifests of `recipe` on `nodes` nodes of `instance_type` (all derived values from the JobSpec)."""
+    from toolkit.job.spec import build_job_spec
+
+    it = instance(instance_type)
+    kind = _kind_of(recipe)
+    _check_input(recipe, it, profile)
+    queue = k8s_queue(instance_type, nodes, efa)
+    spec = build_job_spec(recipe, queue, nodes, profile=profile)
+    if not spec.run_dir.startswith(FSX_MOUNT + "/"):
+        raise HpcError(f"recipe {recipe.name}: its dirs are under {spec.run_dir.rsplit('/runs/', 1)[0]}, but the pods "
+                       f"see only the FSx volume at {FSX_MOUNT}",
+                       fix=f"put dirs.root under {FSX_MOUNT} (e.g. --set dirs.root={FSX_MOUNT}/{spec.recipe}), or leave "
+                           "it unset")
+    notes = []
+    if image is None:
+        image = FILL_IN + ("an image with the EFA installer, aws-ofi-nccl, Open MPI and nccl-tests>" if kind == "MPIJob"
+                           else "an image with torch, the EFA installer, aws-ofi-nccl and this recipe's software>")
+        notes.append("no --image given: the manifest names a placeholder image to fill in")
+    if storage.storage_class is None:
+        notes.append(f"the data/checkpoint dirs are on the existing claim {storage.claim!r} mounted at {FSX_MOUNT}: "
+                     "it must be ReadWriteMany (FSx for Lustre through fsx.csi.aws.com)")
+    name = _dns_name(spec.job_name)
+    build = pytorch_job if kind == "PyTorchJob" else mpi_job
+    job = build(spec, it, name, namespace, image, storage.claim, queue.efa_interfaces)
+    documents = storage_documents(storage, namespace) + [job]
+    header = [f"{kind} {name}: {recipe.description}",
+              f"Rendered by `{command_line}` (do not edit: change the recipe and render again)." if command_line
+              else "Rendered by hpc k8s render (do not edit: change the recipe and render again).",
+              f"{spec.nodes} x {it.name}, {spec.tasks_per_node} ranks per node, world size {spec.world_size}; "
+              f"{queue.efa_interfaces} EFA devices per node.", "",
+              "Derived values (the same JobSpec code as the Slurm form):"]
+    # the queue's CPU override is this module's: say what it is
+    rules = {"cpus per task": f"{pod_cpus(it)} CPUs requested per pod / {spec.tasks_per_node} ranks; a tenth of the "
+                              f"node's {it.vcpus} vCPUs is left to its daemons"}
+    header += [f"  {d.key} = {d.value}  ({rules.get(d.key, d.rule)})" for d in spec.derived if d.key not in SLURM_ONLY]
+    if spec.warnings:
+        header += ["", "Warnings (as for the Slurm form):"] + [f"  {w}" for w in spec.warnings]
+    if any(isinstance(v, str) and v.startswith(FILL_IN) for d in documents for v in _strings(d)):
+        header += ["", "Values marked '<fill in: ...>' must be replaced before `kubectl apply`."]
+    return Rendered(spec, documents, to_yaml(documents, header), notes)
+
+
+def _strings(node: Any):
+    if isinstance(node, dict):
+        for value in node.values():
+            yield from _strings(value)
+    elif isinstance(node, list):
+        for value in node:
+            yield from _strings(value)
+    elif isinstance(node, str):
+        yield node
