@@ -83,11 +83,6 @@ def test_cpu_queue_gets_the_cpu_forms_of_our_trainer():
     assert "--amp" not in flags
 
 
-def test_gaudi_is_not_supported_yet():
-    with pytest.raises(HpcError, match="not supported on Gaudi yet"):
-        build_job_spec(load_recipe("resnet50"), Queue(name="dl1", instance_type="dl1.24xlarge", max_nodes=4), 1)
-
-
 def test_gpu_only_recipe_refuses_a_cpu_queue():
     with pytest.raises(HpcError, match="runs on gpu only"):
         build_job_spec(load_recipe("nccl-tests"), CPU, 1)
