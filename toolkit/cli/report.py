@@ -58,11 +58,19 @@ def nccl(
 ) -> None:
     """Per-size bandwidth table, max/average bus bandwidth, wrong values and a PASS/FAIL/NO-VERDICT verdict.
 
+    Gaudi (--instance dl1.24xlarge): judged against Intel's DL1 EFA peer-direct figures (32 HPUs, 32 MB).
+
     Exit 1 when any test fails (bandwidth under the floor, or wrong values).
     """
+    from toolkit.catalog import instance as catalog_instance
     from toolkit.reports import nccl as nccl_report
 
-    data, tests = nccl_report.report(logs, instance, nodes, transport)
+    if instance is not None and catalog_instance(instance).accelerator == "gaudi":  # HCCL: the DL1 post's table
+        from toolkit.reports import gaudi
+
+        data, tests = gaudi.report(logs, instance, nodes)
+    else:
+        data, tests = nccl_report.report(logs, instance, nodes, transport)
     emit(data, as_json, _nccl_text)
     if plot:
         from toolkit.reports.plots import nccl_figure, save_png
