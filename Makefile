@@ -6,20 +6,22 @@ PIP := $(BIN)/pip --disable-pip-version-check -q
 
 .PHONY: venv train-env slurm-up slurm-down test demo bench jobs cluster-configs clean
 
-# The toolkit with its admin (aws-parallelcluster), report and test extras, editable.
+# The torch pins are repeated on every install line that may pull torch, so that no dependency can swap it.
+TORCH_PINS := torch==2.14.1 torchvision==0.29.1
+
+# The toolkit with its admin (aws-parallelcluster), report and test extras, editable. The test extra holds
+# DeepSpeed (its config parser checks generated configs on CPU), which requires torch: hence the pins.
 $(VENV)/.core-installed: pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(PIP) install --upgrade pip
-	$(PIP) install -e '.[admin,test,reports]'
+	$(PIP) install -e '.[admin,test,reports]' $(TORCH_PINS)
 	touch $@
 
 venv: $(VENV)/.core-installed
 
 # The training environment (workloads and their tests): torch and torchvision from this machine's disk, then
 # fairseq-fixed compiled against that torch (~4 min, ~6 GB). Own stamp and no dependency on the core stamp, so
-# it can be added to any venv without reinstalling the toolkit there. The torch pins are repeated on every
-# install line so that no dependency can swap torch for another release.
-TORCH_PINS := torch==2.14.1 torchvision==0.29.1
+# it can be added to any venv without reinstalling the toolkit there.
 $(VENV)/.train-installed:
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(PIP) install $(TORCH_PINS)
@@ -51,10 +53,14 @@ bench: venv train-env slurm-up
 
 # Reviewed renders in jobs/ (tests/test_render.py checks they match today's rendering).
 JOBS := roberta:8 transformer:4 resnet50:8 nccl-tests:2 collectives:2
+DL1_JOBS := bert-5b:16 collectives:4 resnet50:8
 jobs: venv
 	@for job in $(JOBS); do name=$${job%%:*}; nodes=$${job##*:}; \
 	  $(BIN)/python -m toolkit recipes render $$name --nodes $$nodes --cluster jobs/p3dn-cluster.yaml --queue p3dn \
 	    -o jobs/$$name-$${nodes}xp3dn.sbatch --force || exit 1; done
+	@for job in $(DL1_JOBS); do name=$${job%%:*}; nodes=$${job##*:}; \
+	  $(BIN)/python -m toolkit recipes render $$name --nodes $$nodes --cluster jobs/dl1-cluster.yaml --queue dl1 \
+	    -o jobs/$$name-$${nodes}xdl1.sbatch --force || exit 1; done
 
 # Rewrite cluster-configs/*.yaml with the command recorded in each file's header.
 cluster-configs: venv

@@ -39,8 +39,8 @@ def test_every_render_is_valid_bash(name, queue, profile):
 
 @pytest.mark.parametrize("path", sorted((REPO / "jobs").glob("*.sbatch")), ids=lambda p: p.name)
 def test_jobs_dir_matches_todays_rendering(path):
-    name, nodes = re.fullmatch(r"(.+)-(\d+)xp3dn\.sbatch", path.name).groups()
-    queue = load_queues(REPO / "jobs" / "p3dn-cluster.yaml")["p3dn"]
+    name, nodes, queue_name = re.fullmatch(r"(.+)-(\d+)x(p3dn|dl1)\.sbatch", path.name).groups()
+    queue = load_queues(REPO / "jobs" / f"{queue_name}-cluster.yaml")[queue_name]
     assert path.read_text() == render_script(build_job_spec(load_recipe(name), queue, int(nodes))), \
         "jobs/ is stale: run `make jobs` and review the diff"
 
@@ -48,7 +48,7 @@ def test_jobs_dir_matches_todays_rendering(path):
 def test_jobs_dir_has_the_reviewed_examples():
     assert {p.name for p in (REPO / "jobs").glob("*.sbatch")} == {
         "roberta-8xp3dn.sbatch", "transformer-4xp3dn.sbatch", "resnet50-8xp3dn.sbatch", "nccl-tests-2xp3dn.sbatch",
-        "collectives-2xp3dn.sbatch"}
+        "collectives-2xp3dn.sbatch", "bert-5b-16xdl1.sbatch", "collectives-4xdl1.sbatch", "resnet50-8xdl1.sbatch"}
 
 
 def test_gpu_directives():
