@@ -162,3 +162,15 @@ def test_rendered_bert_5b_gives_each_rank_deepspeeds_environment(tmp_path, nodes
         assert env["FI_EFA_USE_DEVICE_RDMA"] == "1" and env["PT_HPU_LAZY_MODE"] == "1"
     written = (tmp_path / "root" / "runs" / "bert-5b" / "deepspeed.json").read_text()
     assert json.loads(written) == json.loads(spec.files[0].text)
+
+
+def test_the_submitit_path_gets_the_same_gaudi_job():
+    """submit (submitit) consumes the same spec: no GPU request, the core binding, the config written in set-up."""
+    from toolkit.submit.executor import slurm_parameters
+
+    spec = build_job_spec(load_recipe("bert-5b"), DL1, 4)
+    params = slurm_parameters(spec)
+    assert "gpus_per_node" not in params and (params["nodes"], params["ntasks_per_node"]) == (4, 8)
+    assert params["srun_args"] == srun_options(spec) and "--cpu-bind=cores" in params["srun_args"]
+    setup = "\n".join(params["setup"])
+    assert "export FI_EFA_USE_DEVICE_RDMA=1" in setup and f"> {spec.files[0].path}" in setup
