@@ -170,7 +170,7 @@ def test_the_submitit_path_gets_the_same_gaudi_job():
 
     spec = build_job_spec(load_recipe("bert-5b"), DL1, 4)
     params = slurm_parameters(spec)
-    assert "gpus_per_node" not in params and (params["nodes"], params["ntasks_per_node"]) == (4, 8)
+    assert "gpus_per_node" not in params["additional_parameters"] and (params["nodes"], params["ntasks_per_node"]) == (4, 8)
     assert params["srun_args"] == srun_options(spec) and "--cpu-bind=cores" in params["srun_args"]
     setup = "\n".join(params["setup"])
     assert "export FI_EFA_USE_DEVICE_RDMA=1" in setup and f"> {spec.files[0].path}" in setup
