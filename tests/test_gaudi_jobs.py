@@ -174,3 +174,10 @@ def test_the_submitit_path_gets_the_same_gaudi_job():
     assert params["srun_args"] == srun_options(spec) and "--cpu-bind=cores" in params["srun_args"]
     setup = "\n".join(params["setup"])
     assert "export FI_EFA_USE_DEVICE_RDMA=1" in setup and f"> {spec.files[0].path}" in setup
+
+
+def test_the_node_doctor_asks_no_gpus_on_a_gaudi_queue():
+    from toolkit.health import doctor
+
+    argv = doctor.srun_argv(DL1, 2, None)
+    assert "--partition=dl1" in argv and not [a for a in argv if a.startswith("--gpus")]
