@@ -101,3 +101,16 @@ def test_wrong_values_fail_whatever_the_bandwidth(tmp_path):
                                                         "# Out of bounds values : 1 FAILED")
     code, data = judged(tmp_path, text)
     assert code == 1 and "corrupt data" in data["tests"][0]["verdict"]["reason"]
+
+
+def test_a_dl1_collectives_run_dir_is_judged_against_the_post(tmp_path):
+    run = tmp_path / "collectives-run"
+    run.mkdir()
+    (run / "metadata.json").write_text(json.dumps({"recipe": "collectives", "nodes": 4, "ranks": 32,
+                                                   "instance_type": "dl1.24xlarge"}))
+    (run / "collectives-7.out").write_text(gaudi_log({"all_reduce": 12500, "all_gather": 40000}))
+    res = run_hpc("report", "run", str(run), "--json")
+    assert res.returncode == 1 and "Traceback" not in res.stderr, res.stderr
+    verdicts = {t["test"]: t["verdict"] for t in json.loads(res.stdout)["nccl"]}
+    assert verdicts["all_reduce"]["status"] == "FAIL" and "FI_EFA_USE_DEVICE_RDMA=1" in verdicts["all_reduce"]["reason"]
+    assert verdicts["all_gather"]["status"] == "PASS"

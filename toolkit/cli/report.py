@@ -62,12 +62,10 @@ def nccl(
 
     Exit 1 when any test fails (bandwidth under the floor, or wrong values).
     """
-    from toolkit.catalog import instance as catalog_instance
+    from toolkit.reports import gaudi
     from toolkit.reports import nccl as nccl_report
 
-    if instance is not None and catalog_instance(instance).accelerator == "gaudi":  # HCCL: the DL1 post's table
-        from toolkit.reports import gaudi
-
+    if gaudi.is_gaudi(instance):  # HCCL: judged against the DL1 post's table
         data, tests = gaudi.report(logs, instance, nodes)
     else:
         data, tests = nccl_report.report(logs, instance, nodes, transport)

@@ -55,15 +55,28 @@ def judge_gaudi(test: NcclTest, ranks: int | None = None) -> Verdict:
                            f"fix: {FIX}", with_pd / 1000, measured / 1000, SOURCE)
 
 
-def report(paths: list[str | Path], instance_type: str, nodes: int | None = None) -> tuple[dict, list[NcclTest]]:
-    """Like toolkit.reports.nccl.report, with each test judged by judge_gaudi (ranks = nodes x HPUs per node)."""
+def is_gaudi(instance_type: str | None) -> bool:
     from toolkit.catalog import instance
 
-    per_node = instance(instance_type).gpus
+    return instance_type is not None and instance(instance_type).accelerator == "gaudi"
+
+
+def verdict_for(test: NcclTest, instance_type: str | None, nodes: int | None) -> Verdict:
+    """The verdict of one collectives test: the DL1 post's table on Gaudi, the catalog's NCCL floor elsewhere."""
+    from toolkit.catalog import instance
+    from toolkit.reports.nccl import judge
+
+    if is_gaudi(instance_type):
+        return judge_gaudi(test, nodes * instance(instance_type).gpus if nodes else None)
+    return judge(test, instance_type, nodes)
+
+
+def report(paths: list[str | Path], instance_type: str, nodes: int | None = None) -> tuple[dict, list[NcclTest]]:
+    """Like toolkit.reports.nccl.report, with each test judged by judge_gaudi (ranks = nodes x HPUs per node)."""
     tests = [t for path in paths for t in parse_file(path)]
     entries = []
     for test in tests:
-        verdict = judge_gaudi(test, nodes * per_node if nodes else None)
+        verdict = verdict_for(test, instance_type, nodes)
         entries.append({**summarize(test), "verdict": dataclasses.asdict(verdict),
                         "rows": [dataclasses.asdict(r) for r in test.rows]})
     statuses = {e["verdict"]["status"] for e in entries}

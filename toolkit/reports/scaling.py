@@ -36,6 +36,7 @@ from pathlib import Path
 
 from toolkit.errors import HpcError
 from toolkit.reports import nccl, training_logs
+from toolkit.reports.gaudi import verdict_for
 from toolkit.submit.rundir import METADATA, RESULT, read_json
 from toolkit.workloads.train_log import LOG_NAME
 
@@ -142,7 +143,7 @@ def read_run(run_dir: str | Path) -> RunSummary:
         if tests:
             summary.log = str(path)
             instance_type = meta.get("instance_type")
-            summary.nccl = [{**nccl.summarize(t), "verdict": dataclasses.asdict(nccl.judge(t, instance_type, nodes))}
+            summary.nccl = [{**nccl.summarize(t), "verdict": dataclasses.asdict(verdict_for(t, instance_type, nodes))}
                             for t in tests]
             return summary
     raise HpcError(f"no training records or nccl-tests results in the logs of {run_dir}",
