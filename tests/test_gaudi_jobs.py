@@ -43,7 +43,7 @@ def test_one_rank_per_hpu_with_the_habana_environment_and_core_binding(recipe, n
     assert [n for n in env if n != "PYTHONUNBUFFERED"] == ["PT_HPU_LAZY_MODE", "RDMAV_FORK_SAFE",
                                                            "FI_EFA_USE_DEVICE_RDMA"]
     assert env["RDMAV_FORK_SAFE"].value == env["FI_EFA_USE_DEVICE_RDMA"].value == "1"
-    assert "SynapseAI >= 1.8.0" in env["RDMAV_FORK_SAFE"].doc and "SynapseAI >= 1.8.0" in env["FI_EFA_USE_DEVICE_RDMA"].doc
+    assert all("SynapseAI >= 1.8.0" in env[name].doc for name in ("RDMAV_FORK_SAFE", "FI_EFA_USE_DEVICE_RDMA"))
     lines = script.splitlines()
     for var in spec.env:  # each variable documented where it is set
         assert lines[lines.index(f"export {var.name}={var.value}") - 1] == f"# {var.doc}"
@@ -170,7 +170,8 @@ def test_the_submitit_path_gets_the_same_gaudi_job():
 
     spec = build_job_spec(load_recipe("bert-5b"), DL1, 4)
     params = slurm_parameters(spec)
-    assert "gpus_per_node" not in params["additional_parameters"] and (params["nodes"], params["ntasks_per_node"]) == (4, 8)
+    assert "gpus_per_node" not in params["additional_parameters"]
+    assert (params["nodes"], params["ntasks_per_node"]) == (4, 8)
     assert params["srun_args"] == srun_options(spec) and "--cpu-bind=cores" in params["srun_args"]
     setup = "\n".join(params["setup"])
     assert "export FI_EFA_USE_DEVICE_RDMA=1" in setup and f"> {spec.files[0].path}" in setup

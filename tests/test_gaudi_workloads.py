@@ -11,6 +11,7 @@ each timed collective), initialise the `hccl` backend, and, without the bridge, 
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import socket
@@ -136,3 +137,28 @@ def test_a_cuda_backend_on_hpu_is_refused(capsys):
 
     assert main(["--device", "hpu", "--backend", "nccl"]) == 1
     assert "--backend nccl does not run on --device hpu" in capsys.readouterr().err
+
+
+@pytest.mark.training
+def test_two_hpu_ranks_exchange_over_hccl_and_the_report_reads_them(tmp_path):
+    """Two processes (ranks), each with the stand-in bridge: the nranks-dependent buffers of all_gather and
+    reduce_scatter go through the HPU path, values check out, and rank 0's table parses as HPU (hccl) ranks."""
+    port, procs = str(_free_port()), []
+    for rank in (0, 1):
+        env = {**os.environ, "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": "2", "OMP_NUM_THREADS": "1",
+               "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port, "PYTHONPATH": str(REPO)}
+        procs.append(subprocess.Popen(
+            [sys.executable, str(REPO / "tests" / "payloads" / "hpu_standin_collectives.py"),
+             str(tmp_path / f"calls{rank}.json"), "--device", "hpu", "--ops", "all_reduce,all_gather,reduce_scatter",
+             "-b", "1M", "-e", "4M", "-f", "4", "-n", "2", "-w", "1"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO))
+    outs = [p.communicate(timeout=180) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outs[0][1][-2000:] + outs[1][1][-2000:]
+    for rank in (0, 1):
+        calls = json.loads((tmp_path / f"calls{rank}.json").read_text())
+        assert f"hccl process group rank {rank} of 2" in calls and calls.count("mark_step") == 72  # 2 sizes
+    tests = parse_text(outs[0][0])
+    assert [t.name for t in tests] == ["all_reduce", "all_gather", "reduce_scatter"]
+    for t in tests:
+        assert (t.ranks, t.devices) == (2, ["HPU (hccl)", "HPU (hccl)"])
+        assert [r.size for r in t.rows] == [1 << 20, 4 << 20]
+        assert all(m.wrong == 0 for r in t.rows for m in r.measures())

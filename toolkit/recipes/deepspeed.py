@@ -30,7 +30,8 @@ def deepspeed_config(ds: DeepSpeed, *, nodes: int, ranks_per_node: int, max_node
     config.update(ds.config)
     config["zero_optimization"] = {"stage": ds.zero_stage, **(ds.config.get("zero_optimization") or {})}
     if ds.activation_checkpointing:
-        config["activation_checkpointing"] = {**ACTIVATION_CHECKPOINTING, **(ds.config.get("activation_checkpointing") or {})}
+        config["activation_checkpointing"] = {**ACTIVATION_CHECKPOINTING,
+                                              **(ds.config.get("activation_checkpointing") or {})}
     return config, steps
 
 

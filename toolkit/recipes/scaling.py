@@ -39,7 +39,8 @@ def exact_accumulation(what: str, global_batch: int, per_rank: int | float, per_
     world = nodes * ranks_per_node
     steps = accumulation(global_batch, per_rank, world)
     if steps is None:
-        valid = [n for n in range(1, max_nodes + 1) if accumulation(global_batch, per_rank, n * ranks_per_node) is not None]
+        valid = [n for n in range(1, max_nodes + 1)
+                 if accumulation(global_batch, per_rank, n * ranks_per_node) is not None]
         raise HpcError(
             f"{what} = {global_batch} {unit} / ({per_rank_name} {per_rank} x world size {world})"
             f" is not a whole number on {nodes} nodes x {ranks_per_node} ranks",

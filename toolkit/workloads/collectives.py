@@ -2,12 +2,13 @@
 
     python -m toolkit.workloads.collectives --ops all_reduce,all_gather,reduce_scatter -b 8 -e 4M -f 2 -n 20 -w 5
 
-nccl on GPUs, hccl on Habana Gaudi HPUs (--device hpu, lazy mode), gloo on CPU. Rank 0 prints nccl-tests' own table (same header, columns, number formatting and
-footer, one block per collective) so `hpc report nccl` reads this and real nccl-tests logs alike. The size
-conventions and bus-bandwidth factors are nccl-tests': the size column is the larger of the send and receive
-buffers; algbw = size / time; busbw = algbw x 2(n-1)/n for all_reduce, x (n-1)/n for all_gather and
-reduce_scatter; time is the mean over iterations, averaged over ranks; #wrong counts elements that differ from
-the expected result (checked once per size and placement, outside the timed loop).
+nccl on GPUs, hccl on Habana Gaudi HPUs (--device hpu, lazy mode), gloo on CPU. Rank 0 prints nccl-tests' own
+table (same header, columns, number formatting and footer, one block per collective) so `hpc report nccl` reads
+this and real nccl-tests logs alike. The size conventions and bus-bandwidth factors are nccl-tests': the size
+column is the larger of the send and receive buffers; algbw = size / time; busbw = algbw x 2(n-1)/n for
+all_reduce, x (n-1)/n for all_gather and reduce_scatter; time is the mean over iterations, averaged over ranks;
+#wrong counts elements that differ from the expected result (checked once per size and placement, outside the
+timed loop).
 
 Rank layout comes from RANK / WORLD_SIZE / LOCAL_RANK / MASTER_ADDR / MASTER_PORT, with SLURM_PROCID /
 SLURM_NTASKS / SLURM_LOCALID standing in under plain srun.
@@ -187,8 +188,10 @@ def run(ops: list[str], byte_sizes: list[int], iters: int, warmup: int, check: b
     import torch.distributed as dist
 
     rank, nranks = dist.get_rank(), dist.get_world_size()
-    device = (torch.device(hpu.DEVICE) if htcore is not None else
-              torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu"))
+    if htcore is not None:
+        device = torch.device(hpu.DEVICE)
+    else:
+        device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
     dtype = {"float": torch.float32, "double": torch.float64, "half": torch.float16, "bfloat16": torch.bfloat16}[dtype_name]
     word = DTYPES[dtype_name]
 
