@@ -6,6 +6,9 @@ PIP := $(BIN)/pip --disable-pip-version-check -q
 
 .PHONY: venv train-env slurm-up slurm-down test demo bench jobs k8s-jobs cluster-configs clean
 
+# The torch pins are repeated on every install line that may pull torch, so that no dependency can swap it.
+TORCH_PINS := torch==2.14.1 torchvision==0.29.1
+
 # The toolkit with its admin (aws-parallelcluster), report and test extras, editable.
 $(VENV)/.core-installed: pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -16,16 +19,16 @@ $(VENV)/.core-installed: pyproject.toml
 venv: $(VENV)/.core-installed
 
 # The training environment (workloads and their tests): torch and torchvision from this machine's disk, then
-# fairseq-fixed compiled against that torch (~4 min, ~6 GB). Own stamp and no dependency on the core stamp, so
-# it can be added to any venv without reinstalling the toolkit there. The torch pins are repeated on every
-# install line so that no dependency can swap torch for another release.
-TORCH_PINS := torch==2.14.1 torchvision==0.29.1
+# fairseq-fixed compiled against that torch, and DeepSpeed (its config parser checks generated configs on CPU)
+# (~4 min, ~6 GB). Own stamp and no dependency on the core stamp, so
+# it can be added to any venv without reinstalling the toolkit there.
 $(VENV)/.train-installed:
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(PIP) install $(TORCH_PINS)
 	$(PIP) install $(TORCH_PINS) cython numpy setuptools wheel scikit-learn
 	$(PIP) install --no-build-isolation $(TORCH_PINS) fairseq-fixed==0.12.3.1
-	$(BIN)/python -c 'import torch, torchvision, fairseq, sklearn; assert torch.__version__.startswith("2.14.1"), torch.__version__'
+	$(PIP) install $(TORCH_PINS) deepspeed==0.19.8
+	$(BIN)/python -c 'import torch, torchvision, fairseq, sklearn, deepspeed; assert torch.__version__.startswith("2.14.1"), torch.__version__'
 	touch $@
 
 train-env: $(VENV)/.train-installed
@@ -51,10 +54,14 @@ bench: venv train-env slurm-up
 
 # Reviewed renders in jobs/ (tests/test_render.py checks they match today's rendering).
 JOBS := roberta:8 transformer:4 resnet50:8 nccl-tests:2 collectives:2
+DL1_JOBS := bert-5b:16 collectives:4 resnet50:8
 jobs: venv
 	@for job in $(JOBS); do name=$${job%%:*}; nodes=$${job##*:}; \
 	  $(BIN)/python -m toolkit recipes render $$name --nodes $$nodes --cluster jobs/p3dn-cluster.yaml --queue p3dn \
 	    -o jobs/$$name-$${nodes}xp3dn.sbatch --force || exit 1; done
+	@for job in $(DL1_JOBS); do name=$${job%%:*}; nodes=$${job##*:}; \
+	  $(BIN)/python -m toolkit recipes render $$name --nodes $$nodes --cluster jobs/dl1-cluster.yaml --queue dl1 \
+	    -o jobs/$$name-$${nodes}xdl1.sbatch --force || exit 1; done
 
 # Reviewed Kubernetes renders in jobs/k8s/ (tests/test_k8s_examples.py checks they match today's rendering).
 K8S_JOBS := resnet50:3:p4d.24xlarge roberta:8:p5.48xlarge nccl-tests:2:p4d.24xlarge

@@ -76,7 +76,8 @@ def test_render_with_cluster_queue_profile_and_set(env, tmp_path):
 
 
 @pytest.mark.parametrize("args,code,text", [
-    (["resnet50", "--queue", "gaudi"], 1, "not supported on Gaudi yet"),
+    (["transformer", "--queue", "gaudi"], 1, "runs on gpu or cpu only; queue gaudi (dl1.24xlarge) has Gaudi HPUs"),
+    (["bert-5b", "--queue", "gaudi", "--nodes", "3"], 1, "use --nodes 1 | 2 | 4"),
     (["roberta", "--nodes", "3"], 1, "use --nodes 1 | 2 | 4 | 8 | 16"),
     (["nccl-tests", "--queue", "cpu"], 1, "runs on gpu only"),
     (["resnet50", "--queue", "nope"], 1, "use --queue cpu | gaudi | p3"),

@@ -71,15 +71,15 @@ def mutate(path, value):
 
 
 BAD = [
-    (("nodes",), 4, "nodes: unknown key; allowed here: args, description, dirs, env, launcher"),
-    (("launcher", "kind"), "torchrun", "launcher.kind: Input should be 'fairseq', 'python-module' or 'binary'"),
+    (("nodes",), 4, "nodes: unknown key; allowed here: args, deepspeed, description, dirs, env, launcher"),
+    (("launcher", "kind"), "torchrun", "launcher.kind: Input should be 'fairseq', 'python-module', 'binary' or 'deepspeed'"),
     (("launcher",), {"kind": "python-module"}, "launcher: launcher kind python-module needs `module`"),
     (("args", "--lr; rm -rf /"), 1, "args.--lr; rm -rf /: bad key '--lr; rm -rf /'"),
     (("args", "--fp16"), False, "args.--fp16: `false` is not a flag value: use null"),
     (("args", "--lr"), {"a": 1}, "args.--lr: must be a string, a number, true"),
     (("resources", "nodes"), 0, "resources.nodes: Input should be greater than 0"),
     (("resources", "time"), "forever", "resources.time: 'forever' does not match"),
-    (("resources", "runs_on"), ["tpu"], "resources.runs_on.0: Input should be 'gpu' or 'cpu'"),
+    (("resources", "runs_on"), ["tpu"], "resources.runs_on.0: Input should be 'gpu', 'hpu' or 'cpu'"),
     (("env", "1BAD"), "x", "env.1BAD: bad key '1BAD'"),
     (("dirs", "data", "arg"), "data", "dirs.data.arg: 'data' does not match"),
     (("dirs", "data", "bogus"), 1, "dirs.data.bogus: unknown key; allowed here: arg, dir"),

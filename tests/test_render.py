@@ -41,8 +41,8 @@ def test_every_render_is_valid_bash(name, queue, profile):
 
 @pytest.mark.parametrize("path", sorted((REPO / "jobs").glob("*.sbatch")), ids=lambda p: p.name)
 def test_jobs_dir_matches_todays_rendering(path):
-    name, nodes = re.fullmatch(r"(.+)-(\d+)xp3dn\.sbatch", path.name).groups()
-    queue = load_queues(REPO / "jobs" / "p3dn-cluster.yaml")["p3dn"]
+    name, nodes, queue_name = re.fullmatch(r"(.+)-(\d+)x(p3dn|dl1)\.sbatch", path.name).groups()
+    queue = load_queues(REPO / "jobs" / f"{queue_name}-cluster.yaml")[queue_name]
     assert path.read_text() == render_script(build_job_spec(load_recipe(name), queue, int(nodes))), \
         "jobs/ is stale: run `make jobs` and review the diff"
 
@@ -50,7 +50,7 @@ def test_jobs_dir_matches_todays_rendering(path):
 def test_jobs_dir_has_the_reviewed_examples():
     assert {p.name for p in (REPO / "jobs").glob("*.sbatch")} == {
         "roberta-8xp3dn.sbatch", "transformer-4xp3dn.sbatch", "resnet50-8xp3dn.sbatch", "nccl-tests-2xp3dn.sbatch",
-        "collectives-2xp3dn.sbatch"}
+        "collectives-2xp3dn.sbatch", "bert-5b-16xdl1.sbatch", "collectives-4xdl1.sbatch", "resnet50-8xdl1.sbatch"}
 
 
 def test_gpu_directives():
@@ -83,11 +83,6 @@ def test_cpu_queue_gets_the_cpu_forms_of_our_trainer():
     flags = parse_flags([w for w in spec.command if isinstance(w, str)][3:])
     assert flags["--device"] == ["cpu"] and flags["--backend"] == ["gloo"] and flags["--threads"] == ["1"]
     assert "--amp" not in flags
-
-
-def test_gaudi_is_not_supported_yet():
-    with pytest.raises(HpcError, match="not supported on Gaudi yet"):
-        build_job_spec(load_recipe("resnet50"), Queue(name="dl1", instance_type="dl1.24xlarge", max_nodes=4), 1)
 
 
 def test_gpu_only_recipe_refuses_a_cpu_queue():

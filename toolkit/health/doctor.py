@@ -86,7 +86,7 @@ def srun_argv(queue: Queue, nodes: int, nodelist: list[str] | None, python: str 
             f"--job-name={JOB_NAME}"]
     if nodelist:
         argv.append(f"--nodelist={','.join(nodelist)}")
-    if queue.gpus_per_node:
+    if queue.instance.is_gpu:  # Gaudi HPUs are no Slurm GRES: asking for them would be refused
         argv.append(f"--gpus-per-node={queue.gpus_per_node}")
     argv += [python, "-c", node_check_source(), "--json"]
     if queue.fsx_mount:

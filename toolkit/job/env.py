@@ -75,6 +75,10 @@ def job_env(instance: InstanceType, fabric: str, *, threads_per_rank: int | None
     env: list[EnvVar] = [EnvVar("PYTHONUNBUFFERED", "1", "rank logs reach the Slurm output as they happen")]
     if instance.is_gpu:
         env += communication_env(instance, fabric)
+    elif instance.accelerator == "gaudi":  # HCCL, not NCCL: no NCCL_* variables
+        from toolkit.job.gaudi import gaudi_env
+
+        env += gaudi_env(instance, fabric)
     if threads_per_rank is not None:
         env.append(EnvVar("OMP_NUM_THREADS", str(threads_per_rank),
                           "one thread per CPU given to the rank: oversubscribed ranks run 2-3x slower"))

@@ -7,6 +7,7 @@ Every value that reaches the script is either shlex-quoted, an element of a quot
 from __future__ import annotations
 
 import functools
+import os
 import shlex
 
 from toolkit.job.env import COMMUNICATION_PREFIXES, submit_env_allowlist
@@ -55,7 +56,7 @@ def srun_options(spec: JobSpec) -> list[str]:
                f"--cpus-per-task={spec.cpus_per_task}", "--kill-on-bad-exit=1"]
     if spec.mpi:
         options.append(f"--mpi={spec.mpi}")
-    return options
+    return options + list(spec.srun_binding)
 
 
 def setup_lines(spec: JobSpec) -> list[str]:
@@ -69,6 +70,9 @@ def setup_lines(spec: JobSpec) -> list[str]:
                      f"conda activate {shlex.quote(software.conda_env or '')}; set -u")
     for var in spec.env:
         lines += [f"# {var.doc}", f"export {var.name}={shlex.quote(var.value)}"]
+    for file in spec.files:
+        lines += [f"# {file.doc}", f"mkdir -p {shlex.quote(os.path.dirname(file.path))}",
+                  f"printf '%s\\n' {shlex.quote(file.text)} > {shlex.quote(file.path)}"]
     return lines
 
 

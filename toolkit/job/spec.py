@@ -33,7 +33,9 @@ FAIRSEQ_DISTRIBUTED = ("--distributed-world-size", "--distributed-rank", "--devi
 TRAINER_DEVICE = ("--device", "--backend", "--threads")  # our trainers' (toolkit.workloads) device flags
 
 
-LauncherKind = Literal["fairseq", "python-module", "binary"]
+LauncherKind = Literal["fairseq", "python-module", "binary", "deepspeed"]
+# The catalog's accelerator kind decides the device form of a job (GRES GPUs, devices, collective backend).
+DEVICE_OF_ACCELERATOR = {"nvidia": "gpu", "gaudi": "hpu", "none": "cpu"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,6 +46,15 @@ class SoftwareEnv:
     venv: str | None = None
     conda_root: str | None = None
     conda_env: str | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class JobFile:
+    """A file the job's set-up writes before the ranks start (e.g. the generated DeepSpeed config)."""
+
+    path: str
+    text: str
+    doc: str
 
 
 @dataclasses.dataclass(frozen=True)
@@ -77,6 +88,8 @@ class JobSpec:
     run_dir: str
     derived: tuple[Derived, ...]
     warnings: tuple[str, ...] = ()  # toolkit.job.advice: the job will not do what its flags suggest
+    srun_binding: tuple[str, ...] = ()  # srun CPU-binding options (Gaudi: cores per HPU rank)
+    files: tuple[JobFile, ...] = ()
 
     @property
     def world_size(self) -> int:
@@ -120,11 +133,12 @@ def _under(root: str, path: str) -> str:
     return path if path.startswith("/") else f"{root}/{path}"
 
 
-def _device_forms(launcher: LauncherKind, args: dict, on_gpu: bool, threads: int | None,
+def _device_forms(launcher: LauncherKind, args: dict, device: str, threads: int | None,
                   world: int) -> tuple[dict, list[Derived]]:
-    """The recipe's args in the queue's device form (GPU as published; CPU: gloo, no half precision)."""
+    """The recipe's args in the queue's device form (GPU as published; HPU: hccl; CPU: gloo, no half precision)."""
     args = dict(args)
-    why = "GPU queue" if on_gpu else "CPU queue"
+    on_gpu = device == "gpu"
+    why = f"{device.upper()} queue"
     derived: list[Derived] = []
 
     def put(flag: str, value, reason: str) -> None:
@@ -137,6 +151,8 @@ def _device_forms(launcher: LauncherKind, args: dict, on_gpu: bool, threads: int
                 derived.append(Derived(flag, "removed", f"{why}: {reason}"))
 
     if launcher == "fairseq":
+        if device == "hpu":
+            raise HpcError("fairseq has no Habana HPU support", fix="run fairseq recipes on a GPU or CPU queue")
         if on_gpu:
             put("--distributed-backend", "nccl", "NCCL between GPUs")
         else:
@@ -150,6 +166,9 @@ def _device_forms(launcher: LauncherKind, args: dict, on_gpu: bool, threads: int
         if on_gpu:
             put("--device", "cuda", "one GPU per rank (LOCAL_RANK)")
             put("--backend", "nccl", "NCCL between GPUs")
+        elif device == "hpu":
+            put("--device", "hpu", "one HPU per rank (the Habana bridge takes module id = LOCAL_RANK)")
+            put("--backend", "hccl", "HCCL between HPUs (scale-out over EFA)")
         else:
             drop(("--amp",), "no mixed precision on CPU")
             put("--device", "cpu", "no GPUs")
@@ -163,14 +182,12 @@ def build_job_spec(recipe: Recipe, queue: Queue, nodes: int | None = None, *, pr
                    dependency: str | None = None, run_dir: str | None = None) -> JobSpec:
     """The job for `recipe` on `nodes` nodes of `queue` (recipe's resources.nodes when None)."""
     instance = queue.instance
-    if instance.accelerator == "gaudi":
-        raise HpcError(f"queue {queue.name} runs {queue.instance_type} (Gaudi): recipes are not supported on Gaudi "
-                       "yet (it is catalog and cluster-config only for now)", fix="use a GPU or CPU queue (--queue)")
-    on_gpu = queue.gpus_per_node > 0
-    device = "gpu" if on_gpu else "cpu"
+    device = DEVICE_OF_ACCELERATOR[instance.accelerator]
+    on_gpu = device == "gpu"
     if device not in recipe.resources.runs_on:
+        has = {"gpu": "GPUs", "hpu": "Gaudi HPUs", "cpu": "no GPUs"}[device]
         raise HpcError(f"recipe {recipe.name} runs on {' or '.join(recipe.resources.runs_on)} only; queue "
-                       f"{queue.name} ({queue.instance_type}) has {'GPUs' if on_gpu else 'no GPUs'}",
+                       f"{queue.name} ({queue.instance_type}) has {has}",
                        fix="choose another queue with --cluster FILE --queue Q")
     nodes = nodes or recipe.resources.nodes
     if nodes > queue.max_nodes:
@@ -184,7 +201,7 @@ def build_job_spec(recipe: Recipe, queue: Queue, nodes: int | None = None, *, pr
                            fix=f"remove {flag} from the recipe (or --set args.{flag}=null)")
 
     tasks, cpus = queue.tasks_per_node, queue.cpus_per_task
-    threads = None if on_gpu else cpus
+    threads = None if device != "cpu" else cpus
     world = nodes * tasks
     root = recipe.dirs.root and os.path.abspath(recipe.dirs.root) or queue.fsx_mount or os.getcwd()
     root_rule = ("dirs.root of the recipe" if recipe.dirs.root else
@@ -196,8 +213,8 @@ def build_job_spec(recipe: Recipe, queue: Queue, nodes: int | None = None, *, pr
         _check_directive(what, value)
 
     derived = [
-        Derived("ranks per node", str(tasks), f"one per GPU ({queue.gpus_per_node} x {instance.gpu_model})" if on_gpu
-                else f"queue {queue.name} declares {tasks} ranks per node (CPU queue)"),
+        Derived("ranks per node", str(tasks), f"one per {device.upper()} ({queue.gpus_per_node} x {instance.gpu_model})"
+                if device != "cpu" else f"queue {queue.name} declares {tasks} ranks per node (CPU queue)"),
         Derived("world size", str(world), f"{nodes} nodes x {tasks} ranks per node"),
         Derived("cpus per task", str(cpus), "queue override" if queue.cpus_per_task_override else
                 f"{instance.vcpus} vCPUs / {tasks} ranks"),
@@ -207,9 +224,18 @@ def build_job_spec(recipe: Recipe, queue: Queue, nodes: int | None = None, *, pr
                 if queue.has_dynamic_nodes else f"queue {queue.name}'s nodes are all static (MinCount = MaxCount)"),
     ]
     args, scaled = apply_scaling(recipe.scaling, recipe.args, nodes=nodes, ranks_per_node=tasks,
-                                 max_nodes=queue.max_nodes, gpu_memory_gib=instance.gpu_memory_gib if on_gpu else None)
-    args, forms = _device_forms(recipe.launcher.kind, args, on_gpu, threads, world)
+                                 max_nodes=queue.max_nodes,
+                                 gpu_memory_gib=instance.gpu_memory_gib if device != "cpu" else None)
+    args, forms = _device_forms(recipe.launcher.kind, args, device, threads, world)
     derived += scaled + forms
+    binding: tuple[str, ...] = ()
+    if device == "hpu":
+        from toolkit.job.gaudi import srun_binding
+
+        binding, why = srun_binding(instance, tasks)
+        derived += [Derived("srun cpu binding", " ".join(binding), why),
+                    Derived("--gpus-per-node", "not set", "HPUs are no Slurm GPUs (ParallelCluster declares no GRES "
+                                                          "for them): one rank per HPU via --ntasks-per-node")]
 
     positional: list[str] = []
     dir_paths: dict[str, str] = {}
@@ -226,6 +252,18 @@ def build_job_spec(recipe: Recipe, queue: Queue, nodes: int | None = None, *, pr
         elif entry.arg:
             args[entry.arg] = path
 
+    files: tuple[JobFile, ...] = ()
+    if recipe.deepspeed is not None:
+        from toolkit.recipes.deepspeed import deepspeed_parts
+
+        config_path = f"{run_dir}/deepspeed.json"
+        text, ds_args, ds_derived = deepspeed_parts(recipe.deepspeed, config_path, nodes=nodes,
+                                                    ranks_per_node=tasks, max_nodes=queue.max_nodes)
+        args.update(ds_args)
+        derived += ds_derived
+        files = (JobFile(config_path, text, f"the DeepSpeed config generated from recipe {recipe.name} "
+                                            f"(deepspeed: section) for {world} ranks"),)
+
     prepare: tuple[str, ...] = ()
     if recipe.prepare:
         if recipe.dirs.data is None:
@@ -235,8 +273,12 @@ def build_job_spec(recipe: Recipe, queue: Queue, nodes: int | None = None, *, pr
                                            recipe.dirs.data.dir))
 
     launcher = recipe.launcher
+    # deepspeed: one process per rank under srun, with the torch.distributed variables DeepSpeed reads
+    # (MASTER_ADDR/MASTER_PORT come from the set-up block)
     program = {"fairseq": ["fairseq-train"], "python-module": ["python", "-m", launcher.module or ""],
-               "binary": [_under(root, launcher.program or "")]}[launcher.kind]
+               "binary": [_under(root, launcher.program or "")],
+               "deepspeed": ["env", f"WORLD_SIZE={world}", ("RANK=", RankVar.RANK), ("LOCAL_RANK=", RankVar.LOCAL_RANK),
+                             "python", _under(root, launcher.script or "")]}[launcher.kind]
     command: list[Arg] = [*program, *positional]
     for flag, value in args.items():
         command += flag_words(flag, value)
@@ -262,7 +304,7 @@ def build_job_spec(recipe: Recipe, queue: Queue, nodes: int | None = None, *, pr
     return JobSpec(
         job_name=job_name, recipe=recipe.name, profile=profile, partition=queue.name,
         instance_type=queue.instance_type, nodes=nodes, tasks_per_node=tasks,
-        gpus_per_node=queue.gpus_per_node, cpus_per_task=cpus, threads_per_rank=threads,
+        gpus_per_node=queue.gpus_per_node if on_gpu else 0, cpus_per_task=cpus, threads_per_rank=threads,
         time_limit=recipe.resources.time, exclusive=recipe.resources.exclusive, wait_all_nodes=queue.has_dynamic_nodes,
         account=account, qos=qos, reservation=reservation, dependency=dependency,
         launcher=launcher.kind, mpi=launcher.mpi, stops_on_signal=launcher.stops_on_signal,
@@ -276,4 +318,5 @@ def build_job_spec(recipe: Recipe, queue: Queue, nodes: int | None = None, *, pr
         env=job_env(instance, queue.fabric, threads_per_rank=threads, launcher_kind=launcher.kind,
                     recipe_env=recipe.env, recipe_name=recipe.name),
         command=tuple(command), prepare=prepare, run_dir=run_dir, derived=tuple(derived), warnings=tuple(warnings),
+        srun_binding=binding, files=files,
     )

@@ -33,6 +33,22 @@ def accumulation(global_batch: int, per_rank: int, world_size: int) -> int | Non
     return steps if steps >= 1 and remainder == 0 else None
 
 
+def exact_accumulation(what: str, global_batch: int, per_rank: int | float, per_rank_name: str, unit: str, *,
+                       nodes: int, ranks_per_node: int, max_nodes: int) -> int:
+    """accumulation() for `nodes`, or an error naming the node counts (up to max_nodes) that keep the batch."""
+    world = nodes * ranks_per_node
+    steps = accumulation(global_batch, per_rank, world)
+    if steps is None:
+        valid = [n for n in range(1, max_nodes + 1)
+                 if accumulation(global_batch, per_rank, n * ranks_per_node) is not None]
+        raise HpcError(
+            f"{what} = {global_batch} {unit} / ({per_rank_name} {per_rank} x world size {world})"
+            f" is not a whole number on {nodes} nodes x {ranks_per_node} ranks",
+            fix=f"use --nodes {' | '.join(map(str, valid))}" if valid else
+                f"no node count up to {max_nodes} keeps the global batch: change {per_rank_name}")
+    return steps
+
+
 def linear(base: float, per: float, per_rank: float, world_size: int) -> float:
     return base * per_rank * world_size / per
 
@@ -77,15 +93,8 @@ def apply_scaling(scaling: Mapping[str, ScalingRule], args: Mapping[str, Any], *
     for flag, rule in scaling.items():
         if rule.rule == "accumulate":
             per_rank = _per_rank(args, rule.per_rank_arg, flag)
-            steps = accumulation(rule.global_batch, per_rank, world)
-            if steps is None:
-                valid = [n for n in range(1, max_nodes + 1)
-                         if accumulation(rule.global_batch, per_rank, n * ranks_per_node) is not None]
-                raise HpcError(
-                    f"{flag} = {rule.global_batch} {rule.unit} / ({rule.per_rank_arg} {per_rank} x world size {world})"
-                    f" is not a whole number on {nodes} nodes x {ranks_per_node} ranks",
-                    fix=f"use --nodes {' | '.join(map(str, valid))}" if valid else
-                        f"no node count up to {max_nodes} keeps the global batch: change {rule.per_rank_arg}")
+            steps = exact_accumulation(flag, rule.global_batch, per_rank, rule.per_rank_arg, rule.unit, nodes=nodes,
+                                       ranks_per_node=ranks_per_node, max_nodes=max_nodes)
             args[flag] = steps
             derived.append(Derived(flag, str(steps), f"{rule.global_batch} {rule.unit} per update / "
                                    f"({rule.per_rank_arg} {per_rank} x {world} ranks): {rule.why}"))

@@ -67,11 +67,13 @@ class StrictModel(BaseModel):
 
 
 class Launcher(StrictModel):
-    """What each rank runs: fairseq-train, `python -m MODULE` (our trainers), or a binary (MPI: srun --mpi)."""
+    """What each rank runs: fairseq-train, `python -m MODULE` (our trainers), a binary (MPI: srun --mpi), or
+    `python SCRIPT` under DeepSpeed (the user's model code; the toolkit writes its config, see `deepspeed`)."""
 
-    kind: Literal["fairseq", "python-module", "binary"]
+    kind: Literal["fairseq", "python-module", "binary", "deepspeed"]
     module: str | None = Field(None, pattern=r"^[A-Za-z_][A-Za-z0-9_.]*$")
     program: SafeStr | None = None
+    script: SafeStr | None = None  # deepspeed: the training script (relative means under dirs.root)
     mpi: Literal["pmix"] | None = None
     # The workload saves and exits 75 on SIGUSR2/SIGTERM (our trainers). Others get SIGUSR2 ignored (its
     # default action kills) and resume from their last periodic checkpoint after the requeue.
@@ -87,6 +89,8 @@ class Launcher(StrictModel):
             raise ValueError("`module` is only for launcher kind python-module")
         if self.kind != "binary" and (self.program or self.mpi):
             raise ValueError("`program` and `mpi` are only for launcher kind binary")
+        if (self.kind == "deepspeed") != bool(self.script):
+            raise ValueError("launcher kind deepspeed needs `script` (the training script), and only it takes one")
         return self
 
 
@@ -117,7 +121,7 @@ class Resources(StrictModel):
     # Requeue before the time limit, on preemption and on node failure. Benchmarks set false: one hung on a bad
     # fabric would requeue itself forever, and a rerun of a half-finished measurement proves nothing.
     requeue: bool = True
-    runs_on: list[Literal["gpu", "cpu"]] = Field(["gpu", "cpu"], min_length=1)
+    runs_on: list[Literal["gpu", "hpu", "cpu"]] = Field(["gpu", "cpu"], min_length=1)  # hpu: Habana Gaudi
 
 
 class PathArg(StrictModel):
@@ -173,6 +177,34 @@ class ScalingRule(StrictModel):
         return self
 
 
+class DeepSpeed(StrictModel):
+    """The DeepSpeed config the toolkit generates (toolkit.recipes.deepspeed) and passes as `config_arg`.
+
+    global_batch and micro_batch are kept when --nodes changes; gradient_accumulation_steps follows as
+    global_batch / (micro_batch x world size), which must be a whole number (else an error lists the node
+    counts that work). `config` holds every other DeepSpeed key, passed through as written.
+    """
+
+    global_batch: PositiveInt
+    micro_batch: PositiveInt
+    zero_stage: Literal[0, 1, 2, 3] = 2
+    # DeepSpeed's activation_checkpointing section, and the script's own switch that turns checkpointing on
+    activation_checkpointing: bool = False
+    checkpointing_arg: Flag = "--checkpoint_activations"
+    config_arg: Flag = "--deepspeed_config"
+    config: dict[str, Any] = {}
+
+    @model_validator(mode="after")
+    def _derived_keys_are_not_written(self) -> DeepSpeed:
+        derived = {"train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps"}
+        if derived & set(self.config):
+            raise ValueError(f"config.{sorted(derived & set(self.config))[0]} is derived: set global_batch and "
+                             "micro_batch instead")
+        if "stage" in (self.config.get("zero_optimization") or {}):
+            raise ValueError("config.zero_optimization.stage: set zero_stage instead")
+        return self
+
+
 class Recipe(StrictModel):
     name: Annotated[str, Field(pattern=NAME_PATTERN, max_length=64)]
     description: str
@@ -186,7 +218,16 @@ class Recipe(StrictModel):
     prepare: list[SafeStr] = []
     env: dict[EnvName, EnvValue] = {}
     scaling: dict[Flag, ScalingRule] = {}
+    deepspeed: DeepSpeed | None = None
     profiles: dict[Annotated[str, Field(pattern=NAME_PATTERN)], dict[str, Any]] = {}
+
+    @model_validator(mode="after")
+    def _deepspeed_fits_launcher(self) -> Recipe:
+        if (self.launcher.kind == "deepspeed") != (self.deepspeed is not None):
+            raise ValueError("launcher kind deepspeed and the `deepspeed` section go together (one needs the other)")
+        if self.deepspeed is not None and self.deepspeed.config_arg in self.args:
+            raise ValueError(f"args.{self.deepspeed.config_arg} is the generated DeepSpeed config: remove it")
+        return self
 
     @model_validator(mode="after")
     def _scaling_fits_args(self) -> Recipe:

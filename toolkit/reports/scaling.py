@@ -40,6 +40,7 @@ from pathlib import Path
 
 from toolkit.errors import HpcError
 from toolkit.reports import nccl, training_logs, transport
+from toolkit.reports.gaudi import verdict_for
 from toolkit.submit.rundir import METADATA, RESULT, read_json
 from toolkit.workloads.train_log import LOG_NAME
 
@@ -170,7 +171,7 @@ def _summarize_logs(summary: RunSummary, texts: dict[Path, str], meta: dict, mis
             # judged over the queue's transport, not the instance type's
             expected = None if efa is None else transport.EFA if efa else transport.TCP
             summary.nccl = [{**nccl.summarize(t), "verdict": dataclasses.asdict(
-                nccl.judge(t, instance_type, summary.nodes, expected))} for t in tests]
+                verdict_for(t, instance_type, summary.nodes, expected))} for t in tests]
             return summary
     if any(training_logs.looks_like_fairseq(text) for text in texts.values()):
         fix = training_logs.FAIRSEQ_FIX

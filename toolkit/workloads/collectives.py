@@ -2,12 +2,13 @@
 
     python -m toolkit.workloads.collectives --ops all_reduce,all_gather,reduce_scatter -b 8 -e 4M -f 2 -n 20 -w 5
 
-nccl on GPUs, gloo on CPU. Rank 0 prints nccl-tests' own table (same header, columns, number formatting and
-footer, one block per collective) so `hpc report nccl` reads this and real nccl-tests logs alike. The size
-conventions and bus-bandwidth factors are nccl-tests': the size column is the larger of the send and receive
-buffers; algbw = size / time; busbw = algbw x 2(n-1)/n for all_reduce, x (n-1)/n for all_gather and
-reduce_scatter; time is the mean over iterations, averaged over ranks; #wrong counts elements that differ from
-the expected result (checked once per size and placement, outside the timed loop).
+nccl on GPUs, hccl on Habana Gaudi HPUs (--device hpu, lazy mode), gloo on CPU. Rank 0 prints nccl-tests' own
+table (same header, columns, number formatting and footer, one block per collective) so `hpc report nccl` reads
+this and real nccl-tests logs alike. The size conventions and bus-bandwidth factors are nccl-tests': the size
+column is the larger of the send and receive buffers; algbw = size / time; busbw = algbw x 2(n-1)/n for
+all_reduce, x (n-1)/n for all_gather and reduce_scatter; time is the mean over iterations, averaged over ranks;
+#wrong counts elements that differ from the expected result (checked once per size and placement, outside the
+timed loop).
 
 Rank layout comes from RANK / WORLD_SIZE / LOCAL_RANK / MASTER_ADDR / MASTER_PORT, with SLURM_PROCID /
 SLURM_NTASKS / SLURM_LOCALID standing in under plain srun.
@@ -25,6 +26,7 @@ import time
 from collections.abc import Callable
 
 from toolkit.errors import HpcError
+from toolkit.workloads import hpu
 from toolkit.workloads.rank_env import rank_env
 
 OPS = ("all_reduce", "all_gather", "reduce_scatter")
@@ -178,28 +180,39 @@ def _expected(op: str, lay: Layout, nranks: int, torch, dtype, device):
 
 
 def run(ops: list[str], byte_sizes: list[int], iters: int, warmup: int, check: bool, dtype_name: str,
-        emit: Callable[[str], None]) -> int:
+        emit: Callable[[str], None], htcore=None) -> int:
     """Benchmark `ops` over `byte_sizes` in an initialised process group; rank 0 emits the tables.
+    `htcore`: the Habana bridge (toolkit.workloads.hpu.load_bridge) on HPUs, else None.
     Returns the number of sizes with wrong values (summed over ops)."""
     import torch
     import torch.distributed as dist
 
     rank, nranks = dist.get_rank(), dist.get_world_size()
-    device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
+    if htcore is not None:
+        device = torch.device(hpu.DEVICE)
+    else:
+        device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
     dtype = {"float": torch.float32, "double": torch.float64, "half": torch.float16, "bfloat16": torch.bfloat16}[dtype_name]
     word = DTYPES[dtype_name]
+
+    def launch():
+        if htcore is not None:  # lazy mode: run what was queued (one collective) now
+            htcore.mark_step()
 
     def sync():
         if device.type == "cuda":
             torch.cuda.synchronize()
+        elif htcore is not None:
+            htcore.mark_step()
+            hpu.synchronize()
 
     def mean_over_ranks(value: float) -> float:
-        t = torch.tensor([value], dtype=torch.float64, device=device)
+        t = torch.tensor([value], dtype=hpu.reduce_dtype(torch, device), device=device)
         dist.all_reduce(t)
         return t.item() / nranks
 
     def sum_over_ranks(value: int) -> int:
-        t = torch.tensor([value], dtype=torch.int64, device=device)
+        t = torch.tensor([value], dtype=torch.int32 if htcore is not None else torch.int64, device=device)
         dist.all_reduce(t)
         return int(t.item())
 
@@ -207,7 +220,7 @@ def run(ops: list[str], byte_sizes: list[int], iters: int, warmup: int, check: b
     for op in ops:
         call = _collective(op, dist)
         emit(f"# Collective test starting: {op}_perf")
-        _emit_devices(emit, rank, device, torch, dist)
+        _emit_devices(emit, device, torch, dist)
         for line in header_lines():
             emit(line)
         busbws, bad_sizes = [], 0
@@ -220,11 +233,13 @@ def run(ops: list[str], byte_sizes: list[int], iters: int, warmup: int, check: b
                 out, inp = _buffers(op, lay, in_place, rank, torch, dtype, device)
                 for _ in range(warmup):
                     call(out, inp)
+                    launch()
                 sync()
                 dist.barrier()
                 start = time.perf_counter()
                 for _ in range(iters):
                     call(out, inp)
+                    launch()
                 sync()
                 seconds = mean_over_ranks((time.perf_counter() - start) / iters)
                 wrong = None
@@ -245,7 +260,7 @@ def run(ops: list[str], byte_sizes: list[int], iters: int, warmup: int, check: b
     return total_bad
 
 
-def _emit_devices(emit, rank: int, device, torch, dist) -> None:
+def _emit_devices(emit, device, torch, dist) -> None:
     if device.type == "cuda":
         props = torch.cuda.get_device_properties(device)
         bus = "%04x:%02x:%02x" % (getattr(props, "pci_domain_id", 0), getattr(props, "pci_bus_id", 0),
@@ -253,7 +268,7 @@ def _emit_devices(emit, rank: int, device, torch, dist) -> None:
         me = (socket.gethostname().split(".")[0], os.getpid(), device.index, bus, props.name)
     else:
         me = (socket.gethostname().split(".")[0], os.getpid(), rank_env().local_rank,
-              "0000:00:00", "CPU (gloo)")
+              "0000:00:00", f"HPU ({dist.get_backend()})" if device.type == hpu.DEVICE else "CPU (gloo)")
     everyone: list = [None] * dist.get_world_size()
     dist.all_gather_object(everyone, me)
     emit("# Using devices")
@@ -272,10 +287,11 @@ def _arguments(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("-w", "--warmup_iters", type=int, default=5)
     p.add_argument("-c", "--check", type=int, default=1, help="1: count wrong values, 0: skip (N/A)")
     p.add_argument("-d", "--datatype", default="float", choices=sorted(DTYPES))
-    p.add_argument("--backend", choices=("auto", "nccl", "gloo"), default="auto", help="auto: nccl if CUDA is available")
+    p.add_argument("--backend", choices=("auto", "nccl", "hccl", "gloo"), default="auto",
+                   help="auto: follows --device (cuda: nccl, hpu: hccl, cpu: gloo)")
     # --device and --threads: the device flags every toolkit workload takes (toolkit.job.spec sets them per queue)
-    p.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto",
-                   help="auto: cuda if available; --backend auto follows it (cuda: nccl, cpu: gloo)")
+    p.add_argument("--device", choices=("auto", "cuda", "hpu", "cpu"), default="auto",
+                   help="auto: cuda if available, else cpu; hpu needs the Habana PyTorch bridge")
     p.add_argument("--threads", type=int, default=None, help="torch intra-op threads (CPU: the CPUs given per rank)")
     p.add_argument("--timeout-min", type=float, default=10.0, help="process-group timeout in minutes")
     return p.parse_args(argv)
@@ -299,10 +315,12 @@ def main(argv: list[str] | None = None) -> int:
         if args.threads:
             torch.set_num_threads(args.threads)
         device = args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
-        backend = args.backend if args.backend != "auto" else ("nccl" if device == "cuda" else "gloo")
-        if (backend == "nccl") != (device == "cuda"):
+        native = {"cuda": "nccl", "hpu": "hccl", "cpu": "gloo"}
+        backend = args.backend if args.backend != "auto" else native[device]
+        if backend != native[device]:
             raise HpcError(f"--backend {backend} does not run on --device {device}",
-                           fix="use nccl with cuda and gloo with cpu (or leave --backend auto)")
+                           fix="use nccl with cuda, hccl with hpu and gloo with cpu (or leave --backend auto)")
+        htcore = hpu.load_bridge(env.local_rank) if device == "hpu" else None
         if backend == "nccl":
             torch.cuda.set_device(env.local_rank % torch.cuda.device_count())
         dist.init_process_group(backend, init_method=f"tcp://{env.master_addr}:{env.master_port}", rank=env.rank,
@@ -318,7 +336,7 @@ def main(argv: list[str] | None = None) -> int:
                  + (f"{args.stepfactor}(factor)" if args.stepfactor > 1 else f"{parse_size(args.stepbytes)}(bytes)")
                  + f" warmup iters: {args.warmup_iters} iters: {args.iters} agg iters: 1 validation: {args.check} graph: 0")
             emit("#")
-            bad = run(ops, byte_sizes, args.iters, args.warmup_iters, bool(args.check), args.datatype, emit)
+            bad = run(ops, byte_sizes, args.iters, args.warmup_iters, bool(args.check), args.datatype, emit, htcore)
         finally:
             dist.destroy_process_group()
     except HpcError as exc:

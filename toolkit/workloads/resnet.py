@@ -21,7 +21,7 @@ import time
 from collections.abc import Sequence
 
 from toolkit.errors import HpcError
-from toolkit.workloads import checkpoint
+from toolkit.workloads import checkpoint, hpu
 from toolkit.workloads.rank_env import rank_env
 from toolkit.workloads.stopping import EXIT_STOPPED, StopFlag, all_reduce_step, ignore_stop_signals
 from toolkit.workloads.train_log import TrainLog, steady_throughput
@@ -45,7 +45,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--weight-decay", type=float, default=1e-4)
     p.add_argument("--zero-init-last-bn", action="store_true", help="zero gamma of each block's last BN")
     p.add_argument("--amp", action="store_true",
-                   help="fp16 autocast + grad scaling on cuda; ignored on cpu (keeps CPU runs exactly resumable)")
+                   help="fp16 autocast + grad scaling on cuda, bf16 autocast on hpu; ignored on cpu (keeps CPU runs "
+                        "exactly resumable)")
     p.add_argument("--image-size", type=int, default=224)
     p.add_argument("--crop-scale-min", type=float, default=0.08,
                    help="smallest area fraction RandomResizedCrop keeps (tiny smoke images need more)")
@@ -57,8 +58,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--log-every-steps", type=int, default=10)
     p.add_argument("--max-steps", type=int, help="stop (exit 0, after saving) once this many steps are done")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--device", choices=("cpu", "cuda"), help="default: cuda if available")
-    p.add_argument("--backend", choices=("gloo", "nccl"), help="default: nccl on cuda, gloo on cpu")
+    p.add_argument("--device", choices=("cpu", "cuda", "hpu"),
+                   help="default: cuda if available; hpu (Habana Gaudi) needs the Habana PyTorch bridge")
+    p.add_argument("--backend", choices=("gloo", "nccl", "hccl"), help="default: nccl on cuda, hccl on hpu, gloo on cpu")
     p.add_argument("--threads", type=int, help="torch/OpenMP threads per rank (default: SLURM_CPUS_PER_TASK)")
     args = p.parse_args(argv)
     for name in ("epochs", "batch_size", "image_size", "log_every_steps"):
@@ -102,13 +104,19 @@ class Trainer:
         self.device_type = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
         if self.device_type == "cuda" and not torch.cuda.is_available():
             raise HpcError("--device cuda but this node has no usable GPU", fix="use --device cpu")
-        self.backend = args.backend or ("nccl" if self.device_type == "cuda" else "gloo")
-        if self.backend == "nccl" and self.device_type != "cuda":
-            raise HpcError("--backend nccl needs --device cuda", fix="use --backend gloo on CPU")
+        native = {"cuda": "nccl", "hpu": "hccl", "cpu": "gloo"}
+        self.backend = args.backend or native[self.device_type]
+        if self.backend in ("nccl", "hccl") and self.backend != native[self.device_type]:
+            raise HpcError(f"--backend {self.backend} does not run on --device {self.device_type}",
+                           fix="use nccl with cuda, hccl with hpu, gloo with cpu (or leave --backend out)")
+        # HPU lazy mode: the graph runs at each mark_step (after backward and after the optimizer step)
+        self.htcore = hpu.load_bridge(self.env.local_rank) if self.device_type == "hpu" else None
         if self.device_type == "cuda":
             torch.backends.cudnn.benchmark = True
             self.device = torch.device("cuda", self.env.local_rank % torch.cuda.device_count())
             torch.cuda.set_device(self.device)
+        elif self.device_type == "hpu":
+            self.device = torch.device(hpu.DEVICE)
         else:
             self.device = torch.device("cpu")
         self.is_main = self.env.rank == 0
@@ -163,8 +171,11 @@ class Trainer:
         self.model = model
         self.optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum,
                                          nesterov=args.nesterov, weight_decay=args.weight_decay)
-        self.amp = args.amp and self.device_type == "cuda"
-        self.scaler = torch.amp.GradScaler(self.device_type, enabled=self.amp)
+        self.amp = args.amp and self.device_type in ("cuda", "hpu")
+        # Gaudi's mixed precision is bf16, which needs no loss scaling
+        self.amp_dtype = torch.bfloat16 if self.device_type == "hpu" else torch.float16
+        on_cuda = self.device_type == "cuda"
+        self.scaler = torch.amp.GradScaler("cuda" if on_cuda else "cpu", enabled=self.amp and on_cuda)
         self.criterion = torch.nn.CrossEntropyLoss()
 
     def _checkpoint_state(self) -> dict:
@@ -231,27 +242,35 @@ class Trainer:
             images = images.contiguous(memory_format=torch.channels_last)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
-        with torch.autocast(self.device_type, dtype=torch.float16, enabled=self.amp):
+        with torch.autocast(self.device.type, dtype=self.amp_dtype, enabled=self.amp):
             loss = self.criterion(self.ddp(images), targets)
         self.optimizer.zero_grad(set_to_none=True)
         self.scaler.scale(loss).backward()
+        self._mark_step()
         self.scaler.step(self.optimizer)
         self.scaler.update()
+        self._mark_step()
         return loss.detach()
+
+    def _mark_step(self) -> None:
+        if self.htcore is not None:
+            self.htcore.mark_step()
 
     def _evaluate(self) -> dict:
         torch = self.torch
         self.ddp.eval()
-        totals = torch.zeros(3, dtype=torch.float64, device=self.device)  # correct, loss sum, images
-        with torch.no_grad(), torch.autocast(self.device_type, dtype=torch.float16, enabled=self.amp):
+        stat = hpu.reduce_dtype(torch, self.device)
+        totals = torch.zeros(3, dtype=stat, device=self.device)  # correct, loss sum, images
+        with torch.no_grad(), torch.autocast(self.device.type, dtype=self.amp_dtype, enabled=self.amp):
             for images, targets in self.val_loader:
                 images, targets = images.to(self.device), targets.to(self.device)
                 if self.args.channels_last:
                     images = images.contiguous(memory_format=torch.channels_last)
                 output = self.model(images)  # not the DDP wrapper: ranks hold different numbers of batches
-                totals += torch.stack([(output.argmax(1) == targets).sum().double(),
-                                       self.criterion(output.float(), targets).double() * len(targets),
-                                       torch.tensor(float(len(targets)), dtype=torch.float64, device=self.device)])
+                totals += torch.stack([(output.argmax(1) == targets).sum().to(stat),
+                                       self.criterion(output.float(), targets).to(stat) * len(targets),
+                                       torch.tensor(float(len(targets)), dtype=stat, device=self.device)])
+                self._mark_step()
         torch.distributed.all_reduce(totals)
         self.ddp.train()
         correct, loss_sum, count = totals.tolist()

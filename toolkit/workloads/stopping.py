@@ -46,7 +46,9 @@ def all_reduce_step(values: Sequence[float], stop_requested: bool, device) -> tu
     import torch
     import torch.distributed as dist
 
-    packed = torch.tensor([*values, 1.0 if stop_requested else 0.0], dtype=torch.float64, device=device)
+    from toolkit.workloads.hpu import reduce_dtype
+
+    packed = torch.tensor([*values, 1.0 if stop_requested else 0.0], dtype=reduce_dtype(torch, device), device=device)
     dist.all_reduce(packed)
     *sums, stops = packed.tolist()
     return sums, stops > 0
