@@ -2,7 +2,6 @@
 offline (multi-NIC public IPs, Capacity Blocks), and `validate` handles published-style configs (small instance
 types, existing FSx, a pcluster validator that crashes, a bad Region, pattern errors)."""
 
-import copy
 import json
 import re
 import shlex
@@ -222,7 +221,7 @@ def test_dl1_without_custom_ami_is_an_error_at_config_time(tmp_path):
     assert "Habana" in res.stderr and "--custom-ami" in res.stderr and "Traceback" not in res.stderr
     config = _config("dl1.24xlarge")
     config["Image"].pop("CustomAmi")
-    assert (f"Scheduling/SlurmQueues[q]/ComputeResources[dl1-24xlarge]/InstanceType", "hpc") in \
+    assert ("Scheduling/SlurmQueues[q]/ComputeResources[dl1-24xlarge]/InstanceType", "hpc") in \
         _errors(validate_config(config))
 
 

@@ -94,7 +94,7 @@ KINDS = {
     "remove-queue-with-terminate": (P5, None, lambda c: (
         _drop("Scheduling/SlurmQueues", "cpu")(c),
         _set(**{"Scheduling/SlurmSettings/QueueUpdateStrategy": "TERMINATE"})(c))),
-    "slurm-settings": (P5, None, _set(**{"Scheduling/SlurmSettings/ScaledownIdletime": 30})),
+    "slurm-settings": (P5, None, _set(**{"Scheduling/SlurmSettings/ScaledownIdletime": 45})),
     "queue-tags": (P5, None, _set(**{"Scheduling/SlurmQueues/cpu/Tags": [{"Key": "team", "Value": "nlp"}]})),
     "aws-style-remove-queue-with-drain": (AWS_STYLE, None, _drop("Scheduling/SlurmQueues", "cpu")),
     "aws-style-max-down-with-drain": (AWS_STYLE, None, _set(**{
@@ -212,7 +212,7 @@ def test_the_edit_commands_and_diff_together(tmp_path):
     stopped = run_hpc("cluster", "diff", str(old), str(new), "--fleet", "stopped", "--json")
     assert (running.returncode, stopped.returncode) == (1, 0)
     change, = json.loads(running.stdout)["changes"]
-    assert (change["path"], change["old"], change["new"]) == (f"Scheduling/SlurmQueues[cpu]/ComputeResources"
+    assert (change["path"], change["old"], change["new"]) == ("Scheduling/SlurmQueues[cpu]/ComputeResources"
                                                               "[m5-8xlarge]/MaxCount", 2, 1)
 
 

@@ -553,8 +553,8 @@ def _public_subnet_risk(loaded: Any, ec2: Any) -> tuple[list[Result], dict[str, 
     return risks, not_checked
 
 
-def validate(config: dict, cluster_name: str = "hpc-offline") -> Outcome:
-    """pcluster's schema, then (when it loads) its semantic validators, offline.
+def validate(config: dict, semantic: bool = True, cluster_name: str = "hpc-offline") -> Outcome:
+    """pcluster's schema, then (when it loads and `semantic`) its semantic validators, offline.
     Raises OfflineAccessError when pcluster needs AWS outside a validator (nothing was sent: the call was
     refused before any I/O)."""
     from marshmallow import ValidationError
@@ -569,6 +569,8 @@ def validate(config: dict, cluster_name: str = "hpc-offline") -> Outcome:
             loaded = ClusterSchema(cluster_name=cluster_name).load(config)
         except ValidationError as exc:
             return Outcome(schema_results(exc.messages, config), {})
+        if not semantic:
+            return Outcome([], {})
         loaded.official_ami = OFFLINE_AMI
         with _Origins().installed() as origins:
             failures = loaded.validate([], ValidatorContext())

@@ -12,10 +12,7 @@ calls NW bandwidth: algbw x 2(n-1)/n for all-reduce, x (n-1)/n for the others), 
 
 from __future__ import annotations
 
-import dataclasses
-from pathlib import Path
-
-from toolkit.reports.nccl import NcclTest, Verdict, parse_file, summarize
+from toolkit.reports.nccl import NcclTest, Verdict, summarize
 
 SOURCE = "Intel's DL1 EFA peer-direct post: 32 HPUs (4 x dl1.24xlarge), 32 MB messages, SynapseAI 1.8.0"
 POST_RANKS = 32
@@ -71,16 +68,3 @@ def verdict_for(test: NcclTest, instance_type: str | None, nodes: int | None,
     if is_gaudi(instance_type):
         return judge_gaudi(test, nodes * instance(instance_type).gpus if nodes else None)
     return judge(test, instance_type, nodes, transport)
-
-
-def report(paths: list[str | Path], instance_type: str, nodes: int | None = None) -> tuple[dict, list[NcclTest]]:
-    """Like toolkit.reports.nccl.report, with each test judged by judge_gaudi (ranks = nodes x HPUs per node)."""
-    tests = [t for path in paths for t in parse_file(path)]
-    entries = []
-    for test in tests:
-        verdict = verdict_for(test, instance_type, nodes)
-        entries.append({**summarize(test), "verdict": dataclasses.asdict(verdict),
-                        "rows": [dataclasses.asdict(r) for r in test.rows]})
-    statuses = {e["verdict"]["status"] for e in entries}
-    status = "FAIL" if "FAIL" in statuses else "PASS" if "PASS" in statuses else "NO-VERDICT"
-    return {"status": status, "instance_type": instance_type, "tests": entries}, tests

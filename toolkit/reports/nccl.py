@@ -447,6 +447,7 @@ def report(paths: list[str | Path], instance_type: str | None = None, nodes: int
     passes, else NO-VERDICT. Returns the JSON-ready report and the parsed tests. When no file can be read at
     all, the (first) file's error is raised."""
     from toolkit.catalog import instance
+    from toolkit.reports.gaudi import verdict_for  # Gaudi runs are judged against the DL1 post's table
 
     if transport not in (None, "efa", "tcp"):
         raise UsageError(f"unknown transport {transport!r}", fix="use --transport efa or --transport tcp")
@@ -463,7 +464,7 @@ def report(paths: list[str | Path], instance_type: str | None = None, nodes: int
         raise errors[0][1]
     entries = []
     for test in tests:
-        verdict = judge(test, instance_type, nodes, transport)
+        verdict = verdict_for(test, instance_type, nodes, transport)
         entries.append({**summarize(test), "verdict": dataclasses.asdict(verdict),
                         "rows": [dataclasses.asdict(r) for r in test.rows]})
     statuses = {e["verdict"]["status"] for e in entries}
