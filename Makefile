@@ -45,7 +45,7 @@ test: venv train-env slurm-up
 
 # The main job: a small real recipe on the local Slurm (or on this machine where no Slurm can run).
 demo: venv train-env slurm-up
-	$(BIN)/python -m toolkit recipes submit roberta --nodes 2 --profile smoke --wait
+	$(BIN)/hpc recipes submit roberta --nodes 2 --profile smoke --wait
 
 # Benchmarks print figures and ratios against a baseline run in the same command (not timed tests).
 bench: venv train-env slurm-up

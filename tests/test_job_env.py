@@ -18,8 +18,9 @@ def names(env):
     return [v.name for v in env]
 
 
-LEGACY = ["NCCL_DEBUG", "FI_PROVIDER", "FI_EFA_TX_MIN_CREDITS", "NCCL_SOCKET_IFNAME", "NCCL_PROTO"]
-TCP = ["NCCL_DEBUG", "NCCL_SOCKET_NTHREADS", "NCCL_NSOCKS_PERTHREAD"]
+MODERN = ["NCCL_DEBUG", "NCCL_DEBUG_SUBSYS", "NCCL_NET"]
+LEGACY = MODERN + ["FI_PROVIDER", "FI_EFA_TX_MIN_CREDITS", "NCCL_SOCKET_IFNAME", "NCCL_PROTO"]
+TCP = ["NCCL_DEBUG", "NCCL_DEBUG_SUBSYS", "NCCL_SOCKET_NTHREADS", "NCCL_NSOCKS_PERTHREAD"]
 
 
 def config_queue(itype: str, efa: bool, stack: str | None) -> Queue:
@@ -32,8 +33,8 @@ def config_queue(itype: str, efa: bool, stack: str | None) -> Queue:
 
 
 @pytest.mark.parametrize("itype,efa,stack,expected", [
-    ("p3dn.24xlarge", True, None, ["NCCL_DEBUG"]),  # EFA on: modern by default
-    ("p5.48xlarge", True, "modern", ["NCCL_DEBUG"]),
+    ("p3dn.24xlarge", True, None, MODERN),  # EFA on: modern by default
+    ("p5.48xlarge", True, "modern", MODERN),
     ("p3dn.24xlarge", True, "legacy", LEGACY),
     ("p4d.24xlarge", True, "legacy", LEGACY + ["FI_EFA_USE_DEVICE_RDMA"]),
     ("p3.16xlarge", False, None, TCP),
@@ -52,6 +53,15 @@ def test_communication_env_follows_the_queue(itype, efa, stack, expected):
     threads = {n: int(values[n]) for n in ("NCCL_SOCKET_NTHREADS", "NCCL_NSOCKS_PERTHREAD") if n in values}
     if threads:
         assert threads["NCCL_SOCKET_NTHREADS"] <= 16 and threads["NCCL_SOCKET_NTHREADS"] * threads["NCCL_NSOCKS_PERTHREAD"] <= 64
+
+
+def test_efa_queues_fail_closed_on_the_plugin_and_tcp_queues_do_not():
+    for fabric in ("modern", "legacy"):
+        env = {v.name: v.value for v in communication_env(instance("p4d.24xlarge"), fabric)}
+        assert env["NCCL_NET"] == "AWS Libfabric"  # NCCL errors out if no network of that name loaded
+    assert "NCCL_NET" not in names(communication_env(instance("p4d.24xlarge"), "none"))
+    script = render_script(build_job_spec(load_recipe("roberta"), config_queue("p4d.24xlarge", True, None), 1))
+    assert "export NCCL_NET='AWS Libfabric'" in script
 
 
 def test_nccl_proto_simple_only_for_the_legacy_plugin():

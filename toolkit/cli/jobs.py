@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import dataclasses
 import sys
+from pathlib import Path
 
 import typer
 
-from toolkit.cli.output import JSON_OPTION, emit, table
+from toolkit.cli.output import JSON_OPTION, emit, table, warn
 
 app = typer.Typer(help="Follow and control submitted runs: list, status, logs, cancel.", no_args_is_help=True,
                   rich_markup_mode=None)
@@ -47,6 +48,7 @@ def status(job_id: str = typer.Argument(..., help="Slurm job id (an array task: 
     _use_local_cluster()
     s = runs.status(job_id)
     data = dataclasses.asdict(s)
+    data["network"] = runs.network(Path(s.run_dir)) if s.run_dir and not s.tasks else None
 
     def human(d):
         lines = [f"job {d['job_id']}: {d['state']} (from {d['source']})"]
@@ -55,10 +57,14 @@ def status(job_id: str = typer.Argument(..., help="Slurm job id (an array task: 
                 lines.append(f"  {key.replace('_', ' ')}: {d[key]}")
         if d["tasks"]:
             lines.append(f"  tasks: {sum(d['tasks'].values())}:{_task_counts(d)}")
+        if d["network"]:
+            lines.append(f"  network: {d['network']['label']} ({d['network']['evidence']})")
         return "\n".join(lines)
 
     emit(data, json_, human)
-    if s.done and s.state != State.COMPLETED:
+    if data["network"] and data["network"]["problem"]:
+        warn(data["network"]["problem"])
+    if (s.done and s.state != State.COMPLETED) or (data["network"] and data["network"]["problem"]):
         raise typer.Exit(1)
 
 

@@ -37,3 +37,18 @@ def warn(message: str) -> None:
 def info(message: str) -> None:
     """Progress and notes go to stderr so stdout stays clean for --json and redirection."""
     sys.stderr.write(message.rstrip("\n") + "\n")
+
+
+def hpc_program() -> str:
+    """`hpc` as the user can type it again: `hpc` where that is this installation on PATH, else this
+    environment's own script (`make demo` runs the venv's hpc without putting it on PATH)."""
+    import os
+    import shutil
+    from pathlib import Path
+
+    script = Path(sys.executable).parent / "hpc"
+    on_path = shutil.which("hpc")
+    if not script.exists() or (on_path and Path(on_path).resolve() == script.resolve()):
+        return "hpc"
+    relative = os.path.relpath(script)
+    return relative if not relative.startswith("..") else str(script)

@@ -7,7 +7,7 @@ from typing import Optional
 
 import typer
 
-from toolkit.cli.output import JSON_OPTION, emit, info, table
+from toolkit.cli.output import JSON_OPTION, emit, hpc_program, info, table
 
 app = typer.Typer(help="Training recipes: list, show, validate, render and submit.", no_args_is_help=True, rich_markup_mode=None)
 
@@ -169,6 +169,7 @@ def submit(name: str = typer.Argument(..., help="Recipe name or path to a recipe
         emit(plan.to_json(), as_json, lambda _p: plans.describe(plan))
         return
     result = submission.submit(request, progress=info)
+    result["follow"] = f"{hpc_program()} jobs logs {result['job_id']} --follow"
     _warn(result["warnings"])
     info(f"submitted job {result['job_id']} ({result['nodes']} nodes, {result['ranks']} ranks) to queue "
          f"{result['queue']}\n  run dir: {result['run_dir']}\n  follow:  {result['follow']}")
@@ -204,7 +205,7 @@ def _submit_sweep(request, sweeps: list[str], parallelism, dry_run: bool, wait: 
     first = plan.tasks[0]
     result = {"job_id": array_id, "run_dir": str(plan.sweep_dir), "tasks": len(plan.tasks),
               "executor": first.executor, "queue": first.queue.name, "nodes": first.spec.nodes,
-              "ranks": first.spec.world_size, "warnings": data["warnings"], "follow": f"hpc jobs status {array_id}"}
+              "ranks": first.spec.world_size, "warnings": data["warnings"], "follow": f"{hpc_program()} jobs status {array_id}"}
     info(f"submitted job array {array_id} ({result['tasks']} tasks of {result['nodes']} nodes, "
          f"{result['ranks']} ranks) to queue {result['queue']}\n  sweep dir: {result['run_dir']}\n"
          f"  follow:    {result['follow']}")
@@ -237,4 +238,4 @@ def _print_outcome(result: dict) -> None:
     loss = f", loss {curve[0][1]:.3f} -> {curve[-1][1]:.3f}" if len(curve) > 1 else ""
     rate = f", {training['throughput']:.1f} {training['unit']}" if training["throughput"] else ""
     info(f"result: {result['ranks']} ranks, {training['updates']} updates{loss}{rate} "
-         f"(details: hpc report run {result['run_dir']})")
+         f"(details: {hpc_program()} report run {result['run_dir']})")

@@ -43,7 +43,14 @@ def filter_submit_env(environ: Mapping[str, str]) -> dict[str, str]:
 def communication_env(instance: InstanceType, fabric: str) -> list[EnvVar]:
     """NCCL/EFA variables for a GPU instance type and the queue's fabric (Queue.fabric)."""
     env = [EnvVar("NCCL_DEBUG", "INFO", "bring-up: NCCL logs its version and the transport it picked "
-                                        "(NET/OFI = EFA, NET/Socket = TCP); set WARN in the recipe's env once healthy")]
+                                        "(NET/OFI = EFA, NET/Socket = TCP); set WARN in the recipe's env once healthy"),
+           EnvVar("NCCL_DEBUG_SUBSYS", "INIT,NET", "only NCCL's start-up and network lines: what `hpc jobs status` "
+                                                   "and `hpc report run` read to tell which transport ran")]
+    if fabric != "none":
+        env.append(EnvVar("NCCL_NET", "AWS Libfabric", "fail closed: NCCL must use the aws-ofi-nccl plugin (EFA); a "
+                                                       "missing plugin stops the job ('network AWS Libfabric not "
+                                                       "found') instead of falling back to TCP sockets at a fraction "
+                                                       "of the speed. Every plugin release answers to this name"))
     if fabric == "legacy":
         env += [
             EnvVar("FI_PROVIDER", "efa", "aws-ofi-nccl <= 1.5 does not pick the EFA libfabric provider itself"),

@@ -196,6 +196,18 @@ def sweep_failed_tasks(run: Path, meta: dict) -> list[dict]:
             for t in sweep_task_statuses(run, meta, found) if t.state != State.COMPLETED]
 
 
+def network(run: Path) -> dict | None:
+    """Which network NCCL used in a run, from its logs (NCCL_DEBUG=INFO lines; toolkit.reports.transport), and
+    the problem when the run's queue has EFA but NCCL fell back to sockets. None when NCCL said nothing."""
+    from toolkit.reports.transport import efa_expected, efa_problem, files_transport
+
+    found = files_transport(sorted((run / "submitit").glob("*_log.*")) + sorted(run.glob("*.out")))
+    if found.name is None:
+        return None
+    problem = efa_problem(found, efa_expected(rundir.read_json(run / rundir.METADATA) or {}))
+    return {"transport": found.name, "label": found.label, "evidence": found.evidence, "problem": problem}
+
+
 def rank_log(job_id: str, rank: int, root: Path | None = None, stream: str = "out") -> Path:
     run = rundir.find_run(job_id, root)
     if run is None:

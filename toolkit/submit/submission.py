@@ -16,14 +16,13 @@ __all__ = ["SubmitRequest", "submit", "wait"]
 
 
 def submit(request: SubmitRequest, progress: Callable[[str], None] = lambda _m: None) -> dict[str, Any]:
-    """Plan and submit a recipe; returns the job id, run dir, warnings and how to follow it."""
+    """Plan and submit a recipe; returns the job id, run dir and warnings."""
     p = plan(request)
     for note in p.notes:
         progress(note)
     job_id = execute(p)
     return {"job_id": job_id, "run_dir": str(p.run_dir), "executor": p.executor, "queue": p.queue.name,
-            "nodes": p.spec.nodes, "ranks": p.spec.world_size, "warnings": list(p.warnings),
-            "follow": f"hpc jobs logs {job_id} --follow"}
+            "nodes": p.spec.nodes, "ranks": p.spec.world_size, "warnings": list(p.warnings)}
 
 
 def wait(job_id: str, run: Path, progress: Callable[[str], None], poll_s: float = 1.0,
