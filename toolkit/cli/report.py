@@ -72,8 +72,9 @@ def nccl(
     Exit 1 when any test fails (bandwidth under the floor, or wrong values).
     """
     from toolkit.reports import nccl as nccl_report
+    from toolkit.reports.gaudi import verdict_for
 
-    data, tests = nccl_report.report(logs, instance, nodes, transport)
+    data, tests = nccl_report.report(logs, instance, nodes, transport, verdict=verdict_for)
     emit(data, as_json, _nccl_text)
     for error in data["errors"]:  # the other files are reported; the bad ones are named on stderr too
         warn(f"{error['source']}: {error['error']}\n  fix: {error['fix']}")

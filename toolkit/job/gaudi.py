@@ -1,4 +1,5 @@
-"""Habana Gaudi (dl1.24xlarge) job specifics: the HCCL/EFA environment and the CPU binding of each rank.
+"""Habana Gaudi (dl1.24xlarge) job specifics: the CPU binding of each rank (the HCCL/EFA environment is
+toolkit.job.env.gaudi_env, beside the other stacks' variables).
 
 Sources: Intel's DL1 post on EFA peer-direct (SynapseAI >= 1.8.0: RDMAV_FORK_SAFE=1 FI_EFA_USE_DEVICE_RDMA=1,
 32 HPUs at 32 MB: all-reduce 12,110 -> 21,136 MB/s); Habana's HCCL docs, "Scale-out via Host NIC" (Host NIC
@@ -10,26 +11,6 @@ Model-References, whose 8-HPU runs bind ranks with `mpirun --bind-to core --map-
 from __future__ import annotations
 
 from toolkit.catalog import InstanceType
-from toolkit.job.env import EnvVar
-
-# The SynapseAI release that brought EFA peer-direct (Host NIC Gaudi Direct) to DL1.
-PEER_DIRECT_SYNAPSEAI = "1.8.0"
-
-
-def gaudi_env(instance: InstanceType, fabric: str) -> list[EnvVar]:
-    """What a Gaudi job exports: lazy mode always; the two peer-direct variables when the queue uses EFA."""
-    env = [EnvVar("PT_HPU_LAZY_MODE", "1", "Habana PyTorch bridge in lazy mode (our workloads call "
-                                           "htcore.mark_step()); newer Gaudi software defaults to eager")]
-    if fabric != "none":  # Queue.fabric: EFA enabled on the queue
-        env += [
-            EnvVar("RDMAV_FORK_SAFE", "1", f"SynapseAI >= {PEER_DIRECT_SYNAPSEAI}, EFA peer-direct: libibverbs keeps "
-                                           "HPU memory registered with EFA safe when data-loader workers fork"),
-            EnvVar("FI_EFA_USE_DEVICE_RDMA", "1", f"SynapseAI >= {PEER_DIRECT_SYNAPSEAI} (libfabric >= 1.16.1, "
-                                                  "kernel >= 5.12): HCCL sends straight from HPU memory over EFA; "
-                                                  "without it 32-HPU all-reduce at 32 MB drops 21,136 -> 12,110 MB/s"),
-        ]
-    return env
-
 
 def srun_binding(instance: InstanceType, tasks_per_node: int) -> tuple[tuple[str, ...], str]:
     """srun options that pin each rank to its own cores, and why.

@@ -21,7 +21,7 @@ import dataclasses
 import json
 import re
 from pathlib import Path
-from typing import Literal
+from typing import Callable, Literal
 
 from toolkit.errors import HpcError, UsageError
 from toolkit.reports.transport import ANSI, nccl_transport
@@ -441,13 +441,13 @@ def judge(test: NcclTest, instance_type: str | None = None, nodes: int | None = 
 
 
 def report(paths: list[str | Path], instance_type: str | None = None, nodes: int | None = None,
-           transport: str | None = None) -> tuple[dict, list[NcclTest]]:
+           transport: str | None = None, verdict: Callable[..., Verdict] | None = None) -> tuple[dict, list[NcclTest]]:
     """Every test in the given logs with its rows, summary and verdict; the overall status is FAIL if any test
     fails or any file cannot be read (listed under `errors`, the others are still reported), else PASS if any
     passes, else NO-VERDICT. Returns the JSON-ready report and the parsed tests. When no file can be read at
-    all, the (first) file's error is raised."""
+    all, the (first) file's error is raised. `verdict(test, instance_type, nodes, transport)`: judge() unless
+    given (toolkit.reports.gaudi.verdict_for judges Gaudi runs against the DL1 post)."""
     from toolkit.catalog import instance
-    from toolkit.reports.gaudi import verdict_for  # Gaudi runs are judged against the DL1 post's table
 
     if transport not in (None, "efa", "tcp"):
         raise UsageError(f"unknown transport {transport!r}", fix="use --transport efa or --transport tcp")
@@ -464,8 +464,8 @@ def report(paths: list[str | Path], instance_type: str | None = None, nodes: int
         raise errors[0][1]
     entries = []
     for test in tests:
-        verdict = verdict_for(test, instance_type, nodes, transport)
-        entries.append({**summarize(test), "verdict": dataclasses.asdict(verdict),
+        judged = (verdict or judge)(test, instance_type, nodes, transport)
+        entries.append({**summarize(test), "verdict": dataclasses.asdict(judged),
                         "rows": [dataclasses.asdict(r) for r in test.rows]})
     statuses = {e["verdict"]["status"] for e in entries}
     status = "FAIL" if "FAIL" in statuses or errors else "PASS" if "PASS" in statuses else "NO-VERDICT"

@@ -1,0 +1,68 @@
+"""The house rules that code review alone would let slip: no import cycle in toolkit/ (lazy imports inside
+functions count too: they are cycles all the same, only deferred), and `hpc --help` imports nothing heavy."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.conftest import REPO
+
+PACKAGE = REPO / "toolkit"
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(REPO).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imports_of(path: Path, modules: set[str]) -> set[str]:
+    """Every toolkit module `path` imports, at any depth (`from toolkit.a import b` is toolkit.a.b if that is a
+    module, else toolkit.a)."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").startswith("toolkit"):
+            for alias in node.names:
+                full = f"{node.module}.{alias.name}"
+                found.add(full if full in modules else node.module)
+        elif isinstance(node, ast.Import):
+            found.update(a.name for a in node.names if a.name.startswith("toolkit"))
+    return {m for m in found if m in modules} - {module_name(path)}
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+
+    def visit(node: str, path: list[str]) -> list[str] | None:
+        state[node] = 1
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == 1:
+                return path[path.index(nxt):] + [nxt]
+            if nxt not in state and (cycle := visit(nxt, path + [nxt])):
+                return cycle
+        state[node] = 2
+        return None
+
+    for start in sorted(graph):
+        if start not in state and (cycle := visit(start, [start])):
+            return cycle
+    return None
+
+
+def test_no_import_cycle_in_the_package():
+    files = {module_name(p): p for p in PACKAGE.rglob("*.py")}
+    graph = {name: imports_of(path, set(files)) for name, path in files.items()}
+    assert find_cycle(graph) is None, " -> ".join(find_cycle(graph))
+    # the checker finds one when there is one
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+
+
+def test_help_loads_no_heavy_library():
+    code = ("import sys; from toolkit.cli.main import main; sys.argv = ['hpc', '--help']\n"
+            "try:\n    main()\nexcept SystemExit:\n    pass\n"
+            "heavy = [m for m in ('pcluster', 'boto3', 'submitit', 'torch', 'kubernetes', 'pydantic', 'jinja2', "
+            "'matplotlib', 'deepspeed') if m in sys.modules]\nprint(heavy, file=sys.stderr)")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)
+    assert res.stderr.strip().splitlines()[-1] == "[]", res.stderr
