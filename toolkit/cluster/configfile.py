@@ -9,6 +9,7 @@ from typing import Any, Iterator
 
 from toolkit.cluster import yamlsource
 from toolkit.errors import HpcError
+from toolkit.textfile import read_text
 
 _VARIABLE = re.compile(r"\$\{([^}]*)\}")
 
@@ -29,12 +30,7 @@ def read_config(path: str | Path) -> tuple[str, dict]:
     """(text, config mapping) of a config file. Raises HpcError when it cannot be read, is not YAML, or still
     holds a `${VAR}` (AWS samples are templates for envsubst: the value would reach pcluster literally)."""
     path = Path(path)
-    try:
-        text = path.read_bytes().decode("utf-8")  # bytes as they are: no newline translation for edits
-    except FileNotFoundError:
-        raise HpcError(f"{path} does not exist", fix="pass the path of a ParallelCluster v3 config file") from None
-    except (IsADirectoryError, PermissionError, UnicodeDecodeError) as exc:
-        raise HpcError(f"cannot read {path}: {exc}", fix="pass a readable YAML text file") from None
+    text = read_text(path, "cluster config", fix="pass the path of a ParallelCluster v3 config file")
     config, lines, problems = yamlsource.parse(text, str(path))
     if problems:
         problem = problems[0]

@@ -16,6 +16,7 @@ from typing import Any, Literal
 
 from toolkit.catalog import InstanceType, instance
 from toolkit.errors import HpcError
+from toolkit.textfile import read_text
 
 EfaStack = Literal["modern", "legacy", "none"]
 EFA_STACKS = ("modern", "legacy", "none")
@@ -123,17 +124,7 @@ def load_queues(path: str | Path) -> dict[str, Queue]:
     from toolkit.cluster import yamlsource
 
     path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise HpcError(f"cluster config {path} does not exist", fix="pass an existing file to --cluster") from None
-    except IsADirectoryError:
-        raise HpcError(f"cluster config {path} is a directory", fix="pass the config file to --cluster") from None
-    except OSError as exc:
-        raise HpcError(f"cannot read cluster config {path}: {exc.strerror}", fix="check its permissions") from None
-    except UnicodeDecodeError as exc:
-        raise HpcError(f"cluster config {path}: not UTF-8 text (byte {exc.start})",
-                       fix="save the config as UTF-8") from None
+    text = read_text(path, "cluster config", fix="pass an existing cluster config file to --cluster")
     config, _, problems = yamlsource.parse(text, str(path))
     if problems:
         where = f"{path}:{problems[0].line}" if problems[0].line else str(path)

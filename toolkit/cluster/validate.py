@@ -153,11 +153,7 @@ def validate_file(path: str | Path) -> Report:
     """Validate a ParallelCluster v3 config file offline: the Report lists findings (level, key path, line,
     message, fix) and the pcluster validators not checked offline. Raises HpcError only when the file
     cannot be read or aws-parallelcluster is missing."""
-    path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise HpcError(f"{path} does not exist", fix="pass the path of a ParallelCluster config file") from None
-    except (IsADirectoryError, PermissionError, UnicodeDecodeError) as exc:
-        raise HpcError(f"cannot read {path}: {exc}", fix="pass a readable YAML text file") from None
+    from toolkit.textfile import read_text
+
+    text = read_text(path, "cluster config", fix="pass the path of a ParallelCluster config file")
     return validate_text(text, str(path))

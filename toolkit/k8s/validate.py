@@ -382,11 +382,7 @@ def validate_text(text: str, file: str = "<manifests>") -> dict:
 
 
 def validate_file(path: str | Path) -> dict:
-    path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise HpcError(f"{path} does not exist", fix="pass a manifest file (hpc k8s render ... -o FILE)") from None
-    except (IsADirectoryError, PermissionError, UnicodeDecodeError) as exc:
-        raise HpcError(f"cannot read {path}: {exc}", fix="pass a readable YAML text file") from None
+    from toolkit.textfile import read_text
+
+    text = read_text(path, "manifest", fix="pass a manifest file (hpc k8s render ... -o FILE)")
     return validate_text(text, str(path))

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 from toolkit.errors import HpcError, UsageError
+from toolkit.textfile import read_text
 
 RECIPES_DIR_ENV = "HPC_RECIPES_DIR"
 REPO_RECIPES = Path(__file__).resolve().parents[2] / "recipes"
@@ -64,12 +65,9 @@ def find_recipe(name_or_path: str | Path) -> Path:
 def read_yaml(path: Path) -> dict[str, Any]:
     import yaml
 
+    text = read_text(path, "recipe", fix="pass an existing recipe file (or a recipe name: hpc recipes list)")
     try:
-        data = yaml.safe_load(path.read_text())
-    except OSError as exc:
-        raise HpcError(f"cannot read recipe {path}: {exc.strerror}", fix="check the path and its permissions") from None
-    except UnicodeDecodeError as exc:
-        raise HpcError(f"{path}: not UTF-8 text (byte {exc.start})", fix="save the recipe as UTF-8") from None
+        data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
         where = getattr(exc, "problem_mark", None)
         line = f" (line {where.line + 1}, column {where.column + 1})" if where else ""
