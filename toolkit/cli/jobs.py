@@ -88,9 +88,11 @@ def logs(job_id: str = typer.Argument(..., help="Slurm job id."),
 
 @app.command("cancel")
 def cancel(job_id: str = typer.Argument(..., help="Slurm job id."), json_: bool = JSON_OPTION) -> None:
-    """Cancel a job (scancel)."""
+    """Cancel a job (scancel); a sweep's id (any of its arrays') cancels all its arrays."""
     from toolkit.slurm import commands
+    from toolkit.submit import runs
 
     _use_local_cluster()
-    commands.run(["scancel", job_id])
-    emit({"job_id": job_id, "cancelled": True}, json_, f"cancelled job {job_id}")
+    ids = runs.cancel_ids(job_id)
+    commands.run(["scancel", *ids])
+    emit({"job_id": job_id, "cancelled": True, "job_ids": ids}, json_, f"cancelled job {' '.join(ids)}")
