@@ -56,8 +56,10 @@ def test_a_200_task_sweep_is_job_arrays_with_every_task_accounted_for(slurm_sand
     assert result["state"] == "COMPLETED" and result["tasks"] == TASKS
     arrays = sweep_arrays(sweep_dir)  # one per MaxArraySize tasks: 2 at the sandbox's 101, 1 at Slurm's 1001
     limit = arrays[0][2]
-    assert [(first, count) for _, first, count in arrays] == [(f, min(limit, TASKS - f)) for f in range(0, TASKS, limit)]
-    assert array_id == arrays[0][0] and result["arrays"] == [{"job_id": a, "first": f, "count": c} for a, f, c in arrays]
+    assert [(first, count) for _, first, count in arrays] == [(f, min(limit, TASKS - f))
+                                                             for f in range(0, TASKS, limit)]
+    assert array_id == arrays[0][0]
+    assert result["arrays"] == [{"job_id": a, "first": f, "count": c} for a, f, c in arrays]
     ids = task_ids(arrays)
     assert_every_task_ran_once(sweep_dir, tmp_path / "probe", arrays, env, monkeypatch)
 

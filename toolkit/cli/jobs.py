@@ -39,7 +39,8 @@ def _task_counts(row: dict) -> str:
 
 
 @app.command("status")
-def status(job_id: str = typer.Argument(..., help="Slurm job id (an array task: ID_N)."),
+def status(job_id: str = typer.Argument(..., help="Slurm job id (an array task: ID_N; a sweep: any of its "
+                                                  "arrays' ids)."),
            json_: bool = JSON_OPTION) -> None:
     """State of one job (with the requeue count; array jobs: a count per state)."""
     from toolkit.slurm.status import State

@@ -144,7 +144,8 @@ def submit(name: str = typer.Argument(..., help="Recipe name or path to a recipe
                                              "KEY.PATH=V1,V2,... (A..B: integers; \\, a comma in a value); "
                                              "repeat for a grid."),
            array_parallelism: Optional[int] = typer.Option(None, "--array-parallelism", min=1,
-                                                           help="With --sweep: at most this many tasks at once "
+                                                           help="With --sweep: at most this many tasks of each "
+                                                                "array at once "
                                                                 "(default: submitit's 256)."),
            dry_run: bool = typer.Option(False, "--dry-run", help="Print what would be submitted; submit nothing."),
            wait: bool = typer.Option(False, "--wait", help="Show progress until the job ends; exit 1 if it fails."),
