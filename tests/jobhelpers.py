@@ -101,7 +101,7 @@ def one_rank_cluster(sandbox, tmp_path: Path) -> Path:
 
 
 def sweep_probe_recipe(tmp_path: Path, **env: str) -> Path:
-    """The probe as 1-node jobs that share nodes (tasks of a sweep): ranks write task-<T>-rank-<R>.json.
+    """The probe as 1-node jobs that share nodes (tasks of a sweep): ranks write task-<ARRAY>_<T>-rank-<R>.json.
 
     PYTHONPATH: the nodes' submitit unpickles the launcher with this checkout's toolkit (not the venv's install).
     """

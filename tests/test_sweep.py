@@ -97,7 +97,8 @@ def test_pending_array_rows_count_as_pending_tasks_and_own_rows_win(monkeypatch)
 
 
 def _sweep_dir(tmp_path, count: int):
-    meta = {"kind": "sweep", "array_job_id": "7", "tasks": count, "recipe": "probe", "nodes": 1, "job_ids": ["7"]}
+    meta = {"kind": "sweep", "array_job_id": "7", "arrays": [{"job_id": "7", "first": 0, "count": count}],
+            "tasks": count, "recipe": "probe", "nodes": 1, "job_ids": ["7"]}
     run = tmp_path / "runs" / "probe-sweep-x"
     for i in range(count):
         (run / rundir.task_dir_name(i, count)).mkdir(parents=True)
@@ -131,22 +132,190 @@ def test_summary_waits_for_pending_tasks_and_falls_back_to_task_run_dirs(tmp_pat
     assert (row.job_id, row.state, row.tasks) == ("7", "FAILED", {"COMPLETED": 3, "FAILED": 1})
 
 
-def test_nothing_known_yet_is_unknown_not_failed(tmp_path, monkeypatch):
-    """Right after submission sacct may not list the tasks yet: --wait must keep waiting."""
+def test_tasks_accounting_has_not_recorded_yet_are_pending_not_failed(tmp_path, monkeypatch):
+    """Seen on the local Slurm: 1 s after submission sacct knew task 0 only. Accounting forgets nothing, so the
+    tasks it lacks were submitted and not recorded yet: pending, and --wait keeps waiting (no second query)."""
     _sweep_dir(tmp_path, 3)
-    _fake_slurm(monkeypatch, "")
+    calls = _recording_slurm(monkeypatch, sacct="")
     s = runs.status("7")
-    assert s.state == "UNKNOWN" and not s.done
+    assert (s.state, s.tasks, s.done) == ("PENDING", {"PENDING": 3}, False)
+    calls.clear()
+    _recording_slurm(monkeypatch, sacct="7_0|COMPLETED|0:0|00:00:01|c1|None\n", calls=calls)
+    s = runs.status("7")
+    assert (s.state, s.tasks, s.done) == ("PENDING", {"COMPLETED": 1, "PENDING": 2}, False)
+    assert [c[0] for c in calls] == ["sacct"]
 
 
-def test_tasks_accounting_has_not_recorded_yet_are_taken_from_the_controller(tmp_path, monkeypatch):
-    """Seen on the local Slurm: 1 s after submission sacct knew task 0 only; the array is not FAILED then."""
-    _sweep_dir(tmp_path, 3)
+# -- sweeps larger than MaxArraySize: chunks, one array each, and one Slurm call per status poll -------------------
+
+def test_chunks_keep_every_array_below_max_array_size_for_10000_tasks():
+    parts = sweep.chunks(10_000, 1001)
+    assert [len(c) for c in parts] == [1001] * 9 + [991]
+    assert [i for c in parts for i in c] == list(range(10_000))  # every task once, in order
+    assert [(c.start, c.stop) for c in sweep.chunks(250, 101)] == [(0, 101), (101, 202), (202, 250)]
+    assert sweep.chunks(101, 101) == (range(0, 101),) and sweep.chunks(1, 101) == (range(0, 1),)
+
+
+def test_the_limit_is_the_clusters_capped_by_the_environment(monkeypatch):
+    calls = _recording_slurm(monkeypatch, scontrol="MaxArraySize            = 101\nMaxJobCount = 10000\n")
+    monkeypatch.delenv(sweep.MAX_ARRAY_SIZE_ENV, raising=False)
+    assert sweep.array_limit() == 101 and calls == [["scontrol", "show", "config"]]
+    monkeypatch.setenv(sweep.MAX_ARRAY_SIZE_ENV, "40")
+    assert sweep.array_limit() == 40
+    monkeypatch.setenv(sweep.MAX_ARRAY_SIZE_ENV, "500")
+    assert sweep.array_limit() == 101  # the cap never raises the cluster's limit
+    monkeypatch.setenv(sweep.MAX_ARRAY_SIZE_ENV, "ten")
+    with pytest.raises(HpcError, match="HPC_MAX_ARRAY_SIZE='ten'") as err:
+        sweep.array_limit()
+    assert err.value.fix
+
+    def no_slurm(args, timeout=20.0, check=True, input=None):
+        raise HpcError("Slurm's `scontrol` is not installed here", fix="x")
+    monkeypatch.setattr("toolkit.slurm.commands.run", no_slurm)
+    monkeypatch.delenv(sweep.MAX_ARRAY_SIZE_ENV)
+    assert sweep.array_limit() == sweep.SLURM_DEFAULT_MAX_ARRAY_SIZE  # a dry run away from Slurm
+
+
+def test_the_plan_shows_the_chunking(tmp_path, monkeypatch):
+    monkeypatch.setattr(sweep, "max_array_size", lambda: 1001)
+    monkeypatch.setenv(sweep.MAX_ARRAY_SIZE_ENV, "2")
+    sp = sweep.plan(_request(tmp_path), ["args.--count=1..5"], sweep_dir=tmp_path / "sweep")
+    data = sp.to_json()
+    assert (data["max_array_size"], data["arrays"]) == (2, [{"first": 0, "count": 2}, {"first": 2, "count": 2},
+                                                            {"first": 4, "count": 1}])
+    assert "#SBATCH --array=0-1" in data["batch_script"]  # submitit numbers each array from 0
+
+
+def _stub_submission(monkeypatch, refuse_at: int | None = None) -> list[list[str]]:
+    """Stand-in for sbatch (submitit) and the preflight: array k gets job id 500+k; scancel calls recorded."""
+    submitted: list[range] = []
+
+    def submit_array(sp, chunk):
+        if len(submitted) == refuse_at:
+            raise HpcError("Slurm refused the job: QOSMaxSubmitJobPerUserLimit", fix="x")
+        submitted.append(chunk)
+        return str(500 + len(submitted) - 1)
+    monkeypatch.setattr(sweep, "_submit_array", submit_array)
+    monkeypatch.setattr("toolkit.submit.plan.check_slurm_accepts", lambda p: None)
+    return _recording_slurm(monkeypatch)
+
+
+def test_execute_records_every_array_and_each_tasks_place_in_it(tmp_path, monkeypatch):
+    monkeypatch.setattr(sweep, "max_array_size", lambda: 3)
+    sp = sweep.plan(_request(tmp_path), ["args.--count=1..7"], sweep_dir=tmp_path / "sweep")
+    _stub_submission(monkeypatch)
+    assert sweep.execute(sp) == "500"
+    meta = rundir.read_json(sp.sweep_dir / "metadata.json")
+    assert meta["arrays"] == [{"job_id": "500", "first": 0, "count": 3}, {"job_id": "501", "first": 3, "count": 3},
+                              {"job_id": "502", "first": 6, "count": 1}]
+    assert (meta["job_ids"], meta["array_job_id"], meta["max_array_size"]) == (["500", "501", "502"], "500", 3)
+    tasks = [rundir.read_json(sp.sweep_dir / f"task-{i:03d}" / "metadata.json") for i in range(7)]
+    assert [t["job_ids"] for t in tasks] == [["500_0"], ["500_1"], ["500_2"], ["501_0"], ["501_1"], ["501_2"],
+                                             ["502"]]  # submitit sends a one-task batch as a plain job
+    assert [(t["task_index"], t["array_task"]) for t in tasks] == [(0, 0), (1, 1), (2, 2), (3, 0), (4, 1), (5, 2),
+                                                                   (6, 0)]
+    assert runs.sweep_task_ids(meta) == [j for t in tasks for j in t["job_ids"]]
+    monkeypatch.setenv("HPC_RUNS_DIR", str(tmp_path))
+    assert runs.cancel_ids("501") == runs.cancel_ids(sp.sweep_dir.name) == ["500", "501", "502"]
+    assert runs.cancel_ids("501_2") == ["501_2"]
+
+
+def test_a_refused_later_array_cancels_the_earlier_ones_and_leaves_nothing(tmp_path, monkeypatch):
+    monkeypatch.setattr(sweep, "max_array_size", lambda: 2)
+    sp = sweep.plan(_request(tmp_path), ["args.--count=1..5"], sweep_dir=tmp_path / "sweep")
+    calls = _stub_submission(monkeypatch, refuse_at=2)
+    with pytest.raises(HpcError, match="QOSMaxSubmitJobPerUserLimit"):
+        sweep.execute(sp)
+    assert calls == [["scancel", "500", "501"]]
+    assert not sp.sweep_dir.exists()
+
+
+def _recording_slurm(monkeypatch, sacct: str | None = None, squeue: str = "", scontrol: str = "",
+                     calls: list | None = None) -> list[list[str]]:
+    """A recording stand-in for toolkit.slurm.commands.run: every Slurm call, and canned answers (sacct=None:
+    accounting is disabled, as ParallelCluster ships)."""
+    calls = [] if calls is None else calls
 
     def run(args, timeout=20.0, check=True, input=None):
-        out = {"sacct": "7_0|RUNNING|0:0|00:00:01|c1|None\n",
-               "squeue": "7_0|RUNNING|c1|0:01|None\n7_1|PENDING||0:00|None\n7_2|PENDING||0:00|None\n"}.get(args[0], "")
-        return subprocess.CompletedProcess(args, 0, out, "")
+        calls.append(list(args))
+        if args[0] == "sacct" and sacct is None:
+            return subprocess.CompletedProcess(args, 1, "", "sacct: error: accounting storage is disabled")
+        out = {"sacct": sacct, "squeue": squeue, "scontrol": scontrol}.get(args[0], "")
+        return subprocess.CompletedProcess(args, 0, out or "", "")
     monkeypatch.setattr("toolkit.slurm.commands.run", run)
-    s = runs.status("7")
-    assert (s.state, s.tasks) == ("RUNNING", {"RUNNING": 1, "PENDING": 2})
+    return calls
+
+
+def _big_sweep(tmp_path, count: int = 10_000, limit: int = 1001):
+    """A 10,000-task sweep's metadata as execute() writes it: arrays 9000, 9001, ... of `limit` tasks."""
+    arrays = [{"job_id": str(9000 + k), "first": c.start, "count": len(c)}
+              for k, c in enumerate(sweep.chunks(count, limit))]
+    run = tmp_path / "runs" / "probe-sweep-big"
+    run.mkdir(parents=True)
+    meta = {"kind": "sweep", "array_job_id": "9000", "arrays": arrays, "tasks": count, "recipe": "probe", "nodes": 1,
+            "job_ids": [a["job_id"] for a in arrays]}
+    rundir.write_json(run / "metadata.json", meta)
+    return run, arrays
+
+
+def test_a_10000_task_status_poll_is_one_slurm_call(tmp_path, monkeypatch):
+    run, arrays = _big_sweep(tmp_path)
+    monkeypatch.setenv("HPC_RUNS_DIR", str(tmp_path / "runs"))
+    # sacct -X: finished/running tasks one row each, not-yet-started tasks of an array one "ID_[a-b]" row.
+    rows = [f"{a['job_id']}_{n}|COMPLETED|0:0|00:00:01|c1|None" for a in arrays[:9] for n in range(a["count"])]
+    rows[17] = "9000_17|FAILED|1:0|00:00:01|c1|None"
+    rows += ["9009_0|RUNNING|0:0|00:00:01|c1|None", "9009_[1-990%256]|PENDING|0:0|00:00:00||JobArrayTaskLimit"]
+    calls = _recording_slurm(monkeypatch, sacct="\n".join(rows) + "\n")
+    for sweep_id in ["9000", "9004", run.name]:  # any array's id, or the sweep's dir name
+        calls.clear()
+        s = runs.status(sweep_id)
+        assert (s.job_id, s.state, s.tasks) == ("9000", "RUNNING", {"COMPLETED": 9008, "FAILED": 1, "RUNNING": 1,
+                                                                   "PENDING": 990})
+        assert len(calls) == 1 and calls[0][0] == "sacct"
+        assert calls[0][calls[0].index("-j") + 1] == ",".join(a["job_id"] for a in arrays)
+    calls.clear()
+    task = runs.status("9009_990")  # the sweep's last task, 9999
+    assert (task.state, task.run_dir) == ("PENDING", str(run / "task-9999")) and len(calls) == 1
+    calls.clear()
+    [row] = runs.list_statuses()
+    assert (row.job_id, row.tasks["COMPLETED"]) == ("9000", 9008) and len(calls) == 1
+    with pytest.raises(HpcError, match="no task 9009_991") as err:
+        runs.status("9009_991")
+    assert "9000_0 .. 9000_1000" in err.value.fix and "9009_0 .. 9009_990" in err.value.fix
+
+
+def test_without_accounting_a_poll_is_one_squeue_for_all_arrays(tmp_path, monkeypatch):
+    run, arrays = _big_sweep(tmp_path)
+    monkeypatch.setenv("HPC_RUNS_DIR", str(tmp_path / "runs"))
+    # squeue -r: one row per task the controller holds; the rest it forgot, and their run dirs say how they ended
+    rows = [f"{a['job_id']}_{n}|RUNNING|c1|0:01|None" for a in arrays[5:] for n in range(a["count"])]
+    for i in range(0, 5005):
+        (run / rundir.task_dir_name(i, 10_000)).mkdir()
+        rundir.write_json(run / rundir.task_dir_name(i, 10_000) / "result.json", {"ok": True})
+    calls = _recording_slurm(monkeypatch, sacct=None, squeue="\n".join(rows) + "\n")
+    s = runs.status("9009")
+    assert (s.state, s.tasks) == ("RUNNING", {"COMPLETED": 5005, "RUNNING": 4995})
+    assert [c[0] for c in calls] == ["sacct", "squeue"]  # accounting refused, then the controller: no scontrol
+    squeue = calls[1]
+    assert "-r" in squeue and squeue[squeue.index("-j") + 1] == ",".join(a["job_id"] for a in arrays)
+
+
+def test_wait_polls_a_sweep_with_one_slurm_call_each(tmp_path, monkeypatch):
+    from toolkit.submit import submission
+
+    run, arrays = _big_sweep(tmp_path, count=250, limit=101)
+    monkeypatch.setenv("HPC_RUNS_DIR", str(tmp_path / "runs"))
+    answers = iter([f"{a['job_id']}_[0-{a['count'] - 1}]|PENDING|0:0|00:00:00||None" for a in arrays[:1]] * 2
+                   + ["\n".join(f"{a['job_id']}_{n}|COMPLETED|0:0|00:00:01|c1|None"
+                                for a in arrays for n in range(a["count"]))] * 1)
+    calls = []
+
+    def run_slurm(args, timeout=20.0, check=True, input=None):
+        calls.append(list(args))
+        return subprocess.CompletedProcess(args, 0, next(answers) + "\n", "")
+    monkeypatch.setattr("toolkit.slurm.commands.run", run_slurm)
+    seen = []
+    outcome = submission.wait("9000", run, progress=seen.append, poll_s=0)
+    assert outcome["state"] == "COMPLETED" and len(calls) == 3  # three polls, one sacct each for all 3 arrays
+    assert {c[c.index("-j") + 1] for c in calls} == {"9000,9001,9002"}
+    assert [m.split(":")[1].split()[0] for m in seen] == ["PENDING", "COMPLETED"]

@@ -1,8 +1,11 @@
-"""Sweeps on the real local Slurm: one job array, every task accounted for, failures visible per task."""
+"""Sweeps on the real local Slurm: job arrays (split at MaxArraySize), every task accounted for, failures
+visible per task, one Slurm call per status poll."""
 
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -15,6 +18,7 @@ from toolkit.slurm import commands
 
 pytestmark = pytest.mark.slurm
 TASKS = 200
+LIMIT = 101  # the sandbox's MaxArraySize (toolkit/sandbox/templates/slurm.conf.j2)
 
 
 def sacct_rows(array_id: str, env: dict, expected: int, timeout: float = 60) -> list[list[str]]:
@@ -28,7 +32,17 @@ def sacct_rows(array_id: str, env: dict, expected: int, timeout: float = 60) -> 
         time.sleep(1)
 
 
-def test_a_200_task_sweep_is_one_job_array_with_every_task_accounted_for(slurm_sandbox, tmp_path, monkeypatch):
+def sweep_arrays(sweep_dir: Path) -> list[tuple[str, int, int]]:
+    """(job id, first task, task count) of each array the sweep's metadata records."""
+    meta = json.loads((sweep_dir / "metadata.json").read_text())
+    return [(a["job_id"], a["first"], a["count"]) for a in meta["arrays"]]
+
+
+def task_ids(arrays: list[tuple[str, int, int]]) -> list[str]:
+    return [f"{job_id}_{n}" for job_id, _, count in arrays for n in range(count)]
+
+
+def test_a_200_task_sweep_is_job_arrays_with_every_task_accounted_for(slurm_sandbox, tmp_path, monkeypatch):
     env = dict(slurm_env(slurm_sandbox), HPC_RUNS_DIR=str(tmp_path / "runs"))
     recipe, cluster = sweep_probe_recipe(tmp_path), one_rank_cluster(slurm_sandbox, tmp_path)
     start = time.monotonic()
@@ -40,35 +54,107 @@ def test_a_200_task_sweep_is_one_job_array_with_every_task_accounted_for(slurm_s
     result = json.loads(res.stdout)
     array_id, sweep_dir = result["job_id"], Path(result["run_dir"])
     assert result["state"] == "COMPLETED" and result["tasks"] == TASKS
-
-    # One run dir per task, none lost or doubled, each recording its own task and overrides.
-    task_dirs = sorted(p.name for p in sweep_dir.iterdir() if p.name.startswith("task-"))
-    assert task_dirs == [f"task-{i:03d}" for i in range(TASKS)]
-    for i in range(TASKS):
-        meta = json.loads((sweep_dir / f"task-{i:03d}" / "metadata.json").read_text())
-        assert (meta["task_index"], meta["array_job_id"], meta["job_ids"]) == (i, array_id, [f"{array_id}_{i}"])
-        assert meta["sweep_overrides"] == [f"args.--count={i + 1}"]
-        assert json.loads((sweep_dir / f"task-{i:03d}" / "result.json").read_text())["ok"] is True
-    # Each task ran exactly once, with its own value.
-    probes = sorted((tmp_path / "probe").glob("task-*-rank-*.json"))
-    assert len(probes) == TASKS
-    for i in range(TASKS):
-        assert json.loads((tmp_path / "probe" / f"task-{i}-rank-0.json").read_text())["argv"] == ["--count", str(i + 1)]
-    assert len(list((sweep_dir / "submitit").glob(f"{array_id}_*_submitted.pkl"))) == TASKS
-    assert len(list((sweep_dir / "submitit").glob(f"{array_id}_*_0_result.pkl"))) == TASKS
-    monkeypatch.setenv("SLURM_CONF", env["SLURM_CONF"])
-    rows = sacct_rows(array_id, env, TASKS)
-    assert sorted(r[0] for r in rows) == sorted(f"{array_id}_{i}" for i in range(TASKS))  # once each: no requeue
-    assert {r[1] for r in rows} == {"COMPLETED"}
+    arrays = sweep_arrays(sweep_dir)  # one per MaxArraySize tasks: 2 at the sandbox's 101, 1 at Slurm's 1001
+    limit = arrays[0][2]
+    assert [(first, count) for _, first, count in arrays] == [(f, min(limit, TASKS - f))
+                                                             for f in range(0, TASKS, limit)]
+    assert array_id == arrays[0][0]
+    assert result["arrays"] == [{"job_id": a, "first": f, "count": c} for a, f, c in arrays]
+    ids = task_ids(arrays)
+    assert_every_task_ran_once(sweep_dir, tmp_path / "probe", arrays, env, monkeypatch)
 
     status = json.loads(run_hpc("jobs", "status", array_id, "--json", env=env).stdout)
     assert (status["state"], status["tasks"]) == ("COMPLETED", {"COMPLETED": TASKS})
-    one = json.loads(run_hpc("jobs", "status", f"{array_id}_57", "--json", env=env).stdout)
-    assert one["state"] == "COMPLETED" and one["run_dir"] == str(sweep_dir / "task-057")
+    one = json.loads(run_hpc("jobs", "status", ids[157], "--json", env=env).stdout)
+    assert one["state"] == "COMPLETED" and one["run_dir"] == str(sweep_dir / "task-157")
     listed = json.loads(run_hpc("jobs", "list", "--json", env=env).stdout)
     assert [(r["job_id"], r["state"], r["tasks"]) for r in listed] == [(array_id, "COMPLETED", {"COMPLETED": TASKS})]
-    log = run_hpc("jobs", "logs", f"{array_id}_57", env=env)
+    log = run_hpc("jobs", "logs", ids[157], env=env)
     assert log.returncode == 0 and "probe rank 0" in log.stdout
+
+
+def assert_every_task_ran_once(sweep_dir: Path, probe: Path, arrays, env: dict, monkeypatch) -> None:
+    """One run dir per task, none lost or doubled, each recording its array, its own task and overrides; each
+    task ran exactly once (its probe file, submitit's result, one accounting row), with its own value."""
+    ids = task_ids(arrays)
+    task_dirs = sorted(p.name for p in sweep_dir.iterdir() if p.name.startswith("task-"))
+    assert task_dirs == [f"task-{i:03d}" for i in range(len(ids))]
+    for i, job_id in enumerate(ids):
+        meta = json.loads((sweep_dir / f"task-{i:03d}" / "metadata.json").read_text())
+        assert (meta["task_index"], meta["array_job_id"], meta["job_ids"]) == (i, job_id.split("_")[0], [job_id])
+        assert meta["sweep_overrides"] == [f"args.--count={i + 1}"]
+        assert json.loads((sweep_dir / f"task-{i:03d}" / "result.json").read_text())["ok"] is True
+    assert len(list(probe.glob("task-*-rank-*.json"))) == len(ids)
+    for i, job_id in enumerate(ids):
+        assert json.loads((probe / f"task-{job_id}-rank-0.json").read_text())["argv"] == ["--count", str(i + 1)]
+    monkeypatch.setenv("SLURM_CONF", env["SLURM_CONF"])
+    for array_id, _, count in arrays:
+        assert len(list((sweep_dir / "submitit").glob(f"{array_id}_*_submitted.pkl"))) == count
+        assert len(list((sweep_dir / "submitit").glob(f"{array_id}_*_0_result.pkl"))) == count
+        assert f"--array=0-{count - 1}%" in (sweep_dir / "submitit" / f"{array_id}_submission.sh").read_text()
+        rows = sacct_rows(array_id, env, count)
+        assert sorted(r[0] for r in rows) == sorted(f"{array_id}_{n}" for n in range(count))  # once each: no requeue
+        assert {r[1] for r in rows} == {"COMPLETED"}
+
+
+def recording_slurm(tmp_path: Path, env: dict) -> tuple[dict, Path]:
+    """The Slurm query commands behind recording wrappers (first on PATH): each call is appended to the file
+    $SLURM_CALL_LOG names, then the real command runs."""
+    wrappers = tmp_path / "recording-bin"
+    wrappers.mkdir()
+    for program in ("sacct", "squeue", "scontrol"):
+        real = shutil.which(program, path=env.get("PATH"))
+        assert real, program
+        (wrappers / program).write_text(f'#!/bin/sh\necho "{program} $*" >> "$SLURM_CALL_LOG"\nexec {real} "$@"\n')
+        (wrappers / program).chmod(0o755)
+    log = tmp_path / "slurm-calls.log"
+    return dict(env, PATH=f"{wrappers}{os.pathsep}{env.get('PATH', '')}", SLURM_CALL_LOG=str(log)), log
+
+
+def test_a_250_task_sweep_is_three_arrays_with_one_slurm_call_per_status_poll(slurm_sandbox, tmp_path, monkeypatch):
+    """MaxArraySize 101 (the sandbox's; HPC_MAX_ARRAY_SIZE makes it so on a cluster started before that): 250
+    tasks are arrays of 101, 101 and 48 tasks; --wait and `hpc jobs status` poll all three with one call each."""
+    tasks = 250
+    env, calls = recording_slurm(tmp_path, dict(slurm_env(slurm_sandbox), HPC_RUNS_DIR=str(tmp_path / "runs"),
+                                                HPC_MAX_ARRAY_SIZE=str(LIMIT)))
+    recipe, cluster = sweep_probe_recipe(tmp_path), one_rank_cluster(slurm_sandbox, tmp_path)
+    dry = run_hpc("recipes", "submit", str(recipe), "--cluster", str(cluster), "--queue", "cpu",
+                  "--sweep", f"args.--count=1..{tasks}", "--dry-run", env=env, cwd=tmp_path)
+    assert dry.returncode == 0, dry.stderr
+    assert f"would submit {tasks} tasks as 3 job arrays (tasks 0-100, 101-201, 202-249)" in dry.stdout
+    start = time.monotonic()
+    res = run_hpc("recipes", "submit", str(recipe), "--cluster", str(cluster), "--queue", "cpu",
+                  "--sweep", f"args.--count=1..{tasks}", "--wait", "--json", env=env, cwd=tmp_path, timeout=900)
+    elapsed = time.monotonic() - start
+    print(f"\n{tasks}-task sweep as 3 arrays on the local Slurm (2 nodes x 2 CPUs): {elapsed:.0f} s",
+          file=sys.__stdout__)
+    assert res.returncode == 0, res.stderr
+    result = json.loads(res.stdout)
+    sweep_dir = Path(result["run_dir"])
+    arrays = sweep_arrays(sweep_dir)
+    assert [(first, count) for _, first, count in arrays] == [(0, 101), (101, 101), (202, 48)]
+    assert result["state"] == "COMPLETED" and result["job_id"] == arrays[0][0]
+    all_arrays = ",".join(a for a, _, _ in arrays)
+    # --wait's polls: every Slurm query after the submission is one sacct for all three arrays.
+    polls = calls.read_text().splitlines()
+    polls = polls[max(i for i, line in enumerate(polls) if line.startswith("scontrol ping")) + 1:]
+    assert polls and all(line.startswith("sacct ") and f"-j {all_arrays} " in line for line in polls), polls
+    assert_every_task_ran_once(sweep_dir, tmp_path / "probe", arrays, env, monkeypatch)
+
+    # One summary of the whole sweep, by any array's id or the sweep's name; each poll one Slurm call.
+    for sweep_id in [a for a, _, _ in arrays] + [sweep_dir.name]:
+        calls.unlink()
+        status = json.loads(run_hpc("jobs", "status", sweep_id, "--json", env=env).stdout)
+        assert (status["job_id"], status["state"], status["tasks"]) == (arrays[0][0], "COMPLETED",
+                                                                        {"COMPLETED": tasks})
+        assert calls.read_text().splitlines() == [f"sacct -X -n -P -D -j {all_arrays} -o "
+                                                  "JobID,State,ExitCode,Elapsed,NodeList,Reason"]
+    calls.unlink()
+    last = json.loads(run_hpc("jobs", "status", f"{arrays[2][0]}_47", "--json", env=env).stdout)
+    assert (last["state"], last["run_dir"]) == ("COMPLETED", str(sweep_dir / "task-249"))
+    assert len(calls.read_text().splitlines()) == 1
+    listed = json.loads(run_hpc("jobs", "list", "--json", env=env).stdout)
+    assert [(r["job_id"], r["tasks"]) for r in listed] == [(arrays[0][0], {"COMPLETED": tasks})]
 
 
 def test_a_failing_task_shows_in_the_array_status_and_names_its_log(slurm_sandbox, tmp_path):

@@ -39,7 +39,8 @@ def _task_counts(row: dict) -> str:
 
 
 @app.command("status")
-def status(job_id: str = typer.Argument(..., help="Slurm job id (an array task: ID_N)."),
+def status(job_id: str = typer.Argument(..., help="Slurm job id (an array task: ID_N; a sweep: any of its "
+                                                  "arrays' ids)."),
            json_: bool = JSON_OPTION) -> None:
     """State of one job (with the requeue count; array jobs: a count per state)."""
     from toolkit.slurm.status import State
@@ -88,9 +89,11 @@ def logs(job_id: str = typer.Argument(..., help="Slurm job id."),
 
 @app.command("cancel")
 def cancel(job_id: str = typer.Argument(..., help="Slurm job id."), json_: bool = JSON_OPTION) -> None:
-    """Cancel a job (scancel)."""
+    """Cancel a job (scancel); a sweep's id (any of its arrays') cancels all its arrays."""
     from toolkit.slurm import commands
+    from toolkit.submit import runs
 
     _use_local_cluster()
-    commands.run(["scancel", job_id])
-    emit({"job_id": job_id, "cancelled": True}, json_, f"cancelled job {job_id}")
+    ids = runs.cancel_ids(job_id)
+    commands.run(["scancel", *ids])
+    emit({"job_id": job_id, "cancelled": True, "job_ids": ids}, json_, f"cancelled job {' '.join(ids)}")

@@ -144,7 +144,8 @@ def submit(name: str = typer.Argument(..., help="Recipe name or path to a recipe
                                              "KEY.PATH=V1,V2,... (A..B: integers; \\, a comma in a value); "
                                              "repeat for a grid."),
            array_parallelism: Optional[int] = typer.Option(None, "--array-parallelism", min=1,
-                                                           help="With --sweep: at most this many tasks at once "
+                                                           help="With --sweep: at most this many tasks of each "
+                                                                "array at once "
                                                                 "(default: submitit's 256)."),
            dry_run: bool = typer.Option(False, "--dry-run", help="Print what would be submitted; submit nothing."),
            wait: bool = typer.Option(False, "--wait", help="Show progress until the job ends; exit 1 if it fails."),
@@ -195,19 +196,22 @@ def _submit_sweep(request, sweeps: list[str], parallelism, dry_run: bool, wait: 
     _warn(data["warnings"])
     if dry_run:
         emit(data, as_json, lambda p: "\n".join(
-            [f"would submit one job array of {p['tasks']} tasks to queue {p['queue']} (sweep dir {p['run_dir']}), "
-             "each task:"]
+            [f"would submit {p['tasks']} tasks as {_arrays(p['arrays'])} to queue {p['queue']} (at most "
+             f"{p['max_array_size']} tasks per array; sweep dir {p['run_dir']}), each task:"]
             + [f"  {k}: {v}" for k, v in p["parameters"].items() if k != "setup"]
             + ["points:"] + [f"  {i}: {' '.join(point)}" for i, point in enumerate(p["points"])]
             + ["", "batch script submitit sends to sbatch:", p["batch_script"]]))
         return
     array_id = sweep.execute(plan)
     first = plan.tasks[0]
-    result = {"job_id": array_id, "run_dir": str(plan.sweep_dir), "tasks": len(plan.tasks),
+    arrays = runs.sweep_arrays(rundir.read_json(plan.sweep_dir / rundir.METADATA) or {})
+    result = {"job_id": array_id, "run_dir": str(plan.sweep_dir), "tasks": len(plan.tasks), "arrays": arrays,
               "executor": first.executor, "queue": first.queue.name, "nodes": first.spec.nodes,
-              "ranks": first.spec.world_size, "warnings": data["warnings"], "follow": f"{hpc_program()} jobs status {array_id}"}
-    info(f"submitted job array {array_id} ({result['tasks']} tasks of {result['nodes']} nodes, "
-         f"{result['ranks']} ranks) to queue {result['queue']}\n  sweep dir: {result['run_dir']}\n"
+              "ranks": first.spec.world_size, "warnings": data["warnings"],
+              "follow": f"{hpc_program()} jobs status {array_id}"}
+    info(f"submitted {_arrays(arrays)} {', '.join(a['job_id'] for a in arrays)} ({result['tasks']} tasks of "
+         f"{result['nodes']} nodes, {result['ranks']} ranks) to queue {result['queue']}\n"
+         f"  sweep dir: {result['run_dir']}\n"
          f"  follow:    {result['follow']}")
     if wait:
         result.update(submission.wait(array_id, plan.sweep_dir, progress=info))
@@ -221,6 +225,14 @@ def _submit_sweep(request, sweeps: list[str], parallelism, dry_run: bool, wait: 
         for task in result["failed_tasks"]:
             info(f"task {task['job_id']} ended {task['state']}" + (f": see {task['log']}" if task["log"] else ""))
         raise typer.Exit(1)
+
+
+def _arrays(arrays: list[dict]) -> str:
+    """"one job array", or "3 job arrays (tasks 0-100, 101-201, 202-249)"."""
+    if len(arrays) == 1:
+        return "one job array"
+    spans = ", ".join(f"{a['first']}-{a['first'] + a['count'] - 1}" for a in arrays)
+    return f"{len(arrays)} job arrays (tasks {spans})"
 
 
 def _print_outcome(result: dict) -> None:

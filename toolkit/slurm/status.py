@@ -140,11 +140,6 @@ def _from_squeue(job_ids: list[str]) -> dict[str, JobStatus]:
     return found
 
 
-def live(job_ids: list[str]) -> dict[str, JobStatus]:
-    """What the controller holds right now (squeue; array tasks one by one), without accounting's lag."""
-    return _from_squeue(job_ids)
-
-
 def _scontrol_fields(job_id: str) -> list[dict[str, str]]:
     res = commands.run(["scontrol", "-o", "show", "job", job_id], check=False)
     records = []
@@ -174,11 +169,24 @@ def _add_scontrol(job_ids: list[str], found: dict[str, JobStatus]) -> None:
                 found[key] = status
 
 
-def query(job_ids: list[str]) -> dict[str, JobStatus]:
-    """Status of each job (array jobs: each task, keyed "ID_TASK"); jobs Slurm has forgotten are absent."""
+@dataclasses.dataclass
+class Answer:
+    jobs: dict[str, JobStatus]  # as query() returns them
+    accounting: bool  # sacct answered: it forgets no job, so one it lacks is not recorded yet (it lags)
+
+
+def ask(job_ids: list[str], restarts: bool = True) -> Answer:
+    """Status of any number of jobs in ONE Slurm call (sacct, else squeue -r), plus, without accounting and with
+    `restarts`, one scontrol per id for the restart counts squeue lacks (a sweep's summary goes without them)."""
     found = _from_sacct(job_ids)
     if found is not None:
-        return found
+        return Answer(found, True)
     found = _from_squeue(job_ids)
-    _add_scontrol(job_ids, found)
-    return found
+    if restarts:
+        _add_scontrol(job_ids, found)
+    return Answer(found, False)
+
+
+def query(job_ids: list[str]) -> dict[str, JobStatus]:
+    """Status of each job (array jobs: each task, keyed "ID_TASK"); jobs Slurm has forgotten are absent."""
+    return ask(job_ids).jobs

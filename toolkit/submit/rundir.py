@@ -119,11 +119,12 @@ def base_metadata(recipe_name: str, recipe_path: Path | None) -> dict[str, Any]:
 
 
 def find_run(job_id: str, root: Path | None = None) -> Path | None:
-    """The run dir whose metadata names this job id (an array task "ID_N" maps to its array's run)."""
+    """The run dir whose metadata names this job id (an array task "ID_N" maps to its array's run); a sweep is
+    also found by its dir's name."""
     base = job_id.split("_")[0]
     for run in list_runs(root):
         meta = read_json(run / METADATA) or {}
-        if base in {str(j) for j in meta.get("job_ids", [])}:
+        if base in {str(j) for j in meta.get("job_ids", [])} or (run.name == job_id and meta.get("kind") == "sweep"):
             return run
     return None
 

@@ -94,11 +94,12 @@ def list_statuses(root: Path | None = None) -> list[RunStatus]:
     """Every run in the runs root, newest last, with one Slurm query for all of them."""
     runs = [(run, rundir.read_json(run / rundir.METADATA) or {}) for run in rundir.list_runs(root)]
     slurm_ids = [str(j) for run, meta in runs if meta.get("executor") != LOCAL for j in meta.get("job_ids", [])]
-    found = slurm_status.query(slurm_ids) if slurm_ids else {}
+    answer = slurm_status.ask(slurm_ids) if slurm_ids else slurm_status.Answer({}, False)
+    found = answer.jobs
     out = []
     for run, meta in runs:
         if meta.get("kind") == SWEEP and meta.get("array_job_id"):
-            out.append(sweep_summary(run, meta, found))
+            out.append(sweep_summary(run, meta, answer))
             continue
         for job_id in [str(j) for j in meta.get("job_ids", [])] or ["-"]:
             s = found.get(job_id)
@@ -123,7 +124,7 @@ def failed_rank_log(job_id: str, run: Path, logs: Path | None = None) -> str | N
     return str(log) if log.exists() else None
 
 
-# -- sweeps: one job array, a run dir per task (toolkit.submit.sweep) -----------------------------------------------
+# -- sweeps: job arrays, a run dir per task (toolkit.submit.sweep) -----------------------------------------------
 
 def state_counts(tasks) -> dict[str, int]:
     counts: dict[str, int] = {}
@@ -144,56 +145,84 @@ def array_state(tasks) -> State:
     return State.COMPLETED if states == {State.COMPLETED} else State.FAILED
 
 
-def sweep_task_statuses(run: Path, meta: dict, found: dict) -> list[RunStatus]:
-    """Each task's RunStatus: Slurm's view (`found`, from toolkit.slurm.status.query), else its run dir's."""
-    array_id, count = str(meta.get("array_job_id")), int(meta.get("tasks", 0))
-    ids = [rundir.task_job_id(array_id, index, count) for index in range(count)]
-    if any(job_id not in found for job_id in ids):  # accounting lags the controller by a moment: ask it too
-        try:
-            found = {**slurm_status.live([array_id]), **found}
-        except HpcError:
-            pass  # the controller is down: the run dirs still say how tasks ended
+def sweep_arrays(meta: dict) -> list[dict]:
+    """A sweep's arrays, in task order: {"job_id", "first" (its first task's index in the sweep), "count"}.
+    (A sweep dir from before sweeps were split records its one array as array_job_id.)"""
+    arrays = meta.get("arrays") or [{"job_id": meta.get("array_job_id"), "first": 0, "count": meta.get("tasks", 0)}]
+    return [{"job_id": str(a["job_id"]), "first": int(a["first"]), "count": int(a["count"])} for a in arrays]
+
+
+def sweep_task_ids(meta: dict) -> list[str]:
+    """Slurm's id of every task of a sweep, by task index ("ARRAY_N", N counted within its array)."""
+    return [rundir.task_job_id(a["job_id"], n, a["count"]) for a in sweep_arrays(meta) for n in range(a["count"])]
+
+
+def ask_sweep(meta: dict) -> slurm_status.Answer:
+    """All the sweep's arrays in one Slurm call (sacct -j A,B,C; without accounting squeue -r -j A,B,C)."""
+    return slurm_status.ask([a["job_id"] for a in sweep_arrays(meta)], restarts=False)
+
+
+def sweep_task_statuses(run: Path, meta: dict, answer: slurm_status.Answer) -> list[RunStatus]:
+    """Each task's RunStatus: Slurm's view (`answer`), else its run dir's."""
+    ids = sweep_task_ids(meta)
     out = []
     for index, job_id in enumerate(ids):
-        task_dir = run / rundir.task_dir_name(index, count)
-        s = found.get(job_id)
+        task_dir = run / rundir.task_dir_name(index, len(ids))
+        s = answer.jobs.get(job_id)
         if s is None:
-            out.append(RunStatus(job_id, state_from_run_dir(task_dir), "run-dir", str(task_dir), meta.get("recipe"),
-                                 meta.get("nodes")))
+            state = state_from_run_dir(task_dir)
+            if state == State.UNKNOWN and answer.accounting:
+                state = State.PENDING  # submitted, and accounting, which forgets nothing, has not recorded it yet
+            out.append(RunStatus(job_id, state, "run-dir", str(task_dir), meta.get("recipe"), meta.get("nodes")))
         else:
             out.append(RunStatus(job_id, s.state, s.source, str(task_dir), meta.get("recipe"), meta.get("nodes"),
                                  s.requeues, s.exit_code, s.reason))
     return out
 
 
-def sweep_summary(run: Path, meta: dict, found: dict) -> RunStatus:
-    """The array as one RunStatus with a count per state (array_state)."""
-    tasks = sweep_task_statuses(run, meta, found)
+def sweep_summary(run: Path, meta: dict, answer: slurm_status.Answer) -> RunStatus:
+    """The whole sweep (all its arrays) as one RunStatus, named by its first array, with a count per state."""
+    tasks = sweep_task_statuses(run, meta, answer)
     source = next((t.source for t in tasks if t.source != "run-dir"), "run-dir")
-    return RunStatus(str(meta.get("array_job_id")), array_state(tasks), source, str(run), meta.get("recipe"),
+    return RunStatus(sweep_arrays(meta)[0]["job_id"], array_state(tasks), source, str(run), meta.get("recipe"),
                      meta.get("nodes"), sum(t.requeues for t in tasks), tasks=state_counts(tasks))
 
 
 def sweep_status(job_id: str, run: Path, meta: dict) -> RunStatus:
-    """`hpc jobs status` of a sweep: the array's summary (ID), or one task (ID_N)."""
-    array_id, count = str(meta.get("array_job_id")), int(meta.get("tasks", 0))
-    found = slurm_status.query([array_id])
-    if job_id == array_id and count > 1:
-        return sweep_summary(run, meta, found)
-    for task in sweep_task_statuses(run, meta, found):
+    """`hpc jobs status` of a sweep: the whole sweep (any of its arrays' ids, or its dir's name), or one task
+    (ID_N); one Slurm call either way."""
+    ids = sweep_task_ids(meta)
+    answer = ask_sweep(meta)
+    if (job_id == run.name or job_id in {a["job_id"] for a in sweep_arrays(meta)}) and len(ids) > 1:
+        return sweep_summary(run, meta, answer)
+    for task in sweep_task_statuses(run, meta, answer):
         if task.job_id == job_id:
             return task
     raise HpcError(f"sweep {run.name} has no task {job_id}",
-                   fix=f"its tasks are {rundir.task_job_id(array_id, 0, 2)} .. "
-                       f"{rundir.task_job_id(array_id, max(count, 1) - 1, 2)}")
+                   fix=f"its tasks are {', '.join(_task_range(a) for a in sweep_arrays(meta))}")
+
+
+def _task_range(array: dict) -> str:
+    return " .. ".join(dict.fromkeys(rundir.task_job_id(array["job_id"], n, array["count"])
+                                     for n in (0, array["count"] - 1)))
 
 
 def sweep_failed_tasks(run: Path, meta: dict) -> list[dict]:
     """The tasks that did not complete, each with the log of its first failing rank (if any)."""
-    found = slurm_status.query([str(meta.get("array_job_id"))])
     return [{"job_id": t.job_id, "state": t.state, "run_dir": t.run_dir,
              "log": failed_rank_log(t.job_id, Path(t.run_dir), logs=run / "submitit")}
-            for t in sweep_task_statuses(run, meta, found) if t.state != State.COMPLETED]
+            for t in sweep_task_statuses(run, meta, ask_sweep(meta)) if t.state != State.COMPLETED]
+
+
+def cancel_ids(job_id: str, root: Path | None = None) -> list[str]:
+    """What `hpc jobs cancel` hands scancel: a sweep's every array for the sweep's id (any array's, or its dir's
+    name), else the id itself (one task ID_N stays one task)."""
+    run = rundir.find_run(job_id, root)
+    meta = (rundir.read_json(run / rundir.METADATA) if run else None) or {}
+    arrays = sweep_arrays(meta) if meta.get("kind") == SWEEP else []
+    if (run is not None and job_id == run.name) or job_id in {a["job_id"] for a in arrays}:
+        return [a["job_id"] for a in arrays]
+    return [job_id]
 
 
 def network(run: Path) -> dict | None:

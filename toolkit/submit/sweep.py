@@ -1,4 +1,4 @@
-"""Sweeps: one recipe over a grid of values, submitted as ONE Slurm job array (submitit's batch submission).
+"""Sweeps: one recipe over a grid of values, submitted as Slurm job arrays (submitit's batch submission).
 
 `--sweep KEY.PATH=V1,V2,...` takes the `--set` key syntax; each value is read like a `--set` value. `A..B`
 (integers) stands for every integer from A to B; `\\,` is a comma inside a value, `\\\\` a backslash. Several
@@ -6,11 +6,15 @@
 job built, before anything is submitted; a point whose job differs from the others' in anything but the
 command (nodes, environment, time: what the one batch script of an array fixes) is refused.
 
+Slurm refuses an array whose task indices reach MaxArraySize (`scontrol show config`; default 1001, often
+lower), and submitit numbers a batch of N as `--array=0-(N-1)`: a larger sweep is split into consecutive
+chunks of at most MaxArraySize tasks, one array each (HPC_MAX_ARRAY_SIZE caps the chunk lower still).
+
     <runs root>/<recipe>-sweep-<UTC time>-<nonce>/
-        metadata.json   kind "sweep": the array's job id, the grid, the task count, the parallelism limit
-        submitit/       the array's pickles and logs: <array>_<task>_<rank>_log.out / .err
-        task-000/       one run dir per grid point: metadata.json (array job id, task index, the point's
-        task-001/       overrides), recipe.yaml, job.sbatch; its ranks write result.json / failures/ here
+        metadata.json   kind "sweep": the arrays (job id, first task, task count), the grid, the parallelism
+        submitit/       the arrays' pickles and logs: <array>_<task in array>_<rank>_log.out / .err
+        task-000/       one run dir per grid point: metadata.json (its array's job id, its index in the sweep
+        task-001/       and in the array, the point's overrides), recipe.yaml, job.sbatch; result.json / failures/
 """
 
 from __future__ import annotations
@@ -24,7 +28,10 @@ from typing import Any, Sequence
 from toolkit.errors import HpcError, UsageError
 from toolkit.submit import rundir, runs
 from toolkit.submit.plan import PLAN_FILE
+
 RANGE = re.compile(r"^(-?\d+)\.\.(-?\d+)$")
+SLURM_DEFAULT_MAX_ARRAY_SIZE = 1001  # used when the cluster's cannot be read (a dry run away from Slurm)
+MAX_ARRAY_SIZE_ENV = "HPC_MAX_ARRAY_SIZE"
 SWEEP_FIX = "write --sweep KEY.PATH=V1,V2,... (e.g. --sweep args.--lr=0.1,0.2 or --sweep args.--seed=1..8)"
 
 
@@ -104,8 +111,10 @@ class SweepPlan:
     points: tuple[Point, ...]
     tasks: tuple[Any, ...]  # toolkit.submit.plan.Plan, one per point
     parallelism: int | None
-    parameters: dict[str, Any]  # the array's submitit parameters (every task's, plus the parallelism limit)
-    batch_script: str  # the array's batch script, as submitit will send it
+    parameters: dict[str, Any]  # each array's submitit parameters (every task's, plus the parallelism limit)
+    max_array_size: int  # tasks per array at most (see array_limit)
+    chunks: tuple[range, ...]  # the sweep's task indices each array holds, in submission order
+    batch_script: str  # the first array's batch script, as submitit will send it
     metadata: dict[str, Any]
 
     def to_json(self) -> dict[str, Any]:
@@ -114,6 +123,8 @@ class SweepPlan:
                 "queue": first.queue.name, "tasks": len(self.tasks), "nodes": first.spec.nodes,
                 "ranks": first.spec.world_size, "python": first.python, "parameters": self.parameters,
                 "notes": list(first.notes), "warnings": sorted({w for t in self.tasks for w in t.warnings}),
+                "max_array_size": self.max_array_size,
+                "arrays": [{"first": c.start, "count": len(c)} for c in self.chunks],
                 "points": [list(p.overrides) for p in self.points],
                 "task_run_dirs": [str(t.run_dir) for t in self.tasks],
                 "script": first.script, "batch_script": self.batch_script}
@@ -157,12 +168,21 @@ def plan(request, sweeps: Sequence[str], parallelism: int | None = None,
                            fix="sweep only values that reach the command (args.*, dirs.*, launcher.*); submit "
                                "other variations as separate jobs")
     parameters = {**first.parameters, **({"array_parallelism": parallelism} if parallelism else {})}
+    limit = array_limit()
+    parts = chunks(len(tasks), limit)
     meta = {**first.metadata, "kind": runs.SWEEP, "overrides": list(request.overrides), "sweeps": list(sweeps),
-            "tasks": len(tasks), "array_parallelism": parallelism, "array_job_id": None, "job_ids": []}
+            "tasks": len(tasks), "array_parallelism": parallelism, "max_array_size": limit, "arrays": [],
+            "array_job_id": None, "job_ids": []}
     return SweepPlan(request=request, sweeps=tuple(sweeps), sweep_dir=sweep_dir, points=tuple(points),
-                     tasks=tuple(tasks), parallelism=parallelism, parameters=parameters,
-                     batch_script=submitit_batch_script(first.spec, sweep_dir / "submitit", len(tasks), parallelism),
+                     tasks=tuple(tasks), parallelism=parallelism, parameters=parameters, max_array_size=limit,
+                     chunks=parts, batch_script=submitit_batch_script(first.spec, sweep_dir / "submitit",
+                                                                      len(parts[0]), parallelism),
                      metadata=meta)
+
+
+def chunks(count: int, limit: int) -> tuple[range, ...]:
+    """Task indices 0..count-1 as consecutive chunks of at most `limit` (one job array each)."""
+    return tuple(range(first, min(first + limit, count)) for first in range(0, count, limit))
 
 
 def _flat(parameters: dict[str, Any]) -> dict[str, Any]:
@@ -176,47 +196,80 @@ def max_array_size() -> int | None:
     """Slurm's MaxArraySize (task indices must stay below it), or None when it cannot be read."""
     from toolkit.slurm import commands
 
-    res = commands.run(["scontrol", "show", "config"], check=False)
+    try:
+        res = commands.run(["scontrol", "show", "config"], check=False)
+    except HpcError:  # no Slurm here, or it does not answer (a dry run): the caller assumes Slurm's default
+        return None
     match = re.search(r"^MaxArraySize\s*=\s*(\d+)", res.stdout, re.MULTILINE)
     return int(match.group(1)) if match else None
 
 
+def array_limit() -> int:
+    """Tasks per array: the cluster's MaxArraySize (Slurm's default where it cannot be read), capped by
+    $HPC_MAX_ARRAY_SIZE (a site that wants smaller arrays; tests that split a sweep on any cluster)."""
+    import os
+
+    limit = max_array_size() or SLURM_DEFAULT_MAX_ARRAY_SIZE
+    cap = os.environ.get(MAX_ARRAY_SIZE_ENV)
+    if cap is None:
+        return limit
+    if not cap.isdigit() or int(cap) < 1:
+        raise HpcError(f"{MAX_ARRAY_SIZE_ENV}={cap!r} is not a positive whole number",
+                       fix="set it to the most tasks one job array may hold (e.g. 100), or unset it")
+    return min(limit, int(cap))
+
+
 def execute(sp: SweepPlan) -> str:
-    """Check Slurm takes the job, write the sweep dir and every task's run dir, submit one job array."""
+    """Check Slurm takes the job, write the sweep dir and every task's run dir, submit one job array per chunk.
+    Returns the sweep's id: its first array's job id (any array's id names the sweep in `hpc jobs`)."""
     import json
 
     from toolkit.submit.plan import check_slurm_accepts, write_run_dir
 
     check_slurm_accepts(sp.tasks[0])
-    limit = max_array_size()
-    if limit is not None and len(sp.tasks) > limit:
-        raise HpcError(f"the sweep has {len(sp.tasks)} points; this Slurm allows at most {limit} tasks per array "
-                       "(MaxArraySize)", fix="sweep fewer values, or split the grid into several sweeps")
+    arrays: list[dict[str, Any]] = []
     try:
         rundir.create(sp.sweep_dir)  # only now: invalid input leaves the runs root untouched
         (sp.sweep_dir / PLAN_FILE).write_text(json.dumps(sp.to_json(), indent=2) + "\n")
         rundir.write_json(sp.sweep_dir / rundir.METADATA, sp.metadata)
         for task, point in zip(sp.tasks, sp.points):
             write_run_dir(task, _task_metadata(sp, point, None))
-        array_id = _submit_array(sp)
+        for chunk in sp.chunks:
+            arrays.append({"job_id": _submit_array(sp, chunk), "first": chunk.start, "count": len(chunk)})
     except BaseException:
-        rundir.discard(sp.sweep_dir)  # nothing submitted: leave nothing behind
+        _cancel([a["job_id"] for a in arrays])  # a later array was refused: no half sweep keeps running
+        rundir.discard(sp.sweep_dir)  # nothing (left) submitted: leave nothing behind
         raise
-    rundir.write_json(sp.sweep_dir / rundir.METADATA, {**sp.metadata, "array_job_id": array_id, "job_ids": [array_id]})
-    for task, point in zip(sp.tasks, sp.points):
-        rundir.write_json(task.run_dir / rundir.METADATA, _task_metadata(sp, point, array_id))
-    return array_id
+    ids = [a["job_id"] for a in arrays]
+    rundir.write_json(sp.sweep_dir / rundir.METADATA,
+                      {**sp.metadata, "arrays": arrays, "array_job_id": ids[0], "job_ids": ids})
+    for array in arrays:
+        for point in sp.points[array["first"]:array["first"] + array["count"]]:
+            rundir.write_json(sp.tasks[point.index].run_dir / rundir.METADATA, _task_metadata(sp, point, array))
+    return ids[0]
 
 
-def _task_metadata(sp: SweepPlan, point: Point, array_id: str | None) -> dict[str, Any]:
+def _cancel(job_ids: list[str]) -> None:
+    if job_ids:
+        from toolkit.slurm import commands
+
+        commands.run(["scancel", *job_ids], check=False)
+
+
+def _task_metadata(sp: SweepPlan, point: Point, array: dict[str, Any] | None) -> dict[str, Any]:
     """A task's metadata.json: its plan's (overrides include the point's), where it sits in the sweep."""
     task = sp.tasks[point.index]
-    return {**task.metadata, "kind": "sweep-task", "sweep_dir": str(sp.sweep_dir), "task_index": point.index,
-            "sweep_overrides": list(point.overrides), "array_job_id": array_id,
-            "job_ids": [rundir.task_job_id(array_id, point.index, len(sp.tasks))] if array_id else []}
+    meta = {**task.metadata, "kind": "sweep-task", "sweep_dir": str(sp.sweep_dir), "task_index": point.index,
+            "sweep_overrides": list(point.overrides), "array_job_id": None, "array_task": None, "job_ids": []}
+    if array is None:
+        return meta
+    in_array = point.index - array["first"]
+    return {**meta, "array_job_id": array["job_id"], "array_task": in_array,
+            "job_ids": [rundir.task_job_id(array["job_id"], in_array, array["count"])]}
 
 
-def _submit_array(sp: SweepPlan) -> str:
+def _submit_array(sp: SweepPlan, chunk: range) -> str:
+    """One array of the chunk's tasks (submitit numbers them 0..len-1); its job id."""
     import submitit
 
     from toolkit import __version__
@@ -227,7 +280,8 @@ def _submit_array(sp: SweepPlan) -> str:
     ex = slurm_executor(sp.sweep_dir / "submitit", sp.parameters, first.python)
     try:
         with sbatch_environment(), ex.batch():
-            jobs = [ex.submit(RankLauncher.for_spec(task.spec, task.run_dir, __version__)) for task in sp.tasks]
+            jobs = [ex.submit(RankLauncher.for_spec(sp.tasks[i].spec, sp.tasks[i].run_dir, __version__))
+                    for i in chunk]
     except submitit.core.utils.FailedJobError as exc:  # sbatch refused the array
         raise refused(str(exc).strip().splitlines()) from None
     return str(jobs[0].job_id).split("_")[0]
