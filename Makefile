@@ -34,11 +34,14 @@ $(VENV)/.train-installed:
 train-env: $(VENV)/.train-installed
 
 # The local test cluster (a real Slurm with accounting; needs root): idempotent, fast when already up.
+# SLURM=24.11: trixie's Slurm from a Debian root file system (built once, ~35 s, cached in /var/tmp), beside it.
+SLURM ?=
+SLURM_FLAG := $(if $(SLURM),--slurm $(SLURM))
 slurm-up: venv
-	$(BIN)/python -m toolkit sandbox up
+	$(BIN)/python -m toolkit sandbox up $(SLURM_FLAG)
 
 slurm-down: venv
-	$(BIN)/python -m toolkit sandbox down
+	$(BIN)/python -m toolkit sandbox down $(SLURM_FLAG)
 
 test: venv train-env slurm-up
 	$(BIN)/python -m pytest -q

@@ -85,8 +85,8 @@ def test_foreign_daemons_are_live_slurm_or_munge_processes_not_ours(tmp_path):
     fake_proc(tmp_path, 102, "slurmd")
     fake_proc(tmp_path, 103, "python3")
     fake_proc(tmp_path, 104, "slurmstepd")
-    assert procs.foreign_daemons([], tmp_path) == {100: "slurmctld", 102: "slurmd"}
-    assert procs.foreign_daemons([100], tmp_path) == {102: "slurmd"}
+    assert procs.foreign_daemons([], proc=tmp_path) == {100: "slurmctld", 102: "slurmd"}
+    assert procs.foreign_daemons([100], proc=tmp_path) == {102: "slurmd"}
 
 
 def test_a_pid_file_naming_another_process_is_not_ours(tmp_path):

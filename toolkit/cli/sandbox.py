@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Optional
+
 import typer
 
 from toolkit.cli.output import JSON_OPTION, emit, info, table
@@ -10,17 +12,28 @@ app = typer.Typer(help="Start, stop and inspect the local test cluster (a real S
                   no_args_is_help=True, rich_markup_mode=None)
 
 
+SLURM_OPTION = typer.Option(None, "--slurm", help="Slurm version: 24.11 runs trixie's Slurm from a Debian root "
+                            "file system (built once under /var/tmp); default: this machine's own (22.05).")
+
+
 def _usage(data: dict) -> str:
-    return (f"export SLURM_CONF={data['slurm_conf']}\n"
+    path = f"export PATH={data['bin']}:$PATH  # Slurm {data['slurm']}'s client commands\n" if data.get("bin") else ""
+    return (f"{path}export SLURM_CONF={data['slurm_conf']}\n"
             f"cluster config: {data['cluster_config']} (default queue: {data['default_queue']})")
 
 
+def _layout(slurm: Optional[str]):
+    from toolkit.sandbox.layout import Layout
+
+    return Layout.current(slurm)
+
+
 @app.command()
-def up(as_json: bool = JSON_OPTION) -> None:
+def up(slurm: Optional[str] = SLURM_OPTION, as_json: bool = JSON_OPTION) -> None:
     """Install what is missing and start every daemon that is not running (idempotent)."""
     from toolkit.sandbox import cluster
 
-    data = cluster.up()
+    data = cluster.up(_layout(slurm))
     if not as_json:
         if data["installed"]:
             info(f"installed: {' '.join(data['installed'])}")
@@ -29,20 +42,20 @@ def up(as_json: bool = JSON_OPTION) -> None:
 
 
 @app.command()
-def down(as_json: bool = JSON_OPTION) -> None:
+def down(slurm: Optional[str] = SLURM_OPTION, as_json: bool = JSON_OPTION) -> None:
     """Stop the daemons this sandbox started (by their pid files)."""
     from toolkit.sandbox import cluster
 
-    stopped = cluster.down()
+    stopped = cluster.down(_layout(slurm))
     emit({"stopped": stopped}, as_json, f"stopped: {' '.join(stopped)}" if stopped else "nothing was running")
 
 
 @app.command()
-def status(as_json: bool = JSON_OPTION) -> None:
+def status(slurm: Optional[str] = SLURM_OPTION, as_json: bool = JSON_OPTION) -> None:
     """Which daemons run, and the nodes' Slurm states. Exit 1 when the sandbox is not fully up."""
     from toolkit.sandbox import cluster
 
-    data = cluster.status()
+    data = cluster.status(_layout(slurm))
 
     def human(d: dict) -> str:
         daemons = table([(x["name"], x["pid"] or "-", "running" if x["running"] else "stopped")

@@ -17,15 +17,14 @@ from pathlib import Path
 from typing import Any
 
 from toolkit.errors import HpcError
-from toolkit.sandbox import install, procs
-from toolkit.sandbox.layout import (
-    CLUSTER_NAME, CPU_NODES, DEFAULT_QUEUE, FAKE_GPUS_PER_NODE, NODES, P3DN_NODES, SLURMCTLD_PORT,
-    SLURMDBD_PORT, Layout, Node,
-)
+from toolkit.sandbox import chroot, install, procs, rootfs
+from toolkit.sandbox.layout import CLUSTER_NAME, DEFAULT_QUEUE, FAKE_GPUS_PER_NODE, Layout, Node
 
 MIN_JOB_AGE = 30  # seconds a finished job stays in squeue/scontrol (sacct keeps it for good)
 START_TIMEOUT = 60.0
 SLURM_TIMEOUT = 20  # every Slurm command gets one
+# What a chroot lane's root file system holds (its Python runs payloads that need only the standard library).
+ROOTFS_PACKAGES = ("slurmctld", "slurmd", "slurm-client", "munge", "python3")
 NVIDIA_MAJOR = 195
 
 
@@ -41,12 +40,17 @@ class Daemon:
 def daemons(layout: Layout) -> list[Daemon]:
     """Every daemon in start order."""
     slurm = (layout.slurm_conf, layout.gres_conf)
+    comm = layout.lane.comm
+    accounting = [
+        Daemon("mariadbd", comm("mariadbd"), layout.pid_file("mariadbd")),
+        Daemon("slurmdbd", comm("slurmdbd"), layout.pid_file("slurmdbd"), (layout.slurmdbd_conf,)),
+    ] if layout.lane.accounting else []
     return [
-        Daemon("munged", "munged", layout.pid_file("munged")),
-        Daemon("mariadbd", "mariadbd", layout.pid_file("mariadbd")),
-        Daemon("slurmdbd", "slurmdbd", layout.pid_file("slurmdbd"), (layout.slurmdbd_conf,)),
-        Daemon("slurmctld", "slurmctld", layout.pid_file("slurmctld"), slurm),
-        *(Daemon(f"slurmd-{n.name}", "slurmd", layout.pid_file("slurmd", n.name), slurm, n) for n in CPU_NODES),
+        Daemon("munged", comm("munged"), layout.pid_file("munged")),
+        *accounting,
+        Daemon("slurmctld", comm("slurmctld"), layout.pid_file("slurmctld"), slurm),
+        *(Daemon(f"slurmd-{n.name}", comm("slurmd"), layout.pid_file("slurmd", n.name), slurm, n)
+          for n in layout.lane.cpu_nodes),
     ]
 
 
@@ -56,15 +60,18 @@ def render_configs(layout: Layout) -> dict[Path, str]:
     env = jinja2.Environment(loader=jinja2.PackageLoader("toolkit.sandbox", "templates"),
                              undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True,
                              keep_trailing_newline=True)
-    values = dict(layout=layout, cluster_name=CLUSTER_NAME, slurmctld_port=SLURMCTLD_PORT,
-                  slurmdbd_port=SLURMDBD_PORT, min_job_age=MIN_JOB_AGE, cpu_nodes=CPU_NODES,
-                  p3dn_nodes=P3DN_NODES, gpus_per_node=FAKE_GPUS_PER_NODE)
-    return {
+    lane = layout.lane
+    values = dict(layout=layout, cluster_name=CLUSTER_NAME, slurmctld_port=lane.slurmctld_port,
+                  slurmdbd_port=lane.slurmdbd_port, min_job_age=MIN_JOB_AGE, cpu_nodes=lane.cpu_nodes,
+                  p3dn_nodes=lane.p3dn_nodes, gpus_per_node=FAKE_GPUS_PER_NODE, accounting=lane.accounting)
+    configs = {
         layout.slurm_conf: env.get_template("slurm.conf.j2").render(values),
         layout.gres_conf: env.get_template("gres.conf.j2").render(values),
-        layout.slurmdbd_conf: env.get_template("slurmdbd.conf.j2").render(values),
         layout.cluster_config: env.get_template("cluster-config.yaml.j2").render(values),
     }
+    if lane.accounting:
+        configs[layout.slurmdbd_conf] = env.get_template("slurmdbd.conf.j2").render(values)
+    return configs
 
 
 def write_configs(layout: Layout) -> set[Path]:
@@ -74,13 +81,14 @@ def write_configs(layout: Layout) -> set[Path]:
         if not path.exists() or path.read_text() != text:
             path.write_text(text)
             changed.add(path)
-    layout.slurmdbd_conf.chmod(0o600)  # slurmdbd refuses a config others can read
+    if layout.slurmdbd_conf.exists():
+        layout.slurmdbd_conf.chmod(0o600)  # slurmdbd refuses a config others can read
     return changed
 
 
 def _prepare_dirs(layout: Layout) -> None:
     for d in (layout.root, layout.etc, layout.run, layout.log, layout.spool, layout.gpu_devices,
-              layout.spool / "slurmctld", *(layout.spool / f"slurmd-{n.name}" for n in CPU_NODES)):
+              layout.spool / "slurmctld", *(layout.spool / f"slurmd-{n.name}" for n in layout.lane.cpu_nodes)):
         d.mkdir(parents=True, exist_ok=True)
     layout.root.chmod(0o755)  # munge and mysql users must reach their dirs
     for i in range(FAKE_GPUS_PER_NODE):
@@ -95,6 +103,20 @@ def _run(args: list[str], env: dict[str, str] | None = None, timeout: float = SL
         raise HpcError(f"`{' '.join(args)}` failed: {(res.stderr or res.stdout).strip()}",
                        fix="see the logs under the sandbox state dir's log/ folder")
     return res.stdout
+
+
+def _slurm(layout: Layout, args: list[str]) -> str:
+    """A Slurm program of the layout's lane (inside its root file system for a chroot lane)."""
+    return _run(chroot.argv(layout, args), env=slurm_env(layout))
+
+
+def _daemon(layout: Layout, name: str, *args: str) -> list[str]:
+    """How to start a daemon: by name on this machine's Slurm; in a chroot lane from its version-named symlink
+    (its process name) with argv[0] the plain name, which Slurm 24.11 checks (e.g. only a program called
+    `slurmctld` may load the certmgr plugin)."""
+    if layout.lane.rootfs is None:
+        return [name, *args]
+    return ["/bin/bash", "-c", 'exec -a "$0" "$@"', name, chroot.daemon_path(layout, name), *args]
 
 
 def slurm_env(layout: Layout) -> dict[str, str]:
@@ -113,17 +135,31 @@ def _unix_socket_open(path: Path) -> bool:
         return s.connect_ex(str(path)) == 0
 
 
+def _munge_owner(layout: Layout) -> tuple[int, int] | tuple[str, str]:
+    """The munge user as the daemon sees it: a root file system has its own /etc/passwd (other ids)."""
+    if layout.lane.rootfs is None:
+        return "munge", "munge"
+    for line in (layout.lane.rootfs / "etc/passwd").read_text().splitlines():
+        fields = line.split(":")
+        if fields[0] == "munge":
+            return int(fields[2]), int(fields[3])
+    raise HpcError(f"no munge user in {layout.lane.rootfs}", fix=f"remove {layout.lane.rootfs} to rebuild it")
+
+
 def _start_munge(layout: Layout) -> None:
     layout.munge.mkdir(exist_ok=True)
     if not layout.munge_key.exists():
-        _run(["mungekey", "--create", "--keyfile", str(layout.munge_key)])
-    shutil.chown(layout.munge, "munge", "munge")
-    shutil.chown(layout.munge_key, "munge", "munge")
+        _run(chroot.argv(layout, ["mungekey", "--create", "--keyfile", str(layout.munge_key)]))
+    user, group = _munge_owner(layout)
+    shutil.chown(layout.munge, user, group)
+    shutil.chown(layout.munge_key, user, group)
     layout.munge.chmod(0o755)  # munged insists that every client can reach its socket
     layout.munge_key.chmod(0o600)
-    _run(["runuser", "-u", "munge", "--", "munged", f"--socket={layout.munge_socket}",
-          f"--key-file={layout.munge_key}", f"--pid-file={layout.pid_file('munged')}",
-          f"--log-file={layout.munge / 'munged.log'}", f"--seed-file={layout.munge / 'munged.seed'}"])
+    _run(chroot.argv(layout, [
+        "runuser", "-u", "munge", "--", *_daemon(
+            layout, "munged", f"--socket={layout.munge_socket}", f"--key-file={layout.munge_key}",
+            f"--pid-file={layout.pid_file('munged')}", f"--log-file={layout.munge / 'munged.log'}",
+            f"--seed-file={layout.munge / 'munged.seed'}")]))
 
 
 def _start_mariadb(layout: Layout) -> None:
@@ -153,17 +189,21 @@ def _start_mariadb(layout: Layout) -> None:
 
 
 def _start_slurmdbd(layout: Layout) -> None:
-    _run(["slurmdbd"], env=slurm_env(layout))
-    procs.wait_for(lambda: _port_open(SLURMDBD_PORT), START_TIMEOUT, "slurmdbd", layout.log / "slurmdbd.log")
+    _slurm(layout, _daemon(layout, "slurmdbd"))
+    procs.wait_for(lambda: _port_open(layout.lane.slurmdbd_port), START_TIMEOUT, "slurmdbd", layout.log / "slurmdbd.log")
 
 
 def _start_slurmctld(layout: Layout) -> None:
-    _run(["slurmctld"], env=slurm_env(layout))
-    procs.wait_for(lambda: _port_open(SLURMCTLD_PORT), START_TIMEOUT, "slurmctld", layout.log / "slurmctld.log")
+    _slurm(layout, _daemon(layout, "slurmctld"))
+    procs.wait_for(lambda: _port_open(layout.lane.slurmctld_port), START_TIMEOUT, "slurmctld", layout.log / "slurmctld.log")
 
 
 def _start_slurmd(layout: Layout, node: Node) -> None:
     # Its own UTS namespace: `hostname` inside the node's jobs says the node's name.
+    if layout.lane.rootfs is not None:
+        _run(chroot.argv(layout, _daemon(layout, "slurmd", "-N", node.name)),
+             env=dict(slurm_env(layout), HPC_LANE_HOSTNAME=node.name))
+        return
     _run(["unshare", "--uts", "--", "/bin/sh", "-c", 'hostname "$1" && exec slurmd -N "$1"', "sh", node.name],
          env=slurm_env(layout))
 
@@ -184,7 +224,7 @@ def running(layout: Layout) -> dict[str, int | None]:
 def refuse_foreign(layout: Layout) -> None:
     """Raise if a Slurm or munge daemon runs that this state dir's pid files do not name."""
     ours = [pid for pid in running(layout).values() if pid is not None]
-    foreign = procs.foreign_daemons(ours)
+    foreign = procs.foreign_daemons(ours, {d.comm for d in daemons(layout)})
     if foreign:
         found = ", ".join(f"{name} (pid {pid})" for pid, name in sorted(foreign.items()))
         raise HpcError(
@@ -195,12 +235,12 @@ def refuse_foreign(layout: Layout) -> None:
 
 def node_states(layout: Layout) -> dict[str, str]:
     """Node name -> Slurm state (e.g. idle, alloc, down*) as sinfo reports it."""
-    out = _run(["sinfo", "-h", "-N", "-o", "%N %t"], env=slurm_env(layout))
+    out = _slurm(layout, ["sinfo", "-h", "-N", "-o", "%N %t"])
     return dict(line.split(None, 1) for line in out.splitlines() if line.strip())
 
 
 def _wait_for_nodes(layout: Layout) -> None:
-    names = [n.name for n in CPU_NODES]
+    names = [n.name for n in layout.lane.cpu_nodes]
 
     def ready() -> bool:  # registered and usable: no flag suffix such as * (not responding)
         states = node_states(layout)
@@ -210,8 +250,8 @@ def _wait_for_nodes(layout: Layout) -> None:
         procs.wait_for(ready, START_TIMEOUT, "cpu nodes", interval=0.2)
     except HpcError:
         # A node left down or drained by an earlier crash: its slurmd runs, so return it to service.
-        _run(["scontrol", "update", f"NodeName={','.join(names)}", "State=RESUME"], env=slurm_env(layout))
-        procs.wait_for(ready, 10, "cpu nodes", layout.log / "slurmd-c1.log", interval=0.2)
+        _slurm(layout, ["scontrol", "update", f"NodeName={','.join(names)}", "State=RESUME"])
+        procs.wait_for(ready, 10, "cpu nodes", layout.log / f"slurmd-{names[0]}.log", interval=0.2)
 
 
 def _forget_node_state(layout: Layout) -> None:
@@ -227,9 +267,16 @@ def up(layout: Layout | None = None) -> dict[str, Any]:
     if os.geteuid() != 0:
         raise HpcError("the sandbox starts system daemons and needs root", fix="run it as root (e.g. sudo)")
     refuse_foreign(layout)
-    installed = install.install_packages()
     _prepare_dirs(layout)
-    install.add_hosts(NODES)
+    lane = layout.lane
+    if lane.rootfs is None:
+        installed = install.install_packages()
+        install.add_hosts(lane.nodes)
+    else:
+        built = rootfs.ensure(lane.rootfs, lane.suite or "", ROOTFS_PACKAGES, layout.log)
+        installed = [f"rootfs {lane.suite}"] * built["built"] + built["installed"]
+        rootfs.write_hosts(lane.rootfs, lane.nodes)
+        chroot.write(layout)
     changed = write_configs(layout)
     pids = running(layout)
     restart: set[str] = set()
@@ -259,8 +306,10 @@ def down(layout: Layout | None = None) -> list[str]:
 
 
 def summary(layout: Layout) -> dict[str, Any]:
-    return {"state_dir": str(layout.root), "slurm_conf": str(layout.slurm_conf),
-            "cluster_config": str(layout.cluster_config), "default_queue": DEFAULT_QUEUE}
+    chrooted = layout.lane.rootfs is not None
+    return {"slurm": layout.lane.slurm, "state_dir": str(layout.root), "slurm_conf": str(layout.slurm_conf),
+            "cluster_config": str(layout.cluster_config), "default_queue": DEFAULT_QUEUE,
+            "bin": str(layout.bin) if chrooted else None, "accounting": layout.lane.accounting}
 
 
 def status(layout: Layout | None = None) -> dict[str, Any]:

@@ -1,5 +1,7 @@
 """Where the local test cluster keeps everything, and what it is made of: one state dir, fixed node list.
 
+Two lanes can run at once: this machine's own Slurm (Debian bookworm's 22.05) and a newer one (trixie's 24.11)
+run from a Debian root file system under chroot, each with its own state dir, ports, node addresses and munge.
 Pure data, no side effects: discovery, the daemons and the tests all read the same paths from here.
 """
 
@@ -35,8 +37,58 @@ NODES = CPU_NODES + P3DN_NODES
 FAKE_GPUS_PER_NODE = 8
 
 
+
+
+@dataclasses.dataclass(frozen=True)
+class Lane:
+    """One Slurm version of the local test cluster."""
+
+    slurm: str  # the Slurm major version it runs, e.g. "24.11"
+    state_dir: Path
+    slurmctld_port: int
+    slurmdbd_port: int
+    cpu_nodes: tuple[Node, ...]
+    p3dn_nodes: tuple[Node, ...]
+    accounting: bool  # slurmdbd + MariaDB (sacct works); without it status falls back to squeue/scontrol
+    suite: str | None = None  # Debian suite of its root file system; None: this machine's own packages
+    rootfs: Path | None = None
+
+    @property
+    def nodes(self) -> tuple[Node, ...]:
+        return self.cpu_nodes + self.p3dn_nodes
+
+    def comm(self, daemon: str) -> str:
+        """The process name its daemon runs under. A chroot lane's daemons carry the version (through a
+        symlink: the kernel names a process after the path it was started from) so that neither lane takes
+        the other's daemons for a foreign Slurm. At most 15 characters: the kernel truncates longer names."""
+        return daemon if self.rootfs is None else f"{daemon}-{self.slurm}"[:15]
+
+
+LANES = {
+    "22.05": Lane("22.05", DEFAULT_STATE_DIR, SLURMCTLD_PORT, SLURMDBD_PORT, CPU_NODES, P3DN_NODES, True),
+    # Ports 7017+ and 127.0.2.x: both lanes run at once. No accounting: like ParallelCluster's default.
+    "24.11": Lane("24.11", Path("/var/tmp/hpc-sandbox-24.11"), 7017, 7019,
+                  tuple(Node(n.name, n.addr.replace("127.0.1.", "127.0.2."), n.port + 100, True) for n in CPU_NODES),
+                  tuple(Node(n.name, n.addr.replace("127.0.1.", "127.0.2."), n.port + 100, False)
+                        for n in P3DN_NODES),
+                  False, "trixie", Path("/var/tmp/hpc-rootfs-trixie")),
+}
+DEFAULT_LANE = LANES["22.05"]
+
+
 def state_dir() -> Path:
     return Path(os.environ.get(STATE_DIR_ENV) or DEFAULT_STATE_DIR)
+
+
+def lane(slurm: str | None) -> Lane:
+    """The lane for a Slurm version (None: this machine's own Slurm)."""
+    if slurm is None:
+        return DEFAULT_LANE
+    if slurm not in LANES:
+        from toolkit.errors import UsageError
+
+        raise UsageError(f"no local Slurm {slurm!r}", fix=f"pick one of: {', '.join(LANES)}")
+    return LANES[slurm]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,10 +96,18 @@ class Layout:
     """Every path under one state dir."""
 
     root: Path
+    lane: Lane = DEFAULT_LANE
 
     @classmethod
-    def current(cls) -> "Layout":
-        return cls(state_dir())
+    def current(cls, slurm: str | None = None) -> "Layout":
+        """The default lane's state dir comes from HPC_SANDBOX_DIR (tests isolate with it); others are fixed."""
+        chosen = lane(slurm)
+        return cls(state_dir() if chosen is DEFAULT_LANE else chosen.state_dir, chosen)
+
+    @property
+    def bin(self) -> Path:
+        """A chroot lane's client commands (sbatch, srun, ...) as wrappers: put first on PATH to use it."""
+        return self.root / "bin"
 
     @property
     def etc(self) -> Path:

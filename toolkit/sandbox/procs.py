@@ -64,10 +64,11 @@ def processes_named(names: Iterable[str], proc: Path = PROC) -> dict[int, str]:
     return found
 
 
-def foreign_daemons(our_pids: Iterable[int], proc: Path = PROC) -> dict[int, str]:
-    """Slurm or munge daemons running on this machine that are not in OUR_PIDS."""
+def foreign_daemons(our_pids: Iterable[int], names: Iterable[str] = GUARDED_DAEMONS,
+                    proc: Path = PROC) -> dict[int, str]:
+    """Slurm or munge daemons (processes named one of NAMES) running here that are not in OUR_PIDS."""
     ours = set(our_pids)
-    return {pid: name for pid, name in processes_named(GUARDED_DAEMONS, proc).items() if pid not in ours}
+    return {pid: name for pid, name in processes_named(names, proc).items() if pid not in ours}
 
 
 def stop(pid_file: Path, name: str, timeout: float = 10.0) -> bool:
