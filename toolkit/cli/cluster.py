@@ -149,6 +149,9 @@ def _doctor_text(data: dict) -> str:
             lines.append(f"         fix: {fix}")
     if data["job_error"]:
         lines.append(f"srun: {data['job_error']}")
+    lines.append(f"Slurm {data['slurm']['version']}: "
+                 + ("has what our rendered jobs use" if not data["slurm"]["missing"] else "lacks what our jobs use"))
+    lines += [f"  FAIL   slurm: {m}" for m in data["slurm"]["missing"]]
     lines += ["", "ok: every node passed" if data["ok"] else "FAILED: see the FAIL lines above"]
     return "\n".join(lines)
 

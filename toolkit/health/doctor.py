@@ -40,10 +40,12 @@ class DoctorReport:
     queue: Queue
     nodes: tuple[NodeReport, ...]
     job_error: str | None = None  # srun's own complaint when it failed
+    slurm_version: str | None = None
+    slurm_missing: tuple[str, ...] = ()  # what our rendered jobs for this queue use that this Slurm lacks
 
     @property
     def ok(self) -> bool:
-        return bool(self.nodes) and all(n.ok for n in self.nodes)
+        return bool(self.nodes) and all(n.ok for n in self.nodes) and not self.slurm_missing
 
     def as_dict(self) -> dict:
         q = self.queue
@@ -55,6 +57,7 @@ class DoctorReport:
             "nodes": [{"node": n.node, "ok": n.ok, "error": n.error,
                        "checks": [dataclasses.asdict(c) for c in n.checks], "facts": n.facts} for n in self.nodes],
             "job_error": self.job_error,
+            "slurm": {"version": self.slurm_version, "missing": list(self.slurm_missing)},
         }
 
 
@@ -134,8 +137,17 @@ def parse_reports(stdout: str) -> dict[str, dict]:
     return reports
 
 
+def slurm_facts(queue: Queue) -> tuple[str, tuple[str, ...]]:
+    """The controller's Slurm version and what our rendered jobs for QUEUE need that it lacks."""
+    from toolkit.slurm import version
+
+    found = version.detect()
+    return str(found), tuple(version.missing_for_rendered_jobs(found, version.show_config(), queue.gpus_per_node))
+
+
 def run_doctor(queue: Queue, nodes: int | None = None, timeout: float = DEFAULT_TIMEOUT) -> DoctorReport:
     """Check every usable node of the queue (or `nodes` of them); unusable nodes are reported as failures."""
+    slurm = slurm_facts(queue)
     states = partition_nodes(queue.name)
     usable = [name for name, state in states if not unusable(state)]
     skipped = [] if nodes else [NodeReport(name, error=f"Slurm state {state}: not checked")
@@ -144,7 +156,7 @@ def run_doctor(queue: Queue, nodes: int | None = None, timeout: float = DEFAULT_
         raise UsageError(f"--nodes {nodes}: partition {queue.name} has {len(usable)} usable node(s) of {len(states)}",
                          fix=f"use --nodes 1..{len(usable)}" if usable else "resume the nodes first (sinfo -R)")
     if not usable:
-        return DoctorReport(queue, tuple(skipped), job_error="no node of the partition can run a job")
+        return DoctorReport(queue, tuple(skipped), "no node of the partition can run a job", *slurm)
     count = nodes or len(usable)
     res = run_srun(srun_argv(queue, count, None if nodes else usable), timeout)
     reports = parse_reports(res.stdout)
@@ -158,4 +170,4 @@ def run_doctor(queue: Queue, nodes: int | None = None, timeout: float = DEFAULT_
                for name in expected if name not in reports]
     missing += [NodeReport(f"?{i + 1}", error=f"no report: {job_error or 'the node check printed nothing'}")
                 for i in range(max(0, count - len(reports) - len(missing)))]
-    return DoctorReport(queue, tuple(sorted(checked + missing + skipped, key=lambda n: n.node)), job_error)
+    return DoctorReport(queue, tuple(sorted(checked + missing + skipped, key=lambda n: n.node)), job_error, *slurm)

@@ -63,7 +63,8 @@ def render_configs(layout: Layout) -> dict[Path, str]:
     lane = layout.lane
     values = dict(layout=layout, cluster_name=CLUSTER_NAME, slurmctld_port=lane.slurmctld_port,
                   slurmdbd_port=lane.slurmdbd_port, min_job_age=MIN_JOB_AGE, cpu_nodes=lane.cpu_nodes,
-                  p3dn_nodes=lane.p3dn_nodes, gpus_per_node=FAKE_GPUS_PER_NODE, accounting=lane.accounting)
+                  p3dn_nodes=lane.p3dn_nodes, gpus_per_node=FAKE_GPUS_PER_NODE, accounting=lane.accounting,
+                  first_job_id=lane.first_job_id)
     configs = {
         layout.slurm_conf: env.get_template("slurm.conf.j2").render(values),
         layout.gres_conf: env.get_template("gres.conf.j2").render(values),
@@ -224,7 +225,7 @@ def running(layout: Layout) -> dict[str, int | None]:
 def refuse_foreign(layout: Layout) -> None:
     """Raise if a Slurm or munge daemon runs that this state dir's pid files do not name."""
     ours = [pid for pid in running(layout).values() if pid is not None]
-    foreign = procs.foreign_daemons(ours, {d.comm for d in daemons(layout)})
+    foreign = procs.foreign_daemons(ours, {layout.lane.comm(name) for name in procs.GUARDED_DAEMONS})
     if foreign:
         found = ", ".join(f"{name} (pid {pid})" for pid, name in sorted(foreign.items()))
         raise HpcError(

@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 
 from toolkit.sandbox import procs
-from toolkit.sandbox.layout import DEFAULT_QUEUE, Layout
+from toolkit.sandbox.layout import DEFAULT_LANE, DEFAULT_QUEUE, Layout
 
 
 @dataclasses.dataclass(frozen=True)
@@ -16,6 +16,15 @@ class Sandbox:
     slurm_conf: Path  # what SLURM_CONF must name for sbatch/squeue/sacct/submitit to reach it
     cluster_config: Path  # ParallelCluster v3 YAML describing its queues (cpu, p3dn)
     default_queue: str = DEFAULT_QUEUE
+    slurm: str = DEFAULT_LANE.slurm  # the lane's Slurm version
+    bin_dir: Path | None = None  # a chroot lane's client commands: first on PATH to reach it
+
+    def env(self, base: dict[str, str] | None = None) -> dict[str, str]:
+        """BASE (default: this process's environment) pointed at this sandbox, for Slurm commands."""
+        env = dict(os.environ if base is None else base, SLURM_CONF=str(self.slurm_conf))
+        if self.bin_dir is not None:
+            env["PATH"] = f"{self.bin_dir}{os.pathsep}{env.get('PATH', '')}"
+        return env
 
 
 def discover(layout: Layout | None = None) -> Sandbox | None:
@@ -23,17 +32,19 @@ def discover(layout: Layout | None = None) -> Sandbox | None:
     layout = layout or Layout.current()
     if not layout.slurm_conf.is_file() or not layout.cluster_config.is_file():
         return None
-    if procs.running_pid(layout.pid_file("slurmctld"), "slurmctld") is None:
+    if procs.running_pid(layout.pid_file("slurmctld"), layout.lane.comm("slurmctld")) is None:
         return None
-    return Sandbox(layout.root, layout.slurm_conf, layout.cluster_config)
+    return Sandbox(layout.root, layout.slurm_conf, layout.cluster_config, slurm=layout.lane.slurm,
+                   bin_dir=layout.bin if layout.lane.rootfs is not None else None)
 
 
 def use(sandbox: Sandbox | None = None) -> Sandbox | None:
-    """Point this process (and the Slurm commands it starts) at the sandbox: sets SLURM_CONF.
+    """Point this process (and the Slurm commands it starts) at the sandbox: sets SLURM_CONF (and PATH for
+    a chroot lane).
 
     With no argument it discovers one; returns the sandbox used, or None (environment untouched).
     """
     sandbox = sandbox or discover()
     if sandbox is not None:
-        os.environ["SLURM_CONF"] = str(sandbox.slurm_conf)
+        os.environ.update(sandbox.env())
     return sandbox

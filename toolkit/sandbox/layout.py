@@ -52,6 +52,8 @@ class Lane:
     accounting: bool  # slurmdbd + MariaDB (sacct works); without it status falls back to squeue/scontrol
     suite: str | None = None  # Debian suite of its root file system; None: this machine's own packages
     rootfs: Path | None = None
+    # Test payloads derive ports from job ids (all nodes share one network): lanes number jobs apart.
+    first_job_id: int | None = None
 
     @property
     def nodes(self) -> tuple[Node, ...]:
@@ -71,7 +73,7 @@ LANES = {
                   tuple(Node(n.name, n.addr.replace("127.0.1.", "127.0.2."), n.port + 100, True) for n in CPU_NODES),
                   tuple(Node(n.name, n.addr.replace("127.0.1.", "127.0.2."), n.port + 100, False)
                         for n in P3DN_NODES),
-                  False, "trixie", Path("/var/tmp/hpc-rootfs-trixie")),
+                  False, "trixie", Path("/var/tmp/hpc-rootfs-trixie"), 10000),
 }
 DEFAULT_LANE = LANES["22.05"]
 

@@ -1,0 +1,219 @@
+"""The same checks on every local Slurm version: this machine's 22.05 and trixie's 24.11 (ParallelCluster 3.14's
+major version), which runs from a Debian root file system beside it (`hpc sandbox up --slurm 24.11`).
+
+Each test takes the `lane` fixture, parametrized over the versions; Slurm commands go through `lane.env()`
+(SLURM_CONF, and for 24.11 its client wrappers first on PATH). The 22.05 lane has accounting (sacct), the
+24.11 lane has none, as ParallelCluster ships by default: status is checked both ways.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import re
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO, run_hpc
+from tests.jobhelpers import probe_recipe, read_ranks
+
+pytestmark = pytest.mark.slurm
+LANES = ("22.05", "24.11")
+JOBS = sorted((REPO / "jobs").glob("*.sbatch"))
+PAYLOADS = REPO / "tests" / "payloads"
+# What srun sets in each task since Slurm 23.11 so that MPI launchers started inside a step use Slurm's.
+MPI_HINTS = ("OMPI_MCA_plm_slurm_args", "PRTE_MCA_plm_slurm_args", "HYDRA_BOOTSTRAP", "I_MPI_HYDRA_BOOTSTRAP")
+
+
+@pytest.fixture(scope="session", params=LANES)
+def lane(request):
+    """The local Slurm of one version, up (a fast no-op when it already runs)."""
+    from toolkit.sandbox import discover
+    from toolkit.sandbox.layout import Layout
+
+    res = run_hpc("sandbox", "up", "--slurm", request.param, "--json", timeout=900)
+    assert res.returncode == 0, f"hpc sandbox up --slurm {request.param} failed:\n{res.stderr}"
+    sandbox = discover(Layout.current(request.param))
+    assert sandbox is not None and sandbox.slurm == request.param
+    return sandbox
+
+
+def slurm(lane, *args: str, check: bool = True, timeout: float = 60, **kwargs) -> subprocess.CompletedProcess:
+    return subprocess.run(list(args), env=kwargs.pop("env", None) or lane.env(), capture_output=True, text=True,
+                          check=check, timeout=timeout, **kwargs)
+
+
+@contextlib.contextmanager
+def using(lane):
+    """This process's Slurm commands (toolkit.slurm.*) pointed at the lane."""
+    with pytest.MonkeyPatch.context() as mp:
+        for key, value in lane.env().items():
+            mp.setenv(key, value)
+        yield
+
+
+def wait_until(predicate, timeout: float, what: str):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        result = predicate()
+        if result:
+            return result
+        time.sleep(0.3)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def version_of(lane) -> tuple[int, int]:
+    major, minor = lane.slurm.split(".")
+    return int(major), int(minor)
+
+
+def job_record(lane, job_id: str) -> dict[str, str]:
+    out = slurm(lane, "scontrol", "-o", "show", "job", job_id).stdout
+    return dict(tok.split("=", 1) for tok in out.split() if "=" in tok)
+
+
+def test_the_lane_runs_the_slurm_version_it_claims(lane):
+    from toolkit.slurm import version
+
+    with using(lane):
+        detected = version.detect()
+    assert f"{detected.major}.{detected.minor:02d}" == lane.slurm
+    assert slurm(lane, "sinfo", "--version").stdout.split()[-1].startswith(lane.slurm)
+
+
+def test_rendered_script_starts_ranks_with_the_right_layout_and_only_the_allow_listed_environment(lane, tmp_path):
+    recipe = probe_recipe(tmp_path)
+    env = lane.env() | {"AWS_SECRET_ACCESS_KEY": "canary-secret", "HPC_TEST_MARKER": "x", "TZ": "UTC0",
+                        "HPC_RUNS_DIR": str(tmp_path / "runs")}
+    script = tmp_path / "job.sbatch"
+    res = run_hpc("recipes", "render", str(recipe), "--nodes", "2", "--cluster", str(lane.cluster_config),
+                  "--queue", "cpu", "-o", str(script), env=env, cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    (tmp_path / "runs" / "probe").mkdir(parents=True)
+    sent = slurm(lane, "sbatch", "--parsable", "--wait", str(script), env=env, cwd=tmp_path, timeout=120)
+    job_id = sent.stdout.strip().split(";")[0]
+    ranks = read_ranks(tmp_path / "probe")
+    assert sorted(ranks) == [0, 1, 2, 3]
+    layout = sorted((r["env"]["SLURMD_NODENAME"], int(r["env"]["SLURM_PROCID"]), int(r["env"]["SLURM_LOCALID"]),
+                     int(r["env"]["SLURM_NODEID"])) for r in ranks.values())
+    assert layout == [("c1", 0, 0, 0), ("c1", 1, 1, 0), ("c2", 2, 0, 1), ("c2", 3, 1, 1)]
+    for rank in ranks.values():
+        got = rank["env"]
+        assert got["SLURM_JOB_ID"] == job_id and got["MASTER_ADDR"] == "c1"
+        # --export=LIST: allow-listed submitter variables arrive as they were, the rest never (Slurm adds the
+        # node's login environment instead: --export=LIST implies --get-user-env).
+        assert got["TZ"] == "UTC0" and "AWS_SECRET_ACCESS_KEY" not in got and "HPC_TEST_MARKER" not in got
+        # Since 23.11 srun also exports MPI launcher hints into every task (22.05: none).
+        assert (set(MPI_HINTS) <= set(got)) == (version_of(lane) >= (23, 11)), sorted(set(MPI_HINTS) & set(got))
+    assert "canary" not in json.dumps([r["env"] for r in ranks.values()])
+
+
+def test_submitit_submission_runs_every_rank(lane, tmp_path):
+    recipe = probe_recipe(tmp_path)
+    env = lane.env() | {"HPC_RUNS_DIR": str(tmp_path / "runs")}
+    res = run_hpc("recipes", "submit", str(recipe), "--nodes", "2", "--cluster", str(lane.cluster_config),
+                  "--queue", "cpu", "--wait", "--json", env=env, cwd=tmp_path, timeout=180)
+    assert res.returncode == 0, res.stderr
+    assert json.loads(res.stdout)["state"] == "COMPLETED"
+    ranks = read_ranks(tmp_path / "probe")
+    assert sorted(ranks) == [0, 1, 2, 3]
+    assert sorted(r["env"]["SLURMD_NODENAME"] for r in ranks.values()) == ["c1", "c1", "c2", "c2"]
+
+
+def test_socket_rendezvous_across_two_nodes(lane, tmp_path):
+    out = tmp_path / "rendezvous.out"
+    slurm(lane, "sbatch", "--wait", "--nodes=2", "--ntasks-per-node=2", f"--output={out}",
+          "--wrap", f"srun python3 {PAYLOADS / 'rendezvous.py'}", timeout=120)
+    result = json.loads(out.read_text().strip().splitlines()[-1])
+    assert result["master"] == "c1" and result["self"] == {"rank": 0, "host": "c1", "localid": 0, "nodeid": 0}
+    assert result["peers"] == [{"rank": 1, "host": "c1", "localid": 1, "nodeid": 0},
+                               {"rank": 2, "host": "c2", "localid": 0, "nodeid": 1},
+                               {"rank": 3, "host": "c2", "localid": 1, "nodeid": 1}]
+    # Each lane's nodes have their own addresses (both lanes run at once on this machine).
+    assert result["master_addr"] == {"22.05": "127.0.1.11", "24.11": "127.0.2.11"}[lane.slurm]
+
+
+@pytest.mark.parametrize("script", JOBS, ids=[p.stem for p in JOBS])
+def test_every_reviewed_render_passes_test_only_on_the_gpu_shaped_partition(lane, script: Path):
+    nodes = int(re.search(r"^#SBATCH --nodes=(\d+)$", script.read_text(), re.M).group(1))
+    res = slurm(lane, "sbatch", "--test-only", str(script), check=False)
+    assert res.returncode == 0, res.stderr
+    assert re.search(rf"to start at .* on nodes p3dn-st-p3dn-24xl-\[1-{nodes}\] in partition p3dn", res.stderr)
+
+
+def test_job_array_tasks_all_run_and_status_reports_each(lane, tmp_path):
+    from toolkit.slurm import status
+
+    out = tmp_path / "array"
+    out.mkdir()
+    array_id = slurm(lane, "sbatch", "--parsable", "--wait", "--array=0-3", f"--output={out}/%A_%a.out",
+                     "--wrap", "echo task $SLURM_ARRAY_TASK_ID of $SLURM_ARRAY_TASK_COUNT", timeout=120).stdout.strip()
+    assert sorted(p.read_text().strip() for p in out.iterdir()) == [f"task {i} of 4" for i in range(4)]
+    with using(lane):
+        found = wait_until(lambda: (s := status.query([array_id])) and len(s) == 4 and s, 30, "4 array tasks")
+    assert sorted(found) == [f"{array_id}_{i}" for i in range(4)]
+    assert {s.state for s in found.values()} == {"COMPLETED"}
+    # With accounting (22.05 lane) sacct answers; without it (24.11, ParallelCluster's default) squeue does.
+    assert {s.source for s in found.values()} == ({"sacct"} if lane.slurm == "22.05" else {"squeue"})
+
+
+def _requeue_script(tmp_path: Path) -> Path:
+    """A batch shell that, like our rendered scripts, requeues itself on SIGUSR2; the second run finishes."""
+    script = tmp_path / "requeue.sbatch"
+    script.write_text(f"""#!/bin/bash
+#SBATCH --requeue
+#SBATCH --open-mode=append
+#SBATCH --output={tmp_path}/requeue.out
+echo "start restart=${{SLURM_RESTART_COUNT:-0}}"
+if [ "${{SLURM_RESTART_COUNT:-0}}" -gt 0 ]; then echo done; exit 0; fi
+trap 'echo "got USR2"; scontrol requeue "$SLURM_JOB_ID"; exit 0' USR2
+sleep 120 & wait
+""")
+    return script
+
+
+@pytest.mark.parametrize("how", ["sigusr2", "scontrol"])
+def test_requeue_restarts_the_job_once_and_it_finishes(lane, tmp_path, how):
+    from toolkit.slurm import status
+
+    job_id = slurm(lane, "sbatch", "--parsable", str(_requeue_script(tmp_path))).stdout.strip()
+    log = tmp_path / "requeue.out"
+    wait_until(lambda: log.exists() and "start restart=0" in log.read_text(), 60, "the first start")
+    if how == "sigusr2":
+        slurm(lane, "scancel", "--signal=USR2", "--batch", job_id)
+    else:
+        slurm(lane, "scontrol", "requeue", job_id)
+
+    # The requeued job waits out its BeginTime (~11 s with cred_expire=10). Forcing StartTime=now is no
+    # shortcut: started before its old credential expires, the job is killed ("Job credential revoked").
+    wait_until(lambda: job_record(lane, job_id).get("JobState") == "COMPLETED", 120, "the requeued job to finish")
+    text = log.read_text()
+    assert "start restart=0" in text and "start restart=1" in text and "done" in text
+    assert ("got USR2" in text) == (how == "sigusr2")
+    with using(lane):
+        found = wait_until(lambda: status.query([job_id]).get(job_id), 30, "the job's status")
+    assert found.state == "COMPLETED" and found.requeues == 1
+
+
+def test_cancel_ends_a_running_job_as_cancelled(lane, tmp_path):
+    from toolkit.slurm import status
+
+    job_id = slurm(lane, "sbatch", "--parsable", f"--output={tmp_path}/sleep.out", "--wrap", "sleep 120").stdout.strip()
+    wait_until(lambda: job_record(lane, job_id).get("JobState") == "RUNNING", 60, "the job to run")
+    slurm(lane, "scancel", job_id)
+    with using(lane):
+        found = wait_until(lambda: (s := status.query([job_id]).get(job_id)) and s.done and s, 60, "cancelled")
+    assert found.state == "CANCELLED"
+
+
+def test_doctor_reports_the_slurm_version_and_both_nodes(lane):
+    res = run_hpc("cluster", "doctor", "--cluster", str(lane.cluster_config), "--queue", "cpu", "--json",
+                  env=lane.env(), timeout=180)
+    assert res.returncode == 0, res.stderr
+    data = json.loads(res.stdout)
+    assert data["ok"] and [n["facts"]["hostname"] for n in data["nodes"]] == ["c1", "c2"]
+    assert data["slurm"]["version"].startswith(lane.slurm)
+    assert data["slurm"]["missing"] == []

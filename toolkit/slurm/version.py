@@ -1,0 +1,65 @@
+"""Which Slurm answers, and whether it has what our rendered jobs use.
+
+Our tests run on 22.05 (Debian bookworm) and 24.11 (trixie, ParallelCluster 3.14); ParallelCluster 3.15-3.16
+run 25.11. Code that must differ between versions asks `detect()` and writes the difference down where it
+branches.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+
+from toolkit.errors import HpcError
+from toolkit.slurm import commands
+
+
+@dataclasses.dataclass(frozen=True, order=True)
+class SlurmVersion:
+    major: int
+    minor: int
+    patch: int = 0
+
+    def __str__(self) -> str:
+        return f"{self.major}.{self.minor:02d}.{self.patch}"
+
+
+def parse(text: str) -> SlurmVersion:
+    """`scontrol version` / `sinfo --version` output ("slurm 22.05.8", "slurm-wlm 24.11.5") -> SlurmVersion."""
+    match = re.search(r"(\d+)\.(\d+)(?:\.(\d+))?", text)
+    if not match:
+        raise HpcError(f"cannot read a Slurm version from {text.strip()!r}",
+                       fix="check that `scontrol version` prints e.g. `slurm 24.11.5`")
+    return SlurmVersion(int(match.group(1)), int(match.group(2)), int(match.group(3) or 0))
+
+
+def detect() -> SlurmVersion:
+    """The version of the Slurm commands on PATH (both need a reachable config, not a running controller)."""
+    return parse(commands.run(["scontrol", "version"]).stdout)
+
+
+def show_config() -> dict[str, str]:
+    """`scontrol show config` as KEY -> value."""
+    out = commands.run(["scontrol", "show", "config"]).stdout
+    return {m.group(1): m.group(2).strip() for m in re.finditer(r"^(\w+)\s+=\s?(.*)$", out, re.M)}
+
+
+# The oldest Slurm whose sbatch/srun accept every option our rendered scripts use: --gpus-per-node (19.05),
+# srun --cpus-per-task passed explicitly because srun stops inheriting it from sbatch in 22.05 (we always
+# pass it, so older versions are fine there), `--signal=B:USR2@T`, `--wait-all-nodes`, `--open-mode=append`.
+MIN_VERSION = SlurmVersion(20, 11)
+
+
+def missing_for_rendered_jobs(version: SlurmVersion, config: dict[str, str], gpus_per_node: int) -> list[str]:
+    """What this Slurm lacks that our rendered jobs for a queue use; empty when it has everything."""
+    missing = []
+    if version < MIN_VERSION:
+        missing.append(f"Slurm {version} is older than {MIN_VERSION.major}.{MIN_VERSION.minor:02d}: "
+                       "--gpus-per-node and the requeue/signal options of our scripts may be refused")
+    if gpus_per_node:
+        if "select/cons_tres" not in config.get("SelectType", ""):
+            missing.append(f"SelectType is {config.get('SelectType') or 'unset'}: --gpus-per-node needs "
+                           "select/cons_tres")
+        if "gpu" not in config.get("GresTypes", "").split(","):
+            missing.append("GresTypes lacks gpu: GPU requests (--gpus-per-node) are refused")
+    return missing
