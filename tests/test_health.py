@@ -225,10 +225,12 @@ def test_srun_argv_and_report_parsing():
     assert doctor.parse_reports(out) == {"c2": {"node": "c2", "x": 1}, "c1": {"node": "c1"}}
 
 
-def fake_slurm(monkeypatch, states, stdout: str, returncode: int = 0, stderr: str = ""):
-    """run_doctor against given sinfo states and srun output; returns the srun argvs it was asked to run."""
+def fake_slurm(monkeypatch, states, stdout: str, returncode: int = 0, stderr: str = "", lacks: tuple = ()):
+    """run_doctor against given sinfo states, srun output and Slurm version facts (stand-ins for Slurm's
+    answers); returns the srun argvs it was asked to run."""
     calls = []
     monkeypatch.setattr(doctor, "partition_nodes", lambda partition: states)
+    monkeypatch.setattr(doctor, "slurm_facts", lambda queue: ("24.11.5", lacks))
 
     def srun(argv, timeout):
         calls.append(argv)
@@ -266,3 +268,11 @@ def test_doctor_with_a_node_count_and_usage_errors(monkeypatch, tmp_path):
     fake_slurm(monkeypatch, [("c1", "down*")], "")
     dead = doctor.run_doctor(CPU)
     assert not dead.ok and dead.nodes[0].error == "Slurm state down*: not checked"
+
+
+def test_doctor_fails_a_slurm_that_lacks_what_rendered_jobs_use_even_when_nodes_pass(monkeypatch, tmp_path):
+    line = json.dumps(gather(node(tmp_path, SLURMD_NODENAME="c1"), []))
+    fake_slurm(monkeypatch, [("c1", "idle")], line + "\n", lacks=("no pmix MPI plugin",))
+    report = doctor.run_doctor(CPU)
+    assert report.nodes[0].ok and not report.ok
+    assert report.as_dict()["slurm"] == {"version": "24.11.5", "missing": ["no pmix MPI plugin"]}

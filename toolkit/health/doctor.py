@@ -142,7 +142,8 @@ def slurm_facts(queue: Queue) -> tuple[str, tuple[str, ...]]:
     from toolkit.slurm import version
 
     found = version.detect()
-    return str(found), tuple(version.missing_for_rendered_jobs(found, version.show_config(), queue.gpus_per_node))
+    return str(found), tuple(version.missing_for_rendered_jobs(found, version.show_config(), queue.gpus_per_node,
+                                                               version.mpi_types()))
 
 
 def run_doctor(queue: Queue, nodes: int | None = None, timeout: float = DEFAULT_TIMEOUT) -> DoctorReport:

@@ -50,9 +50,27 @@ def show_config() -> dict[str, str]:
 MIN_VERSION = SlurmVersion(20, 11)
 
 
-def missing_for_rendered_jobs(version: SlurmVersion, config: dict[str, str], gpus_per_node: int) -> list[str]:
+def mpi_types() -> set[str]:
+    """MPI plugins `srun --mpi=list` offers. 22.05 and 24.11 print the same tab-indented list under "MPI plugin
+    types are..." (older releases wrote `srun: pmix` lines to stderr); only the pmix build differs (pmix_v4
+    on bookworm's 22.05, pmix_v5 on trixie's 24.11), named on the "plugin versions available" line."""
+    res = commands.run(["srun", "--mpi=list"])
+    types = set()
+    for line in (res.stdout + res.stderr).splitlines():
+        if "plugin versions available" in line:
+            types.update(line.split(":", 1)[1].replace(",", " ").split())
+        elif line.startswith(("\t", "srun: ")) and "MPI" not in line:
+            types.add(line.removeprefix("srun: ").strip())
+    return types - {""}
+
+
+def missing_for_rendered_jobs(version: SlurmVersion, config: dict[str, str], gpus_per_node: int,
+                              mpi: set[str]) -> list[str]:
     """What this Slurm lacks that our rendered jobs for a queue use; empty when it has everything."""
     missing = []
+    if "pmix" not in mpi:
+        missing.append("no pmix MPI plugin (srun --mpi=list): MPI binaries such as nccl-tests run with "
+                       "`srun --mpi=pmix`")
     if version < MIN_VERSION:
         missing.append(f"Slurm {version} is older than {MIN_VERSION.major}.{MIN_VERSION.minor:02d}: "
                        "--gpus-per-node and the requeue/signal options of our scripts may be refused")
