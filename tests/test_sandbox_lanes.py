@@ -1,0 +1,89 @@
+"""The two local Slurm lanes (22.05 on this machine, 24.11 from a trixie root file system): what keeps them
+apart, where the root file system comes from, and the scripts that enter it (no daemons started here)."""
+
+from __future__ import annotations
+
+import shlex
+import subprocess
+
+import pytest
+
+from toolkit.errors import HpcError, UsageError
+from toolkit.sandbox import chroot, cluster, rootfs
+from toolkit.sandbox.layout import LANES, Layout, lane
+
+
+def test_lanes_share_nothing_that_would_let_them_collide():
+    old, new = LANES["22.05"], LANES["24.11"]
+    assert old.state_dir != new.state_dir and new.rootfs is not None and old.rootfs is None
+    ports = lambda l: {l.slurmctld_port, l.slurmdbd_port, *(n.port for n in l.nodes)}  # noqa: E731
+    assert not ports(old) & ports(new)
+    assert not {n.addr for n in old.nodes} & {n.addr for n in new.nodes}
+    assert [n.name for n in old.cpu_nodes] == [n.name for n in new.cpu_nodes] == ["c1", "c2"]
+    # The 22.05 lane's guard against a foreign Slurm looks for these exact names: the 24.11 daemons differ.
+    assert {new.comm(d) for d in ("munged", "slurmctld", "slurmd")} == {"munged-24.11", "slurmctld-24.11",
+                                                                       "slurmd-24.11"}
+    assert all(len(new.comm(d)) <= 15 for d in ("slurmctld", "slurmdbd", "mariadbd"))  # the kernel's limit
+    assert old.comm("slurmd") == "slurmd"
+
+
+def test_an_unknown_version_is_a_usage_error_naming_the_choices():
+    with pytest.raises(UsageError, match="24.11"):
+        lane("23.02")
+
+
+def test_the_24_11_config_has_no_accounting_and_its_own_ports_the_22_05_one_is_unchanged(tmp_path):
+    new = cluster.render_configs(Layout(tmp_path / "new", LANES["24.11"]))
+    conf = new[Layout(tmp_path / "new", LANES["24.11"]).slurm_conf]
+    assert "AccountingStorageType=accounting_storage/none" in conf and "SlurmctldPort=7017" in conf
+    assert "NodeName=c1 NodeAddr=127.0.2.11" in conf and "FirstJobId=10000" in conf
+    assert not any(p.name == "slurmdbd.conf" for p in new)
+    old = cluster.render_configs(Layout(tmp_path / "old"))
+    text = old[Layout(tmp_path / "old").slurm_conf]
+    assert "AccountingStorageType=accounting_storage/slurmdbd" in text and "FirstJobId" not in text
+    assert any(p.name == "slurmdbd.conf" for p in old)
+
+
+def test_the_debian_mirror_is_read_from_apt_sources_in_both_formats(tmp_path):
+    d = tmp_path / "sources.list.d"
+    d.mkdir()
+    (d / "debian.sources").write_text(
+        "Types: deb\nURIs: http://mirror.example/debian-security\nSuites: bookworm-security\nComponents: main\n\n"
+        "Types: deb\nURIs: http://mirror.example/debian\nSuites: bookworm bookworm-updates\nComponents: main\n")
+    (d / "other.list").write_text("deb https://vendor.example/apt stable main\n")
+    assert rootfs.debian_mirror((tmp_path / "absent", d)) == "http://mirror.example/debian"
+    one_line = tmp_path / "sources.list"
+    one_line.write_text("# comment\ndeb [arch=amd64] http://local.example/debian/ bookworm main\n"
+                        "deb http://local.example/debian-security bookworm-security main\n")
+    assert rootfs.debian_mirror((one_line,)) == "http://local.example/debian"
+
+
+def test_no_debian_mirror_is_one_clear_error(tmp_path):
+    only = tmp_path / "sources.list"
+    only.write_text("deb https://vendor.example/apt stable main\n")
+    with pytest.raises(HpcError, match="no Debian archive"):
+        rootfs.debian_mirror((only,))
+
+
+def test_the_root_file_systems_hosts_name_its_own_lanes_addresses(tmp_path):
+    (tmp_path / "etc").mkdir()
+    rootfs.write_hosts(tmp_path, LANES["24.11"].cpu_nodes)
+    lines = (tmp_path / "etc/hosts").read_text().splitlines()
+    assert lines[0] == "127.0.0.1 localhost" and [l.split()[:2] for l in lines[2:]] == [
+        ["127.0.2.11", "c1"], ["127.0.2.12", "c2"]]
+
+
+def test_wrappers_enter_the_root_file_system_and_run_directly_inside_it(tmp_path):
+    layout = Layout(tmp_path / "state it's", LANES["24.11"])
+    wrapper = chroot.wrapper_script(layout, "sbatch")
+    assert "if [ -e /etc/hpc-lane ]; then exec /usr/bin/sbatch" in wrapper  # a job's srun: already inside
+    assert f"exec {shlex.quote(str(layout.bin / '.enter'))} /usr/bin/sbatch \"$@\"" in wrapper  # path quoted
+    enter = layout.bin / ".enter"
+    layout.bin.mkdir(parents=True)
+    enter.write_text(chroot.enter_script(layout))
+    assert subprocess.run(["sh", "-n", str(enter)]).returncode == 0  # valid shell
+    binds = chroot.binds()
+    assert "/tmp" in binds and "/var/tmp" in binds and all(b not in ("/proc",) for b in binds)
+    assert len(binds) == len(set(binds))
+    assert chroot.argv(layout, ["sinfo"]) == [str(enter), "sinfo"]
+    assert chroot.argv(Layout(tmp_path), ["sinfo"]) == ["sinfo"]  # this machine's own Slurm: unchanged
