@@ -87,3 +87,14 @@ def test_wrappers_enter_the_root_file_system_and_run_directly_inside_it(tmp_path
     assert len(binds) == len(set(binds))
     assert chroot.argv(layout, ["sinfo"]) == [str(enter), "sinfo"]
     assert chroot.argv(Layout(tmp_path), ["sinfo"]) == ["sinfo"]  # this machine's own Slurm: unchanged
+
+
+def test_a_system_python_is_bound_piece_by_piece_never_over_the_root_file_systems_usr(monkeypatch):
+    import sys
+
+    assert "/usr" not in chroot.binds()
+    monkeypatch.setattr(sys, "base_prefix", "/usr")  # as for a venv made from Debian's /usr/bin/python3
+    paths = chroot.python_paths()
+    assert all(str(p) not in ("/usr", "/usr/local") for p in paths)
+    assert paths[1] == chroot.Path(getattr(sys, "_base_executable", sys.executable)).resolve()
+    assert paths[2].name.startswith("python3")  # the standard library's dir

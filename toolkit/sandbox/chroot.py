@@ -22,18 +22,36 @@ DAEMONS = {"munged": "/usr/sbin/munged", "slurmctld": "/usr/sbin/slurmctld", "sl
 BASE_BINDS = ("/dev", "/sys", "/tmp", "/var/tmp", "/root", "/home", "/work")
 
 
+SYSTEM_PREFIXES = (Path("/usr"), Path("/usr/local"))
+
+
+def python_paths() -> list[Path]:
+    """What this Python needs inside the root file system to run jobs there (submitit starts ranks with it):
+    its prefixes, or for a system Python (under /usr, which the root file system has its own of) the
+    interpreter, its standard library and libpython, bound one by one."""
+    import sysconfig
+
+    if Path(sys.base_prefix) not in SYSTEM_PREFIXES:
+        return [Path(sys.prefix), Path(sys.base_prefix)]
+    paths = [Path(sys.prefix), Path(getattr(sys, "_base_executable", sys.executable)).resolve(),
+             Path(sysconfig.get_paths()["stdlib"])]
+    libpython = Path(sysconfig.get_config_var("LIBDIR") or "/") / (sysconfig.get_config_var("LDLIBRARY") or "")
+    if libpython.suffix != ".a" and libpython.is_file():
+        paths.append(libpython.resolve())
+    return [p for p in paths if p not in SYSTEM_PREFIXES]
+
+
 def binds() -> list[str]:
-    """Host dirs bound into the root file system: the base set plus where this toolkit and its Python live,
+    """Host paths bound into the root file system: the base set plus where this toolkit and its Python live,
     minus what lies under another bind (or does not exist)."""
     import toolkit
 
-    extra = [str(Path(toolkit.__file__).resolve().parents[1]), sys.prefix, sys.base_prefix]
-    chosen: list[str] = []
-    for d in [*BASE_BINDS, *extra]:
-        path = Path(d)
-        if path.is_dir() and not any(path == Path(c) or Path(c) in path.parents for c in chosen):
-            chosen.append(str(path))
-    return chosen
+    extra = [Path(toolkit.__file__).resolve().parents[1], *python_paths()]
+    chosen: list[Path] = []
+    for path in [*map(Path, BASE_BINDS), *extra]:
+        if path.exists() and not any(path == c or c in path.parents for c in chosen):
+            chosen.append(path)
+    return [str(p) for p in chosen]
 
 
 def enter_script(layout: Layout) -> str:
@@ -48,7 +66,10 @@ exec unshare --mount --propagation private ${{HPC_LANE_HOSTNAME:+--uts}} -- /bin
   set -e
   root="$1"; shift
   mount -t proc proc "$root/proc"
-  for d in {dirs}; do mkdir -p "$root$d"; mount --rbind "$d" "$root$d"; done
+  for d in {dirs}; do
+    if [ -d "$d" ]; then mkdir -p "$root$d"; else mkdir -p "$(dirname "$root$d")"; touch "$root$d"; fi
+    mount --rbind "$d" "$root$d"
+  done
   if [ -n "$HPC_LANE_HOSTNAME" ]; then hostname "$HPC_LANE_HOSTNAME"; fi
   exec chroot "$root" /bin/sh -c "cd \\"\\$1\\" 2>/dev/null || cd /; shift; exec \\"\\$@\\"" sh "$PWD" "$@"
 ' sh {root} "$@"

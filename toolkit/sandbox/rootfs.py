@@ -92,7 +92,17 @@ def installed_packages(root: Path) -> set[str]:
 
 
 def ensure(root: Path, suite: str, packages: tuple[str, ...], log_dir: Path) -> dict:
-    """Build ROOT with debootstrap if absent, install what PACKAGES it lacks; returns what it did and how long."""
+    """Build ROOT with debootstrap if absent, install what PACKAGES it lacks; returns what it did and how long.
+    One build at a time: a second caller (e.g. another test session) waits for the first and reuses it."""
+    import fcntl
+
+    root.parent.mkdir(parents=True, exist_ok=True)
+    with open(root.with_name(root.name + ".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return _ensure(root, suite, packages, log_dir)
+
+
+def _ensure(root: Path, suite: str, packages: tuple[str, ...], log_dir: Path) -> dict:
     t0 = time.monotonic()
     did: dict = {"rootfs": str(root), "built": False, "installed": []}
     if not (root / "etc/debian_version").is_file() or not (root / STAMP).exists():
