@@ -68,7 +68,9 @@ class Lane:
 
 LANES = {
     "22.05": Lane("22.05", DEFAULT_STATE_DIR, SLURMCTLD_PORT, SLURMDBD_PORT, CPU_NODES, P3DN_NODES, True),
-    # Ports 7017+ and 127.0.2.x: both lanes run at once. No accounting: like ParallelCluster's default.
+    # Ports 7017+ and 127.0.2.x: both lanes run at once. No accounting, like ParallelCluster's default (and
+    # trixie's slurmdbd 24.11.5 dies on trixie's MariaDB 11.8: "_check_mysql_concat_is_sane: null result",
+    # client error 5027, seen Nov 2026).
     "24.11": Lane("24.11", Path("/var/tmp/hpc-sandbox-24.11"), 7017, 7019,
                   tuple(Node(n.name, n.addr.replace("127.0.1.", "127.0.2."), n.port + 100, True) for n in CPU_NODES),
                   tuple(Node(n.name, n.addr.replace("127.0.1.", "127.0.2."), n.port + 100, False)
