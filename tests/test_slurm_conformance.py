@@ -24,7 +24,7 @@ pytestmark = pytest.mark.slurm
 LANES = ("22.05", "24.11")
 JOBS = sorted((REPO / "jobs").glob("*.sbatch"))
 PAYLOADS = REPO / "tests" / "payloads"
-# What srun sets in each task since Slurm 23.11 so that MPI launchers started inside a step use Slurm's.
+# What 24.11's srun (not 22.05's) sets in each task so that MPI launchers started inside a step use Slurm's.
 MPI_HINTS = ("OMPI_MCA_plm_slurm_args", "PRTE_MCA_plm_slurm_args", "HYDRA_BOOTSTRAP", "I_MPI_HYDRA_BOOTSTRAP")
 
 
@@ -106,8 +106,8 @@ def test_rendered_script_starts_ranks_with_the_right_layout_and_only_the_allow_l
         # --export=LIST: allow-listed submitter variables arrive as they were, the rest never (Slurm adds the
         # node's login environment instead: --export=LIST implies --get-user-env).
         assert got["TZ"] == "UTC0" and "AWS_SECRET_ACCESS_KEY" not in got and "HPC_TEST_MARKER" not in got
-        # Since 23.11 srun also exports MPI launcher hints into every task (22.05: none).
-        assert (set(MPI_HINTS) <= set(got)) == (version_of(lane) >= (23, 11)), sorted(set(MPI_HINTS) & set(got))
+        # 24.11's srun also exports MPI launcher hints into every task (22.05's: none).
+        assert (set(MPI_HINTS) <= set(got)) == (version_of(lane) >= (24, 11)), sorted(set(MPI_HINTS) & set(got))
     assert "canary" not in json.dumps([r["env"] for r in ranks.values()])
 
 

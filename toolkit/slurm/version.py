@@ -5,8 +5,8 @@ run 25.11. Code that must differ between versions asks `detect()` and writes the
 branches. What tests/test_slurm_conformance.py found between 22.05.8 and 24.11.5 for what we use: the same
 sbatch/srun options, `--test-only` message, squeue/scontrol fields (array rows, Restarts, JobState), sacct's
 "accounting storage is disabled" exit 1, `srun --mpi=list` layout and requeue/USR2 behaviour, so no code
-here branches yet. Differences seen: since 23.11 srun exports MPI launcher hints into every task
-(OMPI_MCA_plm_slurm_args, PRTE_MCA_plm_slurm_args, HYDRA_BOOTSTRAP, I_MPI_HYDRA_BOOTSTRAP...), and tasks
+here branches yet. Differences seen: 24.11's srun (not 22.05's) exports MPI launcher hints into every task
+(OMPI_MCA_plm_slurm_args, PRTE_MCA_plm_slurm_args, HYDRA_BOOTSTRAP, I_MPI_HYDRA_BOOTSTRAP...), and its tasks
 carry SLURM_TRES_PER_TASK (cpu=N from --cpus-per-task), SLURM_JOB_START_TIME/END_TIME, SLURM_OOM_KILL_STEP;
 the pmix plugin is pmix_v5 (22.05: pmix_v4); 24.11 daemons check their own name (argv[0]) before loading
 plugins; `sinfo --version`/`scontrol version` need a readable config on both.
