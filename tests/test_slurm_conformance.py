@@ -65,6 +65,13 @@ def wait_until(predicate, timeout: float, what: str):
     raise AssertionError(f"timed out waiting for {what}")
 
 
+def lane_layout(lane):
+    """What the lane is made of (node addresses, accounting)."""
+    from toolkit.sandbox.layout import lane as lane_named
+
+    return lane_named(lane.slurm)
+
+
 def version_of(lane) -> tuple[int, int]:
     major, minor = lane.slurm.split(".")
     return int(major), int(minor)
@@ -133,7 +140,7 @@ def test_socket_rendezvous_across_two_nodes(lane, tmp_path):
                                {"rank": 2, "host": "c2", "localid": 0, "nodeid": 1},
                                {"rank": 3, "host": "c2", "localid": 1, "nodeid": 1}]
     # Each lane's nodes have their own addresses (both lanes run at once on this machine).
-    assert result["master_addr"] == {"22.05": "127.0.1.11", "24.11": "127.0.2.11"}[lane.slurm]
+    assert result["master_addr"] == lane_layout(lane).cpu_nodes[0].addr
 
 
 @pytest.mark.parametrize("script", JOBS, ids=[p.stem for p in JOBS])
@@ -156,8 +163,8 @@ def test_job_array_tasks_all_run_and_status_reports_each(lane, tmp_path):
         found = wait_until(lambda: (s := status.query([array_id])) and len(s) == 4 and s, 30, "4 array tasks")
     assert sorted(found) == [f"{array_id}_{i}" for i in range(4)]
     assert {s.state for s in found.values()} == {"COMPLETED"}
-    # With accounting (22.05 lane) sacct answers; without it (24.11, ParallelCluster's default) squeue does.
-    assert {s.source for s in found.values()} == ({"sacct"} if lane.slurm == "22.05" else {"squeue"})
+    # With accounting (the 22.05 lane) sacct answers; without it (24.11, ParallelCluster's default) squeue does.
+    assert {s.source for s in found.values()} == ({"sacct"} if lane_layout(lane).accounting else {"squeue"})
 
 
 def _render_requeueable(lane, tmp_path: Path) -> tuple[Path, dict[str, str]]:
