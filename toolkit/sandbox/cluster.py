@@ -191,12 +191,14 @@ def _start_mariadb(layout: Layout) -> None:
 
 def _start_slurmdbd(layout: Layout) -> None:
     _slurm(layout, _daemon(layout, "slurmdbd"))
-    procs.wait_for(lambda: _port_open(layout.lane.slurmdbd_port), START_TIMEOUT, "slurmdbd", layout.log / "slurmdbd.log")
+    procs.wait_for(lambda: _port_open(layout.lane.slurmdbd_port), START_TIMEOUT, "slurmdbd",
+                   layout.log / "slurmdbd.log")
 
 
 def _start_slurmctld(layout: Layout) -> None:
     _slurm(layout, _daemon(layout, "slurmctld"))
-    procs.wait_for(lambda: _port_open(layout.lane.slurmctld_port), START_TIMEOUT, "slurmctld", layout.log / "slurmctld.log")
+    procs.wait_for(lambda: _port_open(layout.lane.slurmctld_port), START_TIMEOUT, "slurmctld",
+                   layout.log / "slurmctld.log")
 
 
 def _start_slurmd(layout: Layout, node: Node) -> None:

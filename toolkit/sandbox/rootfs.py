@@ -68,7 +68,8 @@ def _check(res: subprocess.CompletedProcess, what: str, log: Path) -> None:
 def chroot_apt(root: Path, packages: list[str], log: Path) -> None:
     """apt-get install inside ROOT (with /proc mounted in a private mount namespace, services not started)."""
     inner = 'apt-get update -q && apt-get install -y -q --no-install-recommends "$@"'
-    script = 'root="$0" cmd="$1"; shift; mount -t proc proc "$root/proc" && exec chroot "$root" /bin/sh -c "$cmd" sh "$@"'
+    script = ('root="$0" cmd="$1"; shift; '
+              'mount -t proc proc "$root/proc" && exec chroot "$root" /bin/sh -c "$cmd" sh "$@"')
     policy = root / "usr/sbin/policy-rc.d"
     policy.write_text("#!/bin/sh\nexit 101\n")  # the packages must not start their daemons: we start ours
     policy.chmod(0o755)
@@ -80,7 +81,8 @@ def chroot_apt(root: Path, packages: list[str], log: Path) -> None:
 
 def write_hosts(root: Path, nodes: Iterable[Node]) -> None:
     """The root file system's own /etc/hosts: its node names resolve to its lane's addresses, not the host's."""
-    text = "127.0.0.1 localhost\n::1 localhost ip6-localhost ip6-loopback\n" + "\n".join(install.hosts_lines(nodes)) + "\n"
+    lines = ["127.0.0.1 localhost", "::1 localhost ip6-localhost ip6-loopback", *install.hosts_lines(nodes)]
+    text = "\n".join(lines) + "\n"
     hosts = root / "etc/hosts"
     if not hosts.exists() or hosts.read_text() != text:
         hosts.write_text(text)
