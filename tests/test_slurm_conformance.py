@@ -211,7 +211,8 @@ def test_rendered_job_requeues_once_and_finishes(lane, tmp_path, how):
     # the requeue's SIGTERM to the batch shell, and loses on 24.11).
     assert "DUE TO JOB REQUEUE" in text, text
     with using(lane):
-        found = wait_until(lambda: status.query([job_id]).get(job_id), 30, "the job's status")
+        # sacct lags the controller by up to a second: poll until it has the job's end too.
+        found = wait_until(lambda: (s := status.query([job_id]).get(job_id)) and s.done and s, 30, "the job's end")
     assert found.state == "COMPLETED" and found.requeues == 1
 
 
