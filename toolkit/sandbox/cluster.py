@@ -7,6 +7,7 @@ Slurm or munge that we did not start makes `up` refuse before it changes anythin
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import shutil
@@ -263,12 +264,30 @@ def _forget_node_state(layout: Layout) -> None:
         (layout.spool / "slurmctld" / name).unlink(missing_ok=True)
 
 
+@contextlib.contextmanager
+def _exclusive(layout: Layout):
+    """One `up` or `down` of a sandbox at a time: two racing ones (test sessions in parallel) each restarted
+    daemons the other had just started, and left pid files naming the wrong processes."""
+    import fcntl
+
+    lock = layout.root.parent / f".{layout.root.name}.lock"
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    with lock.open("w") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        yield
+
+
 def up(layout: Layout | None = None) -> dict[str, Any]:
     """Start whatever is not running; a fast no-op when everything is. Returns what it did."""
     layout = layout or Layout.current()
-    t0 = time.monotonic()
     if os.geteuid() != 0:
         raise HpcError("the sandbox starts system daemons and needs root", fix="run it as root (e.g. sudo)")
+    with _exclusive(layout):
+        return _up(layout)
+
+
+def _up(layout: Layout) -> dict[str, Any]:
+    t0 = time.monotonic()
     refuse_foreign(layout)
     _prepare_dirs(layout)
     lane = layout.lane
@@ -305,7 +324,8 @@ def up(layout: Layout | None = None) -> dict[str, Any]:
 def down(layout: Layout | None = None) -> list[str]:
     """Stop our daemons by their pid files, nodes first; returns those that were running."""
     layout = layout or Layout.current()
-    return [d.key for d in reversed(daemons(layout)) if procs.stop(d.pid_file, d.comm)]
+    with _exclusive(layout):
+        return [d.key for d in reversed(daemons(layout)) if procs.stop(d.pid_file, d.comm)]
 
 
 def summary(layout: Layout) -> dict[str, Any]:
