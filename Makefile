@@ -54,6 +54,7 @@ demo: venv train-env slurm-up
 bench: venv train-env slurm-up
 	$(BIN)/python benchmarks/bench_cli.py
 	$(BIN)/python benchmarks/bench_submit.py
+	$(BIN)/python benchmarks/bench_run.py
 
 # Reviewed renders in jobs/ (tests/test_render.py checks they match today's rendering).
 JOBS := roberta:8 transformer:4 resnet50:8 nccl-tests:2 collectives:2

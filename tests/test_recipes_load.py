@@ -72,7 +72,8 @@ def mutate(path, value):
 
 BAD = [
     (("nodes",), 4, "nodes: unknown key; allowed here: args, deepspeed, description, dirs, env, launcher"),
-    (("launcher", "kind"), "torchrun", "launcher.kind: Input should be 'fairseq', 'python-module', 'binary' or 'deepspeed'"),
+    (("launcher", "kind"), "torchrun",
+     "launcher.kind: Input should be 'fairseq', 'python-module', 'python-script', 'binary' or 'deepspeed'"),
     (("launcher",), {"kind": "python-module"}, "launcher: launcher kind python-module needs `module`"),
     (("args", "--lr; rm -rf /"), 1, "args.--lr; rm -rf /: bad key '--lr; rm -rf /'"),
     (("args", "--fp16"), False, "args.--fp16: `false` is not a flag value: use null"),

@@ -100,6 +100,48 @@ def validate(file: Path = typer.Argument(..., help="Recipe file."), as_json: boo
 
 
 @app.command()
+def new(name: str = typer.Argument(..., help="Recipe name ([a-z0-9_-]); the file is recipes/NAME.yaml."),
+        script: Optional[str] = typer.Option(None, "--script", help="Your script (a .py path)."),
+        module: Optional[str] = typer.Option(None, "--module", "-m", help="Or your module (pkg.train)."),
+        script_args: Optional[list[str]] = typer.Argument(None, metavar="-- SCRIPT_ARGS...",
+                                                          help="Arguments for the script, after `--`."),
+        nodes: int = typer.Option(1, "--nodes", "-N", min=1, help="resources.nodes of the recipe."),
+        launcher: str = typer.Option("script", "--launcher", help="script (srun per rank) or torchrun."),
+        time: Optional[str] = typer.Option(None, "--time", "-t", help="resources.time (default 24:00:00)."),
+        max_restarts: Optional[int] = typer.Option(None, "--max-restarts", min=0, help="torchrun restarts."),
+        venv: Optional[Path] = typer.Option(None, "--venv", help="software.venv: the nodes' environment."),
+        env: list[str] = typer.Option([], "--env", "-e", help="env.NAME: NAME=VALUE (repeatable)."),
+        output: Optional[Path] = typer.Option(None, "--output", "-o", help="Default: recipes/NAME.yaml here."),
+        force: bool = typer.Option(False, "--force", help="Overwrite an existing file."),
+        as_json: bool = JSON_OPTION) -> None:
+    """Write a recipe for your own script or module, from the same choices as `hpc run` (then edit the YAML)."""
+    import yaml
+
+    from toolkit.errors import HpcError, UsageError
+    from toolkit.recipes.load import load_recipe
+    from toolkit.recipes.user import parse_env, user_recipe
+
+    if (script is None) == (module is None):
+        raise UsageError("give exactly one of --script FILE.py and --module pkg.train",
+                         fix="e.g. hpc recipes new mytrain --script train.py")
+    target = script if script is not None else module
+    if module is not None and module.endswith(".py"):
+        raise UsageError(f"--module {module!r} is a file name", fix=f"use --script {module}")
+    data = user_recipe(target, script_args or [], name=name, nodes=nodes, style=launcher, time=time,
+                       max_restarts=max_restarts, venv=str(venv) if venv else None, env=parse_env(env))
+    if script is not None and not Path(script).is_file():
+        raise HpcError(f"script {script} does not exist", fix="give the path of an existing .py file")
+    load_recipe(name, data=data)  # validated before anything is written
+    path = output or Path("recipes") / f"{name}.yaml"
+    if path.exists() and not force:
+        raise HpcError(f"{path} exists", fix="pass --force to overwrite it, or choose another -o FILE")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(f"# Written by `hpc recipes new {name}`: edit freely, check with `hpc recipes validate {path}`.\n"
+                    + yaml.safe_dump(data, sort_keys=False))
+    emit({"ok": True, "file": str(path), "recipe": data}, as_json, f"wrote {path} (submit it: hpc recipes submit {path})")
+
+
+@app.command()
 def render(name: str = typer.Argument(..., help="Recipe name or path to a recipe file."),
            nodes: Optional[int] = NODES, cluster: Optional[Path] = CLUSTER, queue: Optional[str] = QUEUE,
            profile: Optional[str] = PROFILE, overrides: list[str] = SET,
@@ -152,8 +194,7 @@ def submit(name: str = typer.Argument(..., help="Recipe name or path to a recipe
            as_json: bool = JSON_OPTION) -> None:
     """Submit a recipe through submitit (srun starts one rank per GPU, or per declared CPU rank)."""
     from toolkit.errors import UsageError
-    from toolkit.slurm.status import State
-    from toolkit.submit import plan as plans, submission
+    from toolkit.submit import plan as plans
 
     request = plans.SubmitRequest(name, nodes, str(cluster) if cluster else None, queue, profile, tuple(overrides),
                                   account, qos, reservation, dependency, executor)
@@ -162,6 +203,15 @@ def submit(name: str = typer.Argument(..., help="Recipe name or path to a recipe
         return
     if array_parallelism is not None:
         raise UsageError("--array-parallelism limits a sweep's job array", fix="add --sweep KEY.PATH=V1,V2,...")
+    submit_request(request, dry_run, wait, as_json)
+
+
+def submit_request(request, dry_run: bool, wait: bool, as_json: bool) -> None:
+    """Plan a request; print the plan (--dry-run) or execute it, and with --wait follow it (exit 1 unless it
+    completes). `hpc recipes submit` and `hpc run` both end here."""
+    from toolkit.slurm.status import State
+    from toolkit.submit import plan as plans, submission
+
     if dry_run:
         plan = plans.plan(request)
         for note in plan.notes:
@@ -180,8 +230,12 @@ def submit(name: str = typer.Argument(..., help="Recipe name or path to a recipe
             _print_outcome(result)
     emit(result, as_json, lambda r: f"{r['job_id']}" + (f" {r['state']}" if "state" in r else ""))
     if wait and result["state"] != State.COMPLETED:
+        from toolkit.submit.runs import failure_reason
+
         log = result.get("failed_rank_log")
-        info(f"job {result['job_id']} ended {result['state']}" + (f": see {log}" if log else ""))
+        reason = failure_reason(log) if log else None
+        info(f"job {result['job_id']} ended {result['state']}" + (f": {reason}" if reason else "")
+             + (f" (see {log})" if log else ""))
         raise typer.Exit(1)
 
 

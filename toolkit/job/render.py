@@ -23,11 +23,11 @@ def job_options(spec: JobSpec) -> dict[str, str | int | bool]:
     """
     options: dict[str, str | int | bool] = {
         "job-name": spec.job_name, "partition": spec.partition, "nodes": spec.nodes,
-        "ntasks-per-node": spec.tasks_per_node,
+        "ntasks-per-node": spec.slurm_tasks_per_node,
     }
     if spec.gpus_per_node:
         options["gpus-per-node"] = spec.gpus_per_node
-    options.update({"cpus-per-task": spec.cpus_per_task, "time": spec.time_limit})
+    options.update({"cpus-per-task": spec.slurm_cpus_per_task, "time": spec.time_limit})
     if spec.exclusive:
         options["exclusive"] = True
     if spec.wait_all_nodes:
@@ -52,8 +52,8 @@ def sbatch_directives(spec: JobSpec) -> list[str]:
 
 def srun_options(spec: JobSpec) -> list[str]:
     """srun's options: the step's shape is spelled out (Slurm >= 22.05 srun does not inherit --cpus-per-task)."""
-    options = ["--export=ALL", f"--nodes={spec.nodes}", f"--ntasks-per-node={spec.tasks_per_node}",
-               f"--cpus-per-task={spec.cpus_per_task}", "--kill-on-bad-exit=1"]
+    options = ["--export=ALL", f"--nodes={spec.nodes}", f"--ntasks-per-node={spec.slurm_tasks_per_node}",
+               f"--cpus-per-task={spec.slurm_cpus_per_task}", "--kill-on-bad-exit=1"]
     if spec.mpi:
         options.append(f"--mpi={spec.mpi}")
     return options + list(spec.srun_binding)

@@ -13,6 +13,7 @@ import dataclasses
 import os
 import re
 import sys
+from pathlib import Path
 from typing import Literal
 
 from toolkit.cluster.queues import Queue
@@ -33,7 +34,10 @@ FAIRSEQ_DISTRIBUTED = ("--distributed-world-size", "--distributed-rank", "--devi
 TRAINER_DEVICE = ("--device", "--backend", "--threads")  # our trainers' (toolkit.workloads) device flags
 
 
-LauncherKind = Literal["fairseq", "python-module", "binary", "deepspeed"]
+LauncherKind = Literal["fairseq", "python-module", "python-script", "binary", "deepspeed"]
+LauncherStyle = Literal["script", "torchrun"]
+OUR_TRAINERS = "toolkit.workloads."  # modules that take TRAINER_DEVICE flags (a user's module gets none)
+USER_MAIN = Path(__file__).with_name("user_main.py")  # each Python rank's first code (`python -c`)
 # The catalog's accelerator kind decides the device form of a job (GRES GPUs, devices, collective backend).
 DEVICE_OF_ACCELERATOR = {"nvidia": "gpu", "gaudi": "hpu", "none": "cpu"}
 
@@ -90,10 +94,21 @@ class JobSpec:
     warnings: tuple[str, ...] = ()  # toolkit.job.advice: the job will not do what its flags suggest
     srun_binding: tuple[str, ...] = ()  # srun CPU-binding options (Gaudi: cores per HPU rank)
     files: tuple[JobFile, ...] = ()
+    style: LauncherStyle = "script"  # torchrun: one Slurm task per node starts that node's tasks_per_node ranks
 
     @property
     def world_size(self) -> int:
         return self.nodes * self.tasks_per_node
+
+    @property
+    def slurm_tasks_per_node(self) -> int:
+        """Slurm tasks per node: one per rank, or one torchrun per node."""
+        return 1 if self.style == "torchrun" else self.tasks_per_node
+
+    @property
+    def slurm_cpus_per_task(self) -> int:
+        """CPUs per Slurm task: a torchrun task holds the CPUs of all its node's ranks."""
+        return self.cpus_per_task * (self.tasks_per_node if self.style == "torchrun" else 1)
 
     @property
     def environ(self) -> dict[str, str]:
@@ -133,9 +148,10 @@ def _under(root: str, path: str) -> str:
     return path if path.startswith("/") else f"{root}/{path}"
 
 
-def _device_forms(launcher: LauncherKind, args: dict, device: str, threads: int | None,
+def _device_forms(flags: Literal["fairseq", "trainer"] | None, args: dict, device: str, threads: int | None,
                   world: int) -> tuple[dict, list[Derived]]:
-    """The recipe's args in the queue's device form (GPU as published; HPU: hccl; CPU: gloo, no half precision)."""
+    """The recipe's args in the queue's device form (GPU as published; HPU: hccl; CPU: gloo, no half precision),
+    for fairseq and our trainers; other programs' args are left as written."""
     args = dict(args)
     on_gpu = device == "gpu"
     why = f"{device.upper()} queue"
@@ -150,7 +166,7 @@ def _device_forms(launcher: LauncherKind, args: dict, device: str, threads: int 
             if args.pop(flag, None) is not None:
                 derived.append(Derived(flag, "removed", f"{why}: {reason}"))
 
-    if launcher == "fairseq":
+    if flags == "fairseq":
         if device == "hpu":
             raise HpcError("fairseq has no Habana HPU support", fix="run fairseq recipes on a GPU or CPU queue")
         if on_gpu:
@@ -162,7 +178,7 @@ def _device_forms(launcher: LauncherKind, args: dict, device: str, threads: int 
             put("--ddp-backend", "legacy_ddp", "pytorch_ddp/c10d pass GPU device_ids and fail on CPU")
         put("--distributed-world-size", world, "world size = nodes x ranks per node")
         put("--distributed-no-spawn", True, "srun starts one process per rank; fairseq must not spawn more")
-    elif launcher == "python-module":
+    elif flags == "trainer":
         if on_gpu:
             put("--device", "cuda", "one GPU per rank (LOCAL_RANK)")
             put("--backend", "nccl", "NCCL between GPUs")
@@ -193,8 +209,8 @@ def build_job_spec(recipe: Recipe, queue: Queue, nodes: int | None = None, *, pr
     if nodes > queue.max_nodes:
         raise HpcError(f"{nodes} nodes requested; queue {queue.name} has at most {queue.max_nodes}",
                        fix=f"use --nodes 1..{queue.max_nodes} or a bigger queue")
-    controlled = FAIRSEQ_DISTRIBUTED if recipe.launcher.kind == "fairseq" else \
-        TRAINER_DEVICE if recipe.launcher.kind == "python-module" else ()
+    ours = recipe.launcher.kind == "python-module" and (recipe.launcher.module or "").startswith(OUR_TRAINERS)
+    controlled = FAIRSEQ_DISTRIBUTED if recipe.launcher.kind == "fairseq" else TRAINER_DEVICE if ours else ()
     for flag in controlled:
         if flag in recipe.args:
             raise HpcError(f"recipe {recipe.name}: args.{flag} is set by the toolkit from the queue",
@@ -226,7 +242,8 @@ def build_job_spec(recipe: Recipe, queue: Queue, nodes: int | None = None, *, pr
     args, scaled = apply_scaling(recipe.scaling, recipe.args, nodes=nodes, ranks_per_node=tasks,
                                  max_nodes=queue.max_nodes,
                                  gpu_memory_gib=instance.gpu_memory_gib if device != "cpu" else None)
-    args, forms = _device_forms(recipe.launcher.kind, args, device, threads, world)
+    flags = "fairseq" if recipe.launcher.kind == "fairseq" else "trainer" if ours else None
+    args, forms = _device_forms(flags, args, device, threads, world)
     derived += scaled + forms
     binding: tuple[str, ...] = ()
     if device == "hpu":
@@ -273,12 +290,17 @@ def build_job_spec(recipe: Recipe, queue: Queue, nodes: int | None = None, *, pr
                                            recipe.dirs.data.dir))
 
     launcher = recipe.launcher
-    # deepspeed: one process per rank under srun, with the torch.distributed variables DeepSpeed reads
-    # (MASTER_ADDR/MASTER_PORT come from the set-up block)
-    program = {"fairseq": ["fairseq-train"], "python-module": ["python", "-m", launcher.module or ""],
-               "binary": [_under(root, launcher.program or "")],
-               "deepspeed": ["env", f"WORLD_SIZE={world}", ("RANK=", RankVar.RANK), ("LOCAL_RANK=", RankVar.LOCAL_RANK),
-                             "python", _under(root, launcher.script or "")]}[launcher.kind]
+    if launcher.kind in ("python-module", "python-script") and not (ours and launcher.style == "script"):
+        program, how = _python_program(launcher, root, nodes, tasks)
+        derived.append(how)
+    else:  # our trainers under srun read Slurm's task variables themselves (toolkit.workloads.rank_env)
+        # deepspeed: one process per rank under srun, with the torch.distributed variables DeepSpeed reads
+        # (MASTER_ADDR/MASTER_PORT come from the set-up block)
+        program = {"fairseq": ["fairseq-train"], "python-module": ["python", "-m", launcher.module or ""],
+                   "binary": [_under(root, launcher.program or "")],
+                   "deepspeed": ["env", f"WORLD_SIZE={world}", ("RANK=", RankVar.RANK),
+                                 ("LOCAL_RANK=", RankVar.LOCAL_RANK), "python", _under(root, launcher.script or "")],
+                   }[launcher.kind]
     command: list[Arg] = [*program, *positional]
     for flag, value in args.items():
         command += flag_words(flag, value)
@@ -318,5 +340,34 @@ def build_job_spec(recipe: Recipe, queue: Queue, nodes: int | None = None, *, pr
         env=job_env(instance, queue.fabric, threads_per_rank=threads, launcher_kind=launcher.kind,
                     recipe_env=recipe.env, recipe_name=recipe.name),
         command=tuple(command), prepare=prepare, run_dir=run_dir, derived=tuple(derived), warnings=tuple(warnings),
-        srun_binding=binding, files=files,
+        srun_binding=binding, files=files, style=launcher.style,
     )
+
+
+def _python_program(launcher, root: str, nodes: int, tasks: int) -> tuple[list[Arg], Derived]:
+    """A Python launcher's argv up to its args: toolkit.job.user_main run by `python -c` (the rank environment,
+    the import check, the rendezvous timeout), started per rank by srun or per node by torchrun. torchrun's
+    endpoint (the first node, MASTER_ADDR:MASTER_PORT) and id (the job id) come from the job's set-up
+    (PET_RDZV_ENDPOINT, PET_RDZV_ID: torchrun's own variables), so the whole argv is literal."""
+    if launcher.kind == "python-script":
+        script = _under(root, launcher.script)
+        if not os.path.isfile(script):
+            raise HpcError(f"script {script} does not exist" + ("" if launcher.script.startswith("/") else
+                                                                 f" (launcher.script {launcher.script} under {root})"),
+                           fix="give the path of an existing .py file on the file system the nodes share")
+        target = [os.path.abspath(script)]
+    else:
+        target = ["-m", launcher.module]
+    text = USER_MAIN.read_text()
+    code = text[text.index('"""', 3) + 3:].lstrip()  # without the module's docstring (the contract)
+    user_main = ["python", "-c", code, launcher.style, str(nodes * tasks), str(tasks),
+                 str(launcher.rendezvous_timeout_s), *target, *launcher.argv]
+    if launcher.style == "script":
+        return user_main, Derived("launcher", "srun: one process per rank", "style script")
+    torchrun: list[Arg] = [
+        "python", "-m", "torch.distributed.run", "--nnodes", str(nodes), "--nproc-per-node", str(tasks),
+        "--rdzv-backend", "c10d", "--rdzv-conf", f"join_timeout={launcher.rendezvous_timeout_s}",
+        "--max-restarts", str(launcher.max_restarts), "--no-python"]
+    return [*torchrun, *user_main], Derived(
+        "launcher", f"torchrun per node, {tasks} ranks each, max {launcher.max_restarts} restarts",
+        "style torchrun: c10d rendezvous on the first node, the job id as rendezvous id")

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
 from toolkit.errors import HpcError, UsageError
 from toolkit.textfile import read_text
@@ -143,8 +143,10 @@ def apply_overlays(data: dict[str, Any], profile: str | None, overrides: Sequenc
     return data, origins
 
 
-def load_recipe(source: str | Path, profile: str | None = None, overrides: Sequence[str] = ()):
+def load_recipe(source: str | Path, profile: str | None = None, overrides: Sequence[str] = (),
+                data: Mapping[str, Any] | None = None):
     """The validated Recipe from a name or file, with `profile` and then `overrides` (KEY.PATH=VALUE) applied.
+    `data`: a recipe built in memory (`hpc run`), with `source` naming it in messages.
 
     Raises HpcError naming the file, each faulty key path, what is allowed, and the profile or --set that
     supplied the value.
@@ -153,8 +155,8 @@ def load_recipe(source: str | Path, profile: str | None = None, overrides: Seque
 
     from toolkit.recipes.schema import Recipe
 
-    path = find_recipe(source)
-    data, origins = apply_overlays(read_yaml(path), profile, overrides, path)
+    path = find_recipe(source) if data is None else Path(str(source))
+    data, origins = apply_overlays(read_yaml(path) if data is None else dict(data), profile, overrides, path)
     try:
         return Recipe.model_validate(data)
     except ValidationError as exc:

@@ -67,20 +67,33 @@ class StrictModel(BaseModel):
 
 
 class Launcher(StrictModel):
-    """What each rank runs: fairseq-train, `python -m MODULE` (our trainers), a binary (MPI: srun --mpi), or
-    `python SCRIPT` under DeepSpeed (the user's model code; the toolkit writes its config, see `deepspeed`)."""
+    """What each rank runs: fairseq-train, `python -m MODULE`, `python SCRIPT.py`, a binary (MPI: srun --mpi), or
+    `python SCRIPT` under DeepSpeed (the user's model code; the toolkit writes its config, see `deepspeed`).
 
-    kind: Literal["fairseq", "python-module", "binary", "deepspeed"]
+    Python code (python-module, python-script) is started in one of two styles: `script` (srun starts one
+    process per rank) or `torchrun` (srun starts one torchrun per node, which starts the node's ranks and
+    restarts them up to `max_restarts` times). Either way each rank gets the torchrun environment (RANK,
+    LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR, MASTER_PORT): see toolkit.job.user_main.
+    """
+
+    kind: Literal["fairseq", "python-module", "python-script", "binary", "deepspeed"]
     module: str | None = Field(None, pattern=r"^[A-Za-z_][A-Za-z0-9_.]*$")
     program: SafeStr | None = None
-    script: SafeStr | None = None  # deepspeed: the training script (relative means under dirs.root)
+    script: SafeStr | None = None  # python-script, deepspeed: the training script (relative means under dirs.root)
+    argv: list[SafeStr] = []  # python code: arguments passed as they are, before `args`
     mpi: Literal["pmix"] | None = None
+    style: Literal["script", "torchrun"] = "script"
+    max_restarts: Annotated[int, Field(ge=0)] = 0  # torchrun: restarts of a node's ranks after a failure
+    # A rank whose init_process_group has not returned after this long exits with a clear message, instead of
+    # waiting until the time limit (a script that ignores the rendezvous environment).
+    rendezvous_timeout_s: PositiveInt = 300
     # The workload saves and exits 75 on SIGUSR2/SIGTERM (our trainers). Others get SIGUSR2 ignored (its
     # default action kills) and resume from their last periodic checkpoint after the requeue.
     stops_on_signal: bool = False
 
     @model_validator(mode="after")
     def _fields_match_kind(self) -> Launcher:
+        python = self.kind in ("python-module", "python-script")
         if self.kind == "python-module" and not self.module:
             raise ValueError("launcher kind python-module needs `module` (e.g. toolkit.workloads.resnet)")
         if self.kind == "binary" and not self.program:
@@ -89,8 +102,16 @@ class Launcher(StrictModel):
             raise ValueError("`module` is only for launcher kind python-module")
         if self.kind != "binary" and (self.program or self.mpi):
             raise ValueError("`program` and `mpi` are only for launcher kind binary")
-        if (self.kind == "deepspeed") != bool(self.script):
-            raise ValueError("launcher kind deepspeed needs `script` (the training script), and only it takes one")
+        takes_script = self.kind in ("python-script", "deepspeed")
+        if takes_script and not self.script:
+            raise ValueError(f"launcher kind {self.kind} needs `script` (the training script)")
+        if self.script and not takes_script:
+            raise ValueError("`script` is only for launcher kinds python-script and deepspeed")
+        if not python and (self.style != "script" or self.max_restarts or self.argv):
+            raise ValueError("`style: torchrun`, `max_restarts` and `argv` are only for python-module and "
+                             "python-script launchers")
+        if self.style == "script" and self.max_restarts:
+            raise ValueError("`max_restarts` needs `style: torchrun` (srun does not restart ranks)")
         return self
 
 

@@ -60,7 +60,7 @@ def slurm_parameters(spec: JobSpec) -> dict[str, Any]:
     # split("\n"), not splitlines(): that also splits at \r, \x85, \u2028 inside a quoted value, and submitit
     # joins the lines with "\n" again, changing the value.
     setup = setup_block(spec).rstrip("\n").split("\n")
-    return dict(nodes=spec.nodes, ntasks_per_node=spec.tasks_per_node, time=spec.time_limit_minutes,
+    return dict(nodes=spec.nodes, ntasks_per_node=spec.slurm_tasks_per_node, time=spec.time_limit_minutes,
                 signal_delay_s=spec.signal_before_s,
                 setup=setup, srun_args=srun_options(spec), additional_parameters={**options, "export": "ALL"})
 
@@ -76,7 +76,7 @@ def clean_sbatch_env(environ: dict[str, str]) -> dict[str, str]:
 
 def local_parameters(spec: JobSpec) -> dict[str, Any]:
     """submitit LocalExecutor parameters: this machine is the one node."""
-    return {"nodes": 1, "tasks_per_node": spec.tasks_per_node, "timeout_min": spec.time_limit_minutes}
+    return {"nodes": 1, "tasks_per_node": spec.slurm_tasks_per_node, "timeout_min": spec.time_limit_minutes}
 
 
 def slurm_executor(folder: Path, parameters: dict[str, Any], python: str):

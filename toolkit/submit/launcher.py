@@ -34,7 +34,7 @@ class RankFailed(RuntimeError):
 @dataclasses.dataclass(frozen=True)
 class RankLauncher:
     command: tuple[Arg, ...]
-    world_size: int
+    world_size: int  # Slurm tasks (SLURM_NTASKS): the ranks, or the nodes under torchrun
     run_dir: str
     toolkit_version: str
     stops_on_signal: bool = False
@@ -46,7 +46,7 @@ class RankLauncher:
     @classmethod
     def for_spec(cls, spec, run_dir, toolkit_version: str, local_env=None) -> RankLauncher:
         """What a rank of this toolkit.job.spec.JobSpec needs, and nothing more."""
-        return cls(spec.command, spec.world_size, str(run_dir), toolkit_version, spec.stops_on_signal, spec.requeue,
+        return cls(spec.command, spec.nodes * spec.slurm_tasks_per_node, str(run_dir), toolkit_version, spec.stops_on_signal, spec.requeue,
                    local_env)
 
     def rank_env(self) -> dict[str, str]:
@@ -75,6 +75,9 @@ class RankLauncher:
             env = dict(self.local_env)
             env.update({"SLURM_PROCID": rank[RankVar.RANK.value], "SLURM_LOCALID": rank[RankVar.LOCAL_RANK.value],
                         "SLURM_NTASKS": str(self.world_size)})
+            # torchrun's rendezvous, as the batch script's set-up exports it under Slurm (setup.sh.j2)
+            env.update({"PET_RDZV_ENDPOINT": f"{rank[RankVar.MASTER_ADDR.value]}:{rank[RankVar.MASTER_PORT.value]}",
+                        "PET_RDZV_ID": "local"})
         env.update({RankVar.MASTER_ADDR.value: rank[RankVar.MASTER_ADDR.value],
                     RankVar.MASTER_PORT.value: rank[RankVar.MASTER_PORT.value]})
         argv = resolve_argv(self.command, rank)

@@ -18,7 +18,7 @@ import dataclasses
 import shlex
 import sys
 from pathlib import Path
-from typing import Any, Literal, Sequence
+from typing import Any, Literal, Mapping, Sequence
 
 from toolkit.errors import HpcError
 from toolkit.submit import rundir
@@ -40,6 +40,7 @@ class SubmitRequest:
     reservation: str | None = None
     dependency: str | None = None
     executor: str | None = None
+    recipe_data: Mapping[str, Any] | None = None  # a recipe built in memory (`hpc run`); `recipe` is its name
 
     @property
     def run_name(self) -> str:
@@ -108,7 +109,8 @@ def plan(request: SubmitRequest, run_dir: Path | None = None, *, task_of: Plan |
         kind = "local" if task_of.executor == "submitit-local" else "slurm"
         queue, notes = task_of.queue, list(task_of.notes)
     run_dir = run_dir or new_run_dir(request)
-    recipe = load_recipe(request.recipe, profile=request.profile, overrides=request.overrides)
+    recipe = load_recipe(request.recipe, profile=request.profile, overrides=request.overrides,
+                         data=request.recipe_data)
     spec = build_job_spec(recipe, queue, request.nodes, profile=request.profile, account=request.account,
                           qos=request.qos, reservation=request.reservation, dependency=request.dependency,
                           run_dir=str(run_dir))
@@ -129,10 +131,12 @@ def plan(request: SubmitRequest, run_dir: Path | None = None, *, task_of: Plan |
         if task_of is None:
             batch_script = executors.submitit_batch_script(spec, run_dir / "submitit")
     # A task shares its array's recipe file and commit: no git calls per task of a large sweep.
-    base = rundir.base_metadata(recipe.name, find_recipe(request.recipe)) if task_of is None else task_of.metadata
+    recipe_file = find_recipe(request.recipe) if request.recipe_data is None else None
+    base = rundir.base_metadata(recipe.name, recipe_file) if task_of is None else task_of.metadata
     metadata = {**base, "profile": request.profile, "overrides": list(request.overrides), "executor": executor,
                 "queue": queue.name, "instance_type": queue.instance_type, "fabric": queue.fabric,
-                "nodes": spec.nodes, "ranks_per_node": spec.tasks_per_node, "ranks": spec.world_size, "job_ids": []}
+                "nodes": spec.nodes, "ranks_per_node": spec.tasks_per_node, "ranks": spec.world_size,
+                "launcher_style": spec.style, "job_ids": []}
     return Plan(request=request, recipe=recipe, queue=queue, spec=spec, run_dir=run_dir, script=render_script(spec),
                 executor=executor, python=python, parameters=parameters, batch_script=batch_script,
                 argv=argv, rank0_argv=tuple(resolve_argv(spec.command, RANK0_PREVIEW)), notes=tuple(notes),

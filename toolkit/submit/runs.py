@@ -124,6 +124,15 @@ def failed_rank_log(job_id: str, run: Path, logs: Path | None = None) -> str | N
     return str(log) if log.exists() else None
 
 
+def failure_reason(log: str) -> str | None:
+    """The launcher's own one-line error in a rank's log (`hpc: error: ...`, toolkit.job.user_main), if any."""
+    try:
+        lines = Path(log).read_text(errors="replace").splitlines()
+    except OSError:
+        return None
+    return next((line.removeprefix("hpc: error: ") for line in lines if line.startswith("hpc: error: ")), None)
+
+
 # -- sweeps: job arrays, a run dir per task (toolkit.submit.sweep) -----------------------------------------------
 
 def state_counts(tasks) -> dict[str, int]:

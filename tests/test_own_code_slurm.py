@@ -1,0 +1,150 @@
+"""`hpc run` end to end on the real local Slurm, 2 nodes x 2 ranks: recipes/examples/ddp_train.py (written like
+PyTorch's DDP tutorial) under both launcher styles, a worker killed under torchrun, and bad input.
+
+The nodes run this checkout's toolkit (PYTHONPATH in the job's env: the venv's own install is the main checkout's).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO, free_port, run_hpc, slurm_env
+from tests.test_own_code import DDP, PAYLOADS, strays
+from tests.test_plan_slurm import plan_file, same_but_run_dir
+
+pytestmark = [pytest.mark.slurm, pytest.mark.training]
+TIMEOUT = 900  # the sandbox is shared with other agents' jobs
+
+
+def hpc_run(sandbox, tmp_path: Path, target: str, *args: str, script_args: tuple[str, ...] = (), dry: bool = False,
+            wait: bool = True) -> subprocess.CompletedProcess:
+    env = dict(slurm_env(sandbox), HPC_RUNS_DIR=str(tmp_path / "runs"))
+    return run_hpc("run", target, "--nodes", "2", "--cluster", str(sandbox.cluster_config), "--queue", "cpu",
+                   "--time", "00:15:00", "--env", f"PYTHONPATH={REPO}", *args, *(["--wait"] if wait else []),
+                   *(["--dry-run"] if dry else []), "--json", "--", *script_args, env=env, cwd=tmp_path,
+                   timeout=TIMEOUT)
+
+
+def records(run: Path) -> list[dict]:
+    """Every JSON line the ranks printed (all ranks' stdout)."""
+    lines = [line for p in sorted((run / "submitit").glob("*_log.out")) for line in p.read_text().splitlines()]
+    return [json.loads(line) for line in lines if line.startswith("{")]
+
+
+def job_gone(sandbox, job_id: str) -> bool:
+    res = subprocess.run(["squeue", "-h", "-j", job_id, "-o", "%T"], capture_output=True, text=True,
+                         env=slurm_env(sandbox), timeout=60)
+    return res.stdout.strip() == ""
+
+
+@pytest.mark.parametrize("launcher", ["script", "torchrun"])
+def test_ddp_example_runs_on_two_nodes_and_dry_run_is_what_ran(slurm_sandbox, tmp_path, launcher):
+    args = ("--launcher", launcher)
+    script_args = ("--steps", "40", "--checkpoint-dir", str(tmp_path / "ckpt"))
+    dry_res = hpc_run(slurm_sandbox, tmp_path, str(DDP), *args, script_args=script_args, dry=True, wait=False)
+    assert dry_res.returncode == 0, dry_res.stderr
+    dry = json.loads(dry_res.stdout)
+    res = hpc_run(slurm_sandbox, tmp_path, str(DDP), *args, script_args=script_args)
+    assert res.returncode == 0, res.stderr
+    result = json.loads(res.stdout)
+    assert result["state"] == "COMPLETED" and result["ranks"] == 4
+    run = Path(result["run_dir"])
+
+    # --dry-run --json is what was submitted: the script, submitit's parameters, the batch script sbatch got.
+    same_but_run_dir(dry["script"], (run / "job.sbatch").read_text(), dry["run_dir"], str(run))
+    same_but_run_dir(json.dumps(dry["parameters"]), json.dumps(plan_file(run)["parameters"]), dry["run_dir"], str(run))
+    sent = (run / "submitit" / f"{result['job_id']}_submission.sh").read_text()
+    same_but_run_dir(dry["batch_script"], sent, dry["run_dir"], str(run))
+
+    seen = {r["rank"]: r for r in records(run) if r["event"] == "rank_env"}
+    assert sorted(seen) == [0, 1, 2, 3]
+    for rank, r in seen.items():
+        assert r["env"]["RANK"] == str(rank) and r["env"]["LOCAL_RANK"] == str(rank % 2)
+        assert r["env"]["WORLD_SIZE"] == "4" and r["env"]["LOCAL_WORLD_SIZE"] == "2"
+        assert r["env"]["GROUP_RANK"] == str(rank // 2) and r["host"] == f"c{rank // 2 + 1}"
+        assert r["env"]["MASTER_ADDR"] == "c1" and r["world_size"] == 4
+    # torchrun: one Slurm task per node, each the parent of its node's two ranks
+    assert len(list((run / "submitit").glob("*_log.out"))) == (2 if launcher == "torchrun" else 4)
+
+    report = run_hpc("report", "run", str(run), "--json", env=slurm_env(slurm_sandbox))
+    assert report.returncode == 0, report.stderr
+    training = json.loads(report.stdout)["training"]
+    losses = [loss for _step, loss in training["loss_curve"]]
+    assert training["updates"] == 40 and all(map(math.isfinite, losses)) and losses[-1] < losses[0] / 4
+
+
+def test_torchrun_restarts_a_killed_worker_and_resumes_from_the_checkpoint(slurm_sandbox, tmp_path):
+    ckpt, pids = tmp_path / "ckpt", tmp_path / "pids"
+    env = dict(slurm_env(slurm_sandbox), HPC_RUNS_DIR=str(tmp_path / "runs"))
+    cmd = ["run", str(DDP), "--nodes", "2", "--cluster", str(slurm_sandbox.cluster_config), "--queue", "cpu",
+           "--time", "00:15:00", "--env", f"PYTHONPATH={REPO}", "--launcher", "torchrun", "--max-restarts", "2",
+           "--wait", "--json", "--", "--steps", "60", "--step-seconds", "0.2", "--checkpoint-every", "5",
+           "--checkpoint-dir", str(ckpt), "--pid-dir", str(pids)]
+    import sys
+
+    proc = subprocess.Popen([sys.executable, "-m", "toolkit", *cmd], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env=dict(env, PYTHONPATH=str(REPO)), cwd=tmp_path)
+    try:
+        deadline = time.monotonic() + TIMEOUT
+        while not ((ckpt / "checkpoint.pt").exists() and (pids / "rank-3.pid").exists()):
+            assert proc.poll() is None and time.monotonic() < deadline, "the job never saved a checkpoint"
+            time.sleep(0.2)
+        import torch
+
+        saved = torch.load(ckpt / "checkpoint.pt")["step"]
+        os.kill(int((pids / "rank-3.pid").read_text()), signal.SIGKILL)  # a worker of the second node
+        out, err = proc.communicate(timeout=TIMEOUT)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, err
+    result = json.loads(out)
+    assert result["state"] == "COMPLETED"
+    seen = records(Path(result["run_dir"]))
+    resumed = [r["step"] for r in seen if r["event"] == "resumed"]
+    assert len(resumed) == 1 and resumed[0] >= saved > 0
+    restarted = [r for r in seen if r["event"] == "rank_env" and r["env"]["TORCHELASTIC_RESTART_COUNT"] == "1"]
+    assert {r["host"] for r in restarted} >= {"c2"}  # the killed worker's node restarted its workers
+    assert max(r["step"] for r in seen if r["event"] == "train") == 60
+    assert job_gone(slurm_sandbox, result["job_id"]) and not strays(str(tmp_path))
+
+
+def one_clear_failure(res: subprocess.CompletedProcess) -> str:
+    assert res.returncode == 1, res.stderr
+    assert "Traceback" not in res.stderr
+    return res.stderr
+
+
+def test_a_module_missing_on_the_nodes_fails_wait_naming_the_ranks_log(slurm_sandbox, tmp_path):
+    res = hpc_run(slurm_sandbox, tmp_path, "no_such_pkg.train")
+    err = one_clear_failure(res)
+    result = json.loads(res.stdout)
+    assert result["state"] == "FAILED"
+    line = next(line for line in err.splitlines() if line.startswith(f"job {result['job_id']} ended FAILED"))
+    assert "module 'no_such_pkg.train' cannot be imported" in line and result["failed_rank_log"] in line
+    assert job_gone(slurm_sandbox, result["job_id"]) and not strays(str(tmp_path))
+
+
+def test_a_missing_script_is_refused_before_anything_is_submitted(slurm_sandbox, tmp_path):
+    err = one_clear_failure(hpc_run(slurm_sandbox, tmp_path, str(tmp_path / "nope.py")))
+    assert f"error: script {tmp_path}/nope.py does not exist" in err and err.count("error:") == 1
+    assert not (tmp_path / "runs").exists()
+
+
+def test_a_script_that_ignores_the_environment_ends_at_the_rendezvous_timeout(slurm_sandbox, tmp_path):
+    start = time.monotonic()
+    res = hpc_run(slurm_sandbox, tmp_path, str(PAYLOADS / "ignores_env.py"), "--rendezvous-timeout", "15",
+                  script_args=(str(free_port()),))
+    err = one_clear_failure(res)
+    assert time.monotonic() - start < 300  # not the 15-minute time limit
+    result = json.loads(res.stdout)
+    assert "init_process_group did not complete within 15 s" in err and result["state"] == "FAILED"
+    assert job_gone(slurm_sandbox, result["job_id"]) and not strays(str(tmp_path))

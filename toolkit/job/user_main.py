@@ -1,0 +1,136 @@
+"""The first code each rank of a researcher's own Python runs (launcher kinds python-script and python-module).
+
+toolkit.job.spec passes this file's text to `python -c`, so a node needs only Python to run it (not this
+toolkit), and the rendered script and submitit's ranks run the identical argv:
+
+    python -c CODE STYLE WORLD_SIZE LOCAL_WORLD_SIZE RENDEZVOUS_TIMEOUT_S (SCRIPT.py | -m MODULE) ARGS...
+
+The contract for user scripts (what torchrun gives a script, in both launcher styles):
+  - RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK (the node's index), MASTER_ADDR, MASTER_PORT
+    are set: `dist.init_process_group(backend)` (env://, the default) joins the job. Style `script` takes
+    them from srun's task (SLURM_PROCID, SLURM_LOCALID, SLURM_NODEID); style `torchrun` from torchrun.
+  - Style torchrun restarts all ranks of every node after a rank fails (up to max_restarts): a script that
+    must not start over saves a checkpoint every N steps and, at start, resumes from its newest one
+    (TORCHELASTIC_RESTART_COUNT counts this node's restarts). Each round gets a fresh MASTER_PORT.
+  - init_process_group must return within RENDEZVOUS_TIMEOUT_S, else the rank exits 1 with a message saying
+    so (a script that ignores the variables above waits for peers that never come).
+  - SIGUSR2 before the time limit / on preemption: with `stops_on_signal: true` it is passed to the ranks,
+    which save and exit 75, and the job is requeued; otherwise it is ignored by the ranks, the job is requeued
+    at once and the rerun resumes from the last periodic checkpoint.
+  - A missing script or a module that cannot be found exits 1 with one line naming it, the node and Python.
+"""
+
+import os
+import sys
+
+
+def fail(message):
+    sys.stderr.write(f"hpc: error: rank {os.environ.get('RANK', '?')} on {os.uname().nodename}: {message}\n")
+    sys.stderr.flush()
+    os._exit(1)
+
+
+def rank_environment(style, world_size, local_world_size):
+    env = os.environ
+    if style == "script":
+        env.update(RANK=env["SLURM_PROCID"], LOCAL_RANK=env["SLURM_LOCALID"], GROUP_RANK=env.get("SLURM_NODEID", "0"),
+                   WORLD_SIZE=world_size, LOCAL_WORLD_SIZE=local_world_size)
+
+
+def fresh_store_per_round(timeout_s):
+    """torchrun: give each rendezvous round its own store, hosted by rank 0 on a fresh port.
+
+    torch 2.14.1's workers otherwise all use the agent's store, which outlives rounds: after a restart they
+    read the previous round's peer addresses from it and hang in init_process_group. TORCHELASTIC_RESTART_COUNT
+    cannot name the round (each node's agent counts only its own restarts), so the ranks count their own
+    starts in the agent's store (every round starts every rank once), and rank 0 publishes the new port there.
+    """
+    env = os.environ
+    if env.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        return
+    import datetime
+    import socket
+
+    from torch.distributed import TCPStore
+
+    agent = TCPStore(env["MASTER_ADDR"], int(env["MASTER_PORT"]), is_master=False,
+                     timeout=datetime.timedelta(seconds=timeout_s))
+    key = f"hpc/round{agent.add('hpc/starts/rank' + env['RANK'], 1)}/master_port"
+    if env["RANK"] == "0":
+        with socket.socket() as probe:
+            probe.bind(("", 0))
+            agent.set(key, str(probe.getsockname()[1]))
+    env["MASTER_PORT"] = agent.get(key).decode()
+    env["TORCHELASTIC_USE_AGENT_STORE"] = "False"
+
+
+def watch_rendezvous(timeout_s):
+    """Make torch.distributed.init_process_group give up after timeout_s with a clear message."""
+    import importlib.util
+    import threading
+
+    if importlib.util.find_spec("torch") is None:
+        return
+    import torch.distributed as dist
+
+    if not dist.is_available():
+        return
+    original = dist.init_process_group
+
+    def init_process_group(*args, **kwargs):
+        done = threading.Event()
+
+        def watchdog():
+            if not done.wait(timeout_s):
+                env = os.environ
+                fail(f"init_process_group did not complete within {timeout_s:g} s (rendezvous "
+                     f"{env.get('MASTER_ADDR')}:{env.get('MASTER_PORT')}, world size {env.get('WORLD_SIZE')}): "
+                     "the script must join with init_method='env://' (the default) or read RANK/WORLD_SIZE/"
+                     "MASTER_ADDR/MASTER_PORT from the environment; raise launcher.rendezvous_timeout_s if "
+                     "ranks start slowly")
+
+        threading.Thread(target=watchdog, daemon=True).start()
+        try:
+            return original(*args, **kwargs)
+        finally:
+            done.set()
+
+    dist.init_process_group = init_process_group
+    dist.distributed_c10d.init_process_group = init_process_group
+
+
+def main(argv):
+    import runpy
+
+    style, world_size, local_world_size, timeout_s, *target = argv
+    rank_environment(style, world_size, local_world_size)
+    if target[0] == "-m":
+        import importlib.util
+
+        module, args = target[1], target[2:]
+        try:
+            found = importlib.util.find_spec(module) is not None
+            why = "it is not installed in this Python, nor on PYTHONPATH"
+        except Exception as exc:  # a parent package that fails to import
+            found, why = False, f"{type(exc).__name__}: {exc}"
+        if not found:
+            fail(f"module {module!r} cannot be imported by {sys.executable}: {why} (install it in the nodes' "
+                 "environment, or set software.venv / --venv)")
+    else:
+        script, args = target[0], target[1:]
+        if not os.path.isfile(script):
+            fail(f"script {script} does not exist on this node (it must be on a shared file system)")
+    if style == "torchrun":
+        fresh_store_per_round(float(timeout_s))
+    watch_rendezvous(float(timeout_s))
+    if target[0] == "-m":
+        sys.argv = [module, *args]
+        runpy.run_module(module, run_name="__main__", alter_sys=True)
+    else:
+        sys.argv = [script, *args]
+        sys.path[0] = os.path.dirname(os.path.abspath(script))  # as `python SCRIPT.py` sets it
+        runpy.run_path(script, run_name="__main__")
+
+
+if __name__ == "__main__":  # `python -c` runs it as __main__
+    main(sys.argv[1:])

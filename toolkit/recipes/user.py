@@ -1,0 +1,75 @@
+"""A recipe for a researcher's own script or module, from command-line choices: what `hpc run` submits (in
+memory) and `hpc recipes new` writes to a file. The launcher contract for such code: toolkit.job.user_main."""
+
+from __future__ import annotations
+
+import os
+import re
+from typing import Any, Mapping, Sequence
+
+from toolkit.errors import HpcError, UsageError
+
+MODULE_PATTERN = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
+
+
+def target_launcher(target: str) -> dict[str, Any]:
+    """SCRIPT.py (a path: kept absolute, as the nodes see the shared file system) or MODULE (dotted name)."""
+    if target.endswith(".py") or os.sep in target or os.path.exists(target):
+        return {"kind": "python-script", "script": os.path.abspath(target)}
+    if MODULE_PATTERN.match(target):
+        return {"kind": "python-module", "module": target}
+    raise UsageError(f"{target!r} is neither a Python script (a .py path) nor a module name (pkg.module)",
+                     fix="pass SCRIPT.py or a dotted module name, e.g. `hpc run train.py` or `hpc run mypkg.train`")
+
+
+def recipe_name(target: str) -> str:
+    """A recipe name from a script's file stem or a module's last part (recipe names are [a-z0-9_-])."""
+    stem = os.path.splitext(os.path.basename(target))[0] if target.endswith(".py") else target.rsplit(".", 1)[-1]
+    name = re.sub(r"[^a-z0-9_-]+", "-", stem.lower()).strip("-_")[:64]
+    return name or "run"
+
+
+def parse_env(items: Sequence[str]) -> dict[str, str]:
+    env: dict[str, str] = {}
+    for item in items:
+        name, sep, value = item.partition("=")
+        if not sep or not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", name):
+            raise UsageError(f"--env {item!r} is not NAME=VALUE", fix="e.g. --env NCCL_DEBUG=WARN")
+        env[name] = value
+    return env
+
+
+def user_recipe(target: str, script_args: Sequence[str], *, name: str | None = None, nodes: int | None = None,
+                style: str = "script", time: str | None = None, max_restarts: int | None = None,
+                venv: str | None = None, env: Mapping[str, str] | None = None,
+                rendezvous_timeout_s: int | None = None) -> dict[str, Any]:
+    """The recipe (as data) that runs `python TARGET SCRIPT_ARGS...` on every rank."""
+    if style not in ("script", "torchrun"):
+        raise UsageError(f"--launcher {style!r} is not one of script, torchrun",
+                         fix="use --launcher script (srun, one process per rank) or --launcher torchrun")
+    if max_restarts and style != "torchrun":
+        raise UsageError("--max-restarts needs --launcher torchrun (srun does not restart ranks)",
+                         fix="add --launcher torchrun, or drop --max-restarts")
+    launcher: dict[str, Any] = {**target_launcher(target), "style": style}
+    if script_args:
+        launcher["argv"] = list(script_args)
+    if max_restarts:
+        launcher["max_restarts"] = max_restarts
+    if rendezvous_timeout_s:
+        launcher["rendezvous_timeout_s"] = rendezvous_timeout_s
+    recipe: dict[str, Any] = {
+        "name": name or recipe_name(target),
+        "description": f"{target} (your own code)",
+        "source": "hpc run: a researcher's own script; the rank environment is torchrun's (see README, "
+                  "'Your own training script')",
+        "launcher": launcher,
+        "resources": {"nodes": nodes or 1, **({"time": time} if time else {})},
+    }
+    if venv:
+        if not os.path.isfile(os.path.join(venv, "bin", "activate")):
+            raise HpcError(f"--venv {venv} has no bin/activate", fix="pass the directory of a virtual environment "
+                                                                     "on the file system the nodes share")
+        recipe["software"] = {"venv": os.path.abspath(venv)}
+    if env:
+        recipe["env"] = dict(env)
+    return recipe
