@@ -81,6 +81,21 @@ def test_ddp_example_runs_on_two_nodes_and_dry_run_is_what_ran(slurm_sandbox, tm
     assert training["updates"] == 40 and all(map(math.isfinite, losses)) and losses[-1] < losses[0] / 4
 
 
+@pytest.mark.parametrize("launcher", ["script", "torchrun"])
+def test_the_torchrun_tutorials_script_runs_unchanged(slurm_sandbox, tmp_path, launcher):
+    """recipes/examples/elastic_train.py is PyTorch's fault-tolerance tutorial script (snapshot, resume)."""
+    snapshot = tmp_path / "snapshot.pt"
+    res = hpc_run(slurm_sandbox, tmp_path, str(REPO / "recipes" / "examples" / "elastic_train.py"), "--launcher",
+                  launcher, script_args=("3", "1", "--snapshot_path", str(snapshot)))
+    assert res.returncode == 0, res.stderr
+    run = Path(json.loads(res.stdout)["run_dir"])
+    out = "".join(p.read_text() for p in (run / "submitit").glob("*_log.out"))
+    for rank in range(4):  # every rank trained every epoch, on a quarter of the data (DistributedSampler)
+        for epoch in range(3):
+            assert f"[CPU{rank}] Epoch {epoch} | Batchsize: 32 | Steps: 16" in out
+    assert "Epoch 3 | Training snapshot saved" in out and snapshot.exists()
+
+
 def test_torchrun_restarts_a_killed_worker_and_resumes_from_the_checkpoint(slurm_sandbox, tmp_path):
     ckpt, pids = tmp_path / "ckpt", tmp_path / "pids"
     env = dict(slurm_env(slurm_sandbox), HPC_RUNS_DIR=str(tmp_path / "runs"))
