@@ -54,7 +54,7 @@ def test_hpc_run_torchrun_is_one_torchrun_per_node(tmp_path):
     assert "--ntasks-per-node=1" in params["srun_args"] and "--cpus-per-task=2" in params["srun_args"]
     argv = plan["rank0_argv"]
     torchrun = argv[:argv.index("--no-python")]
-    assert torchrun[:3] == ["python", "-m", "torch.distributed.run"]
+    assert torchrun[:2] == ["python", "-c"] and "from torch.distributed.run import main" in torchrun[2]
     for flag, value in (("--nnodes", "2"), ("--nproc-per-node", "2"), ("--rdzv-backend", "c10d"),
                         ("--max-restarts", "3"), ("--rdzv-conf", "join_timeout=300")):
         assert torchrun[torchrun.index(flag) + 1] == value
@@ -112,7 +112,7 @@ def test_the_resnet_recipe_runs_under_torchrun_with_its_trainer_flags(tmp_path):
                   str(write_cluster(tmp_path)), "--queue", "cpu", "--executor", "slurm", "--dry-run", "--json")
     assert res.returncode == 0, res.stderr
     argv = json.loads(res.stdout)["rank0_argv"]
-    assert argv[:3] == ["python", "-m", "torch.distributed.run"] and "--max-restarts" in argv
+    assert "from torch.distributed.run import main" in argv[2] and "--max-restarts" in argv
     tail = argv[argv.index("-m", 3):]
     assert tail[1] == "toolkit.workloads.resnet" and tail[tail.index("--device") + 1] == "cpu"
 
@@ -174,6 +174,25 @@ def test_a_script_that_ignores_the_environment_ends_at_the_rendezvous_timeout(tm
     res = subprocess.run(argv, env=slurm_task(0), capture_output=True, text=True, timeout=120)
     assert res.returncode == 1 and time.monotonic() - start < 60
     assert "init_process_group did not complete within 8 s" in res.stderr and "joined" not in res.stdout
+
+
+def test_torchrun_and_its_ranks_outlive_the_time_limit_signal(tmp_path):
+    """Slurm sends SIGUSR2 to every process of the step before the time limit: the torchrun agent and a script
+    that does not handle it keep running (the job requeues itself; the rerun resumes from its checkpoint)."""
+    pids = tmp_path / "pids"
+    argv = rank_argv(str(PAYLOADS / "usr2_survivor.py"), str(pids), "4", nodes=1, style="torchrun")
+    env = dict(os.environ, PATH=VENV_BIN + os.pathsep + os.environ["PATH"], PET_RDZV_ENDPOINT=f"127.0.0.1:{free_port()}",
+               PET_RDZV_ID="usr2")
+    agent = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + 60
+    while len(list(pids.glob("*.pid"))) < 2:
+        assert agent.poll() is None and time.monotonic() < deadline, agent.stdout.read() if agent.poll() else "slow"
+        time.sleep(0.1)
+    for pid in [agent.pid, *(int(p.read_text()) for p in pids.glob("*.pid"))]:
+        os.kill(pid, signal.SIGUSR2)
+    out, _ = agent.communicate(timeout=60)
+    assert agent.returncode == 0, out
+    assert "done 0" in out and "done 1" in out
 
 
 # -- torchrun restarts (the torch 2.14.1 stale-store bug) ----------------------------------------------------------

@@ -132,6 +132,23 @@ def test_torchrun_restarts_a_killed_worker_and_resumes_from_the_checkpoint(slurm
     assert job_gone(slurm_sandbox, result["job_id"]) and not strays(str(tmp_path))
 
 
+def test_the_resnet_recipe_trains_under_torchrun(slurm_sandbox, tmp_path):
+    env = dict(slurm_env(slurm_sandbox), HPC_RUNS_DIR=str(tmp_path / "runs"))
+    res = run_hpc("recipes", "submit", "resnet50", "--profile", "smoke", "--nodes", "2", "--cluster",
+                  str(slurm_sandbox.cluster_config), "--queue", "cpu", "--set", "launcher.style=torchrun", "--set",
+                  "launcher.max_restarts=1", "--set", f"env.PYTHONPATH={REPO}", "--wait", "--json", env=env,
+                  cwd=tmp_path, timeout=TIMEOUT)
+    assert res.returncode == 0, res.stderr
+    result = json.loads(res.stdout)
+    run = Path(result["run_dir"])
+    from toolkit.workloads.train_log import read_log
+
+    log = read_log(run / "logs" / "train_log.jsonl")
+    start = next(r for r in log if r["event"] == "start")
+    assert start["world_size"] == 4 and log[-1]["event"] == "end" and log[-1]["status"] == "completed"
+    assert len(list((run / "submitit").glob("*_log.out"))) == 2  # one torchrun per node
+
+
 def one_clear_failure(res: subprocess.CompletedProcess) -> str:
     assert res.returncode == 1, res.stderr
     assert "Traceback" not in res.stderr

@@ -38,6 +38,11 @@ LauncherKind = Literal["fairseq", "python-module", "python-script", "binary", "d
 LauncherStyle = Literal["script", "torchrun"]
 OUR_TRAINERS = "toolkit.workloads."  # modules that take TRAINER_DEVICE flags (a user's module gets none)
 USER_MAIN = Path(__file__).with_name("user_main.py")  # each Python rank's first code (`python -c`)
+# torchrun with SIGUSR2 ignored: Slurm signals every process of the step before the time limit, and USR2's default
+# action would kill torchrun (and with it the ranks) while they save. Ranks inherit the ignore; a workload that stops
+# on the signal installs its own handler (our trainers), any other resumes from its checkpoint after the requeue.
+TORCHRUN = ("import signal, sys; signal.signal(signal.SIGUSR2, signal.SIG_IGN); "
+            "from torch.distributed.run import main; sys.exit(main())")
 # The catalog's accelerator kind decides the device form of a job (GRES GPUs, devices, collective backend).
 DEVICE_OF_ACCELERATOR = {"nvidia": "gpu", "gaudi": "hpu", "none": "cpu"}
 
@@ -365,7 +370,7 @@ def _python_program(launcher, root: str, nodes: int, tasks: int) -> tuple[list[A
     if launcher.style == "script":
         return user_main, Derived("launcher", "srun: one process per rank", "style script")
     torchrun: list[Arg] = [
-        "python", "-m", "torch.distributed.run", "--nnodes", str(nodes), "--nproc-per-node", str(tasks),
+        "python", "-c", TORCHRUN, "--nnodes", str(nodes), "--nproc-per-node", str(tasks),
         "--rdzv-backend", "c10d", "--rdzv-conf", f"join_timeout={launcher.rendezvous_timeout_s}",
         "--max-restarts", str(launcher.max_restarts), "--no-python"]
     return [*torchrun, *user_main], Derived(
