@@ -34,9 +34,16 @@ def hpc_run(sandbox, tmp_path: Path, target: str, *args: str, script_args: tuple
 
 
 def records(run: Path) -> list[dict]:
-    """Every JSON line the ranks printed (all ranks' stdout)."""
-    lines = [line for p in sorted((run / "submitit").glob("*_log.out")) for line in p.read_text().splitlines()]
-    return [json.loads(line) for line in lines if line.startswith("{")]
+    """Every JSON line the ranks printed (all ranks' stdout). Under torchrun a node's ranks share one log, where
+    two ranks' lines can interleave: those are left out (the assertions need each rank's own line only once)."""
+    found = []
+    for path in sorted((run / "submitit").glob("*_log.out")):
+        for line in path.read_text().splitlines():
+            try:
+                found.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue
+    return [r for r in found if isinstance(r, dict)]
 
 
 def job_gone(sandbox, job_id: str) -> bool:
