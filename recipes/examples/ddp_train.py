@@ -13,6 +13,7 @@ import argparse
 import json
 import os
 import socket
+import sys
 import time
 
 import torch
@@ -34,6 +35,13 @@ def parse_args():
     return parser.parse_args()
 
 
+def emit(record):
+    """One JSON line in one write: under torchrun a node's ranks share a log, and print() writes the text and
+    the newline separately, so two ranks' lines could interleave."""
+    sys.stdout.write(json.dumps(record) + "\n")
+    sys.stdout.flush()
+
+
 def checkpoint_path(directory):
     return os.path.join(directory, "checkpoint.pt")
 
@@ -43,11 +51,11 @@ def main():
     dist.init_process_group("gloo")  # env://: RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT
     rank, world_size = dist.get_rank(), dist.get_world_size()
     local_rank = int(os.environ["LOCAL_RANK"])
-    print(json.dumps({"event": "rank_env", "rank": rank, "local_rank": local_rank, "world_size": world_size,
+    emit({"event": "rank_env", "rank": rank, "local_rank": local_rank, "world_size": world_size,
                       "env": {k: os.environ.get(k) for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE",
                                                              "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT",
                                                              "TORCHELASTIC_RESTART_COUNT")},
-                      "host": socket.gethostname(), "pid": os.getpid()}), flush=True)
+                      "host": socket.gethostname(), "pid": os.getpid()})
     if args.pid_dir:
         os.makedirs(args.pid_dir, exist_ok=True)
         with open(os.path.join(args.pid_dir, f"rank-{rank}.pid"), "w") as handle:
@@ -64,7 +72,7 @@ def main():
         optimizer.load_state_dict(state["optimizer"])
         start = state["step"]
         if rank == 0:
-            print(json.dumps({"event": "resumed", "step": start}), flush=True)
+            emit({"event": "resumed", "step": start})
 
     true_w = torch.randn(16, 1, generator=torch.Generator().manual_seed(1))
     data = torch.Generator().manual_seed(100 + rank)
@@ -85,9 +93,9 @@ def main():
             dist.all_reduce(mean)
             seconds = time.monotonic() - window_start
             if rank == 0:
-                print(json.dumps({"event": "train", "step": step, "loss": mean.item() / world_size,
+                emit({"event": "train", "step": step, "loss": mean.item() / world_size,
                                   "world_size": world_size, "interval_images": args.log_every * args.batch_size
-                                  * world_size, "interval_seconds": seconds}), flush=True)
+                                  * world_size, "interval_seconds": seconds})
             window_loss, window_start = 0.0, time.monotonic()
         if step % args.checkpoint_every == 0 and rank == 0:
             os.makedirs(args.checkpoint_dir, exist_ok=True)
@@ -96,7 +104,7 @@ def main():
             os.replace(path + ".tmp", path)  # never a half-written checkpoint
     dist.barrier()
     if rank == 0:
-        print(json.dumps({"event": "end", "step": args.steps, "status": "completed"}), flush=True)
+        emit({"event": "end", "step": args.steps, "status": "completed"})
     dist.destroy_process_group()
 
 
