@@ -36,11 +36,12 @@ HEAD = """#!/bin/bash
 NODES="$(scontrol show hostnames "$SLURM_JOB_NODELIST")"
 export MASTER_ADDR="${{NODES%%$'\\n'*}}" MASTER_PORT=$(( 15000 + SLURM_JOB_ID % 16000 ))
 """
-HAND_SRUN = HEAD + """srun --cpus-per-task=1 bash -c 'RANK=$SLURM_PROCID LOCAL_RANK=$SLURM_LOCALID WORLD_SIZE=$SLURM_NTASKS \\
-  exec {python} {payload} --out "$0"' "$1"
+HAND_SRUN = HEAD + """srun --cpus-per-task=1 bash -c 'RANK=$SLURM_PROCID LOCAL_RANK=$SLURM_LOCALID \\
+  WORLD_SIZE=$SLURM_NTASKS exec {python} {payload} --out "$0"' "$1"
 """
-HAND_TORCHRUN = HEAD + """srun --cpus-per-task={cpus} {python} -m torch.distributed.run --nnodes {nodes} --nproc-per-node {ranks} \\
-  --rdzv-backend c10d --rdzv-endpoint "$MASTER_ADDR:$MASTER_PORT" --rdzv-id "$SLURM_JOB_ID" {payload} --out "$1"
+HAND_TORCHRUN = HEAD + """srun --cpus-per-task={cpus} {python} -m torch.distributed.run --nnodes {nodes} \\
+  --nproc-per-node {ranks} --rdzv-backend c10d --rdzv-endpoint "$MASTER_ADDR:$MASTER_PORT" \\
+  --rdzv-id "$SLURM_JOB_ID" {payload} --out "$1"
 """
 
 
@@ -71,12 +72,12 @@ def main() -> None:
 
     ways: dict[str, list[float]] = {"hand-written sbatch + srun": [], "hpc run (script)": [],
                                     "hand-written sbatch + torchrun": [], "hpc run --launcher torchrun": []}
+    order = (("hand-written sbatch + srun", lambda m: ["sbatch", str(work / "hand-srun.sbatch"), str(m)]),
+             ("hpc run (script)", lambda m: hpc("script", m)),
+             ("hand-written sbatch + torchrun", lambda m: ["sbatch", str(work / "hand-torchrun.sbatch"), str(m)]),
+             ("hpc run --launcher torchrun", lambda m: hpc("torchrun", m)))
     for i in range(args.repeats):
-        for name, argv_of in (("hand-written sbatch + srun", lambda m: ["sbatch", str(work / "hand-srun.sbatch"), str(m)]),
-                              ("hpc run (script)", lambda m: hpc("script", m)),
-                              ("hand-written sbatch + torchrun",
-                               lambda m: ["sbatch", str(work / "hand-torchrun.sbatch"), str(m)]),
-                              ("hpc run --launcher torchrun", lambda m: hpc("torchrun", m))):
+        for name, argv_of in order:
             marker = work / f"{len(ways[name])}-{name.replace(' ', '_')}"
             ways[name].append(timed(argv_of(marker), marker, env))
         print(f"repeat {i + 1}/{args.repeats}: " + ", ".join(f"{k} {v[-1]:.2f} s" for k, v in ways.items()),

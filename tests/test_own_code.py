@@ -38,7 +38,8 @@ def dry_run(*args: str, tmp_path: Path) -> dict:
 def test_hpc_run_script_is_one_process_per_rank_with_the_script_and_its_args(tmp_path):
     plan = dry_run(str(DDP), "--nodes", "2", "--", "--steps", "7", tmp_path=tmp_path)
     assert plan["executor"] == "submitit-slurm" and plan["ranks"] == 4 and not os.path.exists(plan["run_dir"])
-    assert plan["parameters"]["ntasks_per_node"] == 2 and plan["parameters"]["additional_parameters"]["cpus_per_task"] == 1
+    params = plan["parameters"]
+    assert params["ntasks_per_node"] == 2 and params["additional_parameters"]["cpus_per_task"] == 1
     argv = plan["rank0_argv"]
     assert argv[:2] == ["python", "-c"] and argv[3:7] == ["script", "4", "2", "300"]
     assert argv[7:] == [str(DDP), "--steps", "7"]
@@ -181,8 +182,8 @@ def test_torchrun_and_its_ranks_outlive_the_time_limit_signal(tmp_path):
     that does not handle it keep running (the job requeues itself; the rerun resumes from its checkpoint)."""
     pids = tmp_path / "pids"
     argv = rank_argv(str(PAYLOADS / "usr2_survivor.py"), str(pids), "4", nodes=1, style="torchrun")
-    env = dict(os.environ, PATH=VENV_BIN + os.pathsep + os.environ["PATH"], PET_RDZV_ENDPOINT=f"127.0.0.1:{free_port()}",
-               PET_RDZV_ID="usr2")
+    env = dict(os.environ, PATH=VENV_BIN + os.pathsep + os.environ["PATH"],
+               PET_RDZV_ENDPOINT=f"127.0.0.1:{free_port()}", PET_RDZV_ID="usr2")
     agent = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     deadline = time.monotonic() + 60
     while len(list(pids.glob("*.pid"))) < 2:

@@ -138,7 +138,8 @@ def new(name: str = typer.Argument(..., help="Recipe name ([a-z0-9_-]); the file
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(f"# Written by `hpc recipes new {name}`: edit freely, check with `hpc recipes validate {path}`.\n"
                     + yaml.safe_dump(data, sort_keys=False))
-    emit({"ok": True, "file": str(path), "recipe": data}, as_json, f"wrote {path} (submit it: hpc recipes submit {path})")
+    emit({"ok": True, "file": str(path), "recipe": data}, as_json,
+         f"wrote {path} (submit it: hpc recipes submit {path})")
 
 
 @app.command()

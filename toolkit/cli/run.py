@@ -35,7 +35,8 @@ def run(target: str = typer.Argument(..., metavar="SCRIPT_OR_MODULE",
         env: list[str] = ENV, rendezvous_timeout: Optional[int] = RDZV_TIMEOUT,
         executor: Optional[str] = typer.Option(None, "--executor", help="slurm | local (default: slurm; local only "
                                                                         "where no Slurm is installed)."),
-        dry_run: bool = typer.Option(False, "--dry-run", help="Print the plan that would be submitted; submit nothing."),
+        dry_run: bool = typer.Option(False, "--dry-run", help="Print the plan that would be submitted; submit "
+                                                              "nothing."),
         wait: bool = typer.Option(False, "--wait", help="Show progress until the job ends; exit 1 if it fails."),
         as_json: bool = JSON_OPTION) -> None:
     """Run your own Python script or module on N nodes: `hpc run train.py --nodes 2 -- --epochs 3`.

@@ -38,30 +38,30 @@ def rank_environment(style, world_size, local_world_size):
 
 
 def fresh_store_per_round(timeout_s):
-    """torchrun: give each rendezvous round its own store, hosted by rank 0 on a fresh port.
+    """torchrun: give each rendezvous round its own store, served by rank 0 on a fresh port.
 
     torch 2.14.1's workers otherwise all use the agent's store, which outlives rounds: after a restart they
     read the previous round's peer addresses from it and hang in init_process_group. TORCHELASTIC_RESTART_COUNT
     cannot name the round (each node's agent counts only its own restarts), so the ranks count their own
-    starts in the agent's store (every round starts every rank once), and rank 0 publishes the new port there.
+    starts in the agent's store (every round starts every rank once), and rank 0 publishes its new store's port
+    there. The store listens before its port is published: the ranks connect at once, as to the agent's store.
     """
     env = os.environ
     if env.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
         return
     import datetime
-    import socket
 
     from torch.distributed import TCPStore
 
-    agent = TCPStore(env["MASTER_ADDR"], int(env["MASTER_PORT"]), is_master=False,
-                     timeout=datetime.timedelta(seconds=timeout_s))
+    timeout = datetime.timedelta(seconds=timeout_s)
+    agent = TCPStore(env["MASTER_ADDR"], int(env["MASTER_PORT"]), is_master=False, timeout=timeout)
     key = f"hpc/round{agent.add('hpc/starts/rank' + env['RANK'], 1)}/master_port"
     if env["RANK"] == "0":
-        with socket.socket() as probe:
-            probe.bind(("", 0))
-            agent.set(key, str(probe.getsockname()[1]))
+        global ROUND_STORE  # served by this process for its lifetime, like the agent's store
+        ROUND_STORE = TCPStore(env["MASTER_ADDR"], 0, is_master=True, wait_for_workers=False, timeout=timeout)
+        agent.set(key, str(ROUND_STORE.port))
+    # TORCHELASTIC_USE_AGENT_STORE stays True: every rank is a client of the store served at the new port.
     env["MASTER_PORT"] = agent.get(key).decode()
-    env["TORCHELASTIC_USE_AGENT_STORE"] = "False"
 
 
 def watch_rendezvous(timeout_s):

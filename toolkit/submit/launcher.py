@@ -46,8 +46,8 @@ class RankLauncher:
     @classmethod
     def for_spec(cls, spec, run_dir, toolkit_version: str, local_env=None) -> RankLauncher:
         """What a rank of this toolkit.job.spec.JobSpec needs, and nothing more."""
-        return cls(spec.command, spec.nodes * spec.slurm_tasks_per_node, str(run_dir), toolkit_version, spec.stops_on_signal, spec.requeue,
-                   local_env)
+        return cls(spec.command, spec.nodes * spec.slurm_tasks_per_node, str(run_dir), toolkit_version,
+                   spec.stops_on_signal, spec.requeue, local_env)
 
     def rank_env(self) -> dict[str, str]:
         """This task's per-rank values, named as the rendered script's tasks see them."""
