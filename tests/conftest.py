@@ -7,6 +7,7 @@ import os
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -28,6 +29,17 @@ def submit_json(*args: str, env: dict[str, str], cwd: str | Path | None = None, 
     res = run_hpc("recipes", "submit", *args, "--json", env=env, cwd=cwd, timeout=timeout)
     assert res.returncode == 0, res.stdout + res.stderr
     return json.loads(res.stdout)
+
+
+def wait_until(predicate, timeout: float, what: str, poll_s: float = 0.3):
+    """predicate()'s first true value, polled until `timeout` seconds; an AssertionError naming `what` after."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(poll_s)
+    raise AssertionError(f"timed out waiting for {what}")
 
 
 def free_port() -> int:

@@ -12,12 +12,11 @@ from __future__ import annotations
 import json
 import re
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import run_hpc, slurm_env, submit_json
+from tests.conftest import run_hpc, slurm_env, submit_json, wait_until
 from toolkit.workloads.train_log import read_log
 
 pytestmark = [pytest.mark.slurm, pytest.mark.training]
@@ -27,16 +26,6 @@ RESNET = ["resnet50", "--profile", "smoke", "--nodes", "1", "--set", "args.--epo
 ROBERTA = ["roberta", "--profile", "smoke", "--nodes", "1", "--set", "args.--max-update=3000",
            "--set", "args.--total-num-update=3000", "--set", "args.--max-epoch=1000",
            "--set", "args.--save-interval-updates=10", "--set", "args.--log-interval=5"]
-
-
-def wait_until(predicate, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.5)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def final_status(env, job_id: str, timeout: float = 900) -> dict:

@@ -12,12 +12,11 @@ import contextlib
 import json
 import re
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, run_hpc
+from tests.conftest import REPO, run_hpc, wait_until
 from tests.jobhelpers import probe_recipe, read_ranks
 
 pytestmark = pytest.mark.slurm
@@ -56,16 +55,6 @@ def using(lane):
 
 
 # Generous limits: the 22.05 sandbox is shared, so our jobs may queue behind others' (idle, they start in <1 s).
-def wait_until(predicate, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        result = predicate()
-        if result:
-            return result
-        time.sleep(0.3)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
 def lane_layout(lane):
     """What the lane is made of (node addresses, accounting)."""
     from toolkit.sandbox.layout import lane as lane_named
