@@ -67,6 +67,6 @@ def test_a_bad_data_path_fails_the_wait_and_names_the_failing_ranks_log(slurm_sa
                   "--set", f"dirs.data.dir={tmp_path / 'no-such-data'}", "--set", "prepare=[]",
                   env=env, cwd=tmp_path, timeout=600)
     assert res.returncode == 1 and "Traceback" not in res.stderr
-    log = re.search(r"ended FAILED: see (\S+_log\.err)", res.stderr)
+    log = re.search(r"ended FAILED.*\(see (\S+_log\.err)\)", res.stderr)
     assert log, res.stderr
     assert "no-such-data" in Path(log.group(1)).read_text()
