@@ -41,20 +41,23 @@ def _set(**changes):
     return mutate
 
 
+def _at(config, path):
+    """The node at a key path ('a/b/c', list items as Name)."""
+    node = config
+    for part in path.split("/"):
+        node = next(i for i in node if i.get("Name") == part) if isinstance(node, list) else node[part]
+    return node
+
+
 def _append(path, item):
     def mutate(config):
-        node = config
-        for part in path.split("/"):
-            node = next(i for i in node if i.get("Name") == part) if isinstance(node, list) else node[part]
-        node.append(copy.deepcopy(item))
+        _at(config, path).append(copy.deepcopy(item))
     return mutate
 
 
 def _drop(path, name):
     def mutate(config):
-        node = config
-        for part in path.split("/"):
-            node = next(i for i in node if i.get("Name") == part) if isinstance(node, list) else node[part]
+        node = _at(config, path)
         node[:] = [i for i in node if i.get("Name") != name]
     return mutate
 
