@@ -20,7 +20,7 @@ import struct
 from pathlib import Path
 from typing import Sequence
 
-from toolkit.recipes.scaling import Derived
+from toolkit.job.scaling import Derived
 
 # Linear LR scaling with plain SGD is published to hold up to a global batch of about 8k (Goyal et al. 2017)
 # and, with warm-up and care, 16k; beyond that layer-wise optimizers (LARS, LAMB) are what the large-batch

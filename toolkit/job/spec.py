@@ -21,7 +21,7 @@ from toolkit.errors import HpcError
 from toolkit.job.advice import fairseq_run_length, large_batch
 from toolkit.job.env import EnvVar, job_env
 from toolkit.job.rank import Arg, RankVar
-from toolkit.recipes.scaling import Derived, apply_scaling
+from toolkit.job.scaling import Derived, apply_scaling
 from toolkit.recipes.schema import Recipe, flag_words
 
 # Values that reach `#SBATCH` lines, which sbatch (not the shell) parses: no quoting can make a newline safe
@@ -276,7 +276,7 @@ def build_job_spec(recipe: Recipe, queue: Queue, nodes: int | None = None, *, pr
 
     files: tuple[JobFile, ...] = ()
     if recipe.deepspeed is not None:
-        from toolkit.recipes.deepspeed import deepspeed_parts
+        from toolkit.job.deepspeed import deepspeed_parts
 
         config_path = f"{run_dir}/deepspeed.json"
         text, ds_args, ds_derived = deepspeed_parts(recipe.deepspeed, config_path, nodes=nodes,
