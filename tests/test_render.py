@@ -54,8 +54,8 @@ def test_jobs_dir_has_the_reviewed_examples():
 
 
 def test_gpu_directives():
-    script = render_script(build_job_spec(load_recipe("roberta"), P3DN, 8, account="ml-team", qos="high",
-                                          reservation="res1", dependency="afterok:12:13"))
+    options = {"account": "ml-team", "qos": "high", "reservation": "res1", "dependency": "afterok:12:13"}
+    script = render_script(build_job_spec(load_recipe("roberta"), P3DN, 8, slurm_options=options))
     directives = [line.removeprefix("#SBATCH ") for line in script.splitlines() if line.startswith("#SBATCH ")]
     assert directives == [
         "--job-name=roberta", "--partition=p3dn", "--nodes=8", "--ntasks-per-node=8", "--gpus-per-node=8",
@@ -99,7 +99,7 @@ def test_nodes_beyond_the_queue_are_refused():
                                          ("reservation", "'r'")])
 def test_values_in_sbatch_lines_are_restricted(field, value):
     with pytest.raises(HpcError, match="cannot go into an #SBATCH line"):
-        build_job_spec(load_recipe("resnet50"), P3DN, 1, **{field: value})
+        build_job_spec(load_recipe("resnet50"), P3DN, 1, slurm_options={field: value})
 
 
 def test_run_dir_from_a_hostile_root_is_refused(tmp_path):

@@ -22,7 +22,12 @@ DEPENDENCY = typer.Option(None, "--dependency", help="Slurm dependency, e.g. aft
 SET = typer.Option([], "--set", help="Override a recipe value: KEY.PATH=VALUE (e.g. args.--lr=0.1); null removes.")
 
 
-def _spec(name: str, nodes, cluster, queue, profile, overrides, **passthrough):
+def slurm_options(account, qos, reservation, dependency) -> dict[str, str | None]:
+    """The Slurm options passed through to sbatch untouched (checked where they become #SBATCH lines)."""
+    return {"account": account, "qos": qos, "reservation": reservation, "dependency": dependency}
+
+
+def _spec(name: str, nodes, cluster, queue, profile, overrides, options=None):
     from toolkit.cluster.queues import resolve_queue
     from toolkit.job.spec import build_job_spec
     from toolkit.recipes.load import load_recipe
@@ -30,7 +35,7 @@ def _spec(name: str, nodes, cluster, queue, profile, overrides, **passthrough):
     recipe = load_recipe(name, profile=profile, overrides=overrides)
     chosen, how = resolve_queue(cluster, queue)
     info(f"queue: {how}")
-    spec = build_job_spec(recipe, chosen, nodes, profile=profile, **passthrough)
+    spec = build_job_spec(recipe, chosen, nodes, profile=profile, slurm_options=options or {})
     _warn(spec.warnings)
     return recipe, spec
 
@@ -155,8 +160,7 @@ def render(name: str = typer.Argument(..., help="Recipe name or path to a recipe
     from toolkit.errors import HpcError
     from toolkit.job.render import render_script
 
-    _, spec = _spec(name, nodes, cluster, queue, profile, overrides, account=account, qos=qos,
-                    reservation=reservation, dependency=dependency)
+    _, spec = _spec(name, nodes, cluster, queue, profile, overrides, slurm_options(account, qos, reservation, dependency))
     script = render_script(spec)
     if output is not None:
         if output.exists() and not force:
@@ -198,7 +202,7 @@ def submit(name: str = typer.Argument(..., help="Recipe name or path to a recipe
     from toolkit.submit import plan as plans
 
     request = plans.SubmitRequest(name, nodes, str(cluster) if cluster else None, queue, profile, tuple(overrides),
-                                  account, qos, reservation, dependency, executor)
+                                  slurm_options(account, qos, reservation, dependency), executor)
     if sweeps:
         _submit_sweep(request, sweeps, array_parallelism, dry_run, wait, as_json)
         return

@@ -35,10 +35,7 @@ class SubmitRequest:
     queue: str | None = None
     profile: str | None = None
     overrides: Sequence[str] = ()
-    account: str | None = None
-    qos: str | None = None
-    reservation: str | None = None
-    dependency: str | None = None
+    slurm_options: Mapping[str, str | None] = dataclasses.field(default_factory=dict)  # sbatch --account, --qos...
     executor: str | None = None
     recipe_data: Mapping[str, Any] | None = None  # a recipe built in memory (`hpc run`); `recipe` is its name
 
@@ -111,9 +108,8 @@ def plan(request: SubmitRequest, run_dir: Path | None = None, *, task_of: Plan |
     run_dir = run_dir or new_run_dir(request)
     recipe = load_recipe(request.recipe, profile=request.profile, overrides=request.overrides,
                          data=request.recipe_data)
-    spec = build_job_spec(recipe, queue, request.nodes, profile=request.profile, account=request.account,
-                          qos=request.qos, reservation=request.reservation, dependency=request.dependency,
-                          run_dir=str(run_dir))
+    spec = build_job_spec(recipe, queue, request.nodes, profile=request.profile,
+                          slurm_options=request.slurm_options, run_dir=str(run_dir))
     executor: ExecutorKind
     python = batch_script = argv = None
     parameters: dict[str, Any] = {}
