@@ -20,8 +20,6 @@ QOS = typer.Option(None, "--qos", help="Slurm QOS (passed through).")
 RESERVATION = typer.Option(None, "--reservation", help="Slurm reservation (passed through).")
 DEPENDENCY = typer.Option(None, "--dependency", help="Slurm dependency, e.g. afterok:123.")
 SET = typer.Option([], "--set", help="Override a recipe value: KEY.PATH=VALUE (e.g. args.--lr=0.1); null removes.")
-
-
 RUN_DIR = typer.Option(None, "--run-dir", help="The job's run dir (default: a new one under $HPC_RUNS_DIR, else "
                                                  "~/hpc-runs, as submit makes it).")
 

@@ -89,7 +89,7 @@ def plan_job(request: SubmitRequest, run_dir: Path | None = None,
     from toolkit.job.spec import build_job_spec
     from toolkit.recipes.load import load_recipe
 
-    notes = []
+    notes: list[str] = []
     if queue is None:
         from toolkit.cluster.queues import resolve_queue
 
