@@ -34,9 +34,11 @@ SLURM_ONLY = {"--wait-all-nodes", "software", "srun cpu binding", "--gpus-per-no
 
 def test_resources_of_a_cpu_queue_and_of_a_gpu_queue():
     cpu = resources(load_recipe("resnet50"), queue_target(CPU), 2)
-    assert (cpu.device, cpu.tasks, cpu.cpus, cpu.threads, cpu.world) == ("cpu", 2, 1, 1, 4)
+    assert (cpu.device, cpu.tasks, cpu.cpus, cpu.threads, cpu.gpus, cpu.world) == ("cpu", 2, 1, 1, 0, 4)
     gpu = resources(load_recipe("roberta"), queue_target(P3DN), None)  # None: the recipe's resources.nodes
-    assert (gpu.device, gpu.nodes, gpu.tasks, gpu.threads) == ("gpu", load_recipe("roberta").resources.nodes, 8, None)
+    assert (gpu.device, gpu.nodes, gpu.tasks, gpu.threads, gpu.gpus) == \
+        ("gpu", load_recipe("roberta").resources.nodes, 8, None, 8)
+    assert resources(load_recipe("resnet50"), queue_target(DL1), 1).gpus == 0  # HPUs: one rank each, no GRES
     assert [d.key for d in gpu.derived] == ["ranks per node", "world size", "cpus per task"]
 
 

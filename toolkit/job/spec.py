@@ -232,6 +232,7 @@ class Resources:
     tasks: int  # ranks per node
     cpus: int  # CPUs per rank
     threads: int | None  # threads per rank on CPU queues
+    gpus: int  # GPUs per node (HPUs are no GPUs to a scheduler: one rank per HPU instead)
     derived: tuple[Derived, ...]
 
     @property
@@ -253,7 +254,8 @@ def resources(recipe: Recipe, target: Target, nodes: int | None) -> Resources:
         raise HpcError(f"{nodes} nodes requested; queue {target.name} has at most {target.max_nodes}",
                        fix=f"use --nodes 1..{target.max_nodes} or a bigger queue")
     tasks, cpus = target.tasks_per_node, target.cpus_per_task
-    return Resources(device, nodes, tasks, cpus, None if device != "cpu" else cpus, (
+    return Resources(device, nodes, tasks, cpus, None if device != "cpu" else cpus,
+                     instance.gpus if device == "gpu" else 0, (
         Derived("ranks per node", str(tasks), f"one per {device.upper()} ({instance.gpus} x {instance.gpu_model})"
                 if device != "cpu" else f"queue {target.name} declares {tasks} ranks per node (CPU queue)"),
         Derived("world size", str(nodes * tasks), f"{nodes} nodes x {tasks} ranks per node"),
@@ -400,7 +402,7 @@ def job_spec(recipe: Recipe, target: Target, nodes: int | None = None, *, profil
     return JobSpec(
         job_name=job_name, recipe=recipe.name, profile=profile, partition=target.name,
         instance_type=target.instance.name, nodes=res.nodes, tasks_per_node=res.tasks,
-        gpus_per_node=target.instance.gpus if res.device == "gpu" else 0, cpus_per_task=res.cpus,
+        gpus_per_node=res.gpus, cpus_per_task=res.cpus,
         threads_per_rank=res.threads, time_limit=recipe.resources.time, exclusive=recipe.resources.exclusive,
         launcher=launcher.kind, mpi=launcher.mpi, stops_on_signal=launcher.stops_on_signal,
         requeue=recipe.resources.requeue, signal_before_s=recipe.resources.signal_before_s,
