@@ -303,7 +303,8 @@ class Dirs:
 
 
 def dirs(recipe: Recipe, root: str, job_name: str, run_dir: str | None) -> Dirs:
-    """The run dir (default <root>/runs/<job>) and the recipe's data/checkpoint/log dirs under it or the root."""
+    """The run dir and the recipe's data/checkpoint/log dirs under it or the root. Slurm's run dir is always given
+    (toolkit.submit.plan.plan_job); <root>/runs/<job> is for targets with no runs root of their own (Kubernetes)."""
     derived: list[Derived] = []
     run_dir = run_dir or f"{root}/runs/{job_name}"
     paths: dict[str, str] = {}
