@@ -61,10 +61,10 @@ JOBS := roberta:8 transformer:4 resnet50:8 nccl-tests:2 collectives:2
 DL1_JOBS := bert-5b:16 collectives:4 resnet50:8
 jobs: venv
 	@for job in $(JOBS); do name=$${job%%:*}; nodes=$${job##*:}; \
-	  $(BIN)/python -m toolkit recipes render $$name --nodes $$nodes --cluster jobs/p3dn-cluster.yaml --queue p3dn \
+	  $(BIN)/python -m toolkit recipes render $$name --nodes $$nodes --cluster jobs/p3dn-cluster.yaml --queue p3dn --run-dir /fsx/runs/$$name \
 	    -o jobs/$$name-$${nodes}xp3dn.sbatch --force || exit 1; done
 	@for job in $(DL1_JOBS); do name=$${job%%:*}; nodes=$${job##*:}; \
-	  $(BIN)/python -m toolkit recipes render $$name --nodes $$nodes --cluster jobs/dl1-cluster.yaml --queue dl1 \
+	  $(BIN)/python -m toolkit recipes render $$name --nodes $$nodes --cluster jobs/dl1-cluster.yaml --queue dl1 --run-dir /fsx/runs/$$name \
 	    -o jobs/$$name-$${nodes}xdl1.sbatch --force || exit 1; done
 
 # Reviewed Kubernetes renders in jobs/k8s/ (tests/test_k8s_examples.py checks they match today's rendering).

@@ -34,7 +34,7 @@ def sbatch_lines(script: str) -> dict[str, str | bool]:
 @pytest.mark.parametrize("name,queue,nodes", [("roberta", P3DN, 8), ("resnet50", CPU, 2), ("collectives", P3DN, 2),
                                               ("transformer", P3DN, 4)])
 def test_the_rendered_script_and_submitits_batch_script_carry_the_same_job_options(tmp_path, name, queue, nodes):
-    spec = build_job_spec(load_recipe(name), queue, nodes, account="ml", dependency="afterok:1")
+    spec = build_job_spec(load_recipe(name), queue, nodes, slurm_options={"account": "ml", "dependency": "afterok:1"})
     rendered = sbatch_lines(render_script(spec))
     submitit = sbatch_lines(submitit_batch_script(spec, tmp_path / "submitit"))
     for option, value in job_options(spec).items():

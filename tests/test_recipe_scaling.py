@@ -7,7 +7,7 @@ from toolkit.cluster.queues import Queue
 from toolkit.errors import HpcError
 from toolkit.job.spec import build_job_spec
 from toolkit.recipes.load import load_recipe
-from toolkit.recipes.scaling import accumulation, apply_scaling, memory_cap
+from toolkit.job.scaling import accumulation, apply_scaling, memory_cap
 
 
 def derived(spec, key):

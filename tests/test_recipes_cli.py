@@ -53,11 +53,12 @@ def test_validate_checks_every_profile(env, tmp_path):
 
 
 def test_render_to_stdout_is_bash_and_to_a_file_needs_force(env, tmp_path):
-    res = run_hpc("recipes", "render", "transformer", "--nodes", "4", env=env)
+    run_dir = ("--run-dir", str(tmp_path / "run"))  # a fixed run dir: else each render names a new one
+    res = run_hpc("recipes", "render", "transformer", "--nodes", "4", *run_dir, env=env)
     assert res.returncode == 0 and res.stdout.startswith("#!/bin/bash")
     assert subprocess.run(["bash", "-n"], input=res.stdout, text=True).returncode == 0
     out = tmp_path / "job.sbatch"
-    assert run_hpc("recipes", "render", "transformer", "-o", str(out), env=env).returncode == 0
+    assert run_hpc("recipes", "render", "transformer", "-o", str(out), *run_dir, env=env).returncode == 0
     assert out.read_text() == res.stdout
     again = run_hpc("recipes", "render", "transformer", "-o", str(out), env=env)
     assert again.returncode == 1 and "--force" in again.stderr

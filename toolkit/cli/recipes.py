@@ -20,17 +20,24 @@ QOS = typer.Option(None, "--qos", help="Slurm QOS (passed through).")
 RESERVATION = typer.Option(None, "--reservation", help="Slurm reservation (passed through).")
 DEPENDENCY = typer.Option(None, "--dependency", help="Slurm dependency, e.g. afterok:123.")
 SET = typer.Option([], "--set", help="Override a recipe value: KEY.PATH=VALUE (e.g. args.--lr=0.1); null removes.")
+RUN_DIR = typer.Option(None, "--run-dir", help="The job's run dir (default: a new one under $HPC_RUNS_DIR, else "
+                                                 "~/hpc-runs, as submit makes it).")
 
 
-def _spec(name: str, nodes, cluster, queue, profile, overrides, **passthrough):
-    from toolkit.cluster.queues import resolve_queue
-    from toolkit.job.spec import build_job_spec
-    from toolkit.recipes.load import load_recipe
+def slurm_options(account, qos, reservation, dependency) -> dict[str, str | None]:
+    """The Slurm options passed through to sbatch untouched (checked where they become #SBATCH lines)."""
+    return {"account": account, "qos": qos, "reservation": reservation, "dependency": dependency}
 
-    recipe = load_recipe(name, profile=profile, overrides=overrides)
-    chosen, how = resolve_queue(cluster, queue)
-    info(f"queue: {how}")
-    spec = build_job_spec(recipe, chosen, nodes, profile=profile, **passthrough)
+
+def _spec(name: str, nodes, cluster, queue, profile, overrides, run_dir: Path | None, options=None):
+    """The recipe and job spec a submit of the same arguments would plan (toolkit.submit.plan.plan_job)."""
+    from toolkit.submit import plan as plans
+
+    request = plans.SubmitRequest(name, nodes, str(cluster) if cluster else None, queue, profile, tuple(overrides),
+                                  slurm_options=options or {})
+    recipe, _, spec, _, notes = plans.plan_job(request, run_dir.absolute() if run_dir else None)
+    for note in notes:
+        info(note)
     _warn(spec.warnings)
     return recipe, spec
 
@@ -58,14 +65,15 @@ def list_(as_json: bool = JSON_OPTION) -> None:
 @app.command()
 def show(name: str = typer.Argument(..., help="Recipe name or path to a recipe file."),
          nodes: Optional[int] = NODES, cluster: Optional[Path] = CLUSTER, queue: Optional[str] = QUEUE,
-         profile: Optional[str] = PROFILE, overrides: list[str] = SET, as_json: bool = JSON_OPTION) -> None:
+         profile: Optional[str] = PROFILE, overrides: list[str] = SET, run_dir: Optional[Path] = RUN_DIR,
+         as_json: bool = JSON_OPTION) -> None:
     """Show a recipe and every value derived for a node count, with the rule behind it."""
     import dataclasses
     import shlex
 
     from toolkit.job.rank import RANK0_PREVIEW, resolve_argv
 
-    recipe, spec = _spec(name, nodes, cluster, queue, profile, overrides)
+    recipe, spec = _spec(name, nodes, cluster, queue, profile, overrides, run_dir)
     rank0 = resolve_argv(spec.command, RANK0_PREVIEW)
     data = {"recipe": recipe.model_dump(mode="json", exclude={"profiles"}), "profiles": list(recipe.profiles),
             "job": {"partition": spec.partition, "instance_type": spec.instance_type, "nodes": spec.nodes,
@@ -79,7 +87,8 @@ def show(name: str = typer.Argument(..., help="Recipe name or path to a recipe f
         lines += [f"notes: {recipe.notes}"] if recipe.notes else []
         lines += [f"profiles: {', '.join(recipe.profiles) or '-'}",
                   f"job: {spec.nodes} x {spec.instance_type} (partition {spec.partition}), {spec.tasks_per_node} ranks "
-                  f"per node, world size {spec.world_size}, time {spec.time_limit}", "", "derived values:",
+                  f"per node, world size {spec.world_size}, time {spec.time_limit}", f"run dir: {spec.run_dir}", "",
+                  "derived values:",
                   table([[x.key, x.value, x.rule] for x in spec.derived], ["VALUE OF", "IS", "BECAUSE"]), "",
                   "environment:"]
         lines += [f"  {v.name}={v.value}    # {v.doc}" for v in spec.env]
@@ -147,7 +156,7 @@ def render(name: str = typer.Argument(..., help="Recipe name or path to a recipe
            nodes: Optional[int] = NODES, cluster: Optional[Path] = CLUSTER, queue: Optional[str] = QUEUE,
            profile: Optional[str] = PROFILE, overrides: list[str] = SET,
            account: Optional[str] = ACCOUNT, qos: Optional[str] = QOS, reservation: Optional[str] = RESERVATION,
-           dependency: Optional[str] = DEPENDENCY,
+           dependency: Optional[str] = DEPENDENCY, run_dir: Optional[Path] = RUN_DIR,
            output: Optional[Path] = typer.Option(None, "--output", "-o", help="Write the script here (default: stdout)."),
            force: bool = typer.Option(False, "--force", help="Overwrite an existing --output file."),
            as_json: bool = JSON_OPTION) -> None:
@@ -155,8 +164,8 @@ def render(name: str = typer.Argument(..., help="Recipe name or path to a recipe
     from toolkit.errors import HpcError
     from toolkit.job.render import render_script
 
-    _, spec = _spec(name, nodes, cluster, queue, profile, overrides, account=account, qos=qos,
-                    reservation=reservation, dependency=dependency)
+    _, spec = _spec(name, nodes, cluster, queue, profile, overrides, run_dir,
+                    slurm_options(account, qos, reservation, dependency))
     script = render_script(spec)
     if output is not None:
         if output.exists() and not force:
@@ -169,7 +178,7 @@ def render(name: str = typer.Argument(..., help="Recipe name or path to a recipe
         info(f"wrote {output}")
     if as_json:
         emit({"script": script, "output": str(output) if output else None, "job_name": spec.job_name,
-              "warnings": list(spec.warnings)}, True)
+              "run_dir": spec.run_dir, "warnings": list(spec.warnings)}, True)
     elif output is None:
         typer.echo(script, nl=False)
 
@@ -198,7 +207,7 @@ def submit(name: str = typer.Argument(..., help="Recipe name or path to a recipe
     from toolkit.submit import plan as plans
 
     request = plans.SubmitRequest(name, nodes, str(cluster) if cluster else None, queue, profile, tuple(overrides),
-                                  account, qos, reservation, dependency, executor)
+                                  slurm_options(account, qos, reservation, dependency), executor)
     if sweeps:
         _submit_sweep(request, sweeps, array_parallelism, dry_run, wait, as_json)
         return

@@ -18,9 +18,10 @@ import array
 import math
 import struct
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Mapping
 
-from toolkit.recipes.scaling import Derived
+from toolkit.job.scaling import Derived
+from toolkit.recipes.schema import ScalingRule
 
 # Linear LR scaling with plain SGD is published to hold up to a global batch of about 8k (Goyal et al. 2017)
 # and, with warm-up and care, 16k; beyond that layer-wise optimizers (LARS, LAMB) are what the large-batch
@@ -50,14 +51,13 @@ def idx_tokens(path: Path) -> int:
     raise ValueError(f"{path} is not a fairseq index file")
 
 
-def _flag(words: Sequence[str], flag: str) -> str | None:
-    return words[words.index(flag) + 1] if flag in words and words.index(flag) + 1 < len(words) else None
-
-
-def _int(words: Sequence[str], flag: str) -> int | None:
-    value = _flag(words, flag)
+def _int(args: Mapping[str, Any], flag: str) -> int | None:
+    """A flag's value as a whole number, or None (unset, a switch, or not a number)."""
+    value = args.get(flag)
+    if value is None or isinstance(value, (bool, list)):
+        return None
     try:
-        return int(float(value)) if value is not None else None
+        return int(float(value))
     except ValueError:
         return None
 
@@ -74,24 +74,36 @@ def _train_tokens(data_dir: Path, task: str | None) -> int | None:
         return None
 
 
-def fairseq_run_length(words: Sequence[str], data_dir: str | None, world_size: int) -> tuple[list[Derived], list[str]]:
+def advise(launcher_kind: str, args: Mapping[str, Any], scaling: Mapping[str, ScalingRule], data_dir: str | None,
+           world_size: int) -> tuple[list[Derived], list[str]]:
+    """Every finding for a job whose program gets `args` (flag -> value, as derived) on `world_size` ranks."""
+    derived, warnings = (fairseq_run_length(args, data_dir, world_size) if launcher_kind == "fairseq"
+                         else ([], []))
+    lr_rule = scaling.get("--lr")
+    if lr_rule is not None and lr_rule.rule == "linear" and isinstance(args.get(lr_rule.per_rank_arg), (int, float)):
+        warnings += large_batch(args[lr_rule.per_rank_arg] * world_size)
+    return derived, warnings
+
+
+def fairseq_run_length(args: Mapping[str, Any], data_dir: str | None,
+                       world_size: int) -> tuple[list[Derived], list[str]]:
     """Which of --max-epoch / --max-update ends a fairseq run, from the data's token count."""
-    max_epoch, max_update = _int(words, "--max-epoch"), _int(words, "--max-update")
+    max_epoch, max_update = _int(args, "--max-epoch"), _int(args, "--max-update")
     if not max_epoch or not max_update or not data_dir:
         return [], []
-    task = _flag(words, "--task")
+    task = args.get("--task")
     tokens = _train_tokens(Path(data_dir), task)
     if tokens is None:
         return [Derived("run length", "unknown", f"--max-epoch {max_epoch} or --max-update {max_update}, whichever "
                         f"comes first; {data_dir} has no readable train index here to tell which")], []
-    update_freq = _int(words, "--update-freq") or 1
+    update_freq = _int(args, "--update-freq") or 1
     if task == "translation":
-        per_update = (_int(words, "--max-tokens") or 0) * world_size * update_freq
+        per_update = (_int(args, "--max-tokens") or 0) * world_size * update_freq
         basis = f"{tokens} tokens / (--max-tokens x {world_size} ranks x update-freq {update_freq})"
         per_epoch = math.ceil(tokens / per_update) if per_update else None
     else:
-        block = _int(words, "--tokens-per-sample") or 512
-        sentences = _int(words, "--max-sentences") or _int(words, "--batch-size")
+        block = _int(args, "--tokens-per-sample") or 512
+        sentences = _int(args, "--max-sentences") or _int(args, "--batch-size")
         per_update = (sentences or 0) * world_size * update_freq
         basis = (f"{tokens} tokens / {block} per sample / ({sentences} sentences x {world_size} ranks x "
                  f"update-freq {update_freq})")
@@ -104,7 +116,7 @@ def fairseq_run_length(words: Sequence[str], data_dir: str | None, world_size: i
                         f"x about {per_epoch} updates per epoch ({basis}) is later")], []
     derived = [Derived("run length", f"about {by_epochs} updates", f"--max-epoch {max_epoch} ends it first: about "
                        f"{per_epoch} updates per epoch ({basis}); --max-update is {max_update}")]
-    warmup = _int(words, "--warmup-updates")
+    warmup = _int(args, "--warmup-updates")
     warning = (f"--max-epoch {max_epoch} ends this run after about {by_epochs} updates ({per_epoch} per epoch on "
                f"{data_dir}), before --max-update {max_update}"
                + (f" and before its warm-up ends (--warmup-updates {warmup})" if warmup and by_epochs < warmup else "")

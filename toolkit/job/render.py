@@ -34,9 +34,7 @@ def job_options(spec: JobSpec) -> dict[str, str | int | bool]:
         options["wait-all-nodes"] = 1
     # Explicit both ways: Slurm's own default (JobRequeue=1) would requeue a benchmark after a node failure.
     options["requeue" if spec.requeue else "no-requeue"] = True
-    for option in ("account", "qos", "reservation", "dependency"):
-        if getattr(spec, option):
-            options[option] = getattr(spec, option)
+    options.update(spec.slurm_options)  # account, qos, reservation, dependency: passed through
     return options
 
 

@@ -1,6 +1,10 @@
-"""Recipe + queue + nodes -> JobSpec: every resource, device and environment decision of a job, in one place.
+"""Recipe + target + nodes -> JobSpec: every resource, device and environment decision of a job, in one place.
 
-The JobSpec is what both the sbatch renderer (toolkit.job.render) and the submitit path consume. Its per-rank
+job_spec() builds the scheduler-neutral spec in small steps, each a plain function: resources (device, nodes,
+ranks, CPUs), arguments (scaling, device forms), dirs, the DeepSpeed file, the per-rank command (rank_command),
+software and environment, advice. A target is a Slurm queue (queue_target) or a Kubernetes node type
+(toolkit.k8s.manifests); build_job_spec() adds what only Slurm needs (on_slurm) and is what the sbatch renderer
+(toolkit.job.render) and the submitit path consume, through toolkit.submit.plan. Its per-rank
 command is a tuple of Args: literal strings, or RankVars (values only known inside each task), or tuples of
 both concatenated (`("tcp://", MASTER_ADDR, ":", MASTER_PORT)`). No user value is ever a template:
 toolkit.job.rank.resolve_argv() fills RankVars from a task's environment in Python, and the rendered script expands exactly
@@ -14,14 +18,15 @@ import os
 import re
 import sys
 from pathlib import Path
-from typing import Literal
+from typing import Literal, Mapping
 
+from toolkit.catalog import InstanceType
 from toolkit.cluster.queues import Queue
 from toolkit.errors import HpcError
-from toolkit.job.advice import fairseq_run_length, large_batch
+from toolkit.job.advice import advise
 from toolkit.job.env import EnvVar, job_env
 from toolkit.job.rank import Arg, RankVar
-from toolkit.recipes.scaling import Derived, apply_scaling
+from toolkit.job.scaling import Derived, apply_scaling
 from toolkit.recipes.schema import Recipe, flag_words
 
 # Values that reach `#SBATCH` lines, which sbatch (not the shell) parses: no quoting can make a newline safe
@@ -80,11 +85,6 @@ class JobSpec:
     threads_per_rank: int | None  # OMP_NUM_THREADS / --threads on CPU queues; None leaves libraries' defaults
     time_limit: str
     exclusive: bool
-    wait_all_nodes: bool
-    account: str | None
-    qos: str | None
-    reservation: str | None
-    dependency: str | None
     launcher: LauncherKind
     mpi: str | None  # srun --mpi=<this> for MPI binaries (nccl-tests)
     stops_on_signal: bool  # the workload saves and exits 75 on SIGUSR2 (else it resumes from its last checkpoint)
@@ -94,12 +94,16 @@ class JobSpec:
     env: tuple[EnvVar, ...]
     command: tuple[Arg, ...]
     prepare: tuple[str, ...]  # run once on the first node before the ranks: makes the data if missing
+    root: str  # the dirs root: relative recipe paths resolve under it
     run_dir: str
     derived: tuple[Derived, ...]
     warnings: tuple[str, ...] = ()  # toolkit.job.advice: the job will not do what its flags suggest
-    srun_binding: tuple[str, ...] = ()  # srun CPU-binding options (Gaudi: cores per HPU rank)
     files: tuple[JobFile, ...] = ()
     style: LauncherStyle = "script"  # torchrun: one Slurm task per node starts that node's tasks_per_node ranks
+    # Slurm's part (on_slurm): the scheduler-neutral spec leaves these empty
+    wait_all_nodes: bool = False
+    srun_binding: tuple[str, ...] = ()  # srun CPU-binding options (Gaudi: cores per HPU rank)
+    slurm_options: Mapping[str, str] = dataclasses.field(default_factory=dict)  # account, qos, ... for sbatch
 
     @property
     def world_size(self) -> int:
@@ -198,102 +202,159 @@ def _device_forms(flags: Literal["fairseq", "trainer"] | None, args: dict, devic
     return args, derived
 
 
-def build_job_spec(recipe: Recipe, queue: Queue, nodes: int | None = None, *, profile: str | None = None,
-                   account: str | None = None, qos: str | None = None, reservation: str | None = None,
-                   dependency: str | None = None, run_dir: str | None = None) -> JobSpec:
-    """The job for `recipe` on `nodes` nodes of `queue` (recipe's resources.nodes when None)."""
-    instance = queue.instance
+@dataclasses.dataclass(frozen=True)
+class Target:
+    """The nodes a job runs on, as the spec needs them: a Slurm queue (queue_target) or a Kubernetes node type
+    (toolkit.k8s.manifests.k8s_target). Nothing here belongs to one scheduler."""
+
+    name: str  # the queue (Slurm partition) or node type, as messages name it
+    instance: InstanceType
+    max_nodes: int
+    tasks_per_node: int
+    cpus_per_task: int
+    cpus_rule: str  # why each rank gets cpus_per_task CPUs
+    fabric: str  # the EFA/NCCL stack the nodes set up (toolkit.job.env)
+    shared_root: str | None  # the shared file system every node mounts (FSx), if any
+
+
+def queue_target(queue: Queue) -> Target:
+    return Target(name=queue.name, instance=queue.instance, max_nodes=queue.max_nodes,
+                  tasks_per_node=queue.tasks_per_node, cpus_per_task=queue.cpus_per_task,
+                  cpus_rule="queue override" if queue.cpus_per_task_override else
+                  f"{queue.instance.vcpus} vCPUs / {queue.tasks_per_node} ranks",
+                  fabric=queue.fabric, shared_root=queue.fsx_mount)
+
+
+@dataclasses.dataclass(frozen=True)
+class Resources:
+    device: str  # gpu, hpu or cpu (DEVICE_OF_ACCELERATOR)
+    nodes: int
+    tasks: int  # ranks per node
+    cpus: int  # CPUs per rank
+    threads: int | None  # threads per rank on CPU queues
+    gpus: int  # GPUs per node (HPUs are no GPUs to a scheduler: one rank per HPU instead)
+    derived: tuple[Derived, ...]
+
+    @property
+    def world(self) -> int:
+        return self.nodes * self.tasks
+
+
+def resources(recipe: Recipe, target: Target, nodes: int | None) -> Resources:
+    """Device, nodes (the recipe's resources.nodes when None), ranks and CPUs per node, checked against the target."""
+    instance = target.instance
     device = DEVICE_OF_ACCELERATOR[instance.accelerator]
-    on_gpu = device == "gpu"
     if device not in recipe.resources.runs_on:
         has = {"gpu": "GPUs", "hpu": "Gaudi HPUs", "cpu": "no GPUs"}[device]
         raise HpcError(f"recipe {recipe.name} runs on {' or '.join(recipe.resources.runs_on)} only; queue "
-                       f"{queue.name} ({queue.instance_type}) has {has}",
+                       f"{target.name} ({instance.name}) has {has}",
                        fix="choose another queue with --cluster FILE --queue Q")
     nodes = nodes or recipe.resources.nodes
-    if nodes > queue.max_nodes:
-        raise HpcError(f"{nodes} nodes requested; queue {queue.name} has at most {queue.max_nodes}",
-                       fix=f"use --nodes 1..{queue.max_nodes} or a bigger queue")
+    if nodes > target.max_nodes:
+        raise HpcError(f"{nodes} nodes requested; queue {target.name} has at most {target.max_nodes}",
+                       fix=f"use --nodes 1..{target.max_nodes} or a bigger queue")
+    tasks, cpus = target.tasks_per_node, target.cpus_per_task
+    return Resources(device, nodes, tasks, cpus, None if device != "cpu" else cpus,
+                     instance.gpus if device == "gpu" else 0, (
+        Derived("ranks per node", str(tasks), f"one per {device.upper()} ({instance.gpus} x {instance.gpu_model})"
+                if device != "cpu" else f"queue {target.name} declares {tasks} ranks per node (CPU queue)"),
+        Derived("world size", str(nodes * tasks), f"{nodes} nodes x {tasks} ranks per node"),
+        Derived("cpus per task", str(cpus), target.cpus_rule),
+    ))
+
+
+def _flag_style(recipe: Recipe) -> Literal["fairseq", "trainer"] | None:
+    """Whose device flags the toolkit sets: fairseq's, our trainers' (toolkit.workloads), or none."""
+    if recipe.launcher.kind == "fairseq":
+        return "fairseq"
     ours = recipe.launcher.kind == "python-module" and (recipe.launcher.module or "").startswith(OUR_TRAINERS)
-    controlled = FAIRSEQ_DISTRIBUTED if recipe.launcher.kind == "fairseq" else TRAINER_DEVICE if ours else ()
-    for flag in controlled:
+    return "trainer" if ours else None
+
+
+def arguments(recipe: Recipe, target: Target, res: Resources) -> tuple[dict, list[Derived]]:
+    """The recipe's args scaled to the world size and put in the target's device form."""
+    style = _flag_style(recipe)
+    for flag in {"fairseq": FAIRSEQ_DISTRIBUTED, "trainer": TRAINER_DEVICE, None: ()}[style]:
         if flag in recipe.args:
             raise HpcError(f"recipe {recipe.name}: args.{flag} is set by the toolkit from the queue",
                            fix=f"remove {flag} from the recipe (or --set args.{flag}=null)")
+    args, scaled = apply_scaling(recipe.scaling, recipe.args, nodes=res.nodes, ranks_per_node=res.tasks,
+                                 max_nodes=target.max_nodes,
+                                 gpu_memory_gib=target.instance.gpu_memory_gib if res.device != "cpu" else None)
+    args, forms = _device_forms(style, args, res.device, res.threads, res.world)
+    return args, scaled + forms
 
-    tasks, cpus = queue.tasks_per_node, queue.cpus_per_task
-    threads = None if device != "cpu" else cpus
-    world = nodes * tasks
-    root = recipe.dirs.root and os.path.abspath(recipe.dirs.root) or queue.fsx_mount or os.getcwd()
-    root_rule = ("dirs.root of the recipe" if recipe.dirs.root else
-                 f"queue {queue.name}'s FSx mount" if queue.fsx_mount else "no FSx mount on the queue: the current directory")
-    job_name = recipe.name if profile is None else f"{recipe.name}-{profile}"
+
+def dirs_root(recipe: Recipe, target: Target) -> tuple[str, Derived]:
+    """Where relative recipe paths resolve: the recipe's dirs.root, else the target's shared file system, else here."""
+    root = recipe.dirs.root and os.path.abspath(recipe.dirs.root) or target.shared_root or os.getcwd()
+    return root, Derived("dirs root", root, "dirs.root of the recipe" if recipe.dirs.root else
+                         f"queue {target.name}'s FSx mount" if target.shared_root else
+                         "no FSx mount on the queue: the current directory")
+
+
+@dataclasses.dataclass(frozen=True)
+class Dirs:
+    run_dir: str
+    paths: dict[str, str]  # data / checkpoints / logs, as set
+    positional: tuple[str, ...]  # dirs passed as positional arguments
+    args: dict[str, str]  # dirs passed as flags
+    derived: tuple[Derived, ...]
+
+
+def dirs(recipe: Recipe, root: str, job_name: str, run_dir: str | None) -> Dirs:
+    """The run dir and the recipe's data/checkpoint/log dirs under it or the root. Slurm's run dir is always given
+    (toolkit.submit.plan.plan_job); <root>/runs/<job> is for targets with no runs root of their own (Kubernetes)."""
+    derived: list[Derived] = []
     run_dir = run_dir or f"{root}/runs/{job_name}"
-    for what, value in (("run dir", run_dir), ("partition", queue.name), ("account", account), ("qos", qos),
-                        ("reservation", reservation), ("dependency", dependency)):
-        _check_directive(what, value)
-
-    derived = [
-        Derived("ranks per node", str(tasks), f"one per {device.upper()} ({queue.gpus_per_node} x {instance.gpu_model})"
-                if device != "cpu" else f"queue {queue.name} declares {tasks} ranks per node (CPU queue)"),
-        Derived("world size", str(world), f"{nodes} nodes x {tasks} ranks per node"),
-        Derived("cpus per task", str(cpus), "queue override" if queue.cpus_per_task_override else
-                f"{instance.vcpus} vCPUs / {tasks} ranks"),
-        Derived("dirs root", root, root_rule),
-        Derived("--wait-all-nodes", "1" if queue.has_dynamic_nodes else "not set",
-                f"queue {queue.name} starts nodes on demand: run only once every node has booted"
-                if queue.has_dynamic_nodes else f"queue {queue.name}'s nodes are all static (MinCount = MaxCount)"),
-    ]
-    args, scaled = apply_scaling(recipe.scaling, recipe.args, nodes=nodes, ranks_per_node=tasks,
-                                 max_nodes=queue.max_nodes,
-                                 gpu_memory_gib=instance.gpu_memory_gib if device != "cpu" else None)
-    flags = "fairseq" if recipe.launcher.kind == "fairseq" else "trainer" if ours else None
-    args, forms = _device_forms(flags, args, device, threads, world)
-    derived += scaled + forms
-    binding: tuple[str, ...] = ()
-    if device == "hpu":
-        from toolkit.job.gaudi import srun_binding
-
-        binding, why = srun_binding(instance, tasks)
-        derived += [Derived("srun cpu binding", " ".join(binding), why),
-                    Derived("--gpus-per-node", "not set", "HPUs are no Slurm GPUs (ParallelCluster declares no GRES "
-                                                          "for them): one rank per HPU via --ntasks-per-node")]
-
+    paths: dict[str, str] = {}
     positional: list[str] = []
-    dir_paths: dict[str, str] = {}
+    args: dict[str, str] = {}
     for name in ("data", "checkpoints", "logs"):
         entry = getattr(recipe.dirs, name)
         if entry is None:
             continue
         base, where = (run_dir, "the run dir") if entry.under == "run" else (root, "the dirs root")
-        path = dir_paths[name] = _under(base, entry.dir)
+        path = paths[name] = _under(base, entry.dir)
         derived.append(Derived(f"{name} dir", path, f"dirs.{name}.dir under {where}" if path != entry.dir
                                else f"dirs.{name}.dir (absolute)"))
         if entry.arg == "positional":
             positional.append(path)
         elif entry.arg:
             args[entry.arg] = path
+    return Dirs(run_dir, paths, tuple(positional), args, tuple(derived))
 
-    files: tuple[JobFile, ...] = ()
-    if recipe.deepspeed is not None:
-        from toolkit.recipes.deepspeed import deepspeed_parts
 
-        config_path = f"{run_dir}/deepspeed.json"
-        text, ds_args, ds_derived = deepspeed_parts(recipe.deepspeed, config_path, nodes=nodes,
-                                                    ranks_per_node=tasks, max_nodes=queue.max_nodes)
-        args.update(ds_args)
-        derived += ds_derived
-        files = (JobFile(config_path, text, f"the DeepSpeed config generated from recipe {recipe.name} "
-                                            f"(deepspeed: section) for {world} ranks"),)
+def deepspeed_file(recipe: Recipe, target: Target, res: Resources,
+                   run_dir: str) -> tuple[tuple[JobFile, ...], dict, list[Derived]]:
+    """The DeepSpeed config the job's set-up writes into the run dir, and the args that point at it."""
+    if recipe.deepspeed is None:
+        return (), {}, []
+    from toolkit.job.deepspeed import deepspeed_parts
 
-    prepare: tuple[str, ...] = ()
-    if recipe.prepare:
-        if recipe.dirs.data is None:
-            raise HpcError(f"recipe {recipe.name}: `prepare` makes the data, but dirs.data is not set",
-                           fix="set dirs.data.dir (where the data goes), or remove `prepare`")
-        prepare = (*recipe.prepare, _under(run_dir if recipe.dirs.data.under == "run" else root,
-                                           recipe.dirs.data.dir))
+    path = f"{run_dir}/deepspeed.json"
+    text, args, derived = deepspeed_parts(recipe.deepspeed, path, nodes=res.nodes, ranks_per_node=res.tasks,
+                                          max_nodes=target.max_nodes)
+    return (JobFile(path, text, f"the DeepSpeed config generated from recipe {recipe.name} (deepspeed: section) "
+                                f"for {res.world} ranks"),), args, derived
 
+
+def prepare_step(recipe: Recipe, data_dir: str | None) -> tuple[str, ...]:
+    """The recipe's data-making command with the data dir as its last argument (none without `prepare`)."""
+    if not recipe.prepare:
+        return ()
+    if data_dir is None:
+        raise HpcError(f"recipe {recipe.name}: `prepare` makes the data, but dirs.data is not set",
+                       fix="set dirs.data.dir (where the data goes), or remove `prepare`")
+    return (*recipe.prepare, data_dir)
+
+
+def rank_command(recipe: Recipe, root: str, nodes: int, tasks: int, positional: tuple[str, ...],
+                 args: dict) -> tuple[list[Arg], list[Derived]]:
+    """The per-rank command: the launcher's program, the positional dirs, then every arg as flags."""
+    ours = _flag_style(recipe) == "trainer"
+    world = nodes * tasks
+    derived: list[Derived] = []
     launcher = recipe.launcher
     if launcher.kind in ("python-module", "python-script") and not (ours and launcher.style == "script"):
         program, how = _python_program(launcher, root, nodes, tasks)
@@ -313,40 +374,81 @@ def build_job_spec(recipe: Recipe, queue: Queue, nodes: int | None = None, *, pr
         command += ["--distributed-rank", RankVar.RANK, "--device-id", RankVar.LOCAL_RANK,
                     "--distributed-init-method", ("tcp://", RankVar.MASTER_ADDR, ":", RankVar.MASTER_PORT)]
 
-    words = [w for w in command if isinstance(w, str)]
-    advice, warnings = (fairseq_run_length(words, dir_paths.get("data"), world) if launcher.kind == "fairseq"
-                        else ([], []))
-    lr_rule = recipe.scaling.get("--lr")
-    if lr_rule is not None and lr_rule.rule == "linear" and isinstance(args.get(lr_rule.per_rank_arg), (int, float)):
-        warnings += large_batch(args[lr_rule.per_rank_arg] * world)
-    derived += advice
+    return command, derived
 
+
+def software_env(recipe: Recipe, root: str) -> SoftwareEnv:
+    """The recipe's software with its paths resolved under the dirs root."""
     software = recipe.software
-    venv = software.venv and _under(root, software.venv)
-    if (recipe.launcher.kind != "binary" and not (software.venv or software.conda_root or software.modules)
-            and sys.prefix != sys.base_prefix):
-        venv = sys.prefix  # same Python on every node, as submitit's per-rank code needs
-        derived.append(Derived("software", venv, "the recipe names no software: the nodes use the venv "
-                                                 "this toolkit runs in (it must be on a shared filesystem)"))
+    return SoftwareEnv(modules=tuple(software.modules), venv=software.venv and _under(root, software.venv),
+                       conda_root=software.conda_root and _under(root, software.conda_root),
+                       conda_env=software.conda_env)
+
+
+def job_spec(recipe: Recipe, target: Target, nodes: int | None = None, *, profile: str | None = None,
+             run_dir: str | None = None) -> JobSpec:
+    """The scheduler-neutral job for `recipe` on `nodes` nodes of `target`; build_job_spec adds Slurm's part."""
+    res = resources(recipe, target, nodes)
+    job_name = recipe.name if profile is None else f"{recipe.name}-{profile}"
+    root, root_rule = dirs_root(recipe, target)
+    args, derived = arguments(recipe, target, res)
+    where = dirs(recipe, root, job_name, run_dir)
+    args.update(where.args)
+    files, ds_args, ds_derived = deepspeed_file(recipe, target, res, where.run_dir)
+    args.update(ds_args)
+    prepare = prepare_step(recipe, where.paths.get("data"))
+    command, launch = rank_command(recipe, root, res.nodes, res.tasks, where.positional, args)
+    advice, warnings = advise(recipe.launcher.kind, args, recipe.scaling, where.paths.get("data"), res.world)
+    launcher = recipe.launcher
     return JobSpec(
-        job_name=job_name, recipe=recipe.name, profile=profile, partition=queue.name,
-        instance_type=queue.instance_type, nodes=nodes, tasks_per_node=tasks,
-        gpus_per_node=queue.gpus_per_node if on_gpu else 0, cpus_per_task=cpus, threads_per_rank=threads,
-        time_limit=recipe.resources.time, exclusive=recipe.resources.exclusive, wait_all_nodes=queue.has_dynamic_nodes,
-        account=account, qos=qos, reservation=reservation, dependency=dependency,
+        job_name=job_name, recipe=recipe.name, profile=profile, partition=target.name,
+        instance_type=target.instance.name, nodes=res.nodes, tasks_per_node=res.tasks,
+        gpus_per_node=res.gpus, cpus_per_task=res.cpus,
+        threads_per_rank=res.threads, time_limit=recipe.resources.time, exclusive=recipe.resources.exclusive,
         launcher=launcher.kind, mpi=launcher.mpi, stops_on_signal=launcher.stops_on_signal,
         requeue=recipe.resources.requeue, signal_before_s=recipe.resources.signal_before_s,
-        software=SoftwareEnv(
-            modules=tuple(software.modules),
-            venv=venv,
-            conda_root=software.conda_root and _under(root, software.conda_root),
-            conda_env=software.conda_env,
-        ),
-        env=job_env(instance, queue.fabric, threads_per_rank=threads, launcher_kind=launcher.kind,
+        software=software_env(recipe, root),
+        env=job_env(target.instance, target.fabric, threads_per_rank=res.threads, launcher_kind=launcher.kind,
                     recipe_env=recipe.env, recipe_name=recipe.name),
-        command=tuple(command), prepare=prepare, run_dir=run_dir, derived=tuple(derived), warnings=tuple(warnings),
-        srun_binding=binding, files=files, style=launcher.style,
+        command=tuple(command), prepare=prepare, root=root, run_dir=where.run_dir,
+        derived=(*res.derived, root_rule, *derived, *where.derived, *ds_derived, *launch, *advice),
+        warnings=tuple(warnings), files=files, style=launcher.style,
     )
+
+
+def build_job_spec(recipe: Recipe, queue: Queue, nodes: int | None = None, *, profile: str | None = None,
+                   slurm_options: Mapping[str, str | None] = {}, run_dir: str | None = None) -> JobSpec:
+    """The job for `recipe` on `nodes` nodes of Slurm queue `queue` (recipe's resources.nodes when None), with
+    `slurm_options` (account, qos, reservation, dependency) passed through to sbatch."""
+    return on_slurm(job_spec(recipe, queue_target(queue), nodes, profile=profile, run_dir=run_dir), queue,
+                    slurm_options)
+
+
+def on_slurm(spec: JobSpec, queue: Queue, slurm_options: Mapping[str, str | None] = {}) -> JobSpec:
+    """What only Slurm needs of a job: values safe in #SBATCH lines, --wait-all-nodes on queues that boot
+    nodes on demand, the HPU ranks' CPU binding, and the nodes' Python where the recipe names no software."""
+    options = {name: value for name, value in slurm_options.items() if value is not None}
+    for what, value in (("run dir", spec.run_dir), ("partition", queue.name), *options.items()):
+        _check_directive(what, value)
+    derived = [Derived("--wait-all-nodes", "1" if queue.has_dynamic_nodes else "not set",
+                       f"queue {queue.name} starts nodes on demand: run only once every node has booted"
+                       if queue.has_dynamic_nodes else f"queue {queue.name}'s nodes are all static (MinCount = MaxCount)")]
+    binding: tuple[str, ...] = ()
+    if DEVICE_OF_ACCELERATOR[queue.instance.accelerator] == "hpu":
+        from toolkit.job.gaudi import srun_binding
+
+        binding, why = srun_binding(queue.instance, spec.tasks_per_node)
+        derived += [Derived("srun cpu binding", " ".join(binding), why),
+                    Derived("--gpus-per-node", "not set", "HPUs are no Slurm GPUs (ParallelCluster declares no GRES "
+                                                          "for them): one rank per HPU via --ntasks-per-node")]
+    software = spec.software
+    if (spec.launcher != "binary" and not (software.venv or software.conda_root or software.modules)
+            and sys.prefix != sys.base_prefix):
+        software = dataclasses.replace(software, venv=sys.prefix)  # same Python on every node, as submitit's
+        derived.append(Derived("software", sys.prefix, "the recipe names no software: the nodes use the venv "
+                                                       "this toolkit runs in (it must be on a shared filesystem)"))
+    return dataclasses.replace(spec, wait_all_nodes=queue.has_dynamic_nodes, slurm_options=options,
+                               srun_binding=binding, software=software, derived=(*spec.derived, *derived))
 
 
 def _python_program(launcher, root: str, nodes: int, tasks: int) -> tuple[list[Arg], Derived]:

@@ -1,7 +1,7 @@
 """Recipe + instance type + nodes -> Kubernetes manifests (Amazon EKS): the JobSpec, in another form.
 
-The JobSpec is built by toolkit.job.spec.build_job_spec, exactly as for Slurm, from a Queue made for the
-instance type (a Kubernetes "queue" is the instance type with max nodes = the job's nodes). World size,
+The JobSpec is built by toolkit.job.spec.job_spec, the scheduler-neutral part of the Slurm form, from a Target
+made for the instance type (max nodes = the job's nodes, the pod's share of the CPUs, FSx at /fsx). World size,
 scaling (update-freq, LR), device forms, argv and the EFA/NCCL environment therefore come from the one
 place that computes them; this module only translates:
 
@@ -44,8 +44,6 @@ NODE_RESERVE = 0.1
 # /dev/shm for data-loader workers (they pass batches through shared memory; Kubernetes gives 64 MiB):
 # a memory-backed emptyDir capped at this share of the pod's memory, which its usage counts against.
 SHM_SHARE = 0.25
-# Derived values that only mean something to Slurm (the image brings the software; pods start with their nodes).
-SLURM_ONLY = ("software", "--wait-all-nodes")
 # torchrun restarts all workers of a node this many times after a failure before the job fails.
 MAX_RESTARTS = 3
 # Per-rank values under torchrun: the worker variables torchrun exports (Slurm: SLURM_PROCID, SLURM_LOCALID).
@@ -73,20 +71,24 @@ class Rendered:
     notes: list[str]
 
 
-def k8s_queue(instance_type: str, nodes: int, efa: bool | None):
-    """The Queue a Kubernetes job is planned on: the instance type, exactly `nodes` nodes, FSx at /fsx."""
-    from toolkit.cluster.queues import Queue
+def k8s_target(instance_type: str, nodes: int, efa: bool | None) -> tuple[Any, int]:
+    """The target a Kubernetes job is planned on (the instance type, exactly `nodes` nodes, FSx at /fsx), and
+    the EFA devices each pod requests."""
+    from toolkit.job.spec import Target
 
     it = instance(instance_type)
     if efa and not it.has_efa:
         raise HpcError(f"--efa given, but {instance_type} has no EFA devices (efa_interfaces: 0 in the catalog)",
                        fix="drop --efa (NCCL then uses TCP), or choose an instance with EFA, e.g. p4d.24xlarge")
     use_efa = it.has_efa if efa is None else efa
-    queue = Queue(name=instance_type, instance_type=instance_type, max_nodes=nodes,
-                  efa_stack="modern" if use_efa else "none", fsx_mount=FSX_MOUNT, efa_enabled=use_efa,
-                  static_nodes=nodes)
+    tasks = (it.gpus if it.accelerator != "none" else 0) or 1  # as a Slurm queue of it (toolkit.cluster.queues)
     # ranks (and CPU threads per rank) share the CPUs the pod requests, not the whole node's
-    return dataclasses.replace(queue, cpus_per_task_override=max(1, pod_cpus(it) // queue.tasks_per_node))
+    target = Target(name=instance_type, instance=it, max_nodes=nodes, tasks_per_node=tasks,
+                    cpus_per_task=max(1, pod_cpus(it) // tasks),
+                    cpus_rule=f"{pod_cpus(it)} CPUs requested per pod / {tasks} ranks; a tenth of the node's "
+                              f"{it.vcpus} vCPUs is left to its daemons",
+                    fabric="modern" if use_efa else "none", shared_root=FSX_MOUNT)
+    return target, it.efa_interfaces if use_efa else 0
 
 
 def pod_cpus(it: InstanceType) -> int:
@@ -295,15 +297,15 @@ def render(recipe, instance_type: str, nodes: int, *, profile: str | None = None
            image: str | None = None, storage: Storage = Storage(), efa: bool | None = None,
            command_line: str = "") -> Rendered:
     """The manifests of `recipe` on `nodes` nodes of `instance_type` (all derived values from the JobSpec)."""
-    from toolkit.job.spec import build_job_spec
+    from toolkit.job.spec import job_spec
 
     it = instance(instance_type)
     kind = _kind_of(recipe)
     _check_input(recipe, it, profile)
-    queue = k8s_queue(instance_type, nodes, efa)
-    spec = build_job_spec(recipe, queue, nodes, profile=profile)
-    if not spec.run_dir.startswith(FSX_MOUNT + "/"):
-        raise HpcError(f"recipe {recipe.name}: its dirs are under {spec.run_dir.rsplit('/runs/', 1)[0]}, but the pods "
+    target, efa_devices = k8s_target(instance_type, nodes, efa)
+    spec = job_spec(recipe, target, nodes, profile=profile)
+    if not spec.root.startswith(FSX_MOUNT + "/") and spec.root != FSX_MOUNT:
+        raise HpcError(f"recipe {recipe.name}: its dirs are under {spec.root}, but the pods "
                        f"see only the FSx volume at {FSX_MOUNT}",
                        fix=f"put dirs.root under {FSX_MOUNT} (e.g. --set dirs.root={FSX_MOUNT}/{spec.recipe}), or leave "
                            "it unset")
@@ -317,18 +319,15 @@ def render(recipe, instance_type: str, nodes: int, *, profile: str | None = None
                      "it must be ReadWriteMany (FSx for Lustre through fsx.csi.aws.com)")
     name = _dns_name(spec.job_name)
     build = pytorch_job if kind == "PyTorchJob" else mpi_job
-    job = build(spec, it, name, namespace, image, storage.claim, queue.efa_interfaces)
+    job = build(spec, it, name, namespace, image, storage.claim, efa_devices)
     documents = storage_documents(storage, namespace) + [job]
     header = [f"{kind} {name}: {recipe.description}",
               f"Rendered by `{command_line}` (do not edit: change the recipe and render again)." if command_line
               else "Rendered by hpc k8s render (do not edit: change the recipe and render again).",
               f"{spec.nodes} x {it.name}, {spec.tasks_per_node} ranks per node, world size {spec.world_size}; "
-              f"{queue.efa_interfaces} EFA devices per node.", "",
+              f"{efa_devices} EFA devices per node.", "",
               "Derived values (the same JobSpec code as the Slurm form):"]
-    # the queue's CPU override is this module's: say what it is
-    rules = {"cpus per task": f"{pod_cpus(it)} CPUs requested per pod / {spec.tasks_per_node} ranks; a tenth of the "
-                              f"node's {it.vcpus} vCPUs is left to its daemons"}
-    header += [f"  {d.key} = {d.value}  ({rules.get(d.key, d.rule)})" for d in spec.derived if d.key not in SLURM_ONLY]
+    header += [f"  {d.key} = {d.value}  ({d.rule})" for d in spec.derived]
     if spec.warnings:
         header += ["", "Warnings (as for the Slurm form):"] + [f"  {w}" for w in spec.warnings]
     if any(isinstance(v, str) and v.startswith(FILL_IN) for d in documents for v in _strings(d)):

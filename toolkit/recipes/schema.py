@@ -199,7 +199,7 @@ class ScalingRule(StrictModel):
 
 
 class DeepSpeed(StrictModel):
-    """The DeepSpeed config the toolkit generates (toolkit.recipes.deepspeed) and passes as `config_arg`.
+    """The DeepSpeed config the toolkit generates (toolkit.job.deepspeed) and passes as `config_arg`.
 
     global_batch and micro_batch are kept when --nodes changes; gradient_accumulation_steps follows as
     global_batch / (micro_batch x world size), which must be a whole number (else an error lists the node

@@ -35,10 +35,7 @@ class SubmitRequest:
     queue: str | None = None
     profile: str | None = None
     overrides: Sequence[str] = ()
-    account: str | None = None
-    qos: str | None = None
-    reservation: str | None = None
-    dependency: str | None = None
+    slurm_options: Mapping[str, str | None] = dataclasses.field(default_factory=dict)  # sbatch --account, --qos...
     executor: str | None = None
     recipe_data: Mapping[str, Any] | None = None  # a recipe built in memory (`hpc run`); `recipe` is its name
 
@@ -84,36 +81,50 @@ def new_run_dir(request: SubmitRequest, root: Path | None = None) -> Path:
     return rundir.run_dir_path(request.run_name, root)
 
 
+def plan_job(request: SubmitRequest, run_dir: Path | None = None,
+             queue: Any = None) -> tuple[Any, Any, Any, Path, list[str]]:
+    """The job of a plan: (recipe, queue, spec, run dir, notes), all the views share (`hpc recipes show`,
+    `render`, `submit --dry-run`). `run_dir`: default a fresh path under the runs root. `queue`: already
+    resolved (a task of a sweep), else resolved from the request with a note saying how."""
+    from toolkit.job.spec import build_job_spec
+    from toolkit.recipes.load import load_recipe
+
+    notes: list[str] = []
+    if queue is None:
+        from toolkit.cluster.queues import resolve_queue
+
+        queue, how = resolve_queue(request.cluster, request.queue)
+        notes.append(f"queue: {how}")
+    run_dir = run_dir or new_run_dir(request)
+    recipe = load_recipe(request.recipe, profile=request.profile, overrides=request.overrides,
+                         data=request.recipe_data)
+    spec = build_job_spec(recipe, queue, request.nodes, profile=request.profile,
+                          slurm_options=request.slurm_options, run_dir=str(run_dir))
+    return recipe, queue, spec, run_dir, notes
+
+
 def plan(request: SubmitRequest, run_dir: Path | None = None, *, task_of: Plan | None = None) -> Plan:
-    """Everything a submit does, decided; nothing written or submitted. `run_dir`: default a fresh path under
-    the runs root. `task_of`: another task of the same job array (toolkit.submit.sweep), whose queue, executor
-    and metadata this one shares; the array's batch script is the sweep's, not a task's."""
+    """Everything a submit does, decided; nothing written or submitted: plan_job() and its executor.
+    `task_of`: another task of the same job array (toolkit.submit.sweep), whose queue, executor and metadata
+    this one shares; the array's batch script is the sweep's, not a task's."""
     from toolkit.job.rank import RANK0_PREVIEW, resolve_argv
     from toolkit.job.render import render_script
-    from toolkit.job.spec import build_job_spec
-    from toolkit.recipes.load import find_recipe, load_recipe
+    from toolkit.recipes.load import find_recipe
     from toolkit.submit import executor as executors
 
     if task_of is None:
-        from toolkit.cluster.queues import resolve_queue
-
         kind, note = executors.choose_executor(request.executor)
         notes = [note] if note else []
         if kind == "slurm":
             from toolkit.slurm.discovery import use_discovered_slurm
 
             use_discovered_slurm()
-        queue, how = resolve_queue(request.cluster, request.queue)
-        notes.append(f"queue: {how}")
+        queue = None
     else:
         kind = "local" if task_of.executor == "submitit-local" else "slurm"
         queue, notes = task_of.queue, list(task_of.notes)
-    run_dir = run_dir or new_run_dir(request)
-    recipe = load_recipe(request.recipe, profile=request.profile, overrides=request.overrides,
-                         data=request.recipe_data)
-    spec = build_job_spec(recipe, queue, request.nodes, profile=request.profile, account=request.account,
-                          qos=request.qos, reservation=request.reservation, dependency=request.dependency,
-                          run_dir=str(run_dir))
+    recipe, queue, spec, run_dir, job_notes = plan_job(request, run_dir, queue)
+    notes += job_notes
     executor: ExecutorKind
     python = batch_script = argv = None
     parameters: dict[str, Any] = {}

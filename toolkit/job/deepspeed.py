@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from toolkit.recipes.scaling import Derived, exact_accumulation
+from toolkit.job.scaling import Derived, exact_accumulation
 from toolkit.recipes.schema import DeepSpeed
 
 # DeepSpeed's activation_checkpointing section with its own defaults written out: the section configures
