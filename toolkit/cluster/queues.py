@@ -135,14 +135,10 @@ def load_queues(path: str | Path) -> dict[str, Queue]:
 def cluster_config_candidates() -> list[Path]:
     """Where the config of the cluster we run on is looked for, in order (the first existing file wins).
 
-    $HPC_CLUSTER_CONFIG first, then the local test cluster's while it runs (`make slurm-up`), then the
-    ParallelCluster head node's copy.
+    $HPC_CLUSTER_CONFIG first, then the ParallelCluster head node's copy.
     """
-    from toolkit.sandbox import discover
-
     explicit = os.environ.get(CLUSTER_CONFIG_ENV)
-    sandbox = discover()
-    return ([Path(explicit)] if explicit else []) + ([sandbox.cluster_config] if sandbox else []) + [HEAD_NODE_CONFIG]
+    return ([Path(explicit)] if explicit else []) + [HEAD_NODE_CONFIG]
 
 
 def pick_queue(queues: dict[str, Queue], name: str | None, source: str) -> Queue:
