@@ -178,11 +178,12 @@ def resolve_queue(cluster: str | Path | None, queue: str | None) -> tuple[Queue,
 
 
 def this_cluster_config() -> Path:
-    """The config of the cluster this runs on: $HPC_CLUSTER_CONFIG, the local test cluster's, the head node's."""
+    """The config of the cluster this runs on: $HPC_CLUSTER_CONFIG, else the head node's."""
     path = next((p for p in cluster_config_candidates() if p.is_file()), None)
     if path is None:
         raise HpcError(f"no FILE given and {HEAD_NODE_CONFIG} does not exist (this is not a ParallelCluster "
-                       "head node)", fix="pass the cluster config: hpc cluster show cluster.yaml")
+                       "head node)",
+                       fix=f"pass the cluster config (hpc cluster show cluster.yaml) or set ${CLUSTER_CONFIG_ENV}")
     return path
 
 
