@@ -39,7 +39,7 @@ train-env: $(VENV)/.train-installed
 # SLURM=24.11: trixie's Slurm from a Debian root file system (built once, ~35 s, cached in /var/tmp), beside it.
 SLURM ?=
 SLURM_FLAG := $(if $(SLURM),--slurm $(SLURM))
-LOCAL_CLUSTER = exports="$$($(BIN)/python -m testbench env$(if $(SLURM), --slurm $(SLURM)))" && eval "$$exports" &&
+LOCAL_CLUSTER = exports="$$($(BIN)/python -m testbench env $(SLURM_FLAG))" && eval "$$exports" &&
 slurm-up: venv
 	$(BIN)/python -m testbench up $(SLURM_FLAG)
 

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import run_testbench
 from testbench import Sandbox, cluster, discover, discovery, install, procs
 from testbench.layout import CPU_NODES, Layout
 from toolkit.cluster.queues import load_queues
@@ -173,3 +174,9 @@ def test_discover_finds_a_running_controller_cheaply_and_env_points_slurm_and_hp
         "PATH": "/usr/bin", "SLURM_CONF": str(layout.slurm_conf), "HPC_CLUSTER_CONFIG": str(layout.cluster_config)}
     chrooted = Sandbox(tmp_path, layout.slurm_conf, layout.cluster_config, bin_dir=tmp_path / "bin")
     assert chrooted.env({"PATH": "/usr/bin"})["PATH"] == f"{tmp_path / 'bin'}:/usr/bin"
+
+
+def test_env_of_a_cluster_that_is_not_running_is_one_clear_error(tmp_path):
+    res = run_testbench("env", env={**os.environ, "HPC_SANDBOX_DIR": str(tmp_path / "absent")})
+    assert res.returncode == 1 and res.stdout == ""  # nothing for `eval` to pick up
+    assert "is not running" in res.stderr and "fix: start it: python -m testbench up" in res.stderr, res.stderr
