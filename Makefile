@@ -33,28 +33,31 @@ $(VENV)/.train-installed:
 
 train-env: $(VENV)/.train-installed
 
-# The local test cluster (a real Slurm with accounting; needs root): idempotent, fast when already up.
+# The local test cluster (a real Slurm with accounting; needs root): idempotent, fast when already up. It is
+# the test bench (testbench/, beside the package, never shipped). hpc finds it as it finds any cluster: through
+# SLURM_CONF and HPC_CLUSTER_CONFIG, which `python -m testbench env` prints (LOCAL_CLUSTER sets them).
 # SLURM=24.11: trixie's Slurm from a Debian root file system (built once, ~35 s, cached in /var/tmp), beside it.
 SLURM ?=
 SLURM_FLAG := $(if $(SLURM),--slurm $(SLURM))
+LOCAL_CLUSTER = exports="$$($(BIN)/python -m testbench env $(SLURM_FLAG))" && eval "$$exports" &&
 slurm-up: venv
-	$(BIN)/python -m toolkit sandbox up $(SLURM_FLAG)
+	$(BIN)/python -m testbench up $(SLURM_FLAG)
 
 slurm-down: venv
-	$(BIN)/python -m toolkit sandbox down $(SLURM_FLAG)
+	$(BIN)/python -m testbench down $(SLURM_FLAG)
 
 test: venv train-env slurm-up
 	$(BIN)/python -m pytest -q
 
 # The main job: a small real recipe on the local Slurm (or on this machine where no Slurm can run).
 demo: venv train-env slurm-up
-	$(BIN)/hpc recipes submit roberta --nodes 2 --profile smoke --wait
+	$(LOCAL_CLUSTER) $(BIN)/hpc recipes submit roberta --nodes 2 --profile smoke --wait
 
 # Benchmarks print figures and ratios against a baseline run in the same command (not timed tests).
 bench: venv train-env slurm-up
 	$(BIN)/python benchmarks/bench_cli.py
-	$(BIN)/python benchmarks/bench_submit.py
-	$(BIN)/python benchmarks/bench_run.py
+	$(LOCAL_CLUSTER) $(BIN)/python benchmarks/bench_submit.py
+	$(LOCAL_CLUSTER) $(BIN)/python benchmarks/bench_run.py
 
 # Reviewed renders in jobs/ (tests/test_render.py checks they match today's rendering).
 JOBS := roberta:8 transformer:4 resnet50:8 nccl-tests:2 collectives:2

@@ -8,7 +8,8 @@ benchmarks/payloads/joined_env.py (a script written for torchrun: env:// gloo gr
   hand-written sbatch + torchrun    one torchrun per node, c10d rendezvous on the first node
   hpc run --launcher torchrun
 Prints the medians side by side, each hpc way's ratio to its hand-written counterpart (goal <= 1.10x), and the
-same as JSON (--json FILE). Needs the local Slurm (make slurm-up) and torch (make train-env).
+same as JSON (--json FILE). Needs a Slurm cluster (SLURM_CONF and HPC_CLUSTER_CONFIG: `make bench` points
+them at the local one) and torch (make train-env).
 """
 
 from __future__ import annotations
@@ -54,9 +55,6 @@ def main() -> None:
     parser.add_argument("--json", type=Path, help="also write the results here")
     args = parser.parse_args()
     sys.path.insert(0, str(REPO))
-    from toolkit.slurm.discovery import use_discovered_slurm
-
-    use_discovered_slurm()
     work = Path(tempfile.mkdtemp(prefix="bench-run-"))
     env = dict(os.environ, HPC_RUNS_DIR=str(work / "runs"), PYTHONPATH=str(REPO))
     fill = dict(queue=args.queue, nodes=args.nodes, out=work, python=sys.executable, payload=PAYLOAD,

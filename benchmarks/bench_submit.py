@@ -6,7 +6,8 @@
 Prints the medians and the ratio (goal: hpc <= 1.10x the hand-written script).
 2. Training throughput: the resnet50 smoke run through hpc vs benchmarks/hand/resnet-smoke.sbatch (the same
 trainer and arguments, threads set by hand), steady images/s as the trainer logs it (goal: >= 0.95x).
-Needs the local Slurm (make slurm-up) and the training environment (make train-env).
+Needs a Slurm cluster (SLURM_CONF and HPC_CLUSTER_CONFIG: `make bench` points them at the local one) and the
+training environment (make train-env).
 """
 
 from __future__ import annotations
@@ -111,9 +112,6 @@ def main() -> None:
     parser.add_argument("--skip-throughput", action="store_true", help="only the submit-to-joined part")
     args = parser.parse_args()
     sys.path.insert(0, str(REPO))
-    from toolkit.slurm.discovery import use_discovered_slurm
-
-    use_discovered_slurm()
     work = Path(tempfile.mkdtemp(prefix="bench-submit-"))
     env = dict(os.environ, HPC_RUNS_DIR=str(work / "runs"), PYTHONPATH=str(REPO))
     # One executable both ways: this Python (with torch) running the payload.

@@ -65,30 +65,42 @@ def hpc():
     return run_hpc
 
 
+def run_testbench(*args: str, env: dict[str, str] | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
+    """`python -m testbench ARGS` (the local test cluster's own CLI) as `make slurm-up` runs it."""
+    full_env = dict(os.environ if env is None else env)
+    full_env["PYTHONPATH"] = str(REPO) + os.pathsep + full_env.get("PYTHONPATH", "")
+    return subprocess.run([sys.executable, "-m", "testbench", *args], capture_output=True, text=True, env=full_env,
+                          cwd=REPO, timeout=timeout)
+
+
 @pytest.fixture(scope="session")
 def slurm_sandbox():
-    """The project's local Slurm, brought up the way `make slurm-up` does (a fast no-op when already up).
+    """The project's local Slurm, brought up the way `make slurm-up` does (a fast no-op when already up), and
+    found the way users find a cluster: SLURM_CONF and HPC_CLUSTER_CONFIG, set in os.environ for the session
+    (in-process calls and subprocesses both see them; tests not marked `slurm` do not).
 
-    Returns the discovered toolkit.sandbox.Sandbox; tests pass `slurm_env(sandbox)` to Slurm commands.
+    Returns the discovered testbench.Sandbox; `slurm_env(sandbox)` is an environment pointed at it.
     """
-    from toolkit.sandbox import discover
+    from testbench import discover
 
-    res = run_hpc("sandbox", "up", "--json", timeout=900)
-    assert res.returncode == 0, f"hpc sandbox up failed:\n{res.stderr}"
+    res = run_testbench("up", "--json", timeout=900)
+    assert res.returncode == 0, f"python -m testbench up failed:\n{res.stderr}"
     sandbox = discover()
-    assert sandbox is not None, "sandbox up succeeded but discover() does not see it"
+    assert sandbox is not None, "testbench up succeeded but discover() does not see it"
+    os.environ.update(sandbox.env())
     return sandbox
 
 
 def slurm_env(sandbox) -> dict[str, str]:
-    """This process's environment pointed at the sandbox (SLURM_CONF), for subprocesses."""
-    return dict(os.environ, SLURM_CONF=str(sandbox.slurm_conf))
+    """This process's environment pointed at the sandbox (SLURM_CONF, HPC_CLUSTER_CONFIG), for subprocesses."""
+    return sandbox.env()
 
 
 @pytest.fixture(autouse=True)
 def _isolated_from_local_cluster(request, monkeypatch, tmp_path):
-    """Tests not marked `slurm` must not see the local test cluster (hpc discovers it when it runs) or the
-    user's runs: they get a sandbox dir that does not exist and a runs root of their own."""
+    """Tests not marked `slurm` must not see a cluster (the local one that slurm_sandbox points this session at,
+    or one named in the user's environment) or the user's runs: they get a runs root of their own."""
     if request.node.get_closest_marker("slurm") is None:
-        monkeypatch.setenv("HPC_SANDBOX_DIR", str(tmp_path / "no-sandbox"))
+        for name in ("SLURM_CONF", "HPC_CLUSTER_CONFIG"):
+            monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("HPC_RUNS_DIR", str(tmp_path / "runs"))

@@ -65,8 +65,7 @@ def test_enough_data_means_max_update_ends_the_run_and_no_warning(tmp_path):
 def test_show_render_and_dry_run_all_say_it(tmp_path):
     write_index(tmp_path / "train", [512] * 1000, "mmap")
     env_args = ("--set", f"dirs.data.dir={tmp_path}", "--nodes", "8")
-    env = {"HPC_CLUSTER_CONFIG": "", "PATH": "/usr/bin:/bin", "HPC_SANDBOX_DIR": str(tmp_path / "none"),
-           "HPC_RUNS_DIR": str(tmp_path / "runs")}
+    env = {"HPC_CLUSTER_CONFIG": "", "PATH": "/usr/bin:/bin", "HPC_RUNS_DIR": str(tmp_path / "runs")}
     for command in (("recipes", "show", "roberta"), ("recipes", "render", "roberta"),
                     ("recipes", "submit", "roberta", "--dry-run", "--executor", "local")):
         res = run_hpc(*command, *env_args, "--json", env=env)

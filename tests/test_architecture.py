@@ -1,5 +1,6 @@
 """The house rules that code review alone would let slip: no import cycle in toolkit/ (lazy imports inside
-functions count too: they are cycles all the same, only deferred), and `hpc --help` imports nothing heavy."""
+functions count too: they are cycles all the same, only deferred), no toolkit module imports the test bench
+(testbench/, the local Slurm set-up: dev and test only, not shipped), and `hpc --help` imports nothing heavy."""
 
 from __future__ import annotations
 
@@ -32,6 +33,17 @@ def imports_of(path: Path, modules: set[str]) -> set[str]:
     return {m for m in found if m in modules} - {module_name(path)}
 
 
+def bench_imports_of(path: Path) -> set[str]:
+    """The testbench modules `path` imports, at any depth (a lazy import inside a function counts)."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.level == 0:
+            found.add(node.module or "")
+        elif isinstance(node, ast.Import):
+            found.update(a.name for a in node.names)
+    return {m for m in found if m == "testbench" or m.startswith("testbench.")}
+
+
 def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
     state: dict[str, int] = {}  # 1: on the current path, 2: done
 
@@ -57,6 +69,15 @@ def test_no_import_cycle_in_the_package():
     assert find_cycle(graph) is None, " -> ".join(find_cycle(graph))
     # the checker finds one when there is one
     assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+
+
+def test_no_toolkit_module_imports_the_test_bench(tmp_path):
+    offenders = {module_name(p): sorted(found) for p in PACKAGE.rglob("*.py") if (found := bench_imports_of(p))}
+    assert offenders == {}, f"the product imports the test bench: {offenders}"
+    # the checker finds them when they are there, lazy ones included
+    probe = tmp_path / "probe.py"
+    probe.write_text("import testbenchmark\n\ndef f():\n    import testbench\n    from testbench.cluster import up\n")
+    assert bench_imports_of(probe) == {"testbench", "testbench.cluster"}
 
 
 def test_help_loads_no_heavy_library():

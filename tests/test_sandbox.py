@@ -8,9 +8,10 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import run_testbench
+from testbench import Sandbox, cluster, discover, discovery, install, procs
+from testbench.layout import CPU_NODES, Layout
 from toolkit.cluster.queues import load_queues
-from toolkit.sandbox import Sandbox, cluster, discover, install, procs, use
-from toolkit.sandbox.layout import CPU_NODES, Layout
 
 
 def conf_lines(text: str) -> list[dict[str, str]]:
@@ -133,30 +134,49 @@ def test_policy_rc_is_temporary_and_an_existing_one_is_left_alone(tmp_path, monk
     assert policy.read_text() == "#!/bin/sh\nexit 0\n"
 
 
-def test_discover_is_cheap_and_none_without_a_state_dir(tmp_path, monkeypatch):
+def no_subprocess(*args, **kwargs):
+    raise AssertionError("discover() must not start a process")
+
+
+def test_discover_is_none_without_a_state_dir(tmp_path, monkeypatch):
     monkeypatch.setenv("HPC_SANDBOX_DIR", str(tmp_path / "absent"))
-
-    def no_subprocess(*args, **kwargs):
-        raise AssertionError("discover() must not start a process")
-
-    monkeypatch.setattr(subprocess, "Popen", no_subprocess)
     assert discover() is None
 
 
-def test_discover_ignores_a_state_dir_whose_controller_is_gone(tmp_path, monkeypatch):
-    layout = Layout(tmp_path)
+def written_state_dir(root: Path) -> Layout:
+    """A state dir with its configs and a pid file for slurmctld, as `up` leaves it (no daemon started)."""
+    layout = Layout(root)
     for path, text in cluster.render_configs(layout).items():
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text)
     layout.run.mkdir()
-    layout.pid_file("slurmctld").write_text(f"{os.getpid()}\n")  # alive but not slurmctld
+    layout.pid_file("slurmctld").write_text(f"{os.getpid()}\n")
+    return layout
+
+
+def test_discover_ignores_a_state_dir_whose_controller_is_gone(tmp_path, monkeypatch):
+    written_state_dir(tmp_path)  # its pid file names a live process, but not a slurmctld
     monkeypatch.setenv("HPC_SANDBOX_DIR", str(tmp_path))
+    monkeypatch.setattr(subprocess, "Popen", no_subprocess)
     assert discover() is None
 
 
-def test_use_points_slurm_commands_at_the_sandbox(tmp_path, monkeypatch):
-    monkeypatch.delenv("SLURM_CONF", raising=False)
-    sandbox = Sandbox(tmp_path, tmp_path / "etc" / "slurm.conf", tmp_path / "cluster-config.yaml")
-    assert use(sandbox) is sandbox
-    assert os.environ["SLURM_CONF"] == str(sandbox.slurm_conf)
-    assert sandbox.default_queue == "cpu"
+def test_discover_finds_a_running_controller_cheaply_and_env_points_slurm_and_hpc_at_it(tmp_path, monkeypatch):
+    layout = written_state_dir(tmp_path)
+    # Whether a pid is a live slurmctld is procs' test (above); here: that discover asks it about this file.
+    monkeypatch.setattr(discovery.procs, "running_pid",
+                        lambda pid_file, comm: 4242 if (pid_file, comm) == (layout.pid_file("slurmctld"),
+                                                                             "slurmctld") else None)
+    monkeypatch.setattr(subprocess, "Popen", no_subprocess)
+    sandbox = discover(layout)
+    assert sandbox == Sandbox(tmp_path, layout.slurm_conf, layout.cluster_config, slurm="22.05")
+    assert sandbox.env({"PATH": "/usr/bin"}) == {
+        "PATH": "/usr/bin", "SLURM_CONF": str(layout.slurm_conf), "HPC_CLUSTER_CONFIG": str(layout.cluster_config)}
+    chrooted = Sandbox(tmp_path, layout.slurm_conf, layout.cluster_config, bin_dir=tmp_path / "bin")
+    assert chrooted.env({"PATH": "/usr/bin"})["PATH"] == f"{tmp_path / 'bin'}:/usr/bin"
+
+
+def test_env_of_a_cluster_that_is_not_running_is_one_clear_error(tmp_path):
+    res = run_testbench("env", env={**os.environ, "HPC_SANDBOX_DIR": str(tmp_path / "absent")})
+    assert res.returncode == 1 and res.stdout == ""  # nothing for `eval` to pick up
+    assert "is not running" in res.stderr and "fix: start it: python -m testbench up" in res.stderr, res.stderr

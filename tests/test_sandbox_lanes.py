@@ -8,9 +8,9 @@ import subprocess
 
 import pytest
 
+from testbench import chroot, cluster, rootfs
+from testbench.layout import LANES, Layout, lane
 from toolkit.errors import HpcError, UsageError
-from toolkit.sandbox import chroot, cluster, rootfs
-from toolkit.sandbox.layout import LANES, Layout, lane
 
 
 def test_lanes_share_nothing_that_would_let_them_collide():

@@ -1,9 +1,9 @@
 """The same checks on every local Slurm version: this machine's 22.05 and trixie's 24.11 (ParallelCluster 3.14's
-major version), which runs from a Debian root file system beside it (`hpc sandbox up --slurm 24.11`).
+major version), which runs from a Debian root file system beside it (`python -m testbench up --slurm 24.11`).
 
 Each test takes the `lane` fixture, parametrized over the versions; Slurm commands go through `lane.env()`
-(SLURM_CONF, and for 24.11 its client wrappers first on PATH). The 22.05 lane has accounting (sacct), the
-24.11 lane has none, as ParallelCluster ships by default: status is checked both ways.
+(SLURM_CONF, HPC_CLUSTER_CONFIG, and for 24.11 its client wrappers first on PATH). The 22.05 lane has
+accounting (sacct), the 24.11 lane has none, as ParallelCluster ships by default: status is checked both ways.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, run_hpc, wait_until
+from tests.conftest import REPO, run_hpc, run_testbench, wait_until
 from tests.jobhelpers import probe_recipe, read_ranks
 
 pytestmark = pytest.mark.slurm
@@ -30,11 +30,11 @@ MPI_HINTS = ("OMPI_MCA_plm_slurm_args", "PRTE_MCA_plm_slurm_args", "HYDRA_BOOTST
 @pytest.fixture(scope="session", params=LANES)
 def lane(request):
     """The local Slurm of one version, up (a fast no-op when it already runs)."""
-    from toolkit.sandbox import discover
-    from toolkit.sandbox.layout import Layout
+    from testbench import discover
+    from testbench.layout import Layout
 
-    res = run_hpc("sandbox", "up", "--slurm", request.param, "--json", timeout=900)
-    assert res.returncode == 0, f"hpc sandbox up --slurm {request.param} failed:\n{res.stderr}"
+    res = run_testbench("up", "--slurm", request.param, "--json", timeout=900)
+    assert res.returncode == 0, f"python -m testbench up --slurm {request.param} failed:\n{res.stderr}"
     sandbox = discover(Layout.current(request.param))
     assert sandbox is not None and sandbox.slurm == request.param
     return sandbox
@@ -57,7 +57,7 @@ def using(lane):
 # Generous limits: the 22.05 sandbox is shared, so our jobs may queue behind others' (idle, they start in <1 s).
 def lane_layout(lane):
     """What the lane is made of (node addresses, accounting)."""
-    from toolkit.sandbox.layout import lane as lane_named
+    from testbench.layout import lane as lane_named
 
     return lane_named(lane.slurm)
 

@@ -18,7 +18,7 @@ from toolkit.slurm import commands
 
 pytestmark = pytest.mark.slurm
 TASKS = 200
-LIMIT = 101  # the sandbox's MaxArraySize (toolkit/sandbox/templates/slurm.conf.j2)
+LIMIT = 101  # the sandbox's MaxArraySize (testbench/templates/slurm.conf.j2)
 
 
 def sacct_rows(array_id: str, env: dict, expected: int, timeout: float = 60) -> list[list[str]]:

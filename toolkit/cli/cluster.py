@@ -168,9 +168,6 @@ def doctor(
     from toolkit.cluster.queues import cluster_config_candidates, resolve_queue
     from toolkit.errors import HpcError
     from toolkit.health.doctor import run_doctor
-    from toolkit.slurm.discovery import use_discovered_slurm
-
-    use_discovered_slurm()
     if cluster is None and not any(p.is_file() for p in cluster_config_candidates()):
         raise HpcError("no cluster config given or found: the doctor checks nodes against what their queue declares",
                        fix="pass --cluster FILE (the cluster's ParallelCluster config) and --queue Q")

@@ -14,18 +14,11 @@ app = typer.Typer(help="Follow and control submitted runs: list, status, logs, c
                   rich_markup_mode=None)
 
 
-def _use_local_cluster() -> None:
-    from toolkit.slurm.discovery import use_discovered_slurm
-
-    use_discovered_slurm()
-
-
 @app.command("list")
 def list_(json_: bool = JSON_OPTION) -> None:
     """Runs in the runs root ($HPC_RUNS_DIR, else ~/hpc-runs) with their jobs' states."""
     from toolkit.submit import runs
 
-    _use_local_cluster()
     rows = [dataclasses.asdict(s) for s in runs.list_statuses()]
     emit(rows, json_, lambda rs: table([(r["job_id"], r["state"] + _task_counts(r), r["recipe"], r["nodes"],
                                          r["requeues"], r["run_dir"]) for r in rs],
@@ -46,7 +39,6 @@ def status(job_id: str = typer.Argument(..., help="Slurm job id (an array task: 
     from toolkit.slurm.status import State
     from toolkit.submit import runs
 
-    _use_local_cluster()
     s = runs.status(job_id)
     data = dataclasses.asdict(s)
     data["network"] = runs.network(Path(s.run_dir)) if s.run_dir and not s.tasks else None
@@ -77,7 +69,6 @@ def logs(job_id: str = typer.Argument(..., help="Slurm job id."),
     """Print one rank's log (rank 0 by default)."""
     from toolkit.submit import runs
 
-    _use_local_cluster()
     path = runs.rank_log(job_id, rank, stream="err" if stderr else "out")
     if not follow:
         sys.stdout.write(path.read_text(errors="replace"))
@@ -93,7 +84,6 @@ def cancel(job_id: str = typer.Argument(..., help="Slurm job id."), json_: bool 
     from toolkit.slurm import commands
     from toolkit.submit import runs
 
-    _use_local_cluster()
     ids = runs.cancel_ids(job_id)
     commands.run(["scancel", *ids])
     emit({"job_id": job_id, "cancelled": True, "job_ids": ids}, json_, f"cancelled job {' '.join(ids)}")

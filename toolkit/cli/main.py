@@ -11,7 +11,7 @@ import sys
 import typer
 
 from toolkit import __version__
-from toolkit.cli import cluster, jobs, k8s, recipes, report, run, sandbox
+from toolkit.cli import cluster, jobs, k8s, recipes, report, run
 
 # rich_markup_mode=None keeps help rendering plain and cheap: `hpc --help` must stay instant.
 app = typer.Typer(
@@ -26,7 +26,6 @@ app.add_typer(cluster.app, name="cluster")
 app.add_typer(recipes.app, name="recipes")
 app.add_typer(jobs.app, name="jobs")
 app.add_typer(report.app, name="report")
-app.add_typer(sandbox.app, name="sandbox")
 app.add_typer(k8s.app, name="k8s")
 app.command("run")(run.run)
 

@@ -135,14 +135,10 @@ def load_queues(path: str | Path) -> dict[str, Queue]:
 def cluster_config_candidates() -> list[Path]:
     """Where the config of the cluster we run on is looked for, in order (the first existing file wins).
 
-    $HPC_CLUSTER_CONFIG first, then the local test cluster's while it runs (`make slurm-up`), then the
-    ParallelCluster head node's copy.
+    $HPC_CLUSTER_CONFIG first, then the ParallelCluster head node's copy.
     """
-    from toolkit.sandbox import discover
-
     explicit = os.environ.get(CLUSTER_CONFIG_ENV)
-    sandbox = discover()
-    return ([Path(explicit)] if explicit else []) + ([sandbox.cluster_config] if sandbox else []) + [HEAD_NODE_CONFIG]
+    return ([Path(explicit)] if explicit else []) + [HEAD_NODE_CONFIG]
 
 
 def pick_queue(queues: dict[str, Queue], name: str | None, source: str) -> Queue:
@@ -182,11 +178,12 @@ def resolve_queue(cluster: str | Path | None, queue: str | None) -> tuple[Queue,
 
 
 def this_cluster_config() -> Path:
-    """The config of the cluster this runs on: $HPC_CLUSTER_CONFIG, the local test cluster's, the head node's."""
+    """The config of the cluster this runs on: $HPC_CLUSTER_CONFIG, else the head node's."""
     path = next((p for p in cluster_config_candidates() if p.is_file()), None)
     if path is None:
         raise HpcError(f"no FILE given and {HEAD_NODE_CONFIG} does not exist (this is not a ParallelCluster "
-                       "head node)", fix="pass the cluster config: hpc cluster show cluster.yaml")
+                       "head node)",
+                       fix=f"pass the cluster config (hpc cluster show cluster.yaml) or set ${CLUSTER_CONFIG_ENV}")
     return path
 
 

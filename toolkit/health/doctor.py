@@ -104,7 +104,7 @@ def run_srun(argv: list[str], timeout: float) -> subprocess.CompletedProcess:
     program = find("srun")
     if program is None:
         raise HpcError("Slurm's `srun` is not installed here",
-                       fix="run on the cluster's head/login node, or start the local test cluster (make slurm-up)")
+                       fix="run on the cluster's head/login node (or put Slurm's client commands on PATH)")
     proc = subprocess.Popen([program, *argv[1:]], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         out, err = proc.communicate(timeout=timeout)

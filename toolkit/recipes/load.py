@@ -21,14 +21,22 @@ from toolkit.errors import HpcError, UsageError
 from toolkit.textfile import read_text
 
 RECIPES_DIR_ENV = "HPC_RECIPES_DIR"
-REPO_RECIPES = Path(__file__).resolve().parents[2] / "recipes"
 Origins = dict[tuple[str, ...], str]
+
+
+def builtin_recipes() -> Path:
+    """The recipes that ship with the toolkit: the repository's recipes/ folder, which is the package
+    toolkit.builtin_recipes (a link in a checkout, package data in a wheel), so a checkout, an editable install
+    and an installed wheel find it the same way."""
+    from importlib.resources import files
+
+    return Path(files("toolkit.builtin_recipes")).resolve()
 
 
 def recipe_dirs() -> list[Path]:
     """Where recipes are looked up by name, first match wins: $HPC_RECIPES_DIR, ./recipes, the toolkit's own."""
     dirs = [Path(os.environ[RECIPES_DIR_ENV])] if os.environ.get(RECIPES_DIR_ENV) else []
-    dirs += [Path.cwd() / "recipes", REPO_RECIPES]
+    dirs += [Path.cwd() / "recipes", builtin_recipes()]
     unique: list[Path] = []
     for d in dirs:
         if d.is_dir() and d.resolve() not in [u.resolve() for u in unique]:

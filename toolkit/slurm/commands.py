@@ -32,13 +32,14 @@ def run(args: list[str], timeout: float = DEFAULT_TIMEOUT, check: bool = True,
     program = find(args[0])
     if program is None:
         raise HpcError(f"Slurm's `{args[0]}` is not installed here",
-                       fix="run on a Slurm login/head node, start the local test cluster (make slurm-up), "
+                       fix="run on a Slurm login/head node (or put Slurm's client commands on PATH), "
                            "or use --executor local")
     try:
         res = subprocess.run([program, *args[1:]], capture_output=True, text=True, timeout=timeout, input=input)
     except subprocess.TimeoutExpired:
         raise HpcError(f"`{' '.join(args[:2])}` did not answer within {timeout:.0f} s: slurmctld may be down",
-                       fix="check `scontrol ping` and the controller's log (locally: make slurm-up)") from None
+                       fix="check that slurmctld runs (`scontrol ping`) and SLURM_CONF names your cluster's "
+                           "slurm.conf") from None
     if check and res.returncode != 0:
         detail = (res.stderr or res.stdout).strip().splitlines()
         raise HpcError(f"`{args[0]}` failed: {detail[-1] if detail else f'exit {res.returncode}'}",
@@ -49,7 +50,8 @@ def run(args: list[str], timeout: float = DEFAULT_TIMEOUT, check: bool = True,
 def _fix_for(stderr: str) -> str:
     text = stderr.lower()
     if "unable to contact slurm controller" in text or "connection refused" in text or "zero bytes" in text:
-        return "slurmctld is not reachable: start it (locally: make slurm-up) or check SLURM_CONF"
+        return ("Slurm's controller does not answer: is SLURM_CONF set to your cluster's slurm.conf? "
+                "(`scontrol ping`)")
     if "invalid partition" in text:
         return "pick a partition that exists (`sinfo -s` lists them) with --queue"
     if "node count specification invalid" in text or "requested node configuration is not available" in text:
@@ -59,7 +61,7 @@ def _fix_for(stderr: str) -> str:
 
 def controller_down(consequence: str) -> HpcError:
     return HpcError(f"the Slurm controller (slurmctld) is not answering: {consequence}",
-                    fix="start it (locally: make slurm-up) or check SLURM_CONF / `scontrol ping`")
+                    fix="is SLURM_CONF set to your cluster's slurm.conf, and does slurmctld run? (`scontrol ping`)")
 
 
 def unreachable(res: subprocess.CompletedProcess) -> bool:

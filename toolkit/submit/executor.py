@@ -128,7 +128,7 @@ def submit_submitit(spec: JobSpec, run_dir: Path, parameters: dict[str, Any], py
     if local:
         if spec.nodes != 1:
             raise HpcError(f"the local executor runs on this one machine; {spec.nodes} nodes were asked for",
-                           fix="use --nodes 1, or submit to a Slurm cluster (locally: make slurm-up)")
+                           fix="use --nodes 1, or submit to a Slurm cluster (--executor slurm)")
         ex = submitit.LocalExecutor(folder=folder)
         ex.update_parameters(**parameters)
         env = {**filter_submit_env(os.environ), **spec.environ}

@@ -115,10 +115,6 @@ def plan(request: SubmitRequest, run_dir: Path | None = None, *, task_of: Plan |
     if task_of is None:
         kind, note = executors.choose_executor(request.executor)
         notes = [note] if note else []
-        if kind == "slurm":
-            from toolkit.slurm.discovery import use_discovered_slurm
-
-            use_discovered_slurm()
         queue = None
     else:
         kind = "local" if task_of.executor == "submitit-local" else "slurm"
@@ -131,7 +127,7 @@ def plan(request: SubmitRequest, run_dir: Path | None = None, *, task_of: Plan |
     if spec.mpi:
         if kind == "local":
             raise HpcError(f"recipe {recipe.name} runs an MPI binary, which only Slurm can start (srun --mpi)",
-                           fix="submit it to a Slurm cluster (locally: make slurm-up)")
+                           fix="submit it from a Slurm cluster's login node (--executor slurm)")
         executor, argv = "sbatch", ("sbatch", "--parsable", str(run_dir / "job.sbatch"))
     elif kind == "local":
         executor, python = "submitit-local", sys.executable

@@ -154,7 +154,7 @@ def plan(request, sweeps: Sequence[str], parallelism: int | None = None,
     first = tasks[0]
     if first.executor == "submitit-local":
         raise UsageError("a sweep runs as a Slurm job array; the local executor has none",
-                         fix="submit the sweep to Slurm (locally: make slurm-up), or submit points one by one")
+                         fix="submit the sweep to a Slurm cluster (--executor slurm), or submit points one by one")
     if first.executor == "sbatch":
         raise HpcError(f"recipe {first.recipe.name} runs an MPI binary (sent as its sbatch script): it cannot be "
                        "swept", fix="submit each variation with `hpc recipes submit --set ...`")

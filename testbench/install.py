@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Iterable, Iterator
 
 from toolkit.errors import HpcError
-from toolkit.sandbox.layout import Node
+from testbench.layout import Node
 
 PACKAGES = ("slurmctld", "slurmd", "slurm-client", "munge", "slurmdbd", "slurm-wlm-mysql-plugin", "mariadb-server")
 POLICY_RC = Path("/usr/sbin/policy-rc.d")
@@ -34,7 +34,7 @@ def services_not_started() -> Iterator[None]:
     if POLICY_RC.exists():
         yield
         return
-    POLICY_RC.write_text("#!/bin/sh\n# temporary, written by hpc sandbox while it installs packages\nexit 101\n")
+    POLICY_RC.write_text("#!/bin/sh\n# temporary, written by the test bench while it installs packages\nexit 101\n")
     POLICY_RC.chmod(0o755)
     try:
         yield

@@ -13,7 +13,7 @@ import shlex
 import sys
 from pathlib import Path
 
-from toolkit.sandbox.layout import Layout
+from testbench.layout import Layout
 
 MARKER = "etc/hpc-lane"  # inside the root file system: wrappers called from a job run the program directly
 CLIENTS = ("sbatch", "srun", "salloc", "squeue", "scontrol", "sacct", "sinfo", "scancel", "sstat", "sacctmgr")
@@ -59,8 +59,8 @@ def enter_script(layout: Layout) -> str:
     dirs = " ".join(shlex.quote(d) for d in binds())
     # HPC_LANE_HOSTNAME: a node's own UTS namespace, so `hostname` inside its jobs says the node's name.
     return f"""#!/bin/sh
-# Written by `hpc sandbox up --slurm {layout.lane.slurm}`: run a command inside Slurm {layout.lane.slurm}'s root \
-file system.
+# Written by `python -m testbench up --slurm {layout.lane.slurm}`: run a command inside Slurm \
+{layout.lane.slurm}'s root file system.
 set -e
 exec unshare --mount --propagation private ${{HPC_LANE_HOSTNAME:+--uts}} -- /bin/sh -c '
   set -e
@@ -79,8 +79,8 @@ exec unshare --mount --propagation private ${{HPC_LANE_HOSTNAME:+--uts}} -- /bin
 def wrapper_script(layout: Layout, program: str) -> str:
     real = f"/usr/bin/{program}"
     return f"""#!/bin/sh
-# Written by `hpc sandbox up --slurm {layout.lane.slurm}`: Slurm {layout.lane.slurm}'s `{program}`, run inside its \
-root file system.
+# Written by `python -m testbench up --slurm {layout.lane.slurm}`: Slurm {layout.lane.slurm}'s `{program}`, \
+run inside its root file system.
 if [ -e /{MARKER} ]; then exec {real} "$@"; fi
 export SLURM_CONF={shlex.quote(str(layout.slurm_conf))}
 exec {shlex.quote(str(layout.bin / ".enter"))} {real} "$@"

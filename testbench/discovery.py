@@ -6,8 +6,9 @@ import dataclasses
 import os
 from pathlib import Path
 
-from toolkit.sandbox import procs
-from toolkit.sandbox.layout import DEFAULT_LANE, DEFAULT_QUEUE, Layout
+from testbench import procs
+from testbench.layout import DEFAULT_LANE, DEFAULT_QUEUE, Layout
+from toolkit.cluster.queues import CLUSTER_CONFIG_ENV
 
 
 @dataclasses.dataclass(frozen=True)
@@ -20,8 +21,11 @@ class Sandbox:
     bin_dir: Path | None = None  # a chroot lane's client commands: first on PATH to reach it
 
     def env(self, base: dict[str, str] | None = None) -> dict[str, str]:
-        """BASE (default: this process's environment) pointed at this sandbox, for Slurm commands."""
+        """BASE (default: this process's environment) pointed at this cluster the way a real cluster's users
+        point their tools: Slurm's SLURM_CONF, hpc's HPC_CLUSTER_CONFIG, and for a chroot lane its client
+        commands first on PATH."""
         env = dict(os.environ if base is None else base, SLURM_CONF=str(self.slurm_conf))
+        env[CLUSTER_CONFIG_ENV] = str(self.cluster_config)
         if self.bin_dir is not None:
             env["PATH"] = f"{self.bin_dir}{os.pathsep}{env.get('PATH', '')}"
         return env
@@ -36,15 +40,3 @@ def discover(layout: Layout | None = None) -> Sandbox | None:
         return None
     return Sandbox(layout.root, layout.slurm_conf, layout.cluster_config, slurm=layout.lane.slurm,
                    bin_dir=layout.bin if layout.lane.rootfs is not None else None)
-
-
-def use(sandbox: Sandbox | None = None) -> Sandbox | None:
-    """Point this process (and the Slurm commands it starts) at the sandbox: sets SLURM_CONF (and PATH for
-    a chroot lane).
-
-    With no argument it discovers one; returns the sandbox used, or None (environment untouched).
-    """
-    sandbox = sandbox or discover()
-    if sandbox is not None:
-        os.environ.update(sandbox.env())
-    return sandbox

@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from toolkit.errors import HpcError
-from toolkit.sandbox import chroot, install, procs, rootfs
-from toolkit.sandbox.layout import CLUSTER_NAME, DEFAULT_QUEUE, FAKE_GPUS_PER_NODE, Layout, Node
+from testbench import chroot, install, procs, rootfs
+from testbench.layout import CLUSTER_NAME, DEFAULT_QUEUE, FAKE_GPUS_PER_NODE, Layout, Node
 
 MIN_JOB_AGE = 30  # seconds a finished job stays in squeue/scontrol (sacct keeps it for good)
 START_TIMEOUT = 60.0
@@ -58,7 +58,7 @@ def daemons(layout: Layout) -> list[Daemon]:
 def render_configs(layout: Layout) -> dict[Path, str]:
     import jinja2
 
-    env = jinja2.Environment(loader=jinja2.PackageLoader("toolkit.sandbox", "templates"),
+    env = jinja2.Environment(loader=jinja2.PackageLoader("testbench", "templates"),
                              undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True,
                              keep_trailing_newline=True)
     lane = layout.lane

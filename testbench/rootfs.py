@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import Iterable
 
 from toolkit.errors import HpcError
-from toolkit.sandbox import install
-from toolkit.sandbox.layout import Node
+from testbench import install
+from testbench.layout import Node
 
 APT_SOURCES = (Path("/etc/apt/sources.list"), Path("/etc/apt/sources.list.d"))
 STAMP = ".hpc-packages"

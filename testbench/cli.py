@@ -1,29 +1,39 @@
-"""`hpc sandbox`: the project's local test cluster (a real Slurm on this machine)."""
+"""`python -m testbench up|down|status|env`: the project's local test cluster (a real Slurm on this machine)."""
 
 from __future__ import annotations
 
+import shlex
+import sys
 from typing import Optional
 
 import typer
 
 from toolkit.cli.output import JSON_OPTION, emit, info, table
+from toolkit.cluster.queues import CLUSTER_CONFIG_ENV
+from toolkit.errors import HpcError
 
 app = typer.Typer(help="Start, stop and inspect the local test cluster (a real Slurm on this machine).",
-                  no_args_is_help=True, rich_markup_mode=None)
+                  no_args_is_help=True, rich_markup_mode=None, pretty_exceptions_enable=False,
+                  add_completion=False)
 
 
 SLURM_OPTION = typer.Option(None, "--slurm", help="Slurm version: 24.11 runs trixie's Slurm from a Debian root "
                             "file system (built once under /var/tmp); default: this machine's own (22.05).")
 
 
+def _exports(data: dict) -> str:
+    """Shell lines that point Slurm's commands and hpc at the cluster, as on a real cluster (`eval` them)."""
+    path = f"export PATH={shlex.quote(data['bin'])}:\"$PATH\"\n" if data.get("bin") else ""
+    return (f"{path}export SLURM_CONF={shlex.quote(data['slurm_conf'])} "
+            f"{CLUSTER_CONFIG_ENV}={shlex.quote(data['cluster_config'])}")
+
+
 def _usage(data: dict) -> str:
-    path = f"export PATH={data['bin']}:$PATH  # Slurm {data['slurm']}'s client commands\n" if data.get("bin") else ""
-    return (f"{path}export SLURM_CONF={data['slurm_conf']}\n"
-            f"cluster config: {data['cluster_config']} (default queue: {data['default_queue']})")
+    return f"{_exports(data)}\n# Slurm {data['slurm']}, default queue: {data['default_queue']}"
 
 
 def _layout(slurm: Optional[str]):
-    from toolkit.sandbox.layout import Layout
+    from testbench.layout import Layout
 
     return Layout.current(slurm)
 
@@ -31,7 +41,7 @@ def _layout(slurm: Optional[str]):
 @app.command()
 def up(slurm: Optional[str] = SLURM_OPTION, as_json: bool = JSON_OPTION) -> None:
     """Install what is missing and start every daemon that is not running (idempotent)."""
-    from toolkit.sandbox import cluster
+    from testbench import cluster
 
     data = cluster.up(_layout(slurm))
     if not as_json:
@@ -44,7 +54,7 @@ def up(slurm: Optional[str] = SLURM_OPTION, as_json: bool = JSON_OPTION) -> None
 @app.command()
 def down(slurm: Optional[str] = SLURM_OPTION, as_json: bool = JSON_OPTION) -> None:
     """Stop the daemons this sandbox started (by their pid files)."""
-    from toolkit.sandbox import cluster
+    from testbench import cluster
 
     stopped = cluster.down(_layout(slurm))
     emit({"stopped": stopped}, as_json, f"stopped: {' '.join(stopped)}" if stopped else "nothing was running")
@@ -53,7 +63,7 @@ def down(slurm: Optional[str] = SLURM_OPTION, as_json: bool = JSON_OPTION) -> No
 @app.command()
 def status(slurm: Optional[str] = SLURM_OPTION, as_json: bool = JSON_OPTION) -> None:
     """Which daemons run, and the nodes' Slurm states. Exit 1 when the sandbox is not fully up."""
-    from toolkit.sandbox import cluster
+    from testbench import cluster
 
     data = cluster.status(_layout(slurm))
 
@@ -66,3 +76,25 @@ def status(slurm: Optional[str] = SLURM_OPTION, as_json: bool = JSON_OPTION) -> 
     emit(data, as_json, human)
     if not data["up"]:
         raise typer.Exit(1)
+
+
+@app.command()
+def env(slurm: Optional[str] = SLURM_OPTION, as_json: bool = JSON_OPTION) -> None:
+    """The variables that point Slurm and hpc at the running cluster: `eval "$(python -m testbench env)"`."""
+    from testbench import cluster, discover
+
+    layout = _layout(slurm)
+    if discover(layout) is None:
+        flag = f" --slurm {slurm}" if slurm else ""
+        raise HpcError(f"the local test cluster (Slurm {layout.lane.slurm}) is not running",
+                       fix=f"start it: python -m testbench up{flag}")
+    data = cluster.summary(layout)
+    emit({k: data[k] for k in ("slurm_conf", "cluster_config", "bin")}, as_json, _exports)
+
+
+def main() -> None:
+    try:
+        app()
+    except HpcError as exc:  # the toolkit's error form: one line and its fix, no traceback
+        sys.stderr.write(f"error: {exc.message}\n" + (f"  fix: {exc.fix}\n" if exc.fix else ""))
+        sys.exit(exc.exit_code)

@@ -1,0 +1,3 @@
+from testbench.cli import main
+
+main()
