@@ -49,6 +49,10 @@ def test_an_old_run_dir_reads(tmp_path):
     with pytest.raises(HpcError) as err:
         RunDir(tmp_path).read_metadata()
     assert "ranks must be a positive integer, got 'two'" in err.value.message and err.value.fix
+    (tmp_path / "metadata.json").write_text('{"kind": "sweep", "arrays": [{"job_id": 7}]}')
+    assert RunDir(tmp_path).metadata().sweep_arrays == []
+    with pytest.raises(HpcError, match="arrays must be a list"):
+        RunDir(tmp_path).read_metadata()
     (tmp_path / "metadata.json").write_text("[1]")
     assert RunDir(tmp_path).metadata() is None
 

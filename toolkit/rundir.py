@@ -146,8 +146,13 @@ class Metadata:
             fields[key] = _strings(data.get(key))
         if data.get("array_job_id") is not None:
             fields["array_job_id"] = str(data["array_job_id"])
-        if isinstance(data.get("arrays"), list):
-            fields["arrays"] = [Array(str(a["job_id"]), int(a["first"]), int(a["count"])) for a in data["arrays"]]
+        if data.get("arrays") is not None:
+            try:
+                fields["arrays"] = [Array(str(a["job_id"]), int(a["first"]), int(a["count"])) for a in data["arrays"]]
+            except (KeyError, TypeError, ValueError):
+                if strict:
+                    raise BadMetadata(f"arrays must be a list of {{job_id, first, count}}, got {data['arrays']!r}")
+                fields["arrays"] = None
         return cls(**fields, extra={k: v for k, v in data.items() if k not in known})
 
     def to_json(self) -> dict[str, Any]:
@@ -342,9 +347,6 @@ class RunDir:
 
     def write_metadata(self, meta: Metadata) -> None:
         write_json(self.path / METADATA, meta.to_json())
-
-    def plan(self) -> dict[str, Any] | None:
-        return read_json(self.path / PLAN)
 
     def result(self) -> RankRecord | None:
         data = read_json(self.path / RESULT)
