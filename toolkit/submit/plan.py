@@ -20,8 +20,8 @@ import sys
 from pathlib import Path
 from typing import Any, Literal, Mapping, Sequence
 
-from toolkit.errors import HpcError
 from toolkit import rundir
+from toolkit.errors import HpcError
 
 ExecutorKind = Literal["submitit-slurm", "submitit-local", "sbatch"]
 
