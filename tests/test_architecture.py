@@ -1,6 +1,7 @@
 """The house rules that code review alone would let slip: no import cycle in toolkit/ (lazy imports inside
 functions count too: they are cycles all the same, only deferred), no toolkit module imports the test bench
-(testbench/, the local Slurm set-up: dev and test only, not shipped), and `hpc --help` imports nothing heavy."""
+(testbench/, the local Slurm set-up: dev and test only, not shipped), submitting and reporting meet only in the
+run dir (toolkit.rundir), and `hpc --help` imports nothing heavy."""
 
 from __future__ import annotations
 
@@ -63,9 +64,23 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
     return None
 
 
-def test_no_import_cycle_in_the_package():
+def package_graph() -> dict[str, set[str]]:
+    """Each toolkit module -> the toolkit modules it imports (lazy imports included)."""
     files = {module_name(p): p for p in PACKAGE.rglob("*.py")}
-    graph = {name: imports_of(path, set(files)) for name, path in files.items()}
+    return {name: imports_of(path, set(files)) for name, path in files.items()}
+
+
+def crossings(graph: dict[str, set[str]], importer: str, imported: str) -> list[str]:
+    """Imports from a module of package `importer` of a module of package `imported`."""
+    def inside(module: str, package: str) -> bool:
+        return module == package or module.startswith(f"{package}.")
+
+    return sorted(f"{m} -> {n}" for m, targets in graph.items() if inside(m, importer)
+                  for n in targets if inside(n, imported))
+
+
+def test_no_import_cycle_in_the_package():
+    graph = package_graph()
     assert find_cycle(graph) is None, " -> ".join(find_cycle(graph))
     # the checker finds one when there is one
     assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
@@ -78,6 +93,16 @@ def test_no_toolkit_module_imports_the_test_bench(tmp_path):
     probe = tmp_path / "probe.py"
     probe.write_text("import testbenchmark\n\ndef f():\n    import testbench\n    from testbench.cluster import up\n")
     assert bench_imports_of(probe) == {"testbench", "testbench.cluster"}
+
+
+def test_submit_and_reports_never_import_each_other():
+    """Jobs and reports read a run the same way through toolkit.rundir, never through each other."""
+    graph = package_graph()
+    assert crossings(graph, "toolkit.submit", "toolkit.reports") == []
+    assert crossings(graph, "toolkit.reports", "toolkit.submit") == []
+    # the check finds one when there is one (a package's __init__ counts)
+    assert crossings({"toolkit.submit.runs": {"toolkit.reports", "toolkit.rundir"}, "toolkit.submitter": {
+        "toolkit.reports.nccl"}}, "toolkit.submit", "toolkit.reports") == ["toolkit.submit.runs -> toolkit.reports"]
 
 
 def test_help_loads_no_heavy_library():

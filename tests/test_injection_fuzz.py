@@ -19,12 +19,13 @@ from hypothesis import strategies as st
 from tests.conftest import SUMMARY
 from tests.jobhelpers import CPU
 from tests.stubs import write_executable
+from toolkit import rundir
 from toolkit.cluster.build import ClusterSpec, QueueSpec, build_config, render
 from toolkit.job.rank import resolve_argv
 from toolkit.job.spec import build_job_spec
 from toolkit.recipes.load import load_recipe, parse_override
 from toolkit.recipes.schema import Recipe
-from toolkit.submit import rundir, sweep
+from toolkit.submit import sweep
 from toolkit.submit.executor import slurm_parameters
 from toolkit.submit.plan import SubmitRequest, new_run_dir
 

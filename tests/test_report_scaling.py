@@ -10,7 +10,8 @@ from tests.test_training_logs import Attempt, write_trainer_log
 from toolkit.errors import HpcError
 from toolkit.reports.nccl import parse_file
 from toolkit.reports.plots import nccl_figure, save_png, scaling_figure
-from toolkit.reports.scaling import RunSummary, log_files, read_run, scaling
+from toolkit.reports.scaling import RunSummary, read_run, scaling
+from toolkit.rundir import RunDir
 
 FIXTURES = Path(__file__).parent / "fixtures"
 
@@ -55,7 +56,7 @@ def test_log_preference_trainer_log_then_rank0_of_the_newest_job_then_the_rest(t
                  "submitit/12_1_log.out", "resnet50-12.out", "metadata.json", "result.json"]:
         (tmp_path / name).parent.mkdir(exist_ok=True)
         (tmp_path / name).write_text("")
-    assert [str(p.relative_to(tmp_path)) for p in log_files(tmp_path)] == [
+    assert [str(p.relative_to(tmp_path)) for p in RunDir(tmp_path).log_files()] == [
         "logs/train_log.jsonl", "submitit/12_0_log.out", "submitit/12_0_log.err", "submitit/7_0_log.out",
         "resnet50-12.out", "submitit/12_1_log.out"]
 

@@ -9,8 +9,9 @@ import pytest
 from tests.jobhelpers import probe_recipe, write_cluster
 from toolkit.errors import HpcError, UsageError
 from toolkit.slurm import status as slurm_status
+from toolkit import rundir
+from toolkit.rundir import Metadata
 from toolkit.submit import runs, sweep
-from toolkit.submit import rundir
 from toolkit.submit.plan import SubmitRequest
 
 
@@ -214,7 +215,7 @@ def test_execute_records_every_array_and_each_tasks_place_in_it(tmp_path, monkey
                                              ["502"]]  # submitit sends a one-task batch as a plain job
     assert [(t["task_index"], t["array_task"]) for t in tasks] == [(0, 0), (1, 1), (2, 2), (3, 0), (4, 1), (5, 2),
                                                                    (6, 0)]
-    assert runs.sweep_task_ids(meta) == [j for t in tasks for j in t["job_ids"]]
+    assert Metadata.from_json(meta).task_ids == [j for t in tasks for j in t["job_ids"]]
     monkeypatch.setenv("HPC_RUNS_DIR", str(tmp_path))
     assert runs.cancel_ids("501") == runs.cancel_ids(sp.sweep_dir.name) == ["500", "501", "502"]
     assert runs.cancel_ids("501_2") == ["501_2"]

@@ -4,7 +4,7 @@ source is named); only the tests' own multi-host logs are assembled from such li
 import pytest
 
 from toolkit.reports.transport import EFA, IB, TCP, PLUGIN_FIX, PROVIDER_FIX, Transport, efa_expected, efa_problem, \
-    files_transport, logs_transport, nccl_transport
+    logs_transport, nccl_transport
 
 # (line, transport it shows, source)
 LINES = [
@@ -74,7 +74,7 @@ def test_a_socket_fallback_log_and_an_efa_log():
     assert efa.hosts == {"nccl-tests-efa-worker-0": EFA, "nccl-tests-efa-worker-1": EFA}
 
 
-def test_one_host_without_the_plugin_makes_the_job_a_socket_job(tmp_path):
+def test_one_host_without_the_plugin_makes_the_job_a_socket_job():
     worker1_fell_back = EFA_LOG.replace("[1,10]<stdout>:nccl-tests-efa-worker-1:27:27 [2] NCCL INFO Using network AWS Libfabric",
                                         "[1,10]<stdout>:nccl-tests-efa-worker-1:27:27 [2] NCCL INFO Using network Socket")
     worker1_fell_back = worker1_fell_back.replace("worker-1:27:27 [2] NCCL INFO NET/OFI Selected Provider is efa",
@@ -84,12 +84,9 @@ def test_one_host_without_the_plugin_makes_the_job_a_socket_job(tmp_path):
     assert found.evidence.endswith("NCCL INFO Using network Socket")
     message = efa_problem(found, efa_expected=True)
     assert "NCCL used TCP sockets on nccl-tests-efa-worker-1 " in message and PLUGIN_FIX in message
-    # per-rank log files of one job: the same answer; unreadable or silent files say nothing
-    (tmp_path / "0.out").write_text(EFA_LOG)
-    (tmp_path / "1.out").write_text(SOCKET_FALLBACK)
-    (tmp_path / "2.out").write_text("no NCCL here\n")
-    merged = files_transport([tmp_path / "0.out", tmp_path / "1.out", tmp_path / "2.out", tmp_path / "gone.out"])
-    assert merged.name == TCP and merged.source == str(tmp_path / "1.out") and merged.plugin_missing
+    # per-rank logs of one job: the same answer; silent ones say nothing
+    merged = logs_transport({"0.out": EFA_LOG, "1.out": SOCKET_FALLBACK, "2.out": "no NCCL here\n"})
+    assert merged.name == TCP and merged.source == "1.out" and merged.plugin_missing
     assert merged.hosts == {"nccl-tests-efa-worker-0": EFA, "nccl-tests-efa-worker-1": EFA, "ds-ml-01-0": TCP}
     assert logs_transport({"a": "nothing", "b": ""}) == Transport(None)
 
@@ -117,8 +114,6 @@ def test_what_is_flagged():
     assert "LD_LIBRARY_PATH" in message and "NCCL_NET" in message
 
 
-@pytest.mark.parametrize("metadata,expected", [
-    ({"fabric": "modern"}, True), ({"fabric": "legacy"}, True), ({"fabric": "none"}, False), ({}, None),
-])
-def test_efa_expected_from_run_metadata(metadata, expected):
-    assert efa_expected(metadata) is expected
+@pytest.mark.parametrize("fabric,expected", [("modern", True), ("legacy", True), ("none", False), (None, None)])
+def test_efa_expected_from_the_queues_fabric(fabric, expected):
+    assert efa_expected(fabric) is expected

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import sys
-from pathlib import Path
 
 import typer
 
@@ -36,12 +35,14 @@ def status(job_id: str = typer.Argument(..., help="Slurm job id (an array task: 
                                                   "arrays' ids)."),
            json_: bool = JSON_OPTION) -> None:
     """State of one job (with the requeue count; array jobs: a count per state)."""
+    from toolkit.rundir import RunDir
     from toolkit.slurm.status import State
     from toolkit.submit import runs
 
     s = runs.status(job_id)
     data = dataclasses.asdict(s)
-    data["network"] = runs.network(Path(s.run_dir)) if s.run_dir and not s.tasks else None
+    network = RunDir(s.run_dir).network() if s.run_dir and not s.tasks else None
+    data["network"] = network.to_json() if network and network.transport.name else None  # None: NCCL said nothing
 
     def human(d):
         lines = [f"job {d['job_id']}: {d['state']} (from {d['source']})"]
@@ -66,7 +67,8 @@ def logs(job_id: str = typer.Argument(..., help="Slurm job id."),
          rank: int = typer.Option(0, "--rank", "-r", help="Which rank's log."),
          stderr: bool = typer.Option(False, "--stderr", help="Show the rank's stderr instead of stdout."),
          follow: bool = typer.Option(False, "--follow", "-f", help="Keep printing until the job ends.")) -> None:
-    """Print one rank's log (rank 0 by default)."""
+    """Print one rank's log (rank 0 by default). A job sent as its sbatch script (MPI binaries) has one log,
+    every rank's stdout and stderr together: that one is printed."""
     from toolkit.submit import runs
 
     path = runs.rank_log(job_id, rank, stream="err" if stderr else "out")

@@ -1,51 +1,26 @@
 """One run's summary from its run dir, and scaling efficiency across runs of one recipe at different sizes.
 
-The run-dir contract (what `hpc recipes submit` writes; toolkit.submit.rundir). Reports read run dirs and
-logs only, never live Slurm:
+Reports read run dirs (toolkit.rundir.RunDir) and logs only, never live Slurm. From metadata.json: recipe and
+profile (runs compared for scaling must share them), nodes, ranks (if absent, nodes x ranks_per_node, else the
+world_size our trainer logged), gpus, instance_type (the nccl verdict of a collectives run) and fabric (on an
+EFA queue, a run whose NCCL used sockets is flagged).
 
-    RUN_DIR/metadata.json   a JSON object; read here:
-        recipe          (str)  the recipe name; runs compared for scaling must share it (and the profile)
-        profile         (str, optional) the recipe profile (e.g. smoke)
-        nodes           (int)  nodes the job ran on
-        ranks           (int)  processes (one per GPU, or CPU processes on CPU queues); if absent,
-                               nodes x ranks_per_node, else the world_size our trainer logged
-        ranks_per_node  (int, optional)
-        gpus            (int, optional) GPUs in the job
-        instance_type   (str, optional) the queue's instance type, for the nccl verdict of a collectives run
-        fabric          (str, optional) the queue's EFA stack (modern | legacy | none): on an EFA one, a run
-                               whose NCCL used sockets is flagged
-        queue, job_ids, executor, ... (shown as they are)
-    RUN_DIR/result.json     rank 0's exit record (optional: a killed job leaves none)
-    RUN_DIR/logs/train_log.jsonl
-                            our ResNet trainer's log, when the recipe keeps its logs dir under the run
-                            (`dirs.logs: {under: run}`, as the smoke profile does)
-    RUN_DIR/submitit/<job id>_<rank>_log.out|err
-                            each rank's stdout / stderr; fairseq (and the collectives benchmark) log on
-                            rank 0's stdout
-    RUN_DIR/*.out           the output of a job sent with the rendered script (`#SBATCH --output`)
-
-The training log used is the first of: logs/train_log.jsonl, rank 0's submitit logs (newest job first), then
-every other *.out, *.err, *.log, *.jsonl, *.txt and *.json below RUN_DIR, that holds training records (only rank 0
-logs them: fairseq and our trainer alike). A run dir without training records but with nccl-tests tables
-(the collectives recipe) is summarised as nccl results. Every log is also searched for the network transport
-NCCL selected (toolkit.reports.transport). A plain log file (no run dir) is summarised the same way, without
-the metadata.
+The training log used is the first of RunDir.log_files() (the trainer's train_log.jsonl, rank 0's logs, then
+the run's other logs) that holds training records (only rank 0 logs them: fairseq and our trainer alike). A
+run dir without training records but with nccl-tests tables (the collectives recipe) is summarised as nccl
+results. The network NCCL selected is RunDir.network() over the same logs. A plain log file (no run dir) is
+summarised the same way, without the metadata.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
 from pathlib import Path
 
 from toolkit.errors import HpcError
 from toolkit.reports import nccl, training_logs, transport
 from toolkit.reports.gaudi import verdict_for
-from toolkit.submit.rundir import METADATA, RESULT, read_json
-from toolkit.workloads.train_log import LOG_NAME
-
-TRAINER_LOG = f"logs/{LOG_NAME}"
-LOG_PATTERNS = ("*.out", "*.err", "*.log", "*.jsonl", "*.txt", "*.json")
+from toolkit.rundir import METADATA, TRAINER_LOG, Metadata, Network, RunDir
 
 
 @dataclasses.dataclass
@@ -74,44 +49,6 @@ class RunSummary:
         return self.training["unit"] if self.training else None
 
 
-def read_metadata(run_dir: Path) -> dict:
-    path = run_dir / METADATA
-    if not run_dir.is_dir():
-        raise HpcError(f"no such run dir: {run_dir}", fix="pass the run directory `hpc recipes submit` printed")
-    try:
-        data = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise HpcError(f"{run_dir} has no {METADATA}", fix=f"pass a run dir made by the toolkit (it writes {METADATA})") from None
-    except json.JSONDecodeError as exc:
-        raise HpcError(f"{path} is not valid JSON: {exc}", fix="repair or regenerate the run's metadata") from None
-    if not isinstance(data, dict):
-        raise HpcError(f"{path} is not a JSON object", fix="repair or regenerate the run's metadata")
-    return data
-
-
-def _int_field(meta: dict, key: str, path: Path) -> int | None:
-    value = meta.get(key)
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise HpcError(f"{path}: {key} must be a positive integer, got {value!r}", fix=f"fix {key} in {METADATA}")
-    return value
-
-
-def _job_number(path: Path) -> int:
-    head = path.name.split("_", 1)[0]
-    return int(head) if head.isdigit() else -1
-
-
-def log_files(run_dir: Path) -> list[Path]:
-    """The run's logs, most likely training log first (see the module docstring)."""
-    rank0 = sorted((run_dir / "submitit").glob("*_0_log.*"), key=lambda p: (-_job_number(p), p.suffix != ".out"))
-    preferred = [p for p in [run_dir / TRAINER_LOG, *rank0] if p.is_file()]
-    rest = sorted({p for pattern in LOG_PATTERNS for p in run_dir.rglob(pattern)
-                   if p.is_file() and p.name not in (METADATA, RESULT)} - set(preferred))
-    return preferred + rest
-
-
 def _read(path: Path) -> str:
     try:
         return path.read_text(errors="replace")
@@ -129,33 +66,35 @@ def read_run(run_dir: str | Path) -> RunSummary:
     run_dir = Path(run_dir)
     if run_dir.is_file():
         summary = RunSummary(str(run_dir), None, None, None, None, None, log_only=True)
-        return _summarize_logs(summary, {run_dir: _read(run_dir)}, {},
+        texts = {run_dir: _read(run_dir)}
+        network = Network(transport.logs_transport({str(run_dir): texts[run_dir]}), None)
+        return _summarize_logs(summary, texts, network, Metadata(),
                                f"no training records or nccl-tests results in {run_dir}", "pass rank 0's log of fairseq or the ResNet trainer's train_log.jsonl, an nccl-tests "
                                "log, or the run dir")
-    meta = read_metadata(run_dir)
-    nodes, gpus = _int_field(meta, "nodes", run_dir), _int_field(meta, "gpus", run_dir)
-    ranks = _int_field(meta, "ranks", run_dir)
-    per_node = _int_field(meta, "ranks_per_node", run_dir)
-    if ranks is None and nodes and per_node:
-        ranks = nodes * per_node
-    result = read_json(run_dir / RESULT)
-    summary = RunSummary(str(run_dir), meta.get("recipe"), nodes, ranks, gpus, None, profile=meta.get("profile"),
-                         job_ids=[str(j) for j in meta.get("job_ids") or []],
-                         result=result if isinstance(result, dict) else None)
-    texts = {path: _read(path) for path in log_files(run_dir)}
-    return _summarize_logs(summary, texts, meta, f"no training records or nccl-tests results in the logs of {run_dir}",
+    run = RunDir(run_dir)
+    meta = run.read_metadata()
+    ranks = meta.ranks
+    if ranks is None and meta.nodes and meta.ranks_per_node:
+        ranks = meta.nodes * meta.ranks_per_node
+    result = run.result()
+    summary = RunSummary(str(run_dir), meta.recipe, meta.nodes, ranks, meta.gpus, None, profile=meta.profile,
+                         job_ids=meta.job_ids, result=result.to_json() if result else None)
+    texts = run.log_texts()
+    return _summarize_logs(summary, texts, run.network(texts), meta,
+                           f"no training records or nccl-tests results in the logs of {run_dir}",
                            "check that the job ran (hpc jobs logs); our trainer's train_log.jsonl is read only from "
                            f"RUN_DIR/{TRAINER_LOG} (recipe dirs.logs under: run)")
 
 
-def _summarize_logs(summary: RunSummary, texts: dict[Path, str], meta: dict, missing: str, fix: str) -> RunSummary:
+def _summarize_logs(summary: RunSummary, texts: dict[Path, str], network: Network, meta: Metadata, missing: str,
+                    fix: str) -> RunSummary:
     """Fill the summary from the first log with training records, else the first with nccl-tests tables; and
-    NCCL's transport over all of them, flagged against the queue's EFA setting."""
-    found = transport.logs_transport({str(p): t for p, t in texts.items()})
+    the network NCCL used, flagged against the queue's EFA setting."""
+    found = network.transport
     summary.transport = {"name": found.name, "label": found.label, "evidence": found.evidence, "hosts": found.hosts,
                          "source": found.source}
-    efa = transport.efa_expected(meta)
-    summary.efa_problem = transport.efa_problem(found, efa)
+    summary.efa_problem = network.problem
+    efa = transport.efa_expected(meta.fabric)
     for path, text in texts.items():
         log = training_logs.parse_training_text(text, str(path))
         if log:
@@ -167,11 +106,10 @@ def _summarize_logs(summary: RunSummary, texts: dict[Path, str], meta: dict, mis
         tests = nccl.parse_text(text, str(path))
         if tests:
             summary.log = str(path)
-            instance_type = meta.get("instance_type")
             # judged over the queue's transport, not the instance type's
             expected = None if efa is None else transport.EFA if efa else transport.TCP
             summary.nccl = [{**nccl.summarize(t), "verdict": dataclasses.asdict(
-                verdict_for(t, instance_type, summary.nodes, expected))} for t in tests]
+                verdict_for(t, meta.instance_type, summary.nodes, expected))} for t in tests]
             return summary
     if any(training_logs.looks_like_fairseq(text) for text in texts.values()):
         fix = training_logs.FAIRSEQ_FIX

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from pathlib import Path
 
 EFA, TCP, IB = "efa", "tcp", "ib"
 _LABELS = {EFA: "EFA (aws-ofi-nccl)", TCP: "TCP sockets", IB: "InfiniBand verbs"}
@@ -121,18 +120,6 @@ def logs_transport(logs: dict[str, str]) -> Transport:
                                no_efa_provider=any(t.no_efa_provider for t in found))
 
 
-def files_transport(paths: list[str | Path]) -> Transport:
-    """logs_transport() of log files (e.g. a job's per-rank stdout/stderr); unreadable files say nothing."""
-    return logs_transport({str(p): _read(p) for p in paths})
-
-
-def _read(path: str | Path) -> str:
-    try:
-        return Path(path).read_text(errors="replace")
-    except OSError:
-        return ""
-
-
 PLUGIN_FIX = ("NCCL did not load aws-ofi-nccl: put the plugin's lib dir (/opt/amazon/ofi-nccl/lib from current EFA "
               "installers, /opt/aws-ofi-nccl/lib on older AMIs and containers) on the ranks' LD_LIBRARY_PATH, or set "
               "NCCL_NET_PLUGIN=ofi where it ships only libnccl-net-ofi.so; set NCCL_NET to the plugin's network name "
@@ -142,10 +129,9 @@ PROVIDER_FIX = ("aws-ofi-nccl loaded but libfabric offered no EFA provider: chec
                 "(`fi_info -p efa`), that containers see /dev/infiniband, and that the queue has Efa: Enabled: true")
 
 
-def efa_expected(metadata: dict) -> bool | None:
-    """Whether a run dir's metadata.json says its queue runs NCCL over EFA: its `fabric` (Queue.fabric, the EFA
-    stack jobs on the queue set up: modern | legacy, or none for TCP); None when the run dir predates it."""
-    fabric = metadata.get("fabric")
+def efa_expected(fabric: str | None) -> bool | None:
+    """Whether a queue runs NCCL over EFA by its `fabric` (Queue.fabric, the EFA stack jobs on the queue set up:
+    modern | legacy, or none for TCP); None when a run dir predates it."""
     return None if fabric is None else fabric != "none"
 
 

@@ -21,7 +21,6 @@ import os
 import signal
 import subprocess
 import sys
-from pathlib import Path
 
 from toolkit.job.rank import Arg, RankVar, master_port, resolve_argv
 from toolkit.workloads.stopping import EXIT_STOPPED  # standard library only: cheap for every rank
@@ -92,18 +91,22 @@ class RankLauncher:
         if returncode == EXIT_STOPPED:  # SIGTERM: Slurm is ending or requeueing the job itself
             return "stopped"
         if returncode != 0:
-            _write(Path(self.run_dir) / "failures" / f"rank-{global_rank}.json", record)
+            _write(self.run_dir, record)
             raise RankFailed(f"rank {global_rank}: {argv[0]} exited with {returncode}")
         if global_rank == 0:
-            _write(Path(self.run_dir) / "result.json", {**record, "ok": True})
+            _write(self.run_dir, {**record, "ok": True})
         return "completed"
 
 
-def _write(path: Path, record: dict) -> None:
-    from toolkit.submit.rundir import write_json
+def _write(run_dir: str, record: dict) -> None:
+    """Rank 0's result.json when the workload ended well, else this rank's failures/rank-N.json."""
+    from toolkit.rundir import RankRecord, RunDir
 
-    path.parent.mkdir(parents=True, exist_ok=True)
-    write_json(path, record)
+    run, rank = RunDir(run_dir), RankRecord.from_json(record)
+    if rank.ok:
+        run.write_result(rank)
+    else:
+        run.write_failure(rank)
 
 
 def _requeue(job_id: str) -> None:

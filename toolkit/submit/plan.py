@@ -20,11 +20,10 @@ import sys
 from pathlib import Path
 from typing import Any, Literal, Mapping, Sequence
 
+from toolkit import rundir
 from toolkit.errors import HpcError
-from toolkit.submit import rundir
 
 ExecutorKind = Literal["submitit-slurm", "submitit-local", "sbatch"]
-PLAN_FILE = "plan.json"  # the plan a run dir's job was submitted with (what --dry-run --json prints)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -161,17 +160,13 @@ def check_slurm_accepts(p: Plan) -> None:
     preflight(p.script)
 
 
-def write_run_dir(p: Plan, metadata: dict[str, Any] | None = None) -> None:
+def write_run_dir(p: Plan, metadata: rundir.Metadata | None = None) -> None:
     """The one run-dir writer: resolved recipe, the script, the plan and its metadata (run dir created here)."""
-    import json
-
     import yaml
 
-    rundir.create(p.run_dir)
-    (p.run_dir / "recipe.yaml").write_text(yaml.safe_dump(p.recipe.model_dump(mode="json"), sort_keys=False))
-    (p.run_dir / "job.sbatch").write_text(p.script)
-    (p.run_dir / PLAN_FILE).write_text(json.dumps(p.to_json(), indent=2) + "\n")
-    rundir.write_json(p.run_dir / rundir.METADATA, metadata or p.metadata)
+    run = rundir.RunDir(p.run_dir).create()
+    run.write_inputs(yaml.safe_dump(p.recipe.model_dump(mode="json"), sort_keys=False), p.script, p.to_json())
+    run.write_metadata(metadata or rundir.Metadata.from_json(p.metadata))
 
 
 def execute(p: Plan) -> str:
@@ -187,9 +182,9 @@ def execute(p: Plan) -> str:
             job_id = executors.submit_submitit(p.spec, p.run_dir, p.parameters, p.python,
                                                local=p.executor == "submitit-local")
     except BaseException:
-        rundir.discard(p.run_dir)  # never leave a run dir for a job that was not submitted
+        rundir.RunDir(p.run_dir).discard()  # never leave a run dir for a job that was not submitted
         raise
-    rundir.write_json(p.run_dir / rundir.METADATA, {**p.metadata, "job_ids": [job_id]})
+    rundir.RunDir(p.run_dir).write_metadata(rundir.Metadata.from_json({**p.metadata, "job_ids": [job_id]}))
     if p.executor != "submitit-local":
         save_batch_script(job_id, p.run_dir)
     return job_id

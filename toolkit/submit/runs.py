@@ -9,15 +9,13 @@ from __future__ import annotations
 import dataclasses
 import time
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator, Mapping
 
+from toolkit import rundir
 from toolkit.errors import HpcError
+from toolkit.rundir import SWEEP, Array, Executor, Metadata, RunDir
 from toolkit.slurm import status as slurm_status
 from toolkit.slurm.status import State
-from toolkit.submit import rundir
-
-SWEEP = "sweep"  # metadata.json "kind" of a sweep's dir (toolkit.submit.sweep)
-LOCAL = "submitit-local"  # metadata.json "executor" of a run on this machine (toolkit.submit.plan.ExecutorKind)
 
 
 @dataclasses.dataclass
@@ -38,17 +36,15 @@ class RunStatus:
         return self.state.done
 
 
-def state_from_run_dir(run: Path) -> State:
+def state_from_run_dir(run: RunDir) -> State:
     """How a run ended by its own records: rank 0's result, else a failed rank's record, else UNKNOWN."""
-    result = rundir.read_json(run / rundir.RESULT)
+    result = run.result()
     if result:
-        return State.COMPLETED if result.get("ok") else State.FAILED
-    if any((run / "failures").glob("rank-*.json")):
-        return State.FAILED
-    return State.UNKNOWN
+        return State.COMPLETED if result.ok else State.FAILED
+    return State.FAILED if run.failed() else State.UNKNOWN
 
 
-def _local_state(job_id: str, run: Path) -> State:
+def _local_state(job_id: str, run: RunDir) -> State:
     """A local run: its result, else whether submitit's process (job id = its pid) still runs."""
     import os
 
@@ -66,13 +62,13 @@ def _local_state(job_id: str, run: Path) -> State:
 
 def status(job_id: str, root: Path | None = None) -> RunStatus:
     run = rundir.find_run(job_id, root)
-    meta = (rundir.read_json(run / rundir.METADATA) if run else None) or {}
-    if meta.get("kind") == SWEEP:
+    meta = (run.metadata() if run else None) or Metadata()
+    if meta.kind == SWEEP:
         return sweep_status(job_id, run, meta)
-    if meta.get("executor") == LOCAL:
-        return RunStatus(job_id, _local_state(job_id, run), "local", str(run), meta.get("recipe"), meta.get("nodes"))
+    if meta.executor == Executor.LOCAL:
+        return RunStatus(job_id, _local_state(job_id, run), "local", str(run.path), meta.recipe, meta.nodes)
     found = slurm_status.query([job_id])
-    base = RunStatus(job_id, State.UNKNOWN, "run-dir", str(run) if run else None, meta.get("recipe"), meta.get("nodes"))
+    base = RunStatus(job_id, State.UNKNOWN, "run-dir", str(run.path) if run else None, meta.recipe, meta.nodes)
     if job_id in found:
         s = found[job_id]
         return dataclasses.replace(base, state=s.state, source=s.source, requeues=s.requeues,
@@ -92,36 +88,22 @@ def status(job_id: str, root: Path | None = None) -> RunStatus:
 
 def list_statuses(root: Path | None = None) -> list[RunStatus]:
     """Every run in the runs root, newest last, with one Slurm query for all of them."""
-    runs = [(run, rundir.read_json(run / rundir.METADATA) or {}) for run in rundir.list_runs(root)]
-    slurm_ids = [str(j) for run, meta in runs if meta.get("executor") != LOCAL for j in meta.get("job_ids", [])]
+    runs = [(run, run.metadata() or Metadata()) for run in rundir.list_runs(root)]
+    slurm_ids = [j for run, meta in runs if meta.executor != Executor.LOCAL for j in meta.job_ids]
     answer = slurm_status.ask(slurm_ids) if slurm_ids else slurm_status.Answer({}, False)
     found = answer.jobs
     out = []
     for run, meta in runs:
-        if meta.get("kind") == SWEEP and meta.get("array_job_id"):
+        if meta.kind == SWEEP and meta.sweep_arrays:
             out.append(sweep_summary(run, meta, answer))
             continue
-        for job_id in [str(j) for j in meta.get("job_ids", [])] or ["-"]:
+        for job_id in meta.job_ids or ["-"]:
             s = found.get(job_id)
             out.append(RunStatus(job_id, s.state if s else state_from_run_dir(run), s.source if s else "run-dir",
-                                 str(run), meta.get("recipe"), meta.get("nodes"), s.requeues if s else 0))
+                                 str(run.path), meta.recipe, meta.nodes, s.requeues if s else 0))
     return out
 
 
-def failed_rank_log(job_id: str, run: Path, logs: Path | None = None) -> str | None:
-    """The log of the rank that failed first (ranks killed after it by srun --kill-on-bad-exit are not it).
-
-    `logs`: submitit's folder, when not the run's own (a sweep's tasks share the sweep's).
-    """
-    failures = [rundir.read_json(p) or {} for p in sorted((run / "failures").glob("rank-*.json"))]
-    failures = [f for f in failures if "rank" in f]
-    if failures:
-        first = min(failures, key=lambda f: (f.get("finished_at", ""), f["rank"]))
-        rank = first["rank"]
-    else:
-        rank = 0
-    log = (logs or run / "submitit") / f"{job_id}_{rank}_log.err"
-    return str(log) if log.exists() else None
 
 
 def failure_reason(log: str) -> str | None:
@@ -154,107 +136,92 @@ def array_state(tasks) -> State:
     return State.COMPLETED if states == {State.COMPLETED} else State.FAILED
 
 
-def sweep_arrays(meta: dict) -> list[dict]:
-    """A sweep's arrays, in task order: {"job_id", "first" (its first task's index in the sweep), "count"}.
-    (A sweep dir from before sweeps were split records its one array as array_job_id.)"""
-    arrays = meta.get("arrays") or [{"job_id": meta.get("array_job_id"), "first": 0, "count": meta.get("tasks", 0)}]
-    return [{"job_id": str(a["job_id"]), "first": int(a["first"]), "count": int(a["count"])} for a in arrays]
-
-
-def sweep_task_ids(meta: dict) -> list[str]:
-    """Slurm's id of every task of a sweep, by task index ("ARRAY_N", N counted within its array)."""
-    return [rundir.task_job_id(a["job_id"], n, a["count"]) for a in sweep_arrays(meta) for n in range(a["count"])]
-
-
-def ask_sweep(meta: dict) -> slurm_status.Answer:
+def ask_sweep(meta: Metadata) -> slurm_status.Answer:
     """All the sweep's arrays in one Slurm call (sacct -j A,B,C; without accounting squeue -r -j A,B,C)."""
-    return slurm_status.ask([a["job_id"] for a in sweep_arrays(meta)], restarts=False)
+    return slurm_status.ask([a.job_id for a in meta.sweep_arrays], restarts=False)
 
 
-def sweep_task_statuses(run: Path, meta: dict, answer: slurm_status.Answer) -> list[RunStatus]:
+def sweep_task_statuses(run: RunDir, meta: Metadata, answer: slurm_status.Answer) -> list[RunStatus]:
     """Each task's RunStatus: Slurm's view (`answer`), else its run dir's."""
-    ids = sweep_task_ids(meta)
+    ids = meta.task_ids
     out = []
     for index, job_id in enumerate(ids):
-        task_dir = run / rundir.task_dir_name(index, len(ids))
+        task = run.task(index, len(ids))
         s = answer.jobs.get(job_id)
         if s is None:
-            state = state_from_run_dir(task_dir)
+            state = state_from_run_dir(task)
             if state == State.UNKNOWN and answer.accounting:
                 state = State.PENDING  # submitted, and accounting, which forgets nothing, has not recorded it yet
-            out.append(RunStatus(job_id, state, "run-dir", str(task_dir), meta.get("recipe"), meta.get("nodes")))
+            out.append(RunStatus(job_id, state, "run-dir", str(task.path), meta.recipe, meta.nodes))
         else:
-            out.append(RunStatus(job_id, s.state, s.source, str(task_dir), meta.get("recipe"), meta.get("nodes"),
+            out.append(RunStatus(job_id, s.state, s.source, str(task.path), meta.recipe, meta.nodes,
                                  s.requeues, s.exit_code, s.reason))
     return out
 
 
-def sweep_summary(run: Path, meta: dict, answer: slurm_status.Answer) -> RunStatus:
+def sweep_summary(run: RunDir, meta: Metadata, answer: slurm_status.Answer) -> RunStatus:
     """The whole sweep (all its arrays) as one RunStatus, named by its first array, with a count per state."""
     tasks = sweep_task_statuses(run, meta, answer)
     source = next((t.source for t in tasks if t.source != "run-dir"), "run-dir")
-    return RunStatus(sweep_arrays(meta)[0]["job_id"], array_state(tasks), source, str(run), meta.get("recipe"),
-                     meta.get("nodes"), sum(t.requeues for t in tasks), tasks=state_counts(tasks))
+    return RunStatus(meta.sweep_arrays[0].job_id, array_state(tasks), source, str(run.path), meta.recipe,
+                     meta.nodes, sum(t.requeues for t in tasks), tasks=state_counts(tasks))
 
 
-def sweep_status(job_id: str, run: Path, meta: dict) -> RunStatus:
+def sweep_status(job_id: str, run: RunDir, meta: Metadata) -> RunStatus:
     """`hpc jobs status` of a sweep: the whole sweep (any of its arrays' ids, or its dir's name), or one task
     (ID_N); one Slurm call either way."""
-    ids = sweep_task_ids(meta)
     answer = ask_sweep(meta)
-    if (job_id == run.name or job_id in {a["job_id"] for a in sweep_arrays(meta)}) and len(ids) > 1:
+    if (job_id == run.name or job_id in {a.job_id for a in meta.sweep_arrays}) and len(meta.task_ids) > 1:
         return sweep_summary(run, meta, answer)
     for task in sweep_task_statuses(run, meta, answer):
         if task.job_id == job_id:
             return task
     raise HpcError(f"sweep {run.name} has no task {job_id}",
-                   fix=f"its tasks are {', '.join(_task_range(a) for a in sweep_arrays(meta))}")
+                   fix=f"its tasks are {', '.join(_task_range(a) for a in meta.sweep_arrays)}")
 
 
-def _task_range(array: dict) -> str:
-    return " .. ".join(dict.fromkeys(rundir.task_job_id(array["job_id"], n, array["count"])
-                                     for n in (0, array["count"] - 1)))
+def _task_range(array: Array) -> str:
+    return " .. ".join(dict.fromkeys(array.task_job_id(n) for n in (0, array.count - 1)))
 
 
-def sweep_failed_tasks(run: Path, meta: dict) -> list[dict]:
+def sweep_arrays(meta: Metadata | Mapping[str, Any]) -> list[dict[str, Any]]:
+    """A sweep's arrays as JSON: {"job_id", "first" (its first task's index in the sweep), "count"}.
+    (A mapping: metadata.json's object, as toolkit/cli/recipes.py still reads it.)"""
+    return [dataclasses.asdict(a) for a in _typed(meta).sweep_arrays]
+
+
+def sweep_failed_tasks(sweep_dir: Path, meta: Metadata | Mapping[str, Any]) -> list[dict]:
     """The tasks that did not complete, each with the log of its first failing rank (if any)."""
+    meta = _typed(meta)
     return [{"job_id": t.job_id, "state": t.state, "run_dir": t.run_dir,
-             "log": failed_rank_log(t.job_id, Path(t.run_dir), logs=run / "submitit")}
-            for t in sweep_task_statuses(run, meta, ask_sweep(meta)) if t.state != State.COMPLETED]
+             "log": str(log) if (log := RunDir(t.run_dir).failed_rank_log(t.job_id)) else None}
+            for t in sweep_task_statuses(RunDir(sweep_dir), meta, ask_sweep(meta)) if t.state != State.COMPLETED]
+
+
+def _typed(meta: Metadata | Mapping[str, Any]) -> Metadata:
+    return meta if isinstance(meta, Metadata) else Metadata.from_json(meta)
 
 
 def cancel_ids(job_id: str, root: Path | None = None) -> list[str]:
     """What `hpc jobs cancel` hands scancel: a sweep's every array for the sweep's id (any array's, or its dir's
     name), else the id itself (one task ID_N stays one task)."""
     run = rundir.find_run(job_id, root)
-    meta = (rundir.read_json(run / rundir.METADATA) if run else None) or {}
-    arrays = sweep_arrays(meta) if meta.get("kind") == SWEEP else []
-    if (run is not None and job_id == run.name) or job_id in {a["job_id"] for a in arrays}:
-        return [a["job_id"] for a in arrays]
+    meta = (run.metadata() if run else None) or Metadata()
+    arrays = [a.job_id for a in meta.sweep_arrays] if meta.kind == SWEEP else []
+    if (run is not None and job_id == run.name) or job_id in arrays:
+        return arrays
     return [job_id]
 
 
-def network(run: Path) -> dict | None:
-    """Which network NCCL used in a run, from its logs (NCCL_DEBUG=INFO lines; toolkit.reports.transport), and
-    the problem when the run's queue has EFA but NCCL fell back to sockets. None when NCCL said nothing."""
-    from toolkit.reports.transport import efa_expected, efa_problem, files_transport
-
-    found = files_transport(sorted((run / "submitit").glob("*_log.*")) + sorted(run.glob("*.out")))
-    if found.name is None:
-        return None
-    problem = efa_problem(found, efa_expected(rundir.read_json(run / rundir.METADATA) or {}))
-    return {"transport": found.name, "label": found.label, "evidence": found.evidence, "problem": problem}
-
-
 def rank_log(job_id: str, rank: int, root: Path | None = None, stream: str = "out") -> Path:
+    """Where one rank's log is, whatever executor ran the job (RunDir.rank_log)."""
     run = rundir.find_run(job_id, root)
     if run is None:
         raise HpcError(f"no run dir records job {job_id}", fix="check the id with `hpc jobs list`")
-    # submitit names logs <job>_<rank>_log.out; an array task's <job> is "<array>_<task>".
-    path = run / "submitit" / f"{job_id}_{rank}_log.{stream}"
-    if not path.exists():
-        have = sorted(p.name for p in (run / "submitit").glob(f"{job_id}_*_log.{stream}"))
-        raise HpcError(f"no log for rank {rank} of job {job_id} in {run / 'submitit'}",
+    path = run.rank_log(job_id, rank, stream)
+    if path is None:
+        have = run.log_names(job_id, stream)
+        raise HpcError(f"no log for rank {rank} of job {job_id} in {run.path}",
                        fix=f"logs there: {', '.join(have) or 'none yet (the job may not have started)'}")
     return path
 

@@ -28,6 +28,7 @@ def submit(request: SubmitRequest, progress: Callable[[str], None] = lambda _m: 
 def wait(job_id: str, run: Path, progress: Callable[[str], None], poll_s: float = 1.0,
          timeout_s: float | None = None) -> dict[str, Any]:
     """Poll until the job ends; report state changes. Returns the final status and, on failure, the culprit."""
+    from toolkit.rundir import RunDir
     from toolkit.slurm.status import State
     from toolkit.submit import runs
 
@@ -45,5 +46,6 @@ def wait(job_id: str, run: Path, progress: Callable[[str], None], poll_s: float 
         time.sleep(poll_s)
     outcome = {"job_id": job_id, "state": status.state, "run_dir": str(run), "requeues": status.requeues}
     if status.state != State.COMPLETED:
-        outcome["failed_rank_log"] = runs.failed_rank_log(job_id, run)
+        log = RunDir(run).failed_rank_log(job_id)  # whatever executor ran it
+        outcome["failed_rank_log"] = str(log) if log else None
     return outcome

@@ -25,9 +25,9 @@ import re
 from pathlib import Path
 from typing import Any, Sequence
 
+from toolkit import rundir
 from toolkit.errors import HpcError, UsageError
-from toolkit.submit import rundir, runs
-from toolkit.submit.plan import PLAN_FILE
+from toolkit.rundir import SWEEP, SWEEP_TASK, Array, Executor, Metadata, RunDir
 
 RANGE = re.compile(r"^(-?\d+)\.\.(-?\d+)$")
 SLURM_DEFAULT_MAX_ARRAY_SIZE = 1001  # used when the cluster's cannot be read (a dry run away from Slurm)
@@ -115,11 +115,11 @@ class SweepPlan:
     max_array_size: int  # tasks per array at most (see array_limit)
     chunks: tuple[range, ...]  # the sweep's task indices each array holds, in submission order
     batch_script: str  # the first array's batch script, as submitit will send it
-    metadata: dict[str, Any]
+    metadata: Metadata  # the sweep dir's, before its arrays are submitted
 
     def to_json(self) -> dict[str, Any]:
         first = self.tasks[0]
-        return {"kind": runs.SWEEP, "executor": first.executor, "run_dir": str(self.sweep_dir),
+        return {"kind": SWEEP, "executor": first.executor, "run_dir": str(self.sweep_dir),
                 "queue": first.queue.name, "tasks": len(self.tasks), "nodes": first.spec.nodes,
                 "ranks": first.spec.world_size, "python": first.python, "parameters": self.parameters,
                 "notes": list(first.notes), "warnings": sorted({w for t in self.tasks for w in t.warnings}),
@@ -152,10 +152,10 @@ def plan(request, sweeps: Sequence[str], parallelism: int | None = None,
         except HpcError as exc:
             raise type(exc)(f"{point.describe()}: {exc.message}", fix=exc.fix) from None
     first = tasks[0]
-    if first.executor == "submitit-local":
+    if Executor.parse(first.executor) == Executor.LOCAL:
         raise UsageError("a sweep runs as a Slurm job array; the local executor has none",
                          fix="submit the sweep to a Slurm cluster (--executor slurm), or submit points one by one")
-    if first.executor == "sbatch":
+    if Executor.parse(first.executor) == Executor.SBATCH:
         raise HpcError(f"recipe {first.recipe.name} runs an MPI binary (sent as its sbatch script): it cannot be "
                        "swept", fix="submit each variation with `hpc recipes submit --set ...`")
     shared = _flat(first.parameters)
@@ -170,9 +170,9 @@ def plan(request, sweeps: Sequence[str], parallelism: int | None = None,
     parameters = {**first.parameters, **({"array_parallelism": parallelism} if parallelism else {})}
     limit = array_limit()
     parts = chunks(len(tasks), limit)
-    meta = {**first.metadata, "kind": runs.SWEEP, "overrides": list(request.overrides), "sweeps": list(sweeps),
-            "tasks": len(tasks), "array_parallelism": parallelism, "max_array_size": limit, "arrays": [],
-            "array_job_id": None, "job_ids": []}
+    meta = dataclasses.replace(Metadata.from_json(first.metadata), kind=SWEEP, overrides=list(request.overrides),
+                               sweeps=list(sweeps), tasks=len(tasks), array_parallelism=parallelism,
+                               max_array_size=limit, arrays=[], job_ids=[])
     return SweepPlan(request=request, sweeps=tuple(sweeps), sweep_dir=sweep_dir, points=tuple(points),
                      tasks=tuple(tasks), parallelism=parallelism, parameters=parameters, max_array_size=limit,
                      chunks=parts, batch_script=submitit_batch_script(first.spec, sweep_dir / "submitit",
@@ -222,30 +222,28 @@ def array_limit() -> int:
 def execute(sp: SweepPlan) -> str:
     """Check Slurm takes the job, write the sweep dir and every task's run dir, submit one job array per chunk.
     Returns the sweep's id: its first array's job id (any array's id names the sweep in `hpc jobs`)."""
-    import json
-
     from toolkit.submit.plan import check_slurm_accepts, write_run_dir
 
     check_slurm_accepts(sp.tasks[0])
-    arrays: list[dict[str, Any]] = []
+    sweep_dir = RunDir(sp.sweep_dir)
+    arrays: list[Array] = []
     try:
-        rundir.create(sp.sweep_dir)  # only now: invalid input leaves the runs root untouched
-        (sp.sweep_dir / PLAN_FILE).write_text(json.dumps(sp.to_json(), indent=2) + "\n")
-        rundir.write_json(sp.sweep_dir / rundir.METADATA, sp.metadata)
+        sweep_dir.create()  # only now: invalid input leaves the runs root untouched
+        sweep_dir.write_plan(sp.to_json())
+        sweep_dir.write_metadata(sp.metadata)
         for task, point in zip(sp.tasks, sp.points):
             write_run_dir(task, _task_metadata(sp, point, None))
         for chunk in sp.chunks:
-            arrays.append({"job_id": _submit_array(sp, chunk), "first": chunk.start, "count": len(chunk)})
+            arrays.append(Array(_submit_array(sp, chunk), chunk.start, len(chunk)))
     except BaseException:
-        _cancel([a["job_id"] for a in arrays])  # a later array was refused: no half sweep keeps running
-        rundir.discard(sp.sweep_dir)  # nothing (left) submitted: leave nothing behind
+        _cancel([a.job_id for a in arrays])  # a later array was refused: no half sweep keeps running
+        sweep_dir.discard()  # nothing (left) submitted: leave nothing behind
         raise
-    ids = [a["job_id"] for a in arrays]
-    rundir.write_json(sp.sweep_dir / rundir.METADATA,
-                      {**sp.metadata, "arrays": arrays, "array_job_id": ids[0], "job_ids": ids})
+    ids = [a.job_id for a in arrays]
+    sweep_dir.write_metadata(dataclasses.replace(sp.metadata, arrays=arrays, array_job_id=ids[0], job_ids=ids))
     for array in arrays:
-        for point in sp.points[array["first"]:array["first"] + array["count"]]:
-            rundir.write_json(sp.tasks[point.index].run_dir / rundir.METADATA, _task_metadata(sp, point, array))
+        for point in sp.points[array.first:array.first + array.count]:
+            RunDir(sp.tasks[point.index].run_dir).write_metadata(_task_metadata(sp, point, array))
     return ids[0]
 
 
@@ -256,16 +254,16 @@ def _cancel(job_ids: list[str]) -> None:
         commands.run(["scancel", *job_ids], check=False)
 
 
-def _task_metadata(sp: SweepPlan, point: Point, array: dict[str, Any] | None) -> dict[str, Any]:
+def _task_metadata(sp: SweepPlan, point: Point, array: Array | None) -> Metadata:
     """A task's metadata.json: its plan's (overrides include the point's), where it sits in the sweep."""
-    task = sp.tasks[point.index]
-    meta = {**task.metadata, "kind": "sweep-task", "sweep_dir": str(sp.sweep_dir), "task_index": point.index,
-            "sweep_overrides": list(point.overrides), "array_job_id": None, "array_task": None, "job_ids": []}
+    meta = dataclasses.replace(Metadata.from_json(sp.tasks[point.index].metadata), kind=SWEEP_TASK,
+                               sweep_dir=str(sp.sweep_dir), task_index=point.index,
+                               sweep_overrides=list(point.overrides), job_ids=[])
     if array is None:
         return meta
-    in_array = point.index - array["first"]
-    return {**meta, "array_job_id": array["job_id"], "array_task": in_array,
-            "job_ids": [rundir.task_job_id(array["job_id"], in_array, array["count"])]}
+    in_array = point.index - array.first
+    return dataclasses.replace(meta, array_job_id=array.job_id, array_task=in_array,
+                               job_ids=[array.task_job_id(in_array)])
 
 
 def _submit_array(sp: SweepPlan, chunk: range) -> str:

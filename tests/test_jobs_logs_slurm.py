@@ -1,0 +1,33 @@
+"""`hpc jobs logs` and `--wait`'s failed-rank hint for a job sent as its sbatch script (MPI binaries), on the real
+local Slurm: its one log is `<run dir>/<job name>-<job id>.out`, not submitit's per-rank files. (The local Slurm
+has no PMIx library, so the MPI step fails at once: Slurm has written the log by then.)"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import run_hpc, slurm_env
+from tests.jobhelpers import probe_recipe, write_cluster
+
+pytestmark = pytest.mark.slurm
+
+
+def test_the_sbatch_executors_log_is_the_jobs_log_and_the_failed_ranks(slurm_sandbox, tmp_path):
+    env = dict(slurm_env(slurm_sandbox), HPC_RUNS_DIR=str(tmp_path / "runs"))
+    res = run_hpc("recipes", "submit", str(probe_recipe(tmp_path)), "--cluster", str(write_cluster(tmp_path)),
+                  "--queue", "cpu", "--set", "launcher.mpi=pmix", "--set", "resources.time=00:01:00", "--wait",
+                  "--json", env=env, timeout=300)
+    assert res.returncode == 1, res.stdout + res.stderr
+    result = json.loads(res.stdout)
+    assert (result["executor"], result["state"]) == ("sbatch", "FAILED")
+    log = Path(result["run_dir"]) / f"probe-{result['job_id']}.out"
+    assert result["failed_rank_log"] == str(log) and f"(see {log})" in res.stderr
+    text = log.read_text()
+    assert "pmix" in text  # what srun said, in the job's own log
+    logs = run_hpc("jobs", "logs", result["job_id"], env=env)
+    assert (logs.returncode, logs.stdout) == (0, text), logs.stderr
+    # one log holds every rank's stdout and stderr
+    assert run_hpc("jobs", "logs", result["job_id"], "--rank", "3", "--stderr", env=env).stdout == text

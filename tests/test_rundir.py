@@ -1,0 +1,154 @@
+"""The run dir's typed reader and writer (toolkit.rundir): metadata, rank records, logs of every executor kind, the
+network verdict; and run dirs written by older toolkits."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.test_report_scaling import FIXTURES
+from tests.test_transport import EFA_LOG, SOCKET_FALLBACK
+from toolkit.errors import HpcError
+from toolkit.reports.scaling import read_run
+from toolkit.rundir import Array, Executor, Metadata, RankRecord, RunDir, find_run, list_runs
+from toolkit.submit.launcher import _write
+
+NCCL_TABLE = (FIXTURES / "nccl" / "2022_root_wrong_srun-label.sample.txt").read_text()
+
+
+def test_executor_names_old_and_new():
+    assert [Executor.parse(n) for n in ("slurm", "local", "sbatch")] == [Executor.SLURM, Executor.LOCAL,
+                                                                          Executor.SBATCH]
+    assert Executor.parse("submitit-slurm") == Executor.SLURM and Executor.parse("submitit-local") == Executor.LOCAL
+    assert Executor.parse("kubernetes") is None and Executor.parse(None) is None
+    assert json.dumps({"executor": Executor.LOCAL}) == '{"executor": "local"}'
+
+
+def test_metadata_round_trip_writes_the_one_vocabulary(tmp_path):
+    run = RunDir(tmp_path / "run").create()
+    meta = Metadata(recipe="probe", executor=Executor.parse("submitit-slurm"), nodes=2, ranks=4, fabric="modern",
+                    job_ids=["17"], extra={"site_note": "kept"})
+    run.write_metadata(meta)
+    written = json.loads((tmp_path / "run" / "metadata.json").read_text())
+    assert written == {"site_note": "kept", "recipe": "probe", "executor": "slurm", "fabric": "modern", "nodes": 2,
+                       "ranks": 4, "job_ids": ["17"]}  # unset fields are left out, not written as null
+    assert run.metadata() == meta == run.read_metadata()
+
+
+def test_an_old_run_dir_reads(tmp_path):
+    """What toolkits before the typed run dir wrote: the old executor names, a sweep's one array_job_id, no
+    fabric; a value of the wrong type reads as missing in status views and is one clear error in reports."""
+    (tmp_path / "metadata.json").write_text(json.dumps({
+        "recipe": "probe", "executor": "submitit-local", "job_ids": [4242], "nodes": 1, "ranks": "two",
+        "kind": "sweep", "array_job_id": 7, "tasks": 3, "launcher_style": "srun"}))
+    meta = RunDir(tmp_path).metadata()
+    assert (meta.executor, meta.job_ids, meta.nodes, meta.ranks, meta.fabric) == (Executor.LOCAL, ["4242"], 1, None,
+                                                                                   None)
+    assert meta.sweep_arrays == [Array("7", 0, 3)] and meta.task_ids == ["7_0", "7_1", "7_2"]
+    with pytest.raises(HpcError) as err:
+        RunDir(tmp_path).read_metadata()
+    assert "ranks must be a positive integer, got 'two'" in err.value.message and err.value.fix
+    (tmp_path / "metadata.json").write_text('{"kind": "sweep", "arrays": [{"job_id": 7}]}')
+    assert RunDir(tmp_path).metadata().sweep_arrays == []
+    with pytest.raises(HpcError, match="arrays must be a list"):
+        RunDir(tmp_path).read_metadata()
+    (tmp_path / "metadata.json").write_text("[1]")
+    assert RunDir(tmp_path).metadata() is None
+
+
+def test_a_one_task_array_is_a_plain_job_id():
+    meta = Metadata(kind="sweep", arrays=[Array("500", 0, 3), Array("501", 3, 1)])
+    assert meta.task_ids == ["500_0", "500_1", "500_2", "501"]
+
+
+def test_the_launchers_records_and_the_first_failed_rank(tmp_path):
+    run = RunDir(tmp_path)
+    assert run.result() is None and run.failures() == [] and run.first_failed_rank() is None
+    _write(str(tmp_path), {"rank": 3, "host": "c2", "exit_code": 1, "argv0": "x", "finished_at": "2026-01-01T00:00:02"})
+    _write(str(tmp_path), {"rank": 1, "host": "c1", "exit_code": 1, "argv0": "x", "finished_at": "2026-01-01T00:00:01"})
+    assert sorted(f.rank for f in run.failures()) == [1, 3] and run.first_failed_rank() == 1 and run.failed()
+    _write(str(tmp_path), {"rank": 0, "host": "c1", "exit_code": 0, "argv0": "x", "finished_at": "t", "ok": True})
+    assert run.result() == RankRecord(0, "c1", 0, "x", "t", ok=True)
+    assert json.loads((tmp_path / "result.json").read_text())["ok"] is True
+    (tmp_path / "failures" / "rank-9.json").write_text("{half")  # a rank killed while writing: left out
+    assert len(run.failures()) == 2
+
+
+def _run(path, executor: str | None, **meta) -> RunDir:
+    run = RunDir(path).create()
+    run.write_metadata(Metadata.from_json({"recipe": "probe", "executor": executor, "job_ids": ["55"], **meta}))
+    return run
+
+
+def test_submitit_logs_per_rank(tmp_path):
+    run = _run(tmp_path / "r", "slurm")
+    (run.path / "submitit").mkdir()
+    for rank in (0, 1):
+        (run.path / "submitit" / f"55_{rank}_log.out").write_text(f"rank {rank} says hi\n")
+    (run.path / "submitit" / "55_1_log.err").write_text("boom\n")
+    assert run.rank_log("55", 1).name == "55_1_log.out" and run.rank_log("55", 1, "err").name == "55_1_log.err"
+    assert run.rank_log("55", 2) is None and run.log_names("55") == ["55_0_log.out", "55_1_log.out"]
+    assert run.failed_rank_log("55") is None  # rank 0 wrote no stderr and no rank recorded a failure
+    run.write_failure(RankRecord(rank=1, exit_code=2))
+    assert run.failed_rank_log("55").name == "55_1_log.err"
+
+
+def test_the_sbatch_executors_one_log_serves_every_rank_and_stream(tmp_path):
+    run = _run(tmp_path / "r", "sbatch")
+    assert run.rank_log("55", 0) is None and run.failed_rank_log("55") is None  # not started yet
+    (run.path / "nccl-tests-55.out").write_text("srun: error: PMIx not found\n")
+    (run.path / "nccl-tests-551.out").write_text("another job's\n")
+    for rank, stream in [(0, "out"), (3, "out"), (0, "err")]:
+        assert run.rank_log("55", rank, stream) == run.path / "nccl-tests-55.out"
+    assert run.failed_rank_log("55") == run.path / "nccl-tests-55.out"
+    assert run.log_names("55") == ["nccl-tests-55.out"]
+
+
+def test_a_run_dir_without_executor_finds_whichever_log_it_has(tmp_path):
+    run = _run(tmp_path / "r", None)
+    (run.path / "job-55.out").write_text("hello\n")
+    assert run.rank_log("55", 0) == run.path / "job-55.out"
+
+
+def test_a_sweep_tasks_logs_are_in_its_sweeps_submitit_dir(tmp_path):
+    sweep = _run(tmp_path / "sweep", "slurm", kind="sweep", arrays=[{"job_id": "7", "first": 0, "count": 2}],
+                 job_ids=["7"])
+    (sweep.path / "submitit").mkdir()
+    for task in (0, 1):
+        (sweep.path / "submitit" / f"7_{task}_0_log.out").write_text(f"task {task}\n")
+        (sweep.path / "submitit" / f"7_{task}_0_log.err").write_text(f"task {task} failed\n")
+    task = sweep.task(1, 2)
+    task.create().write_metadata(Metadata(kind="sweep-task", sweep_dir=str(sweep.path), executor=Executor.SLURM,
+                                          job_ids=["7_1"], task_index=1))
+    assert task.rank_log("7_1", 0).read_text() == "task 1\n"
+    assert task.failed_rank_log("7_1").read_text() == "task 1 failed\n"
+    assert [p.name for p in task.log_files()] == ["7_1_0_log.out", "7_1_0_log.err"]  # not task 0's
+
+
+def test_list_and_find_runs(tmp_path):
+    single = _run(tmp_path / "a", "slurm")
+    sweep = _run(tmp_path / "b-sweep", "slurm", kind="sweep", job_ids=["7", "8"],
+                 arrays=[{"job_id": "7", "first": 0, "count": 2}, {"job_id": "8", "first": 2, "count": 2}])
+    (tmp_path / "not-a-run").mkdir()
+    assert {r.name for r in list_runs(tmp_path)} == {"a", "b-sweep"}
+    assert find_run("55", tmp_path) == single
+    assert find_run("8_1", tmp_path) == find_run("b-sweep", tmp_path) == sweep
+    assert find_run("a", tmp_path) is None and find_run("9", tmp_path) is None  # only a sweep goes by its name
+
+
+@pytest.mark.parametrize("executor,log", [("slurm", "submitit/55_1_log.err"), ("sbatch", "nccl-tests-55.out")])
+def test_one_network_verdict_for_jobs_status_and_report_run(tmp_path, executor, log):
+    """A socket fallback in any rank's log (submitit's stderr, the sbatch log) is the run's network, the same
+    in `hpc jobs status` (RunDir.network) and `hpc report run` (read_run)."""
+    run = _run(tmp_path / "r", executor, fabric="modern", nodes=2)
+    (run.path / "submitit").mkdir()
+    (run.path / "submitit" / "55_0_log.out").write_text(EFA_LOG + NCCL_TABLE)
+    (run.path / log).write_text(SOCKET_FALLBACK)
+    network = run.network()
+    assert network.transport.name == "tcp" and network.transport.source == str(run.path / log)
+    assert network.problem.startswith("the queue has EFA but NCCL used TCP sockets")
+    summary = read_run(run.path)
+    assert summary.nccl and (summary.transport["name"], summary.efa_problem) == ("tcp", network.problem)
+    run.write_metadata(Metadata(fabric="none", executor=Executor.parse(executor), job_ids=["55"]))
+    assert run.network().problem is None and read_run(run.path).efa_problem is None  # a TCP queue: sockets it has

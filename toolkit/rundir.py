@@ -1,0 +1,476 @@
+"""The run dir: everything needed to reproduce and report on one run, written and read here only (submit, jobs
+and reports all go through RunDir).
+
+    <runs root>/<recipe>-<UTC time>-<nonce>/
+        metadata.json    Metadata: toolkit version, recipes' git commit, who/when, executor, queue, nodes, ranks,
+                         job ids (a sweep's: its arrays; a sweep task's: its place in the sweep)
+        plan.json        the plan the job was submitted with (what `--dry-run --json` prints)
+        recipe.yaml      the resolved recipe (profile and --set applied)
+        job.sbatch       the script `hpc recipes render` makes for the same spec
+        batch_script.sh  the batch script Slurm actually stored (scontrol write batch_script)
+        submitit/        submitit's pickles and per-rank logs: <job>_<rank>_log.out / .err (a sweep task's are in
+                         its sweep's submitit/, <array>_<task in array>_<rank>_log.*)
+        <job>-<id>.out   the sbatch executor's one log: every rank's stdout and stderr (JobSpec.output)
+        result.json      RankRecord of rank 0 when the workload ends well (Slurm forgets finished jobs)
+        failures/        rank-N.json: RankRecord of each rank whose workload failed
+        logs/train_log.jsonl  our trainer's log, when the recipe keeps its logs under the run (dirs.logs under: run)
+        task-000/ ...    a sweep's dir only: one run dir per grid point
+
+The runs root is $HPC_RUNS_DIR, else ~/hpc-runs (home is shared with the compute nodes on ParallelCluster).
+Every rank imports this module (toolkit.submit.launcher writes result and failures): standard library only.
+Readers tolerate run dirs written by older toolkits (missing keys, the old executor names).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import enum
+import json
+import os
+import secrets
+import shutil
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Mapping
+
+from toolkit.errors import HpcError
+from toolkit.workloads.train_log import LOG_NAME  # standard library only
+
+if TYPE_CHECKING:
+    from toolkit.reports.transport import Transport
+
+METADATA = "metadata.json"
+PLAN = "plan.json"
+RESULT = "result.json"
+FAILURES = "failures"
+SUBMITIT = "submitit"
+TRAINER_LOG = f"logs/{LOG_NAME}"  # our trainer's log, when the recipe keeps its logs dir under the run
+LOG_PATTERNS = ("*.out", "*.err", "*.log", "*.jsonl", "*.txt", "*.json")
+RECORDS = (METADATA, PLAN, RESULT)  # the toolkit's own files: never logs
+SWEEP, SWEEP_TASK = "sweep", "sweep-task"  # Metadata.kind of a sweep's dir and of its tasks' run dirs
+
+
+class Executor(enum.StrEnum):
+    """How a job is submitted: one vocabulary in plans, metadata and output."""
+
+    SLURM = "slurm"  # submitit's SlurmExecutor: srun starts one rank launcher per rank
+    LOCAL = "local"  # submitit's LocalExecutor: this machine, one node
+    SBATCH = "sbatch"  # the rendered script itself (sbatch --parsable job.sbatch): MPI binaries
+
+    @classmethod
+    def parse(cls, name: str | None) -> Executor | None:
+        """The kind a name says, older run dirs' names included; None for none or an unknown name."""
+        name = {"submitit-slurm": "slurm", "submitit-local": "local"}.get(name or "", name)
+        return cls(name) if name in cls._value2member_map_ else None
+
+
+@dataclasses.dataclass(frozen=True)
+class Array:
+    """One Slurm job array of a sweep: its job id, its first task's index in the sweep, its task count."""
+
+    job_id: str
+    first: int
+    count: int
+
+    def task_job_id(self, index: int) -> str:
+        """Slurm's id of task `index` of this array ("ID_N"; submitit sends a one-task batch as a plain job)."""
+        return f"{self.job_id}_{index}" if self.count > 1 else self.job_id
+
+
+class BadMetadata(ValueError):
+    """metadata.json holds a value of the wrong type (the message names the key)."""
+
+
+def _positive_int(data: Mapping[str, Any], key: str, strict: bool) -> int | None:
+    value = data.get(key)
+    if value is None or (isinstance(value, int) and not isinstance(value, bool) and value >= 1):
+        return value
+    if strict:
+        raise BadMetadata(f"{key} must be a positive integer, got {value!r}")
+    return None
+
+
+def _strings(value: Any) -> list[str] | None:
+    return [str(v) for v in value] if isinstance(value, list) else None
+
+
+@dataclasses.dataclass(frozen=True)
+class Metadata:
+    """metadata.json. Every field may be missing in a run dir from an older toolkit (or another writer)."""
+
+    recipe: str | None = None
+    profile: str | None = None
+    overrides: list[str] | None = None  # the request's --set
+    toolkit_version: str | None = None
+    recipe_file: str | None = None
+    recipes_git_commit: str | None = None  # '+dirty' when the recipes' checkout had changes
+    submitted_by: str | None = None
+    submitted_from: str | None = None
+    submitted_at: str | None = None
+    executor: Executor | None = None
+    queue: str | None = None
+    instance_type: str | None = None
+    fabric: str | None = None  # the queue's EFA stack (Queue.fabric): modern | legacy | none
+    nodes: int | None = None
+    ranks_per_node: int | None = None
+    ranks: int | None = None
+    gpus: int | None = None
+    launcher_style: str | None = None
+    job_ids: list[str] = dataclasses.field(default_factory=list)
+    kind: str | None = None  # SWEEP, SWEEP_TASK, or None for a single run
+    # a sweep's dir
+    sweeps: list[str] | None = None  # the --sweep options
+    tasks: int | None = None
+    array_parallelism: int | None = None
+    max_array_size: int | None = None
+    arrays: list[Array] | None = None
+    array_job_id: str | None = None  # its first array (a sweep dir from before sweeps were split: its only one)
+    # a sweep task's run dir
+    sweep_dir: str | None = None
+    task_index: int | None = None  # in the sweep
+    array_task: int | None = None  # in its array
+    sweep_overrides: list[str] | None = None  # its grid point's --set
+    extra: dict[str, Any] = dataclasses.field(default_factory=dict)  # keys this toolkit does not know: kept
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any], strict: bool = False) -> Metadata:
+        """Read metadata.json's object. strict: a count that is not a positive integer raises BadMetadata (a
+        report must not compute with it); else it reads as missing."""
+        known = {f.name for f in dataclasses.fields(cls)} - {"extra"}
+        fields: dict[str, Any] = {k: v for k, v in data.items() if k in known}
+        for key in ("nodes", "ranks_per_node", "ranks", "gpus"):
+            fields[key] = _positive_int(data, key, strict)
+        fields["executor"] = Executor.parse(data.get("executor"))
+        fields["job_ids"] = _strings(data.get("job_ids")) or []
+        for key in ("overrides", "sweeps", "sweep_overrides"):
+            fields[key] = _strings(data.get(key))
+        if data.get("array_job_id") is not None:
+            fields["array_job_id"] = str(data["array_job_id"])
+        if data.get("arrays") is not None:
+            try:
+                fields["arrays"] = [Array(str(a["job_id"]), int(a["first"]), int(a["count"])) for a in data["arrays"]]
+            except (KeyError, TypeError, ValueError):
+                if strict:
+                    raise BadMetadata(f"arrays must be a list of {{job_id, first, count}}, got {data['arrays']!r}")
+                fields["arrays"] = None
+        return cls(**fields, extra={k: v for k, v in data.items() if k not in known})
+
+    def to_json(self) -> dict[str, Any]:
+        """metadata.json's object: the fields that are set (and the unknown keys read with them)."""
+        data = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "extra"}
+        data["arrays"] = None if self.arrays is None else [dataclasses.asdict(a) for a in self.arrays]
+        return {**self.extra, **{k: v for k, v in data.items() if v is not None}}
+
+    @property
+    def sweep_arrays(self) -> list[Array]:
+        """A sweep's arrays in task order (a sweep dir from before sweeps were split: its one array_job_id)."""
+        if self.arrays:
+            return list(self.arrays)
+        return [Array(self.array_job_id, 0, self.tasks or 0)] if self.array_job_id else []
+
+    @property
+    def task_ids(self) -> list[str]:
+        """Slurm's id of every task of a sweep, by task index ("ARRAY_N", N counted within its array)."""
+        return [a.task_job_id(n) for a in self.sweep_arrays for n in range(a.count)]
+
+
+@dataclasses.dataclass(frozen=True)
+class RankRecord:
+    """What a rank's launcher records when its workload ends: result.json (rank 0, ok) or failures/rank-N.json."""
+
+    rank: int | None = None
+    host: str | None = None
+    exit_code: int | None = None
+    argv0: str | None = None
+    finished_at: str | None = None  # ISO 8601, UTC
+    ok: bool = False
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> RankRecord:
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in names})
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclasses.dataclass(frozen=True)
+class Network:
+    """Which network NCCL used in a run (toolkit.reports.transport, over the run's logs), and the problem when
+    the run's queue has EFA but NCCL used something else."""
+
+    transport: Transport
+    problem: str | None
+
+    def to_json(self) -> dict[str, Any]:
+        t = self.transport
+        return {"transport": t.name, "label": t.label, "evidence": t.evidence, "hosts": t.hosts, "source": t.source,
+                "problem": self.problem}
+
+
+def write_json(path: Path, data: Mapping[str, Any]) -> None:
+    """Write atomically: a reader never sees half a file."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(data, indent=2, default=str) + "\n")
+    os.replace(tmp, path)
+
+
+def read_json(path: Path) -> dict[str, Any] | None:
+    """A JSON object file, or None when it is missing, unreadable or not an object."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def runs_root() -> Path:
+    return Path(os.environ.get("HPC_RUNS_DIR") or Path.home() / "hpc-runs")
+
+
+def run_dir_path(recipe_name: str, root: Path | None = None) -> Path:
+    """A new run dir's path (not created yet: create() it once the job is known to be valid)."""
+    root = root or runs_root()
+    stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%d-%H%M%S")
+    safe = "".join(c if c.isalnum() or c in "-_." else "-" for c in recipe_name)[:60] or "run"
+    return root / f"{safe}-{stamp}-{secrets.token_hex(3)}"
+
+
+def task_dir_name(index: int, count: int) -> str:
+    """A sweep task's run dir, inside the sweep's dir."""
+    return f"task-{index:0{max(3, len(str(count - 1)))}d}"
+
+
+def base_metadata(recipe_name: str, recipe_path: Path | None) -> dict[str, Any]:
+    """Who submitted which recipe (from which commit of it), when, with which toolkit."""
+    import getpass
+    import socket
+
+    from toolkit import __version__
+
+    return {
+        "toolkit_version": __version__,
+        "recipe": recipe_name,
+        "recipe_file": str(recipe_path) if recipe_path else None,
+        "recipes_git_commit": git_commit(recipe_path) if recipe_path else None,
+        "submitted_by": getpass.getuser(),
+        "submitted_from": socket.gethostname(),
+        "submitted_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+    }
+
+
+def git_commit(path: Path) -> str | None:
+    """The commit of the git checkout holding `path` (the recipes), if any; '+dirty' when it has changes."""
+    import subprocess
+
+    try:
+        cwd = path if path.is_dir() else path.parent
+        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=cwd, capture_output=True, text=True, timeout=5)
+        if head.returncode != 0:
+            return None
+        dirty = subprocess.run(["git", "status", "--porcelain", "--", str(path)], cwd=cwd, capture_output=True,
+                               text=True, timeout=5).stdout.strip()
+        return head.stdout.strip() + ("+dirty" if dirty else "")
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+
+
+_created: dict[Path, list[Path]] = {}  # run dir -> the directories create() made for it (itself first)
+
+
+@dataclasses.dataclass(frozen=True)
+class RunDir:
+    path: Path
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "path", Path(self.path))
+
+    @property
+    def name(self) -> str:
+        return self.path.name
+
+    # -- creating ---------------------------------------------------------------------------------------------
+
+    def create(self) -> RunDir:
+        missing = [p for p in (self.path, *self.path.parents) if not p.exists()]
+        try:
+            self.path.mkdir(parents=True)
+        except OSError as exc:
+            raise HpcError(f"cannot create run dir {self.path}: {exc.strerror}",
+                           fix="set HPC_RUNS_DIR to a writable directory shared with the compute nodes") from None
+        _created[self.path] = missing
+        return self
+
+    def discard(self) -> None:
+        """Remove a run dir whose job was never submitted, and the runs root too if create() made it for it."""
+        shutil.rmtree(self.path, ignore_errors=True)
+        for parent in _created.pop(self.path, [])[1:]:
+            try:
+                parent.rmdir()  # only while empty
+            except OSError:
+                break
+
+    def write_inputs(self, recipe_yaml: str, script: str, plan: Mapping[str, Any]) -> None:
+        """What the job was made from: the resolved recipe, the rendered script, the plan."""
+        (self.path / "recipe.yaml").write_text(recipe_yaml)
+        (self.path / "job.sbatch").write_text(script)
+        self.write_plan(plan)
+
+    def write_plan(self, plan: Mapping[str, Any]) -> None:
+        (self.path / PLAN).write_text(json.dumps(plan, indent=2) + "\n")
+
+    # -- records ----------------------------------------------------------------------------------------------
+
+    def metadata(self) -> Metadata | None:
+        """The run's metadata, None when it has none that reads (a status view shows what it can)."""
+        data = read_json(self.path / METADATA)
+        return None if data is None else Metadata.from_json(data)
+
+    def read_metadata(self) -> Metadata:
+        """The run's metadata, checked: one clear error for a path that is no run dir or a broken file."""
+        path = self.path / METADATA
+        if not self.path.is_dir():
+            raise HpcError(f"no such run dir: {self.path}", fix="pass the run directory `hpc recipes submit` printed")
+        try:
+            data = json.loads(path.read_text())
+        except FileNotFoundError:
+            raise HpcError(f"{self.path} has no {METADATA}",
+                           fix=f"pass a run dir made by the toolkit (it writes {METADATA})") from None
+        except json.JSONDecodeError as exc:
+            raise HpcError(f"{path} is not valid JSON: {exc}", fix="repair or regenerate the run's metadata") from None
+        if not isinstance(data, dict):
+            raise HpcError(f"{path} is not a JSON object", fix="repair or regenerate the run's metadata")
+        try:
+            return Metadata.from_json(data, strict=True)
+        except BadMetadata as exc:
+            raise HpcError(f"{self.path}: {exc}", fix=f"fix it in {METADATA}") from None
+
+    def write_metadata(self, meta: Metadata) -> None:
+        write_json(self.path / METADATA, meta.to_json())
+
+    def result(self) -> RankRecord | None:
+        data = read_json(self.path / RESULT)
+        return None if data is None else RankRecord.from_json(data)
+
+    def write_result(self, record: RankRecord) -> None:
+        write_json(self.path / RESULT, record.to_json())
+
+    def failures(self) -> list[RankRecord]:
+        """The failed ranks' records (unreadable ones left out)."""
+        records = (read_json(p) for p in sorted((self.path / FAILURES).glob("rank-*.json")))
+        return [RankRecord.from_json(r) for r in records if r is not None]
+
+    def failed(self) -> bool:
+        """Whether any rank recorded a failure (cheaper than failures(): for status polls of large sweeps)."""
+        return any((self.path / FAILURES).glob("rank-*.json"))
+
+    def write_failure(self, record: RankRecord) -> None:
+        (self.path / FAILURES).mkdir(parents=True, exist_ok=True)
+        write_json(self.path / FAILURES / f"rank-{record.rank}.json", record.to_json())
+
+    def first_failed_rank(self) -> int | None:
+        """The rank that failed first (ranks killed after it by srun --kill-on-bad-exit are not it)."""
+        ranked = [f for f in self.failures() if isinstance(f.rank, int)]
+        return min(ranked, key=lambda f: (f.finished_at or "", f.rank)).rank if ranked else None
+
+    # -- sweeps -----------------------------------------------------------------------------------------------
+
+    def task(self, index: int, count: int) -> RunDir:
+        """Task `index` of a sweep of `count` tasks (this is the sweep's dir)."""
+        return RunDir(self.path / task_dir_name(index, count))
+
+    # -- logs -------------------------------------------------------------------------------------------------
+
+    def submitit_dir(self, meta: Metadata | None = None) -> Path:
+        """Where submitit keeps this run's logs: its own submitit/, a sweep task's in its sweep's dir."""
+        meta = meta or self.metadata() or Metadata()
+        return Path(meta.sweep_dir) / SUBMITIT if meta.kind == SWEEP_TASK and meta.sweep_dir else self.path / SUBMITIT
+
+    def job_output(self, job_id: str) -> Path | None:
+        """The sbatch executor's log of a job (`#SBATCH --output <run dir>/<job name>-%j.out`, JobSpec.output)."""
+        return next(iter(sorted(self.path.glob(f"*-{job_id}.out"))), None)
+
+    def rank_log(self, job_id: str, rank: int, stream: str = "out") -> Path | None:
+        """Where one rank's stdout ("out") or stderr ("err") is, whatever ran it; None while there is none.
+        The sbatch executor writes one log for the whole job, every rank's stdout and stderr in it."""
+        meta = self.metadata() or Metadata()
+        if meta.executor == Executor.SBATCH:
+            return self.job_output(job_id)
+        # submitit names logs <job>_<rank>_log.out; an array task's <job> is "<array>_<task>"
+        log = self.submitit_dir(meta) / f"{job_id}_{rank}_log.{stream}"
+        if log.exists():
+            return log
+        return self.job_output(job_id) if meta.executor is None else None  # an older run dir: whichever it has
+
+    def log_names(self, job_id: str, stream: str = "out") -> list[str]:
+        """The logs there are of a job (for an error that says which ranks have one)."""
+        meta = self.metadata() or Metadata()
+        found = sorted(self.submitit_dir(meta).glob(f"{job_id}_*_log.{stream}"))
+        output = self.job_output(job_id)
+        return [p.name for p in found + ([output] if output else [])]
+
+    def failed_rank_log(self, job_id: str) -> Path | None:
+        """The log of the rank that failed first, rank 0's when no rank recorded a failure (stderr where the
+        executor keeps it apart)."""
+        return self.rank_log(job_id, self.first_failed_rank() or 0, "err")
+
+    def log_files(self) -> list[Path]:
+        """The run's logs, the likeliest training log first: the trainer's train_log.jsonl, rank 0's submitit
+        logs (newest job first, stdout first), then every other *.out, *.err, *.log, *.jsonl, *.txt and *.json
+        (the sbatch executor's log among them; the toolkit's own records left out)."""
+        meta = self.metadata() or Metadata()
+        logs = self.submitit_dir(meta)
+        if logs.parent == self.path:
+            ranks = sorted(logs.glob("*_log.*"))
+        else:  # a sweep task: its own job's logs among all the sweep's
+            ranks = sorted(p for job_id in meta.job_ids for p in logs.glob(f"{job_id}_*_log.*"))
+        rank0 = sorted((p for p in ranks if p.name.rsplit("_", 2)[-2] == "0"),
+                       key=lambda p: (-_job_number(p), p.suffix != ".out"))
+        preferred = [p for p in [self.path / TRAINER_LOG, *rank0] if p.is_file()]
+        own = {p for pattern in LOG_PATTERNS for p in self.path.rglob(pattern)
+               if p.is_file() and p.name not in RECORDS and p.parent.name != FAILURES}
+        return preferred + sorted((own | set(ranks)) - set(preferred))
+
+    def log_texts(self) -> dict[Path, str]:
+        """log_files() with their text (an unreadable one raises: a report must not silently skip it)."""
+        return {path: _read(path) for path in self.log_files()}
+
+    def network(self, texts: Mapping[Path, str] | None = None) -> Network:
+        """NCCL's network over the run's logs (`texts`: log_texts(), when the caller has read them already),
+        flagged against the EFA its queue has (Metadata.fabric; an older run dir's says nothing: not flagged)."""
+        from toolkit.reports import transport
+
+        found = transport.logs_transport({str(p): t for p, t in (texts or self.log_texts()).items()})
+        fabric = (self.metadata() or Metadata()).fabric
+        return Network(found, transport.efa_problem(found, transport.efa_expected(fabric)))
+
+
+def _job_number(path: Path) -> int:
+    head = path.name.split("_", 1)[0]
+    return int(head) if head.isdigit() else -1
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text(errors="replace")
+    except OSError as exc:
+        raise HpcError(f"cannot read log {path}: {exc.strerror}", fix="check the run dir's permissions") from None
+
+
+def list_runs(root: Path | None = None) -> list[RunDir]:
+    """The run dirs (single runs and sweeps) in the runs root, oldest first."""
+    root = root or runs_root()
+    if not root.is_dir():
+        return []
+    return [RunDir(p) for p in sorted((p.parent for p in root.glob(f"*/{METADATA}")), key=lambda p: p.stat().st_mtime)]
+
+
+def find_run(job_id: str, root: Path | None = None) -> RunDir | None:
+    """The run dir whose metadata names this job id (an array task "ID_N" maps to its array's run); a sweep is
+    also found by its dir's name."""
+    base = job_id.split("_")[0]
+    for run in list_runs(root):
+        meta = run.metadata() or Metadata()
+        if base in meta.job_ids or (run.name == job_id and meta.kind == SWEEP):
+            return run
+    return None
