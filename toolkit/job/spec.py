@@ -3,8 +3,7 @@
 The JobSpec is what both the sbatch renderer (toolkit.job.render) and the submitit path consume. Its per-rank
 command is a tuple of Args: literal strings, or RankVars (values only known inside each task), or tuples of
 both concatenated (`("tcp://", MASTER_ADDR, ":", MASTER_PORT)`). No user value is ever a template:
-toolkit.job.rank.resolve_argv() fills RankVars from a task's environment in Python, and the rendered script expands exactly
-the same variables per task in shell, so both paths give every rank the identical argv.
+every rank's bash expands them from the rank contract (toolkit.job.rank.rank_program), on both submission paths.
 """
 
 from __future__ import annotations
@@ -20,7 +19,7 @@ from toolkit.cluster.queues import Queue
 from toolkit.errors import HpcError
 from toolkit.job.advice import fairseq_run_length, large_batch
 from toolkit.job.env import EnvVar, job_env
-from toolkit.job.rank import Arg, RankVar
+from toolkit.job.rank import Arg, RankProgram, RankVar, rank_program
 from toolkit.recipes.scaling import Derived, apply_scaling
 from toolkit.recipes.schema import Recipe, flag_words
 
@@ -114,6 +113,11 @@ class JobSpec:
     def slurm_cpus_per_task(self) -> int:
         """CPUs per Slurm task: a torchrun task holds the CPUs of all its node's ranks."""
         return self.cpus_per_task * (self.tasks_per_node if self.style == "torchrun" else 1)
+
+    @property
+    def program(self) -> RankProgram:
+        """What srun starts on every Slurm task, on every submission path (toolkit.job.rank)."""
+        return rank_program(self.command, self.world_size, self.tasks_per_node, contract=self.style == "script")
 
     @property
     def environ(self) -> dict[str, str]:
@@ -298,13 +302,11 @@ def build_job_spec(recipe: Recipe, queue: Queue, nodes: int | None = None, *, pr
     if launcher.kind in ("python-module", "python-script") and not (ours and launcher.style == "script"):
         program, how = _python_program(launcher, root, nodes, tasks)
         derived.append(how)
-    else:  # our trainers under srun read Slurm's task variables themselves (toolkit.workloads.rank_env)
-        # deepspeed: one process per rank under srun, with the torch.distributed variables DeepSpeed reads
-        # (MASTER_ADDR/MASTER_PORT come from the set-up block)
+    else:  # our trainers under srun read the rank contract (toolkit.workloads.rank_env)
+        # deepspeed: one process per rank under srun; DeepSpeed reads the rank contract (toolkit.job.rank)
         program = {"fairseq": ["fairseq-train"], "python-module": ["python", "-m", launcher.module or ""],
                    "binary": [_under(root, launcher.program or "")],
-                   "deepspeed": ["env", f"WORLD_SIZE={world}", ("RANK=", RankVar.RANK),
-                                 ("LOCAL_RANK=", RankVar.LOCAL_RANK), "python", _under(root, launcher.script or "")],
+                   "deepspeed": ["python", _under(root, launcher.script or "")],
                    }[launcher.kind]
     command: list[Arg] = [*program, *positional]
     for flag, value in args.items():
@@ -365,8 +367,7 @@ def _python_program(launcher, root: str, nodes: int, tasks: int) -> tuple[list[A
         target = ["-m", launcher.module]
     text = USER_MAIN.read_text()
     code = text[text.index('"""', 3) + 3:].lstrip()  # without the module's docstring (the contract)
-    user_main = ["python", "-c", code, launcher.style, str(nodes * tasks), str(tasks),
-                 str(launcher.rendezvous_timeout_s), *target, *launcher.argv]
+    user_main = ["python", "-c", code, str(launcher.rendezvous_timeout_s), *target, *launcher.argv]
     if launcher.style == "script":
         return user_main, Derived("launcher", "srun: one process per rank", "style script")
     torchrun: list[Arg] = [

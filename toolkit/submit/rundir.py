@@ -14,6 +14,7 @@ The runs root is $HPC_RUNS_DIR, else ~/hpc-runs (home is shared with the compute
 from __future__ import annotations
 
 import datetime as dt
+import enum
 import getpass
 import json
 import os
@@ -25,6 +26,19 @@ from pathlib import Path
 from typing import Any
 
 from toolkit.errors import HpcError
+
+class ExecutorKind(enum.StrEnum):
+    """How a run was submitted (toolkit.submit.executor): metadata.json's "executor", `--executor`, the plan's."""
+
+    SLURM = "slurm"
+    LOCAL = "local"
+    SBATCH = "sbatch"
+
+    @classmethod
+    def parse(cls, name: str) -> ExecutorKind:
+        """A kind by name; also the names run dirs written before this vocabulary recorded."""
+        return cls({"submitit-slurm": "slurm", "submitit-local": "local"}.get(name, name))
+
 
 METADATA = "metadata.json"
 RESULT = "result.json"

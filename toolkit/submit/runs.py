@@ -17,7 +17,6 @@ from toolkit.slurm.status import State
 from toolkit.submit import rundir
 
 SWEEP = "sweep"  # metadata.json "kind" of a sweep's dir (toolkit.submit.sweep)
-LOCAL = "submitit-local"  # metadata.json "executor" of a run on this machine (toolkit.submit.plan.ExecutorKind)
 
 
 @dataclasses.dataclass
@@ -36,6 +35,11 @@ class RunStatus:
     @property
     def done(self) -> bool:
         return self.state.done
+
+
+def _is_local(meta: dict) -> bool:
+    """A run submitted to this machine (submitit's local executor): Slurm knows nothing of it."""
+    return rundir.ExecutorKind.parse(meta.get("executor", "slurm")) == rundir.ExecutorKind.LOCAL
 
 
 def state_from_run_dir(run: Path) -> State:
@@ -69,7 +73,7 @@ def status(job_id: str, root: Path | None = None) -> RunStatus:
     meta = (rundir.read_json(run / rundir.METADATA) if run else None) or {}
     if meta.get("kind") == SWEEP:
         return sweep_status(job_id, run, meta)
-    if meta.get("executor") == LOCAL:
+    if _is_local(meta):
         return RunStatus(job_id, _local_state(job_id, run), "local", str(run), meta.get("recipe"), meta.get("nodes"))
     found = slurm_status.query([job_id])
     base = RunStatus(job_id, State.UNKNOWN, "run-dir", str(run) if run else None, meta.get("recipe"), meta.get("nodes"))
@@ -93,7 +97,7 @@ def status(job_id: str, root: Path | None = None) -> RunStatus:
 def list_statuses(root: Path | None = None) -> list[RunStatus]:
     """Every run in the runs root, newest last, with one Slurm query for all of them."""
     runs = [(run, rundir.read_json(run / rundir.METADATA) or {}) for run in rundir.list_runs(root)]
-    slurm_ids = [str(j) for run, meta in runs if meta.get("executor") != LOCAL for j in meta.get("job_ids", [])]
+    slurm_ids = [str(j) for run, meta in runs if not _is_local(meta) for j in meta.get("job_ids", [])]
     answer = slurm_status.ask(slurm_ids) if slurm_ids else slurm_status.Answer({}, False)
     found = answer.jobs
     out = []
