@@ -17,18 +17,18 @@ from tests.conftest import REPO
 from tests.stubs import FIRST_HOST, JOB_ID, install_stubs, run_script, write_executable
 from toolkit.cluster.queues import Queue, load_queues
 from toolkit.errors import HpcError
-from toolkit.job.rank import master_port, resolve_argv
+from toolkit.job.rank import master_port, preview_argv
 from toolkit.job.render import render_script, srun_options
 from toolkit.job.spec import build_job_spec
 from toolkit.recipes.load import load_recipe
 
 NODES = (1, 2, 4, 16)
 DL1 = load_queues(REPO / "jobs" / "dl1-cluster.yaml")["dl1"]
-RANK0 = {"SLURM_PROCID": "0", "SLURM_LOCALID": "0", "MASTER_ADDR": "a", "MASTER_PORT": "1"}
+RANK0 = {"RANK": "0", "LOCAL_RANK": "0", "MASTER_ADDR": "a", "MASTER_PORT": "1"}
 
 
 def words(spec) -> list[str]:
-    return resolve_argv(spec.command, RANK0)
+    return preview_argv(spec.command, RANK0)
 
 
 @pytest.mark.parametrize("nodes", NODES)
@@ -147,7 +147,7 @@ def test_bert_5b_config_passes_deepspeeds_own_parser(deepspeed_config_class, nod
 @pytest.mark.parametrize("nodes", [1, 2])
 def test_rendered_bert_5b_gives_each_rank_deepspeeds_environment(tmp_path, nodes):
     """The render, executed with stub srun/scontrol/python: every rank sees RANK, LOCAL_RANK, WORLD_SIZE,
-    MASTER_ADDR, MASTER_PORT and the argv resolve_argv gives (the submitit path); the config file is written."""
+    MASTER_ADDR, MASTER_PORT (the rank contract) and the argv preview_argv gives; the config file is written."""
     root = tmp_path / "root"
     write_executable(root / "envs" / "habana" / "bin" / "activate", "# stub venv\n")
     spec = build_job_spec(load_recipe("bert-5b", overrides=[f"dirs.root={root}"]), DL1, nodes)
@@ -155,7 +155,7 @@ def test_rendered_bert_5b_gives_each_rank_deepspeeds_environment(tmp_path, nodes
     assert proc.returncode == 0, proc.stderr.decode(errors="replace")
     assert sorted(ranks) == list(range(8 * nodes))
     for rank, (argv, env) in ranks.items():
-        assert argv == resolve_argv(spec.command, env)[5:]  # after `env K=V K=V K=V python`
+        assert argv == preview_argv(spec.command, env)[1:]  # after `python`
         assert argv[0] == f"{root}/Model-References/PyTorch/nlp/DeepSpeedExamples/deepspeed-bert/run_pretraining.py"
         assert (env["RANK"], env["LOCAL_RANK"], env["WORLD_SIZE"]) == (str(rank), str(rank % 8), str(8 * nodes))
         assert (env["MASTER_ADDR"], env["MASTER_PORT"]) == (FIRST_HOST, str(master_port(JOB_ID)))

@@ -21,7 +21,6 @@ from tests.jobhelpers import CPU
 from tests.stubs import write_executable
 from toolkit import rundir
 from toolkit.cluster.build import ClusterSpec, QueueSpec, build_config, render
-from toolkit.job.rank import resolve_argv
 from toolkit.job.spec import build_job_spec
 from toolkit.recipes.load import load_recipe, parse_override
 from toolkit.recipes.schema import Recipe
@@ -122,7 +121,7 @@ RECORD_ARGV = "#!/bin/sh\nprintf '%s\\0' \"$0\" \"$@\" > \"$STUB_OUT/argv\"\n"
 @FUZZ
 @given(value=HOSTILE, listed=st.lists(HOSTILE, min_size=1, max_size=3))
 def test_the_launcher_runs_exactly_the_recipe_argv(value, listed):
-    """The per-rank launcher's argv, executed (the node side of the submitit path)."""
+    """The rank program, executed as submitit's per-rank task runs it (the rendered script's srun runs the same)."""
     from toolkit.submit.launcher import _run
 
     COUNTS["launcher argv"] += 1
@@ -132,8 +131,9 @@ def test_the_launcher_runs_exactly_the_recipe_argv(value, listed):
         write_executable(program, RECORD_ARGV)
         spec = build_job_spec(recipe(str(program), {"--text": value, "--list": listed}, {}), CPU, 1,
                               run_dir=str(work / "run"))
-        argv = resolve_argv(spec.command, {"SLURM_PROCID": "0", "SLURM_LOCALID": "0", "MASTER_ADDR": "a", "MASTER_PORT": "1"})
-        code, _stopped = _run(argv, {"PATH": "/usr/bin:/bin", "STUB_OUT": str(work)}, stops_on_signal=False)
+        task_env = {"PATH": "/usr/bin:/bin", "STUB_OUT": str(work), "SLURM_PROCID": "0", "SLURM_LOCALID": "0",
+                    "SLURM_NODEID": "0", "MASTER_ADDR": "a", "MASTER_PORT": "1"}
+        code = _run(list(spec.program.argv), task_env, ignore_usr2=True)
         escape_if((work / CANARY).exists(), "launcher (a value ran)")
         assert code == 0
         got = [os.fsdecode(w) for w in (work / "argv").read_bytes().split(b"\0")[:-1]]

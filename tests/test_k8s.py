@@ -18,7 +18,7 @@ import yaml
 
 from tests.conftest import REPO, run_hpc
 from toolkit.cluster.queues import load_queues
-from toolkit.job.rank import RankVar, resolve_argv
+from toolkit.job.rank import RankVar, preview_argv
 from toolkit.job.spec import build_job_spec
 from toolkit.k8s.manifests import EFA, GPU, HUGEPAGES, Storage, render
 from toolkit.k8s.validate import validate_text
@@ -223,7 +223,7 @@ def test_slurm_and_kubernetes_forms_agree_on_argv_and_derived_values(tmp_path):
     res = subprocess.run(args, env=worker_env, capture_output=True, text=True, timeout=30)
     assert res.returncode == 0, res.stderr
     # The worker's store moves to a fresh port per restart attempt (MASTER_PORT + 1 + restart count).
-    expected = resolve_argv(slurm.command, {"SLURM_PROCID": "13", "SLURM_LOCALID": "5",
+    expected = preview_argv(slurm.command, {"RANK": "13", "LOCAL_RANK": "5",
                                             "MASTER_ADDR": "roberta-worker-0", "MASTER_PORT": "29503"})
     assert json.loads(res.stdout) == expected[1:]
     assert "--update-freq" in expected and expected[expected.index("--distributed-world-size") + 1] == "64"
@@ -292,9 +292,9 @@ def test_real_torchrun_starts_each_worker_with_the_slurm_ranks_argv(name, tmp_pa
     assert res.returncode == 0, res.stderr[-2000:]
     workers = [json.loads((tmp_path / "argv" / rank).read_text()) for rank in ("0", "1")]
     for argv, seen in workers:
-        slurm_rank = {"SLURM_PROCID": seen["RANK"], "SLURM_LOCALID": seen["LOCAL_RANK"],
+        slurm_rank = {"RANK": seen["RANK"], "LOCAL_RANK": seen["LOCAL_RANK"],
                       "MASTER_ADDR": seen["MASTER_ADDR"], "MASTER_PORT": seen["MASTER_PORT"]}
-        assert argv == resolve_argv(k8s.spec.command, slurm_rank)[1:]
+        assert argv == preview_argv(k8s.spec.command, slurm_rank)[1:]
         assert seen["OMP_NUM_THREADS"] == "10"  # the rank's CPUs (86 requested / 8 ranks), not torchrun's 1
 
 

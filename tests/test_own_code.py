@@ -36,12 +36,15 @@ def dry_run(*args: str, tmp_path: Path) -> dict:
 
 def test_hpc_run_script_is_one_process_per_rank_with_the_script_and_its_args(tmp_path):
     plan = dry_run(str(DDP), "--nodes", "2", "--", "--steps", "7", tmp_path=tmp_path)
-    assert plan["executor"] == "submitit-slurm" and plan["ranks"] == 4 and not os.path.exists(plan["run_dir"])
+    assert plan["executor"] == "slurm" and plan["ranks"] == 4 and not os.path.exists(plan["run_dir"])
     params = plan["parameters"]
     assert params["ntasks_per_node"] == 2 and params["additional_parameters"]["cpus_per_task"] == 1
     argv = plan["rank0_argv"]
-    assert argv[:2] == ["python", "-c"] and argv[3:7] == ["script", "4", "2", "300"]
-    assert argv[7:] == [str(DDP), "--steps", "7"]
+    assert argv[:2] == ["python", "-c"] and argv[3:] == ["300", str(DDP), "--steps", "7"]
+    # Every task runs the rank program: the contract exported from srun's task, then user_main.
+    program = plan["rank_program"]
+    assert program[:2] == ["bash", "-c"] and program[3:] == argv
+    assert 'RANK="${SLURM_PROCID}"' in program[2] and "WORLD_SIZE=4 LOCAL_WORLD_SIZE=2" in program[2]
     assert "--ntasks-per-node=2" in plan["parameters"]["srun_args"]
 
 
@@ -58,7 +61,8 @@ def test_hpc_run_torchrun_is_one_torchrun_per_node(tmp_path):
     for flag, value in (("--nnodes", "2"), ("--nproc-per-node", "2"), ("--rdzv-backend", "c10d"),
                         ("--max-restarts", "3"), ("--rdzv-conf", "join_timeout=300")):
         assert torchrun[torchrun.index(flag) + 1] == value
-    assert argv[-3:] == [str(DDP), "--steps", "7"] and "torchrun" in argv
+    assert argv[-3:] == [str(DDP), "--steps", "7"]
+    assert plan["rank_program"][2] == 'exec "$0" "$@"'  # torchrun sets the rank contract for its workers
     # The rendezvous: the first node, the job's port, the job id as id (torchrun's own variables).
     assert 'export PET_RDZV_ENDPOINT="$MASTER_ADDR:$MASTER_PORT" PET_RDZV_ID="$SLURM_JOB_ID"' in plan["script"]
     assert any("PET_RDZV_ENDPOINT" in line for line in params["setup"])
@@ -125,11 +129,13 @@ def test_torchrun_style_is_for_python_code_only(tmp_path):
 # -- the rank contract, run as each rank runs it -------------------------------------------------------------------
 
 def rank_argv(target: str, *args: str, nodes: int = 2, **choices) -> list[str]:
-    """Rank argv of `hpc run TARGET` on the 2-rank CPU queue (python: this venv's)."""
+    """What srun starts on each task for `hpc run TARGET` on the 2-rank CPU queue: the rank program (python: this
+    venv's)."""
     recipe = load_recipe("own", data=user_recipe(target, list(args), nodes=nodes, **choices))
-    command = build_job_spec(recipe, CPU, nodes).command
-    assert all(isinstance(word, str) for word in command)  # no per-rank placeholders: user_main reads the env
-    return [sys.executable if w == "python" else w for w in command]
+    spec = build_job_spec(recipe, CPU, nodes)
+    assert all(isinstance(word, str) for word in spec.command)  # no per-rank placeholders: user_main reads the env
+    bash, c, script, *words = spec.program.argv
+    return [bash, c, script, *(sys.executable if w == "python" else w for w in words)]
 
 
 def slurm_task(rank: int, **extra: str) -> dict[str, str]:

@@ -1,11 +1,12 @@
-"""The submission plan without Slurm: one source for #SBATCH lines and submitit's parameters, the executor kinds,
-and benchmarks that never requeue."""
+"""The submission plan without Slurm: the executor kinds, one rank program for all of them, the stop policy
+(submitit's checkpoint protocol), and benchmarks that never requeue."""
 
 from __future__ import annotations
 
 import json
 import os
 import re
+import shlex
 import signal
 import sys
 import threading
@@ -13,13 +14,12 @@ import threading
 import pytest
 
 from tests.conftest import run_hpc
-from tests.jobhelpers import CPU, P3DN, probe_recipe, write_cluster
-from toolkit.job.render import job_options, render_script
+from tests.jobhelpers import P3DN, probe_recipe, write_cluster
+from toolkit.job.render import render_script
 from toolkit.job.spec import build_job_spec
 from toolkit.recipes.load import load_recipe
 from toolkit.submit import plan as plans
 from toolkit.submit.executor import submitit_batch_script
-from toolkit.submit.launcher import _run
 
 
 def sbatch_lines(script: str) -> dict[str, str | bool]:
@@ -29,19 +29,6 @@ def sbatch_lines(script: str) -> dict[str, str | bool]:
         if match:
             options[match.group(1)] = True if match.group(2) is None else match.group(2).strip("'")
     return options
-
-
-@pytest.mark.parametrize("name,queue,nodes", [("roberta", P3DN, 8), ("resnet50", CPU, 2), ("collectives", P3DN, 2),
-                                              ("transformer", P3DN, 4)])
-def test_the_rendered_script_and_submitits_batch_script_carry_the_same_job_options(tmp_path, name, queue, nodes):
-    spec = build_job_spec(load_recipe(name), queue, nodes, slurm_options={"account": "ml", "dependency": "afterok:1"})
-    rendered = sbatch_lines(render_script(spec))
-    submitit = sbatch_lines(submitit_batch_script(spec, tmp_path / "submitit"))
-    for option, value in job_options(spec).items():
-        expected = True if value is True else str(value)
-        assert rendered[option] == expected and submitit[option] == expected, option
-    # What differs is each path's own: where logs go, how the environment is passed, who gets the stop signal.
-    assert submitit["export"] == "ALL" and rendered["export"].startswith("PATH,")
 
 
 @pytest.mark.parametrize("name", ["nccl-tests", "collectives"])
@@ -58,16 +45,49 @@ def test_benchmarks_do_not_requeue_and_say_why(tmp_path, name):
     assert training["requeue"] is True and "no-requeue" not in training
 
 
-@pytest.mark.parametrize("requeue,expected", [(True, (-signal.SIGTERM, True)), (False, (0, False))])
-def test_a_benchmark_rank_ignores_the_stop_signal(requeue, expected):
-    """SIGUSR2 before the time limit ends a training workload that cannot save (it resumes after the requeue);
-    a benchmark is never requeued, so it runs on."""
-    timer = threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGUSR2))
+# A workload that saves and exits 75 on SIGUSR2 unless it was started with SIGUSR2 ignored; else runs 3 s.
+WORKLOAD = ("import signal, sys, time; "
+            "signal.getsignal(signal.SIGUSR2) == signal.SIG_IGN or "
+            "signal.signal(signal.SIGUSR2, lambda *_: (time.sleep(0.2), sys.exit(75))); time.sleep(3)")
+
+
+@pytest.mark.parametrize("requeue,stops_on_signal,code,requeued", [
+    (False, False, 0, False),  # a benchmark: runs on, never requeued
+    (True, False, -signal.SIGTERM, True),  # cannot save: ended at once, requeued
+    (True, True, 75, True),  # saves on the signal, then requeued
+])
+def test_the_stop_policy_answers_submitits_checkpoint_protocol(tmp_path, requeue, stops_on_signal, code, requeued):
+    """Rank 0 of a submitit job when Slurm's SIGUSR2 comes: submitit's own handler calls checkpoint() (stood in
+    for here by a handler that does what submitit/core/job_environment.py does), and Slurm signals the workload
+    too. checkpoint() returns the resubmission only when the job is to be requeued, after the workload ended."""
+    from toolkit import __version__
+    from toolkit.job.rank import rank_program
+    from toolkit.submit import launcher
+
+    program = rank_program((sys.executable, "-c", WORKLOAD), 1, 1, contract=True)
+    task = launcher.RankTask(program.argv, 1, str(tmp_path), __version__, stops_on_signal, requeue)
+    answers = []
+
+    def submitits_handler(_signum, _frame):
+        answers.append(task.checkpoint())
+
+    def slurm_signals_the_step():
+        os.kill(launcher._running["proc"].pid, signal.SIGUSR2)
+        os.kill(os.getpid(), signal.SIGUSR2)
+
+    previous = signal.signal(signal.SIGUSR2, submitits_handler)
+    timer = threading.Timer(0.7, slurm_signals_the_step)
     timer.start()
     try:
-        assert _run([sys.executable, "-c", "import time; time.sleep(2)"], dict(os.environ), False, requeue) == expected
+        env = {**os.environ, "SLURM_PROCID": "0", "SLURM_LOCALID": "0", "SLURM_NODEID": "0"}
+        assert launcher._run(list(task.argv), env, ignore_usr2=not (stops_on_signal and requeue)) == code
     finally:
         timer.cancel()
+        signal.signal(signal.SIGUSR2, previous)
+    assert len(answers) == 1
+    assert (answers[0] is not None) == requeued
+    if requeued:
+        assert answers[0].function is task  # submitit pickles this and requeues the job
 
 
 def test_executor_kinds(tmp_path):
@@ -75,16 +95,25 @@ def test_executor_kinds(tmp_path):
     probe = str(probe_recipe(tmp_path))
     slurm = plans.plan(plans.SubmitRequest(probe, nodes=1, cluster=cluster, queue="cpu", executor="slurm"),
                        tmp_path / "run")
-    assert slurm.executor == "submitit-slurm" and slurm.batch_script and slurm.argv is None
+    assert slurm.executor == "slurm" and slurm.batch_script and slurm.argv is None
     assert slurm.parameters["additional_parameters"]["partition"] == "cpu"
     local = plans.plan(plans.SubmitRequest(probe, nodes=1, cluster=cluster, queue="cpu", executor="local"),
                        tmp_path / "run")
-    assert local.executor == "submitit-local" and local.batch_script is None
+    assert local.executor == "local" and local.batch_script is None
     assert local.parameters == {"nodes": 1, "tasks_per_node": 2, "timeout_min": 5}
     mpi = plans.plan(plans.SubmitRequest(probe, nodes=2, cluster=cluster, queue="cpu", executor="slurm",
                                          overrides=("launcher.mpi=pmix",)), tmp_path / "run")
     assert mpi.executor == "sbatch" and mpi.argv == ("sbatch", "--parsable", str(tmp_path / "run" / "job.sbatch"))
     assert mpi.parameters == {} and f"--output={tmp_path / 'run'}/" in mpi.script
+    assert "srun --mpi ranks it" in " ".join(mpi.notes)  # asked for slurm, told why it goes to sbatch
+    sent = plans.plan(plans.SubmitRequest(probe, nodes=1, cluster=cluster, queue="cpu", executor="sbatch"),
+                      tmp_path / "run")
+    assert sent.executor == "sbatch" and sent.argv == mpi.argv and sent.parameters == {}
+    # Every kind's tasks run one rank program, the one the script's srun line starts.
+    assert slurm.rank_program == local.rank_program == sent.rank_program
+    assert shlex.quote(sent.spec.program.script) in sent.script
+    with pytest.raises(Exception, match="not one of slurm, local, sbatch"):
+        plans.plan(plans.SubmitRequest(probe, cluster=cluster, queue="cpu", executor="submitit-slurm"), tmp_path)
     with pytest.raises(Exception, match="only Slurm can start"):
         plans.plan(plans.SubmitRequest(probe, cluster=cluster, queue="cpu", executor="local",
                                        overrides=("launcher.mpi=pmix",)), tmp_path / "run")

@@ -1,17 +1,20 @@
-"""`--dry-run --json` is what `submit` writes and runs, on the real local Slurm: the same script, the same executor
-parameters and the same batch script submitit hands to sbatch (same bytes but the run dir), for a submitit
-recipe, an MPI recipe (sbatch) and a sweep (one job array)."""
+"""On the real local Slurm, every submission path runs what its dry run planned: submitit (slurm) and the
+rendered script (sbatch) run one rank program with one rank contract, and a sweep's array is what its dry run
+showed."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 
 import pytest
 
 from tests.conftest import run_hpc, slurm_env, submit_json
-from tests.jobhelpers import probe_recipe, sweep_probe_recipe, write_cluster
+from tests.jobhelpers import HOSTILE, probe_recipe, read_ranks, sweep_probe_recipe, write_cluster
+from toolkit.job.env import SUBMIT_ENV_ALLOWLIST
+from toolkit.job.rank import master_port
 
 pytestmark = pytest.mark.slurm
 
@@ -35,39 +38,63 @@ def plan_file(run: Path) -> dict:
     return json.loads((run / "plan.json").read_text())
 
 
-def test_submitit_recipe_dry_run_equals_what_submit_wrote_and_sbatch_got(slurm_sandbox, tmp_path):
-    env = dict(slurm_env(slurm_sandbox), HPC_RUNS_DIR=str(tmp_path / "runs"))
+# Differ between any two processes or are the executor's own bookkeeping, not the job's environment.
+PER_PROCESS = re.compile(r"^(SLURM_|SUBMITIT_|_$|PWD$|OLDPWD$|SHLVL$)")
+CONTRACT = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR")
+# What the probe recipe's job sets (its env, the CPU queue's threads, the rendezvous), and what Slurm sets.
+JOB_VARS = {"PROBE_OUT", "PYTHONUNBUFFERED", "OMP_NUM_THREADS", "MASTER_PORT", *CONTRACT}
+SLURM_MADE = {"ENVIRONMENT", "HOSTNAME", "SLURMD_NODENAME", "SRUN_DEBUG"}
+
+
+def test_every_executor_kind_runs_the_planned_rank_program_with_one_contract(slurm_sandbox, tmp_path):
+    """The one equality test of the submission paths, on the real local Slurm: a recipe submitted through
+    submitit (slurm) and as its rendered script (sbatch) runs, on every rank, what its dry run planned: the same
+    argv, the same rank contract, the same allow-listed environment and nothing else; and what was written and
+    sent (script, parameters, submitit's batch script, the script Slurm stored) is the dry run's, byte for byte
+    but the run dir."""
+    env = dict(slurm_env(slurm_sandbox), HPC_RUNS_DIR=str(tmp_path / "runs"),
+               AWS_SECRET_ACCESS_KEY="canary-secret-do-not-leak", GITHUB_TOKEN="canary-token-do-not-leak",
+               HPC_TEST_MARKER="x")
     args = [str(probe_recipe(tmp_path)), "--cluster", str(write_cluster(tmp_path)), "--queue", "cpu"]
-    dry, real = dry_and_real(args, env)
-    run = Path(real["run_dir"])
-    assert dry["executor"] == real["executor"] == "submitit-slurm"
-    same_but_run_dir(dry["script"], (run / "job.sbatch").read_text(), dry["run_dir"], str(run))
-    written = plan_file(run)
-    same_but_run_dir(json.dumps(dry["parameters"]), json.dumps(written["parameters"]), dry["run_dir"], str(run))
-    # What sbatch really received: submitit keeps the file it sent as <job id>_submission.sh.
-    sent = (run / "submitit" / f"{real['job_id']}_submission.sh").read_text()
-    same_but_run_dir(dry["batch_script"], sent, dry["run_dir"], str(run))
-
-
-def test_mpi_recipe_dry_run_equals_the_script_sbatch_ran(slurm_sandbox, tmp_path):
-    """The sbatch path: what Slurm stored for the job is the dry run's script. (The local Slurm has no PMIx
-    library, so the MPI step itself cannot start here: the job is cancelled once Slurm has it.)"""
-    env = dict(slurm_env(slurm_sandbox), HPC_RUNS_DIR=str(tmp_path / "runs"))
-    args = [str(probe_recipe(tmp_path)), "--cluster", str(write_cluster(tmp_path)), "--queue", "cpu",
-            "--set", "launcher.mpi=pmix", "--set", "resources.time=00:01:00"]
-    res = run_hpc("recipes", "submit", *args, "--dry-run", "--json", env=env)
-    assert res.returncode == 0, res.stderr
-    dry = json.loads(res.stdout)
-    real = submit_json(*args, env=env)
-    try:
-        run = Path(real["run_dir"])
-        assert dry["executor"] == real["executor"] == "sbatch" and real["job_id"].isdigit()
-        same_but_run_dir(json.dumps(dry["argv"]), json.dumps(plan_file(run)["argv"]), dry["run_dir"], str(run))
+    ranks, runs = {}, {}
+    for kind in ("slurm", "sbatch"):
+        dry, real = dry_and_real([*args, "--executor", kind], env)
+        run = runs[kind] = Path(real["run_dir"])
+        meta = json.loads((run / "metadata.json").read_text())
+        assert dry["executor"] == real["executor"] == meta["executor"] == kind
         same_but_run_dir(dry["script"], (run / "job.sbatch").read_text(), dry["run_dir"], str(run))
-        # The batch script Slurm stored for the job (scontrol write batch_script) is the script itself.
-        same_but_run_dir(dry["script"], (run / "batch_script.sh").read_text(), dry["run_dir"], str(run))
-    finally:
-        run_hpc("jobs", "cancel", real["job_id"], env=env)
+        same_but_run_dir(json.dumps(dry["rank_program"]), json.dumps(plan_file(run)["rank_program"]),
+                         dry["run_dir"], str(run))
+        if kind == "slurm":
+            same_but_run_dir(json.dumps(dry["parameters"]), json.dumps(plan_file(run)["parameters"]),
+                             dry["run_dir"], str(run))
+            # What sbatch really received: submitit keeps the file it sent as <job id>_submission.sh.
+            sent = (run / "submitit" / f"{real['job_id']}_submission.sh").read_text()
+            same_but_run_dir(dry["batch_script"], sent, dry["run_dir"], str(run))
+        else:  # the script Slurm stored for the job (scontrol write batch_script) is the dry run's script
+            same_but_run_dir(dry["script"], (run / "batch_script.sh").read_text(), dry["run_dir"], str(run))
+        ranks[kind] = read_ranks(tmp_path / "probe")
+        assert sorted(ranks[kind]) == [0, 1, 2, 3]
+        for rank, seen in ranks[kind].items():
+            assert seen["argv"][:2] == ["--text", HOSTILE.format(canary=tmp_path / "canary")]
+            assert [seen["env"][name] for name in CONTRACT] == [str(rank), str(rank % 2), "4", "2", str(rank // 2),
+                                                                "c1"]
+            assert int(seen["env"]["MASTER_PORT"]) == master_port(int(real["job_id"]))
+            job_env = {k for k in seen["env"] if not PER_PROCESS.match(k)}
+            # Nothing of the submitter's but the allow-list (sbatch's --export list makes Slurm add the node's
+            # login environment on the sbatch path, never the submitter's).
+            assert "HPC_TEST_MARKER" not in job_env and "canary" not in json.dumps(seen["env"])
+            if kind == "slurm":
+                assert job_env <= set(SUBMIT_ENV_ALLOWLIST) | JOB_VARS | SLURM_MADE, job_env
+    for rank in range(4):
+        slurm, sent = ranks["slurm"][rank], ranks["sbatch"][rank]
+        assert slurm["argv"] == sent["argv"], f"rank {rank}"
+        shared = (set(SUBMIT_ENV_ALLOWLIST) & set(env)) | (JOB_VARS - {"MASTER_PORT"})
+        assert {k: slurm["env"].get(k) for k in shared} == {k: sent["env"].get(k) for k in shared}, f"rank {rank}"
+    assert not (tmp_path / "canary").exists()
+    for path in (p for run in runs.values() for p in run.rglob("*")):
+        if path.is_file() and path.suffix != ".pkl":
+            assert "canary-" not in path.read_text(errors="replace"), path
 
 
 def test_sweep_dry_run_equals_the_array_submit_sent(slurm_sandbox, tmp_path):

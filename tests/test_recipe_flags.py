@@ -5,11 +5,11 @@ import shlex
 import pytest
 
 from tests.jobhelpers import P3DN, parse_flags
-from toolkit.job.rank import resolve_argv
+from toolkit.job.rank import preview_argv
 from toolkit.job.spec import build_job_spec
 from toolkit.recipes.load import load_recipe
 
-RANK0 = {"SLURM_PROCID": "0", "SLURM_LOCALID": "0", "MASTER_ADDR": "h0", "MASTER_PORT": "1"}
+RANK0 = {"RANK": "0", "LOCAL_RANK": "0", "MASTER_ADDR": "h0", "MASTER_PORT": "1"}
 
 PUBLISHED = {
     "transformer": "--arch transformer_vaswani_wmt_en_de_big --share-all-embeddings --optimizer adam "
@@ -43,7 +43,7 @@ ADDED["roberta"] = ADDED["transformer"]
 def test_rank_command_has_the_published_flags_exactly(name):
     recipe = load_recipe(name)
     spec = build_job_spec(recipe, P3DN, recipe.resources.nodes)
-    argv = resolve_argv(spec.command, RANK0)
+    argv = preview_argv(spec.command, RANK0)
     flags = parse_flags(argv[3:] if argv[:2] == ["python", "-m"] else argv[1:])
     published = parse_flags(shlex.split(PUBLISHED[name]))
     assert {flag: flags.get(flag) for flag in published} == published
@@ -51,7 +51,7 @@ def test_rank_command_has_the_published_flags_exactly(name):
 
 
 def test_transformer_renders_the_renamed_min_lr():
-    argv = resolve_argv(build_job_spec(load_recipe("transformer"), P3DN, 4).command, RANK0)
+    argv = preview_argv(build_job_spec(load_recipe("transformer"), P3DN, 4).command, RANK0)
     assert "--min-lr" not in argv and argv[argv.index("--stop-min-lr") + 1] == "1e-09"
     assert "--stop-min-lr" in load_recipe("transformer").notes
 
@@ -60,7 +60,7 @@ def test_transformer_renders_the_renamed_min_lr():
                                        ("roberta", "/fsx/data-bin/wikitext-103")])
 def test_fairseq_gets_data_first_and_an_explicit_rendezvous(name, data):
     spec = build_job_spec(load_recipe(name), P3DN, 2)
-    argv = resolve_argv(spec.command, {"SLURM_PROCID": "11", "SLURM_LOCALID": "3", "MASTER_ADDR": "h0", "MASTER_PORT": "777"})
+    argv = preview_argv(spec.command, {"RANK": "11", "LOCAL_RANK": "3", "MASTER_ADDR": "h0", "MASTER_PORT": "777"})
     assert argv[:2] == ["fairseq-train", data]
     flags = parse_flags(argv)
     assert flags["--distributed-rank"] == ["11"] and flags["--device-id"] == ["3"]
@@ -70,5 +70,5 @@ def test_fairseq_gets_data_first_and_an_explicit_rendezvous(name, data):
 
 
 def test_resnet_runs_our_trainer_as_a_module():
-    argv = resolve_argv(build_job_spec(load_recipe("resnet50"), P3DN, 8).command, RANK0)
+    argv = preview_argv(build_job_spec(load_recipe("resnet50"), P3DN, 8).command, RANK0)
     assert argv[:3] == ["python", "-m", "toolkit.workloads.resnet"]

@@ -12,7 +12,7 @@ from tests.jobhelpers import CPU, P3DN, parse_flags
 from toolkit.cluster.queues import Queue, load_queues
 from toolkit.errors import HpcError
 from toolkit.job.render import render_script
-from toolkit.job.rank import master_port, resolve_argv
+from toolkit.job.rank import master_port, preview_argv
 from toolkit.job.spec import build_job_spec, time_minutes
 from toolkit.recipes.load import list_recipe_files, load_recipe
 
@@ -71,7 +71,7 @@ def test_gpu_directives():
 
 def test_cpu_queue_gets_the_cpu_forms_of_fairseq():
     spec = build_job_spec(load_recipe("roberta"), CPU, 2)
-    flags = parse_flags(resolve_argv(spec.command, {"SLURM_PROCID": "0", "SLURM_LOCALID": "0", "MASTER_ADDR": "a",
+    flags = parse_flags(preview_argv(spec.command, {"RANK": "0", "LOCAL_RANK": "0", "MASTER_ADDR": "a",
                                             "MASTER_PORT": "1"})[1:])
     assert flags["--cpu"] == [] and flags["--distributed-backend"] == ["gloo"]
     assert flags["--ddp-backend"] == ["legacy_ddp"] and flags["--distributed-no-spawn"] == []

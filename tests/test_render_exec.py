@@ -1,5 +1,5 @@
 """Rendered scripts executed with stub srun/scontrol/workloads: hostile values arrive as literal arguments and
-never run, and every rank's argv equals resolve_argv() (the seam between render and submitit)."""
+never run, and the rank program expands every rank's values as preview_argv() shows them."""
 
 import tempfile
 from pathlib import Path
@@ -12,7 +12,7 @@ from tests.conftest import REPO
 from tests.jobhelpers import CPU, P3DN
 from tests.stubs import FIRST_HOST, JOB_ID, RECORD, install_stubs, run_script, write_executable
 from toolkit.job.render import render_script
-from toolkit.job.rank import master_port, resolve_argv
+from toolkit.job.rank import master_port, preview_argv
 from toolkit.job.spec import build_job_spec
 from toolkit.recipes.load import load_recipe, parse_override
 
@@ -40,7 +40,7 @@ def execute(spec, workdir: Path):
     assert proc.returncode == 0, proc.stderr.decode(errors="replace")
     assert sorted(ranks) == list(range(spec.world_size))
     for rank, (argv, env) in ranks.items():
-        assert argv == resolve_argv(spec.command, env)[1:]  # render and submit give the same argv per rank
+        assert argv == preview_argv(spec.command, env)[1:]  # the contract (RANK, ...) as the task's bash expanded it
         assert (env["SLURM_PROCID"], env["MASTER_ADDR"], env["MASTER_PORT"]) == (
             str(rank), FIRST_HOST, str(master_port(JOB_ID)))
     return ranks

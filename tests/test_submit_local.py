@@ -18,7 +18,7 @@ def test_local_executor_runs_each_rank_with_only_the_jobs_environment(tmp_path, 
                   "--executor", "local", "--wait", "--json", cwd=tmp_path)
     assert res.returncode == 0, res.stderr
     result = json.loads(res.stdout)
-    assert result["state"] == "COMPLETED" and result["executor"] == "submitit-local"
+    assert result["state"] == "COMPLETED" and result["executor"] == "local"
     ranks = read_ranks(tmp_path / "probe")
     assert sorted(ranks) == [0, 1]  # the cpu queue declares 2 ranks per node
     for rank, record in ranks.items():

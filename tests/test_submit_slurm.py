@@ -1,101 +1,18 @@
-"""`hpc recipes submit` on the real local Slurm: the submitit path against the rendered script, rank by rank."""
+"""`hpc recipes submit` and `hpc jobs` on the real local Slurm: a failing rank, the jobs commands, status without
+accounting. (Both submission paths against their plan, rank by rank: tests/test_plan_slurm.py.)"""
 
 from __future__ import annotations
 
 import json
 import re
-import subprocess
 from pathlib import Path
 
 import pytest
-import yaml
 
 from tests.conftest import run_hpc, slurm_env
-from tests.jobhelpers import HOSTILE, probe_recipe, read_ranks
-from toolkit.job.env import SUBMIT_ENV_ALLOWLIST
-from toolkit.job.rank import master_port
-from toolkit.job.spec import time_minutes
+from tests.jobhelpers import probe_recipe
 
 pytestmark = pytest.mark.slurm
-# Differ between any two processes or are the executor's own bookkeeping, not the job's environment.
-PER_PROCESS = re.compile(r"^(SLURM_|SUBMITIT_|_$|PWD$|OLDPWD$|SHLVL$)")
-# What the probe recipe's job sets (its env, the CPU queue's threads, the rendezvous), and what Slurm sets.
-JOB_VARS = {"PROBE_OUT", "PYTHONUNBUFFERED", "OMP_NUM_THREADS", "MASTER_ADDR"}
-SLURM_MADE = {"ENVIRONMENT", "HOSTNAME", "SLURMD_NODENAME", "SRUN_DEBUG"}
-
-
-def job_env(env: dict[str, str]) -> dict[str, str]:
-    return {k: v for k, v in env.items() if not PER_PROCESS.match(k)}
-
-
-def sbatch_options(script: str) -> dict[str, str]:
-    options = {}
-    for line in script.splitlines():
-        m = re.match(r"#SBATCH --([a-z-]+)(?:[= ](.*))?$", line.strip())
-        if m:
-            options[m.group(1)] = (m.group(2) or "").strip()
-    return options
-
-
-def test_submit_and_render_give_every_rank_the_same_command_and_environment(slurm_sandbox, tmp_path):
-    recipe = probe_recipe(tmp_path)
-    env = dict(slurm_env(slurm_sandbox), AWS_SECRET_ACCESS_KEY="canary-secret-do-not-leak",
-               GITHUB_TOKEN="canary-token-do-not-leak", HPC_TEST_MARKER="x", HPC_RUNS_DIR=str(tmp_path / "runs"))
-
-    # The rendered script, sent with plain sbatch.
-    script = tmp_path / "job.sbatch"
-    res = run_hpc("recipes", "render", str(recipe), "--nodes", "2", "-o", str(script), env=env, cwd=tmp_path)
-    assert res.returncode == 0, res.stderr
-    (tmp_path / "runs" / "probe").mkdir(parents=True)
-    sent = subprocess.run(["sbatch", "--parsable", "--wait", str(script)], capture_output=True, text=True,
-                          env=env, cwd=tmp_path, timeout=120)
-    assert sent.returncode == 0, sent.stderr
-    rendered_job = int(sent.stdout.strip().split(";")[0])
-    rendered = read_ranks(tmp_path / "probe")
-
-    # The same recipe through submitit.
-    res = run_hpc("recipes", "submit", str(recipe), "--nodes", "2", "--wait", "--json", env=env, cwd=tmp_path)
-    assert res.returncode == 0, res.stderr
-    result = json.loads(res.stdout)
-    assert result["state"] == "COMPLETED"
-    submitted = read_ranks(tmp_path / "probe")
-
-    assert sorted(rendered) == sorted(submitted) == [0, 1, 2, 3]
-    for rank in range(4):
-        r, s = rendered[rank], submitted[rank]
-        assert r["argv"] == s["argv"], f"rank {rank}"
-        assert r["argv"][:2] == ["--text", HOSTILE.format(canary=tmp_path / "canary")]
-        assert int(r["env"]["MASTER_PORT"]) == master_port(rendered_job)
-        assert int(s["env"]["MASTER_PORT"]) == master_port(int(result["job_id"]))
-        r_env, s_env = job_env(r["env"]), job_env(s["env"])
-        # The job's own variables and the allow-listed submitter ones are the same both ways.
-        shared = (set(SUBMIT_ENV_ALLOWLIST) & set(env)) | JOB_VARS
-        assert {k: r_env.get(k) for k in shared} == {k: s_env.get(k) for k in shared}, f"rank {rank}"
-        for name in set(SUBMIT_ENV_ALLOWLIST) & set(env):  # allow-listed submitter variables arrive as they were
-            assert s_env[name] == env[name], name
-        # submit: nothing else at all (sbatch runs in a clean environment with --export=ALL); render: the
-        # --export=LIST form makes Slurm add the node's login environment, never the submitter's.
-        assert set(s_env) <= set(SUBMIT_ENV_ALLOWLIST) | JOB_VARS | {"MASTER_PORT"} | SLURM_MADE, set(s_env)
-        assert "canary" not in json.dumps(r["env"]) + json.dumps(s["env"])
-        assert "HPC_TEST_MARKER" not in r_env and "HPC_TEST_MARKER" not in s_env
-        assert r["env"]["MASTER_ADDR"] == "c1"
-    assert not (tmp_path / "canary").exists()
-
-    # The batch script Slurm stored asks for the same resources as the rendered one.
-    run = Path(result["run_dir"])
-    stored, ours = sbatch_options((run / "batch_script.sh").read_text()), sbatch_options(script.read_text())
-    for key in ("partition", "nodes", "ntasks-per-node", "cpus-per-task", "exclusive", "wait-all-nodes"):
-        assert stored.get(key) == ours.get(key), key
-    assert time_minutes(stored["time"]) == time_minutes(ours["time"])
-    assert (stored["export"], ours["export"]) == ("ALL", ",".join(SUBMIT_ENV_ALLOWLIST))
-    meta = json.loads((run / "metadata.json").read_text())
-    assert meta["job_ids"] == [result["job_id"]] and meta["ranks"] == 4 and meta["toolkit_version"]
-    assert yaml.safe_load((run / "recipe.yaml").read_text())["name"] == "probe"
-    for path in run.rglob("*"):
-        if path.is_file() and path.suffix != ".pkl":
-            assert "canary-" not in path.read_text(errors="replace"), path
-
-
 def test_a_failing_rank_ends_wait_non_zero_and_names_its_log(slurm_sandbox, tmp_path):
     recipe = probe_recipe(tmp_path, PROBE_FAIL_RANK="3")
     env = dict(slurm_env(slurm_sandbox), HPC_RUNS_DIR=str(tmp_path / "runs"))

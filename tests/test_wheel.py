@@ -5,7 +5,6 @@ installed with --target outside the checkout; its dependencies come from this en
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 import sys

@@ -13,15 +13,14 @@ from toolkit.workloads.stopping import StopFlag, ignore_stop_signals
 from toolkit.workloads.train_log import TrainLog, read_log, steady_throughput
 
 
-def test_torchrun_variables_win_over_slurm_ones():
+def test_the_rank_contract_is_read_and_slurm_task_variables_are_not():
+    """The rank program exports the contract on every path: a rank reads it, never Slurm's task variables (which
+    say the agent's place under torchrun, not the worker's)."""
     env = rank_env({"RANK": "3", "LOCAL_RANK": "1", "WORLD_SIZE": "4", "MASTER_ADDR": "n1", "MASTER_PORT": "4242",
                     "SLURM_PROCID": "0", "SLURM_LOCALID": "0", "SLURM_NTASKS": "8"})
     assert (env.rank, env.local_rank, env.world_size, env.init_method) == (3, 1, 4, "tcp://n1:4242")
-
-
-def test_slurm_task_variables_stand_in():
-    env = rank_env({"SLURM_PROCID": "2", "SLURM_LOCALID": "0", "SLURM_NTASKS": "4", "MASTER_ADDR": "n2"})
-    assert (env.rank, env.local_rank, env.world_size, env.master_port) == (2, 0, 4, 29500)
+    alone = rank_env({"SLURM_PROCID": "2", "SLURM_LOCALID": "0", "SLURM_NTASKS": "4", "MASTER_ADDR": "n2"})
+    assert (alone.rank, alone.world_size, alone.master_port) == (0, 1, 29500)
 
 
 def test_a_lone_process_is_rank_zero_of_one():

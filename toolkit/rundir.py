@@ -51,11 +51,11 @@ SWEEP, SWEEP_TASK = "sweep", "sweep-task"  # Metadata.kind of a sweep's dir and 
 
 
 class Executor(enum.StrEnum):
-    """How a job is submitted: one vocabulary in plans, metadata and output."""
+    """How a job is submitted (toolkit.submit.executor): one vocabulary for --executor, plans, metadata, output."""
 
-    SLURM = "slurm"  # submitit's SlurmExecutor: srun starts one rank launcher per rank
+    SLURM = "slurm"  # submitit's SlurmExecutor: srun starts one RankTask per Slurm task
     LOCAL = "local"  # submitit's LocalExecutor: this machine, one node
-    SBATCH = "sbatch"  # the rendered script itself (sbatch --parsable job.sbatch): MPI binaries
+    SBATCH = "sbatch"  # the rendered script itself (sbatch --parsable job.sbatch); MPI binaries always
 
     @classmethod
     def parse(cls, name: str | None) -> Executor | None:

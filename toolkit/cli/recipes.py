@@ -71,10 +71,10 @@ def show(name: str = typer.Argument(..., help="Recipe name or path to a recipe f
     import dataclasses
     import shlex
 
-    from toolkit.job.rank import RANK0_PREVIEW, resolve_argv
+    from toolkit.job.rank import preview_argv
 
     recipe, spec = _spec(name, nodes, cluster, queue, profile, overrides, run_dir)
-    rank0 = resolve_argv(spec.command, RANK0_PREVIEW)
+    rank0 = preview_argv(spec.command)
     data = {"recipe": recipe.model_dump(mode="json", exclude={"profiles"}), "profiles": list(recipe.profiles),
             "job": {"partition": spec.partition, "instance_type": spec.instance_type, "nodes": spec.nodes,
                     "tasks_per_node": spec.tasks_per_node, "world_size": spec.world_size,
@@ -190,8 +190,9 @@ def submit(name: str = typer.Argument(..., help="Recipe name or path to a recipe
            account: Optional[str] = ACCOUNT, qos: Optional[str] = QOS, reservation: Optional[str] = RESERVATION,
            dependency: Optional[str] = DEPENDENCY,
            executor: Optional[str] = typer.Option(None, "--executor",
-                                                  help="slurm | local (default: slurm; local only where no Slurm "
-                                                       "is installed)."),
+                                                  help="slurm | local | sbatch (default: slurm; local only where no "
+                                                       "Slurm is installed; sbatch sends the rendered script "
+                                                       "itself, as MPI binaries always go)."),
            sweeps: list[str] = typer.Option([], "--sweep", help="Sweep a recipe value as one job array: "
                                              "KEY.PATH=V1,V2,... (A..B: integers; \\, a comma in a value); "
                                              "repeat for a grid."),
@@ -251,7 +252,8 @@ def submit_request(request, dry_run: bool, wait: bool, as_json: bool) -> None:
 
 def _submit_sweep(request, sweeps: list[str], parallelism, dry_run: bool, wait: bool, as_json: bool) -> None:
     from toolkit.slurm.status import State
-    from toolkit.submit import rundir, runs, submission, sweep
+    from toolkit.rundir import RunDir
+    from toolkit.submit import runs, submission, sweep
 
     plan = sweep.plan(request, sweeps, parallelism)
     for note in plan.tasks[0].notes:
@@ -268,9 +270,10 @@ def _submit_sweep(request, sweeps: list[str], parallelism, dry_run: bool, wait: 
         return
     array_id = sweep.execute(plan)
     first = plan.tasks[0]
-    arrays = runs.sweep_arrays(rundir.read_json(plan.sweep_dir / rundir.METADATA) or {})
+    meta = RunDir(plan.sweep_dir).read_metadata()
+    arrays = runs.sweep_arrays(meta)
     result = {"job_id": array_id, "run_dir": str(plan.sweep_dir), "tasks": len(plan.tasks), "arrays": arrays,
-              "executor": first.executor, "queue": first.queue.name, "nodes": first.spec.nodes,
+              "executor": first.executor.value, "queue": first.queue.name, "nodes": first.spec.nodes,
               "ranks": first.spec.world_size, "warnings": data["warnings"],
               "follow": f"{hpc_program()} jobs status {array_id}"}
     info(f"submitted {_arrays(arrays)} {', '.join(a['job_id'] for a in arrays)} ({result['tasks']} tasks of "
@@ -282,8 +285,7 @@ def _submit_sweep(request, sweeps: list[str], parallelism, dry_run: bool, wait: 
         if result["state"] == State.COMPLETED:
             _print_outcome(result)
         else:
-            result["failed_tasks"] = runs.sweep_failed_tasks(
-                plan.sweep_dir, rundir.read_json(plan.sweep_dir / rundir.METADATA) or {})
+            result["failed_tasks"] = runs.sweep_failed_tasks(plan.sweep_dir, meta)
     emit(result, as_json, lambda r: f"{r['job_id']}" + (f" {r['state']}" if "state" in r else ""))
     if wait and result["state"] != State.COMPLETED:
         for task in result["failed_tasks"]:

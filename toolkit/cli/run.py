@@ -33,8 +33,8 @@ def run(target: str = typer.Argument(..., metavar="SCRIPT_OR_MODULE",
         cluster: Optional[Path] = CLUSTER, queue: Optional[str] = QUEUE, launcher: str = LAUNCHER,
         time: Optional[str] = TIME, max_restarts: Optional[int] = MAX_RESTARTS, venv: Optional[Path] = VENV,
         env: list[str] = ENV, rendezvous_timeout: Optional[int] = RDZV_TIMEOUT,
-        executor: Optional[str] = typer.Option(None, "--executor", help="slurm | local (default: slurm; local only "
-                                                                        "where no Slurm is installed)."),
+        executor: Optional[str] = typer.Option(None, "--executor", help="slurm | local | sbatch (default: slurm; "
+                                                                        "local only where no Slurm is installed)."),
         dry_run: bool = typer.Option(False, "--dry-run", help="Print the plan that would be submitted; submit "
                                                               "nothing."),
         wait: bool = typer.Option(False, "--wait", help="Show progress until the job ends; exit 1 if it fails."),

@@ -11,7 +11,7 @@ import os
 import shlex
 
 from toolkit.job.env import COMMUNICATION_PREFIXES, submit_env_allowlist
-from toolkit.job.rank import MASTER_PORT_BASE, MASTER_PORT_SPAN, Arg
+from toolkit.job.rank import MASTER_PORT_BASE, MASTER_PORT_SPAN
 from toolkit.job.spec import JobSpec
 
 
@@ -74,25 +74,6 @@ def setup_lines(spec: JobSpec) -> list[str]:
     return lines
 
 
-def shell_word(arg: Arg) -> str:
-    """One argument as a bash word: literals single-quoted, RankVars as "${NAME}", tuples concatenated."""
-    parts = arg if isinstance(arg, tuple) else (arg,)
-    return "".join(shlex.quote(p) if isinstance(p, str) else f'"${{{p.value}}}"' for p in parts)
-
-
-def split_command(command: tuple[Arg, ...]) -> tuple[tuple[str, ...], tuple[Arg, ...]]:
-    """(literal head, per-rank tail): the head goes into the batch script's array, the tail to each task's bash.
-
-    The tail starts at the first per-rank value, or at the flag just before it (so `--flag "$VAR"` stays whole).
-    """
-    head = 0
-    while head < len(command) and isinstance(command[head], str):
-        head += 1
-    if 0 < head < len(command) and str(command[head - 1]).startswith("-"):
-        head -= 1
-    return command[:head], command[head:]  # type: ignore[return-value]
-
-
 def array_lines(words: tuple[str, ...]) -> list[str]:
     """The array's quoted words, one flag and its values per line (layout only: bash sees the same words)."""
     lines: list[list[str]] = []
@@ -101,11 +82,6 @@ def array_lines(words: tuple[str, ...]) -> list[str]:
             lines.append([])
         lines[-1].append(shlex.quote(word))
     return [" ".join(line) for line in lines]
-
-
-def rank_script(tail: tuple[Arg, ...]) -> str:
-    """The `bash -c` program each task runs: exec the array's command with the per-rank tail appended."""
-    return " ".join(['exec "$0" "$@"', *(shell_word(arg) for arg in tail)])
 
 
 @functools.cache
@@ -134,12 +110,12 @@ def setup_block(spec: JobSpec) -> str:
 
 
 def render_script(spec: JobSpec) -> str:
-    """The sbatch script of a job."""
-    head, tail = split_command(spec.command)
+    """The sbatch script of a job: srun starts the job's rank program (toolkit.job.rank) on every task."""
+    program = spec.program
     return _template("job.sbatch.j2").render(
         **_setup_context(spec),
         directives=sbatch_directives(spec),
-        array_lines=array_lines(head),
+        array_lines=array_lines(program.words),
         srun_options=" ".join(srun_options(spec)),
-        rank_script=shlex.quote(rank_script(tail)),
+        rank_script=shlex.quote(program.script),
     )

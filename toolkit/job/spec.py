@@ -7,8 +7,7 @@ software and environment, advice. A target is a Slurm queue (queue_target) or a 
 (toolkit.job.render) and the submitit path consume, through toolkit.submit.plan. Its per-rank
 command is a tuple of Args: literal strings, or RankVars (values only known inside each task), or tuples of
 both concatenated (`("tcp://", MASTER_ADDR, ":", MASTER_PORT)`). No user value is ever a template:
-toolkit.job.rank.resolve_argv() fills RankVars from a task's environment in Python, and the rendered script expands exactly
-the same variables per task in shell, so both paths give every rank the identical argv.
+every rank's bash expands them from the rank contract (toolkit.job.rank.rank_program), on both submission paths.
 """
 
 from __future__ import annotations
@@ -25,7 +24,7 @@ from toolkit.cluster.queues import Queue
 from toolkit.errors import HpcError
 from toolkit.job.advice import advise
 from toolkit.job.env import EnvVar, job_env
-from toolkit.job.rank import Arg, RankVar
+from toolkit.job.rank import Arg, RankProgram, RankVar, rank_program
 from toolkit.job.scaling import Derived, apply_scaling
 from toolkit.recipes.schema import Recipe, flag_words
 
@@ -118,6 +117,11 @@ class JobSpec:
     def slurm_cpus_per_task(self) -> int:
         """CPUs per Slurm task: a torchrun task holds the CPUs of all its node's ranks."""
         return self.cpus_per_task * (self.tasks_per_node if self.style == "torchrun" else 1)
+
+    @property
+    def program(self) -> RankProgram:
+        """What srun starts on every Slurm task, on every submission path (toolkit.job.rank)."""
+        return rank_program(self.command, self.world_size, self.tasks_per_node, contract=self.style == "script")
 
     @property
     def environ(self) -> dict[str, str]:
@@ -353,19 +357,15 @@ def rank_command(recipe: Recipe, root: str, nodes: int, tasks: int, positional: 
                  args: dict) -> tuple[list[Arg], list[Derived]]:
     """The per-rank command: the launcher's program, the positional dirs, then every arg as flags."""
     ours = _flag_style(recipe) == "trainer"
-    world = nodes * tasks
     derived: list[Derived] = []
     launcher = recipe.launcher
     if launcher.kind in ("python-module", "python-script") and not (ours and launcher.style == "script"):
         program, how = _python_program(launcher, root, nodes, tasks)
         derived.append(how)
-    else:  # our trainers under srun read Slurm's task variables themselves (toolkit.workloads.rank_env)
-        # deepspeed: one process per rank under srun, with the torch.distributed variables DeepSpeed reads
-        # (MASTER_ADDR/MASTER_PORT come from the set-up block)
+    else:  # one process per rank under srun, reading the rank contract (toolkit.job.rank): our trainers, DeepSpeed
         program = {"fairseq": ["fairseq-train"], "python-module": ["python", "-m", launcher.module or ""],
                    "binary": [_under(root, launcher.program or "")],
-                   "deepspeed": ["env", f"WORLD_SIZE={world}", ("RANK=", RankVar.RANK),
-                                 ("LOCAL_RANK=", RankVar.LOCAL_RANK), "python", _under(root, launcher.script or "")],
+                   "deepspeed": ["python", _under(root, launcher.script or "")],
                    }[launcher.kind]
     command: list[Arg] = [*program, *positional]
     for flag, value in args.items():
@@ -467,8 +467,7 @@ def _python_program(launcher, root: str, nodes: int, tasks: int) -> tuple[list[A
         target = ["-m", launcher.module]
     text = USER_MAIN.read_text()
     code = text[text.index('"""', 3) + 3:].lstrip()  # without the module's docstring (the contract)
-    user_main = ["python", "-c", code, launcher.style, str(nodes * tasks), str(tasks),
-                 str(launcher.rendezvous_timeout_s), *target, *launcher.argv]
+    user_main = ["python", "-c", code, str(launcher.rendezvous_timeout_s), *target, *launcher.argv]
     if launcher.style == "script":
         return user_main, Derived("launcher", "srun: one process per rank", "style script")
     torchrun: list[Arg] = [

@@ -1,22 +1,22 @@
 """The first code each rank of a researcher's own Python runs (launcher kinds python-script and python-module).
 
 toolkit.job.spec passes this file's text to `python -c`, so a node needs only Python to run it (not this
-toolkit), and the rendered script and submitit's ranks run the identical argv:
+toolkit), and both submission paths run it inside the same rank program (toolkit.job.rank):
 
-    python -c CODE STYLE WORLD_SIZE LOCAL_WORLD_SIZE RENDEZVOUS_TIMEOUT_S (SCRIPT.py | -m MODULE) ARGS...
+    python -c CODE RENDEZVOUS_TIMEOUT_S (SCRIPT.py | -m MODULE) ARGS...
 
 The contract for user scripts (what torchrun gives a script, in both launcher styles):
   - RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK (the node's index), MASTER_ADDR, MASTER_PORT
-    are set: `dist.init_process_group(backend)` (env://, the default) joins the job. Style `script` takes
-    them from srun's task (SLURM_PROCID, SLURM_LOCALID, SLURM_NODEID); style `torchrun` from torchrun.
+    are set: `dist.init_process_group(backend)` (env://, the default) joins the job. Style `script`: the rank
+    program exports them from srun's task; style `torchrun`: torchrun sets them for its workers.
   - Style torchrun restarts all ranks of every node after a rank fails (up to max_restarts): a script that
     must not start over saves a checkpoint every N steps and, at start, resumes from its newest one
     (TORCHELASTIC_RESTART_COUNT counts this node's restarts). Each round gets a fresh MASTER_PORT.
   - init_process_group must return within RENDEZVOUS_TIMEOUT_S, else the rank exits 1 with a message saying
     so (a script that ignores the variables above waits for peers that never come).
-  - SIGUSR2 before the time limit / on preemption: with `stops_on_signal: true` it is passed to the ranks,
-    which save and exit 75, and the job is requeued; otherwise it is ignored by the ranks, the job is requeued
-    at once and the rerun resumes from the last periodic checkpoint.
+  - SIGUSR2 before the time limit / on preemption: with `stops_on_signal: true` it reaches the ranks, which
+    save and exit 75, and the job is requeued; otherwise it is ignored by the ranks, the job is requeued at
+    once and the rerun resumes from the last periodic checkpoint.
   - A missing script or a module that cannot be found exits 1 with one line naming it, the node and Python.
 """
 
@@ -30,13 +30,6 @@ def fail(message):
     os._exit(1)
 
 
-def rank_environment(style, world_size, local_world_size):
-    env = os.environ
-    if style == "script":
-        env.update(RANK=env["SLURM_PROCID"], LOCAL_RANK=env["SLURM_LOCALID"], GROUP_RANK=env.get("SLURM_NODEID", "0"),
-                   WORLD_SIZE=world_size, LOCAL_WORLD_SIZE=local_world_size)
-
-
 def fresh_store_per_round(timeout_s):
     """torchrun: give each rendezvous round its own store, served by rank 0 on a fresh port.
 
@@ -47,7 +40,7 @@ def fresh_store_per_round(timeout_s):
     there. The store listens before its port is published: the ranks connect at once, as to the agent's store.
     """
     env = os.environ
-    if env.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+    if env.get("TORCHELASTIC_USE_AGENT_STORE") != "True":  # not a torchrun worker
         return
     import datetime
 
@@ -102,8 +95,7 @@ def watch_rendezvous(timeout_s):
 def main(argv):
     import runpy
 
-    style, world_size, local_world_size, timeout_s, *target = argv
-    rank_environment(style, world_size, local_world_size)
+    timeout_s, *target = argv
     if target[0] == "-m":
         import importlib.util
 
@@ -120,8 +112,7 @@ def main(argv):
         script, args = target[0], target[1:]
         if not os.path.isfile(script):
             fail(f"script {script} does not exist on this node (it must be on a shared file system)")
-    if style == "torchrun":
-        fresh_store_per_round(float(timeout_s))
+    fresh_store_per_round(float(timeout_s))
     watch_rendezvous(float(timeout_s))
     if target[0] == "-m":
         sys.argv = [module, *args]

@@ -9,20 +9,19 @@ place that computes them; this module only translates:
   binary + MPI (nccl-tests)                    -> MPIJob (kubeflow.org/v2beta1), one slot per GPU
   the recipe's dirs                            -> an FSx for Lustre PersistentVolumeClaim (ReadWriteMany)
 
-Per-rank values (toolkit.job.rank.RankVar) are the Slurm task variables there and torchrun's worker variables
-here; each worker's bash expands them, as each Slurm task's bash does in the rendered sbatch script.
+Per-rank values (toolkit.job.rank.RankVar) are the rank contract's variables, which torchrun sets for its workers
+here; each worker's bash expands them, as each Slurm task's bash does under Slurm.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-import shlex
 from typing import Any
 
 from toolkit.catalog import InstanceType, instance
 from toolkit.errors import HpcError
-from toolkit.job.rank import Arg, RankVar
+from toolkit.job.rank import Arg
 
 # The only values a user must supply by hand: flagged by `hpc k8s validate` until they are replaced.
 FILL_IN = "<fill in: "
@@ -46,9 +45,6 @@ NODE_RESERVE = 0.1
 SHM_SHARE = 0.25
 # torchrun restarts all workers of a node this many times after a failure before the job fails.
 MAX_RESTARTS = 3
-# Per-rank values under torchrun: the worker variables torchrun exports (Slurm: SLURM_PROCID, SLURM_LOCALID).
-TORCHRUN_VARS = {RankVar.RANK: "RANK", RankVar.LOCAL_RANK: "LOCAL_RANK", RankVar.MASTER_ADDR: "MASTER_ADDR",
-                 RankVar.MASTER_PORT: "MASTER_PORT"}
 # torch 2.14 measured: after a worker was killed, restarted workers read the previous attempt's peers from the
 # agent's store and fail or hang; a fresh store per attempt (rank 0 hosts it on the next port) restarts cleanly.
 RESTART_SAFE_STORE = ("export TORCHELASTIC_USE_AGENT_STORE=False "
@@ -142,23 +138,17 @@ def shm_size(it: InstanceType) -> str:
     return f"{math.floor(it.memory_gib * (1 - NODE_RESERVE) * SHM_SHARE)}Gi"
 
 
-def _worker_word(arg: Arg) -> str:
-    """One argument as a bash word for a torchrun worker: literals quoted, RankVars as torchrun's variables."""
-    parts = arg if isinstance(arg, tuple) else (arg,)
-    return "".join(shlex.quote(p) if isinstance(p, str) else f'"${{{TORCHRUN_VARS[p]}}}"' for p in parts)
-
-
 def torchrun_args(command: tuple[Arg, ...]) -> list[str]:
     """torchrun's arguments for a JobSpec command: each worker's bash runs the command with its own values.
 
     torchrun reads its other settings (nodes, processes per node, rendezvous, restarts) from the PET_*
-    variables the Training Operator sets from the PyTorchJob.
+    variables the Training Operator sets from the PyTorchJob, and sets the rank contract for its workers: the
+    rank program (toolkit.job.rank) needs to export none of it.
     """
-    from toolkit.job.render import split_command
+    from toolkit.job.rank import rank_program
 
-    head, tail = split_command(command)
-    script = f'{RESTART_SAFE_STORE}; exec "$0" "$@"' + "".join(" " + _worker_word(a) for a in tail)
-    return ["--no-python", "bash", "-c", script, *head]
+    program = rank_program(command, 0, 0, contract=False)
+    return ["--no-python", "bash", "-c", f"{RESTART_SAFE_STORE}; {program.script}", *program.words]
 
 
 def mpirun_args(spec) -> list[str]:

@@ -1,9 +1,14 @@
-"""JobSpec -> a submitit submission, on Slurm or (where no Slurm is installed) on this machine.
+"""JobSpec -> a submission: through submitit (on Slurm, or on this machine where no Slurm is installed), or the
+rendered script itself with sbatch.
 
-The same JobSpec renders the sbatch script (toolkit.job.render); here its resources become submitit's
-executor parameters, its set-up block (software, exports, rendezvous) becomes submitit's setup lines, and
-srun starts one RankLauncher per rank. nccl-tests-style MPI binaries take no rank arguments: those are
-submitted as their rendered script with sbatch instead.
+The executor kinds, one vocabulary for `--executor`, the plan, the run dir's metadata and `hpc jobs`:
+
+    slurm    submitit's SlurmExecutor: the job's resources become its parameters, its set-up block (software,
+             exports, rendezvous) its setup lines, and srun starts one RankTask per Slurm task, which runs the
+             job's rank program (toolkit.job.rank)
+    local    submitit's LocalExecutor: this machine is the one node (chosen where no Slurm is installed)
+    sbatch   the rendered script (toolkit.job.render), sent with `sbatch --parsable`: its srun line starts the
+             same rank program. MPI binaries (nccl-tests) always go this way: srun --mpi gives each task its rank
 """
 
 from __future__ import annotations
@@ -13,28 +18,39 @@ import os
 import shlex
 import sys
 from pathlib import Path
-from typing import Any, Literal, Sequence
+from typing import Any, Sequence
 
 from toolkit.errors import HpcError
 from toolkit.job.env import filter_submit_env
 from toolkit.job.render import job_options, setup_block, srun_options
 from toolkit.job.spec import JobSpec
+from toolkit.rundir import Executor
 
-ExecutorKind = Literal["slurm", "local"]
+# submitit stops requeueing a job after this many time-limit stops (its max_num_timeout, default 3). A run of
+# ours resumes from its checkpoint however often it meets its time limit, as the rendered script's trap does.
+MAX_TIME_LIMIT_REQUEUES = 1000
 
 
-def choose_executor(requested: str | None) -> tuple[ExecutorKind, str | None]:
+def choose_executor(requested: str | None, *, mpi: bool = False) -> tuple[Executor, str | None]:
     """The executor, and a note when it was chosen for the user (local only where no Slurm is installed)."""
     from toolkit.slurm.commands import slurm_installed
 
-    if requested in ("slurm", "local"):
-        return requested, None  # type: ignore[return-value]
-    if requested is not None:
-        raise HpcError(f"--executor {requested!r} is not one of slurm, local", fix="use --executor slurm or local",
-                       exit_code=2)
+    names = [kind.value for kind in Executor]
+    if requested is not None and requested not in names:
+        raise HpcError(f"--executor {requested!r} is not one of {', '.join(names)}",
+                       fix=f"use --executor {' | '.join(names)}", exit_code=2)
+    kind = Executor(requested) if requested else None
+    if mpi:
+        if kind == Executor.LOCAL or (kind is None and not slurm_installed()):
+            raise HpcError("this recipe runs an MPI binary, which only Slurm can start (srun --mpi)",
+                           fix="submit it to a Slurm cluster")
+        return Executor.SBATCH, (None if kind == Executor.SBATCH else
+                                     "an MPI binary: its rendered script goes to sbatch (srun --mpi ranks it)")
+    if kind is not None:
+        return kind, None
     if slurm_installed():
-        return "slurm", None
-    return "local", "no Slurm is installed here (no sbatch on PATH or in /opt/slurm/bin): running on this machine"
+        return Executor.SLURM, None
+    return Executor.LOCAL, "no Slurm is installed here (no sbatch on PATH or in /opt/slurm/bin): running on this machine"
 
 
 def node_python(spec: JobSpec) -> str:
@@ -83,7 +99,7 @@ def slurm_executor(folder: Path, parameters: dict[str, Any], python: str):
     """A submitit Slurm executor with a plan's parameters (submit through it inside sbatch_environment())."""
     import submitit
 
-    ex = submitit.SlurmExecutor(folder=folder, python=shlex.quote(python))
+    ex = submitit.SlurmExecutor(folder=folder, python=shlex.quote(python), max_num_timeout=MAX_TIME_LIMIT_REQUEUES)
     ex.update_parameters(**parameters)
     return ex
 
@@ -122,7 +138,7 @@ def submit_submitit(spec: JobSpec, run_dir: Path, parameters: dict[str, Any], py
     import submitit
 
     from toolkit import __version__
-    from toolkit.submit.launcher import RankLauncher
+    from toolkit.submit.launcher import RankTask
 
     folder = run_dir / "submitit"
     if local:
@@ -132,13 +148,13 @@ def submit_submitit(spec: JobSpec, run_dir: Path, parameters: dict[str, Any], py
         ex = submitit.LocalExecutor(folder=folder)
         ex.update_parameters(**parameters)
         env = {**filter_submit_env(os.environ), **spec.environ}
-        launcher = RankLauncher.for_spec(spec, run_dir, __version__, local_env=tuple(env.items()))
+        task = RankTask.for_spec(spec, run_dir, __version__, local_env=tuple(env.items()))
     else:
         ex = slurm_executor(folder, parameters, python or node_python(spec))
-        launcher = RankLauncher.for_spec(spec, run_dir, __version__)
+        task = RankTask.for_spec(spec, run_dir, __version__)
     try:
         with sbatch_environment():
-            job = ex.submit(launcher)
+            job = ex.submit(task)
     except submitit.core.utils.FailedJobError as exc:  # sbatch refused the job
         raise refused(str(exc).strip().splitlines()) from None
     return str(job.job_id)

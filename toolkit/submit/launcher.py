@@ -1,16 +1,27 @@
-"""The per-rank callable submitit runs under srun (one task per rank): it launches the workload's argv.
+"""The per-rank callable submitit runs on every Slurm task: the job's rank program (toolkit.job.rank), as a child.
 
-submitit unpickles this on the node, so the node's toolkit must be the one that submitted: checked first.
-The argv is toolkit.job.rank.resolve_argv(), the same function behind the rendered sbatch script's ranks.
-It carries only what a rank needs (toolkit.job.rank: no pydantic, no Jinja2), since every rank pays for the
-imports its unpickling triggers.
+The rank program is the argv the rendered script's srun line runs, so both submission paths give every rank the
+same contract, argv and environment. What is submitit's stays submitit's: its per-rank process installs its own
+signal handlers (submitit/core/job_environment.py: SIGUSR2 -> `checkpoint_and_try_requeue` on rank 0, SIGTERM
+logged and bypassed), and this callable answers submitit's checkpoint protocol (`checkpoint()` returning a
+DelayedSubmission to requeue, None not to).
 
-Preemption and time limits: Slurm sends SIGUSR2 to every process of the job's steps (submitit's
-`--signal=USR2@N`; USR1 is NCCL's). A workload that stops on it (our trainers: agreed step, checkpoint,
-exit 75) is left to do so; any other workload starts with SIGUSR2 ignored, since its default action kills.
-Then rank 0 requeues the job and the rerun resumes from the workload's checkpoint. `scontrol requeue`
-sends no SIGUSR2 (Slurm stops the steps itself): the rerun resumes from the last periodic checkpoint.
-Benchmarks (JobSpec.requeue false) ignore SIGUSR2 and run to their end or their time limit: never requeued.
+The stop policy, one per job (JobSpec.requeue, JobSpec.stops_on_signal), as each path carries it out. Slurm
+sends SIGUSR2 signal_before_s before the time limit (USR1 is NCCL's): on the submitit path to every process of
+the steps (`--signal=USR2@N`), so the workload gets it directly; the rendered script's batch shell gets it
+(`--signal=B:USR2@N`) and its trap passes it to srun, which signals every task.
+
+  requeue, stops_on_signal (our trainers)  the workload agrees on a step, saves, exits 75; then the job requeues
+                                           (script: the trap, after srun ends; submitit: checkpoint() waits for
+                                           rank 0's workload, submitit runs `scontrol requeue`)
+  requeue, cannot save (fairseq, ...)      the workload starts with SIGUSR2 ignored; the job requeues at once and
+                                           the rerun resumes from its last periodic checkpoint (checkpoint() ends
+                                           rank 0's workload first)
+  no requeue (benchmarks)                  the workload ignores SIGUSR2 and the job is never requeued (script: no
+                                           signal is asked for; submitit always asks, and checkpoint() answers
+                                           None: submitit ends the job as not requeued)
+
+`scontrol requeue` sends SIGTERM (no SIGUSR2): workloads that save on it exit 75, the rerun resumes from there.
 """
 
 from __future__ import annotations
@@ -21,9 +32,14 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 
-from toolkit.job.rank import Arg, RankVar, master_port, resolve_argv
 from toolkit.workloads.stopping import EXIT_STOPPED  # standard library only: cheap for every rank
+
+# How long checkpoint() gives a stopping workload to save before requeueing without it.
+STOP_GRACE_S = 120
+
+_running: dict[str, object] = {}  # this process's workload ("proc", "ended"), for checkpoint()
 
 
 class RankFailed(RuntimeError):
@@ -31,9 +47,9 @@ class RankFailed(RuntimeError):
 
 
 @dataclasses.dataclass(frozen=True)
-class RankLauncher:
-    command: tuple[Arg, ...]
-    world_size: int  # Slurm tasks (SLURM_NTASKS): the ranks, or the nodes under torchrun
+class RankTask:
+    argv: tuple[str, ...]  # the job's rank program (toolkit.job.rank.RankProgram.argv)
+    ntasks: int  # Slurm tasks: the ranks, or the nodes under torchrun
     run_dir: str
     toolkit_version: str
     stops_on_signal: bool = False
@@ -43,22 +59,30 @@ class RankLauncher:
     local_env: tuple[tuple[str, str], ...] | None = None
 
     @classmethod
-    def for_spec(cls, spec, run_dir, toolkit_version: str, local_env=None) -> RankLauncher:
-        """What a rank of this toolkit.job.spec.JobSpec needs, and nothing more."""
-        return cls(spec.command, spec.nodes * spec.slurm_tasks_per_node, str(run_dir), toolkit_version,
+    def for_spec(cls, spec, run_dir, toolkit_version: str, local_env=None) -> RankTask:
+        """What a task of this toolkit.job.spec.JobSpec runs, and nothing more."""
+        return cls(spec.program.argv, spec.nodes * spec.slurm_tasks_per_node, str(run_dir), toolkit_version,
                    spec.stops_on_signal, spec.requeue, local_env)
 
-    def rank_env(self) -> dict[str, str]:
-        """This task's per-rank values, named as the rendered script's tasks see them."""
+    @property
+    def program(self) -> str:
+        """The workload's program: the rank program's first word after `bash -c SCRIPT`."""
+        return self.argv[3] if len(self.argv) > 3 else self.argv[0]
+
+    def environment(self) -> dict[str, str]:
+        """The task's environment. Under Slurm: this process's (the batch script's set-up and srun's task
+        variables). Locally: the explicit one, with the task variables the rank program reads, as srun sets them."""
+        if self.local_env is None:
+            return dict(os.environ)
+        from toolkit.job.rank import master_port
         import submitit
 
         job = submitit.JobEnvironment()
-        if self.local_env is not None:
-            addr, port = "127.0.0.1", str(master_port(int(job.job_id)))
-        else:  # exported by the batch script's set-up (toolkit/job/templates/setup.sh.j2)
-            addr, port = os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"]
-        return {RankVar.RANK.value: str(job.global_rank), RankVar.LOCAL_RANK.value: str(job.local_rank),
-                RankVar.MASTER_ADDR.value: addr, RankVar.MASTER_PORT.value: port}
+        addr, port = "127.0.0.1", str(master_port(int(job.job_id)))
+        return {**dict(self.local_env), "SLURM_PROCID": str(job.global_rank), "SLURM_LOCALID": str(job.local_rank),
+                "SLURM_NODEID": "0", "SLURM_NTASKS": str(self.ntasks), "MASTER_ADDR": addr, "MASTER_PORT": port,
+                # torchrun's rendezvous, as the batch script's set-up exports it under Slurm (setup.sh.j2)
+                "PET_RDZV_ENDPOINT": f"{addr}:{port}", "PET_RDZV_ID": "local"}
 
     def __call__(self) -> str:
         from toolkit import __version__
@@ -67,35 +91,34 @@ class RankLauncher:
             raise RuntimeError(f"toolkit {__version__} on {os.uname().nodename} is not the toolkit "
                                f"{self.toolkit_version} that submitted this job: install the same version in the "
                                "nodes' training environment and submit again")
-        rank = self.rank_env()
-        if self.local_env is None:
-            env = dict(os.environ)
-        else:
-            env = dict(self.local_env)
-            env.update({"SLURM_PROCID": rank[RankVar.RANK.value], "SLURM_LOCALID": rank[RankVar.LOCAL_RANK.value],
-                        "SLURM_NTASKS": str(self.world_size)})
-            # torchrun's rendezvous, as the batch script's set-up exports it under Slurm (setup.sh.j2)
-            env.update({"PET_RDZV_ENDPOINT": f"{rank[RankVar.MASTER_ADDR.value]}:{rank[RankVar.MASTER_PORT.value]}",
-                        "PET_RDZV_ID": "local"})
-        env.update({RankVar.MASTER_ADDR.value: rank[RankVar.MASTER_ADDR.value],
-                    RankVar.MASTER_PORT.value: rank[RankVar.MASTER_PORT.value]})
-        argv = resolve_argv(self.command, rank)
-        global_rank = int(rank[RankVar.RANK.value])
-        returncode, stop_requested = _run(argv, env, self.stops_on_signal, self.requeue)
-        record = {"rank": global_rank, "host": os.uname().nodename, "exit_code": returncode,
-                  "argv0": argv[0], "finished_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")}
-        if stop_requested:  # SIGUSR2: the time limit is near, or a preemption notice
-            if global_rank == 0 and self.local_env is None:
-                _requeue(os.environ["SLURM_JOB_ID"])
-            return "stopped: requeued"
-        if returncode == EXIT_STOPPED:  # SIGTERM: Slurm is ending or requeueing the job itself
+        env = self.environment()
+        rank = int(env["SLURM_PROCID"])
+        returncode = _run(list(self.argv), env, ignore_usr2=not (self.stops_on_signal and self.requeue))
+        record = {"rank": rank, "host": os.uname().nodename, "exit_code": returncode, "argv0": self.program,
+                  "finished_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")}
+        if returncode == EXIT_STOPPED:  # saved on a stop signal; Slurm or rank 0 requeues the job
             return "stopped"
         if returncode != 0:
             _write(self.run_dir, record)
-            raise RankFailed(f"rank {global_rank}: {argv[0]} exited with {returncode}")
-        if global_rank == 0:
+            raise RankFailed(f"rank {rank}: {self.program} exited with {returncode}")
+        if rank == 0:
             _write(self.run_dir, {**record, "ok": True})
         return "completed"
+
+    def checkpoint(self, *args, **kwargs):
+        """submitit's checkpoint protocol, called on rank 0 when the stop signal arrives: requeue the job (return
+        a DelayedSubmission) once this rank's workload has saved or been ended, or not at all (None)."""
+        if not self.requeue:
+            return None
+        proc, ended = _running.get("proc"), _running.get("ended")
+        if proc is not None:
+            if not self.stops_on_signal:
+                proc.terminate()  # it cannot save on request: the rerun resumes from its last checkpoint
+            if not ended.wait(STOP_GRACE_S):
+                proc.kill()
+        import submitit
+
+        return submitit.helpers.DelayedSubmission(self, *args, **kwargs)
 
 
 def _write(run_dir: str, record: dict) -> None:
@@ -109,43 +132,21 @@ def _write(run_dir: str, record: dict) -> None:
         run.write_failure(rank)
 
 
-def _requeue(job_id: str) -> None:
-    """Put this job back in the queue (Slurm stops what still runs of it and starts it again)."""
-    sys.stderr.write(f"hpc: stop requested: requeueing job {job_id}\n")
-    subprocess.run(["scontrol", "requeue", job_id], timeout=60, check=False)
-
-
 def _ignore_usr2() -> None:
     signal.signal(signal.SIGUSR2, signal.SIG_IGN)  # kept across exec: the workload never dies of it
 
 
-def _run(argv: list[str], env: dict[str, str], stops_on_signal: bool, requeue: bool = True) -> tuple[int, bool]:
-    """Run the workload to its end; (exit code, whether a stop (SIGUSR2) was requested meanwhile).
-
-    SIGUSR2 and SIGTERM reach the workload from Slurm directly (it signals every process of the step);
-    they are passed on too, for signals sent to this process alone. Without requeue, SIGUSR2 means nothing.
-    """
-    stops_on_signal = stops_on_signal and requeue
+def _run(argv: list[str], env: dict[str, str], ignore_usr2: bool) -> int:
+    """Run the workload to its end and return its exit code. A thread waits for it, so that submitit's signal
+    handlers (and checkpoint()) run in this main thread while it runs."""
     try:
-        proc = subprocess.Popen(argv, env=env, preexec_fn=None if stops_on_signal else _ignore_usr2)
+        proc = subprocess.Popen(argv, env=env, preexec_fn=_ignore_usr2 if ignore_usr2 else None)
     except FileNotFoundError:
         sys.stderr.write(f"hpc: {argv[0]!r} was not found on PATH={env.get('PATH', '')}\n")
-        return 127, False
-    stop = {"requested": False}
-
-    def on_usr2(_signum, _frame) -> None:
-        if not requeue:
-            return
-        stop["requested"] = True
-        if stops_on_signal:
-            proc.send_signal(signal.SIGUSR2)
-        elif proc.poll() is None:
-            proc.terminate()  # it cannot save on request: end it; the rerun resumes from its last checkpoint
-
-    previous = {signal.SIGUSR2: signal.signal(signal.SIGUSR2, on_usr2),
-                signal.SIGTERM: signal.signal(signal.SIGTERM, lambda *_: proc.send_signal(signal.SIGTERM))}
-    try:
-        return proc.wait(), stop["requested"]
-    finally:
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)
+        return 127
+    ended = threading.Event()
+    threading.Thread(target=lambda: (proc.wait(), ended.set()), daemon=True).start()
+    _running.update(proc=proc, ended=ended)
+    while not ended.wait(1.0):
+        pass
+    return proc.returncode

@@ -1,15 +1,11 @@
 """A submission, planned once (torchx's dryrun-then-schedule): `--dry-run` prints the plan, `submit` executes it.
 
 plan() decides everything and submits nothing: the recipe, the queue, the job spec, the script rendered once,
-the executor with its exact parameters (submitit) or argv (sbatch, for MPI binaries), the batch script submitit
-will send, warnings, and the run dir's metadata. execute() checks Slurm would take the job, writes the run dir
-(write_run_dir, the one writer) and submits. Nothing downstream re-plans. Sweeps: toolkit.submit.sweep builds
-one Plan per grid point and submits them as one array.
-
-    executor kinds   submitit-slurm   submitit's SlurmExecutor: srun starts one RankLauncher per rank
-                     submitit-local   submitit's LocalExecutor: this machine, one node (no Slurm installed)
-                     sbatch           the rendered script itself (`sbatch --parsable job.sbatch`): MPI binaries
-                                      take no rank arguments, srun --mpi gives each task its rank
+the executor (toolkit.rundir.Executor: slurm, local, sbatch) with its exact parameters (submitit)
+or argv (sbatch), the batch script submitit will send, the rank program every task runs, warnings, and the run
+dir's metadata. execute() checks Slurm would take the job, writes the run dir (write_run_dir, the one writer)
+and submits. Nothing downstream re-plans. Sweeps: toolkit.submit.sweep builds one Plan per grid point and
+submits them as one array.
 """
 
 from __future__ import annotations
@@ -18,12 +14,10 @@ import dataclasses
 import shlex
 import sys
 from pathlib import Path
-from typing import Any, Literal, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 from toolkit import rundir
-from toolkit.errors import HpcError
-
-ExecutorKind = Literal["submitit-slurm", "submitit-local", "sbatch"]
+from toolkit.rundir import Executor
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,11 +47,12 @@ class Plan:
     spec: Any  # toolkit.job.spec.JobSpec
     run_dir: Path
     script: str  # job.sbatch: what sbatch runs for the sbatch kind, the equivalent script otherwise
-    executor: ExecutorKind
-    python: str | None  # submitit kinds: the Python that runs the per-rank code on the nodes
-    parameters: dict[str, Any]  # submitit kinds: the executor's parameters, exactly
-    batch_script: str | None  # submitit-slurm: the batch script submitit hands to sbatch
-    argv: tuple[str, ...] | None  # sbatch kind: the command that submits
+    executor: Executor
+    python: str | None  # slurm, local: the Python that runs submitit's per-rank code on the nodes
+    parameters: dict[str, Any]  # slurm, local: the executor's parameters, exactly
+    batch_script: str | None  # slurm: the batch script submitit hands to sbatch
+    argv: tuple[str, ...] | None  # sbatch: the command that submits
+    rank_program: tuple[str, ...]  # what srun starts on every task, on every path (toolkit.job.rank)
     rank0_argv: tuple[str, ...]
     notes: tuple[str, ...]
     warnings: tuple[str, ...]
@@ -66,10 +61,11 @@ class Plan:
     def to_json(self) -> dict[str, Any]:
         import dataclasses as dc
 
-        return {"executor": self.executor, "run_dir": str(self.run_dir), "queue": self.queue.name,
+        return {"executor": self.executor.value, "run_dir": str(self.run_dir), "queue": self.queue.name,
                 "instance_type": self.queue.instance_type, "nodes": self.spec.nodes,
                 "ranks": self.spec.world_size, "python": self.python, "parameters": self.parameters,
-                "argv": list(self.argv) if self.argv else None, "rank0_argv": list(self.rank0_argv),
+                "argv": list(self.argv) if self.argv else None, "rank_program": list(self.rank_program),
+                "rank0_argv": list(self.rank0_argv),
                 "notes": list(self.notes), "warnings": list(self.warnings),
                 "derived": [dc.asdict(d) for d in self.spec.derived], "script": self.script,
                 "batch_script": self.batch_script}
@@ -106,52 +102,46 @@ def plan(request: SubmitRequest, run_dir: Path | None = None, *, task_of: Plan |
     """Everything a submit does, decided; nothing written or submitted: plan_job() and its executor.
     `task_of`: another task of the same job array (toolkit.submit.sweep), whose queue, executor and metadata
     this one shares; the array's batch script is the sweep's, not a task's."""
-    from toolkit.job.rank import RANK0_PREVIEW, resolve_argv
+    from toolkit.job.rank import preview_argv
     from toolkit.job.render import render_script
     from toolkit.recipes.load import find_recipe
     from toolkit.submit import executor as executors
 
+    recipe, queue, spec, run_dir, notes = plan_job(request, run_dir, task_of.queue if task_of else None)
     if task_of is None:
-        kind, note = executors.choose_executor(request.executor)
-        notes = [note] if note else []
-        queue = None
+        executor, note = executors.choose_executor(request.executor, mpi=bool(spec.mpi))
+        notes = [note, *notes] if note else notes
     else:
-        kind = "local" if task_of.executor == "submitit-local" else "slurm"
-        queue, notes = task_of.queue, list(task_of.notes)
-    recipe, queue, spec, run_dir, job_notes = plan_job(request, run_dir, queue)
-    notes += job_notes
-    executor: ExecutorKind
+        executor, notes = task_of.executor, list(task_of.notes)
     python = batch_script = argv = None
     parameters: dict[str, Any] = {}
-    if spec.mpi:
-        if kind == "local":
-            raise HpcError(f"recipe {recipe.name} runs an MPI binary, which only Slurm can start (srun --mpi)",
-                           fix="submit it from a Slurm cluster's login node (--executor slurm)")
-        executor, argv = "sbatch", ("sbatch", "--parsable", str(run_dir / "job.sbatch"))
-    elif kind == "local":
-        executor, python = "submitit-local", sys.executable
+    if executor == Executor.SBATCH:
+        argv = ("sbatch", "--parsable", str(run_dir / "job.sbatch"))
+    elif executor == Executor.LOCAL:
+        python = sys.executable
         parameters = executors.local_parameters(spec)
     else:
-        executor, python = "submitit-slurm", executors.node_python(spec)
+        python = executors.node_python(spec)
         parameters = executors.slurm_parameters(spec)
         if task_of is None:
             batch_script = executors.submitit_batch_script(spec, run_dir / "submitit")
     # A task shares its array's recipe file and commit: no git calls per task of a large sweep.
     recipe_file = find_recipe(request.recipe) if request.recipe_data is None else None
     base = rundir.base_metadata(recipe.name, recipe_file) if task_of is None else task_of.metadata
-    metadata = {**base, "profile": request.profile, "overrides": list(request.overrides), "executor": executor,
+    metadata = {**base, "profile": request.profile, "overrides": list(request.overrides), "executor": executor.value,
                 "queue": queue.name, "instance_type": queue.instance_type, "fabric": queue.fabric,
                 "nodes": spec.nodes, "ranks_per_node": spec.tasks_per_node, "ranks": spec.world_size,
                 "launcher_style": spec.style, "job_ids": []}
     return Plan(request=request, recipe=recipe, queue=queue, spec=spec, run_dir=run_dir, script=render_script(spec),
                 executor=executor, python=python, parameters=parameters, batch_script=batch_script,
-                argv=argv, rank0_argv=tuple(resolve_argv(spec.command, RANK0_PREVIEW)), notes=tuple(notes),
+                argv=argv, rank_program=spec.program.argv, rank0_argv=tuple(preview_argv(spec.command)),
+                notes=tuple(notes),
                 warnings=spec.warnings, metadata=metadata)
 
 
 def check_slurm_accepts(p: Plan) -> None:
     """Before anything is written: the controller answers and `sbatch --test-only` takes the job."""
-    if p.executor == "submitit-local":
+    if p.executor == Executor.LOCAL:
         return
     from toolkit.slurm.commands import check_controller
     from toolkit.submit.executor import preflight
@@ -176,16 +166,16 @@ def execute(p: Plan) -> str:
     check_slurm_accepts(p)
     try:
         write_run_dir(p)
-        if p.executor == "sbatch":
+        if p.executor == Executor.SBATCH:
             job_id = executors.submit_script(p.argv)
         else:
             job_id = executors.submit_submitit(p.spec, p.run_dir, p.parameters, p.python,
-                                               local=p.executor == "submitit-local")
+                                               local=p.executor == Executor.LOCAL)
     except BaseException:
         rundir.RunDir(p.run_dir).discard()  # never leave a run dir for a job that was not submitted
         raise
     rundir.RunDir(p.run_dir).write_metadata(rundir.Metadata.from_json({**p.metadata, "job_ids": [job_id]}))
-    if p.executor != "submitit-local":
+    if p.executor != Executor.LOCAL:
         save_batch_script(job_id, p.run_dir)
     return job_id
 
@@ -201,15 +191,16 @@ def save_batch_script(job_id: str, run: Path) -> None:
 
 def describe(p: Plan) -> str:
     """The plan for people: how it is submitted, with what, and the script."""
-    how = {"submitit-slurm": f"submitit's Slurm executor (nodes run {p.python})",
-           "submitit-local": f"submitit's local executor on this machine ({p.python})",
-           "sbatch": "sbatch: " + shlex.join(p.argv or ())}[p.executor]
+    how = {Executor.SLURM: f"submitit's Slurm executor (nodes run {p.python})",
+           Executor.LOCAL: f"submitit's local executor on this machine ({p.python})",
+           Executor.SBATCH: "sbatch: " + shlex.join(p.argv or ())}[p.executor]
     lines = [f"would submit {p.spec.job_name}: {p.spec.nodes} x {p.spec.instance_type} on queue {p.queue.name}, "
              f"{p.spec.world_size} ranks", f"  with: {how}", f"  run dir: {p.run_dir}"]
     if p.parameters:
         lines.append("parameters:")
         lines += [f"  {k}: {v}" for k, v in p.parameters.items() if k != "setup"]
-    lines += ["rank 0 runs: " + shlex.join(p.rank0_argv), "", "script (job.sbatch):", p.script]
+    lines += ["every task runs: " + shlex.join(p.rank_program), "rank 0 runs: " + shlex.join(p.rank0_argv), "",
+              "script (job.sbatch):", p.script]
     if p.batch_script:
         lines += ["batch script submitit sends to sbatch:", p.batch_script]
     return "\n".join(lines)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from pathlib import Path
-from typing import Any, Iterator, Mapping
+from typing import Any, Iterator
 
 from toolkit import rundir
 from toolkit.errors import HpcError
@@ -184,22 +184,16 @@ def _task_range(array: Array) -> str:
     return " .. ".join(dict.fromkeys(array.task_job_id(n) for n in (0, array.count - 1)))
 
 
-def sweep_arrays(meta: Metadata | Mapping[str, Any]) -> list[dict[str, Any]]:
-    """A sweep's arrays as JSON: {"job_id", "first" (its first task's index in the sweep), "count"}.
-    (A mapping: metadata.json's object, as toolkit/cli/recipes.py still reads it.)"""
-    return [dataclasses.asdict(a) for a in _typed(meta).sweep_arrays]
+def sweep_arrays(meta: Metadata) -> list[dict[str, Any]]:
+    """A sweep's arrays as JSON: {"job_id", "first" (its first task's index in the sweep), "count"}."""
+    return [dataclasses.asdict(a) for a in meta.sweep_arrays]
 
 
-def sweep_failed_tasks(sweep_dir: Path, meta: Metadata | Mapping[str, Any]) -> list[dict]:
+def sweep_failed_tasks(sweep_dir: Path, meta: Metadata) -> list[dict]:
     """The tasks that did not complete, each with the log of its first failing rank (if any)."""
-    meta = _typed(meta)
     return [{"job_id": t.job_id, "state": t.state, "run_dir": t.run_dir,
              "log": str(log) if (log := RunDir(t.run_dir).failed_rank_log(t.job_id)) else None}
             for t in sweep_task_statuses(RunDir(sweep_dir), meta, ask_sweep(meta)) if t.state != State.COMPLETED]
-
-
-def _typed(meta: Metadata | Mapping[str, Any]) -> Metadata:
-    return meta if isinstance(meta, Metadata) else Metadata.from_json(meta)
 
 
 def cancel_ids(job_id: str, root: Path | None = None) -> list[str]:

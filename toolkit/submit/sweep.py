@@ -156,8 +156,9 @@ def plan(request, sweeps: Sequence[str], parallelism: int | None = None,
         raise UsageError("a sweep runs as a Slurm job array; the local executor has none",
                          fix="submit the sweep to a Slurm cluster (--executor slurm), or submit points one by one")
     if Executor.parse(first.executor) == Executor.SBATCH:
-        raise HpcError(f"recipe {first.recipe.name} runs an MPI binary (sent as its sbatch script): it cannot be "
-                       "swept", fix="submit each variation with `hpc recipes submit --set ...`")
+        raise HpcError(f"recipe {first.recipe.name} goes to sbatch as its rendered script (an MPI binary, or "
+                       "--executor sbatch): a sweep is a submitit job array",
+                       fix="submit each variation with `hpc recipes submit --set ...` (or sweep with --executor slurm)")
     shared = _flat(first.parameters)
     for task, point in zip(tasks[1:], points[1:]):
         params = _flat(task.parameters)
@@ -272,13 +273,13 @@ def _submit_array(sp: SweepPlan, chunk: range) -> str:
 
     from toolkit import __version__
     from toolkit.submit.executor import refused, sbatch_environment, slurm_executor
-    from toolkit.submit.launcher import RankLauncher
+    from toolkit.submit.launcher import RankTask
 
     first = sp.tasks[0]
     ex = slurm_executor(sp.sweep_dir / "submitit", sp.parameters, first.python)
     try:
         with sbatch_environment(), ex.batch():
-            jobs = [ex.submit(RankLauncher.for_spec(sp.tasks[i].spec, sp.tasks[i].run_dir, __version__))
+            jobs = [ex.submit(RankTask.for_spec(sp.tasks[i].spec, sp.tasks[i].run_dir, __version__))
                     for i in chunk]
     except submitit.core.utils.FailedJobError as exc:  # sbatch refused the array
         raise refused(str(exc).strip().splitlines()) from None

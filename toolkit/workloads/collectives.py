@@ -10,8 +10,8 @@ all_reduce, x (n-1)/n for all_gather and reduce_scatter; time is the mean over i
 #wrong counts elements that differ from the expected result (checked once per size and placement, outside the
 timed loop).
 
-Rank layout comes from RANK / WORLD_SIZE / LOCAL_RANK / MASTER_ADDR / MASTER_PORT, with SLURM_PROCID /
-SLURM_NTASKS / SLURM_LOCALID standing in under plain srun.
+Rank layout comes from the rank contract: RANK / WORLD_SIZE / LOCAL_RANK / MASTER_ADDR / MASTER_PORT
+(toolkit.workloads.rank_env).
 """
 
 from __future__ import annotations

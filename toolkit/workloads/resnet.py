@@ -1,7 +1,7 @@
 """Our ResNet (v1.5: torchvision's resnet50) data-parallel trainer, torchvision reference style.
 
-Launched once per rank: `python -m toolkit.workloads.resnet --data DIR ...`. The rank layout comes from
-RANK/LOCAL_RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT, else from SLURM_PROCID/SLURM_LOCALID/SLURM_NTASKS.
+Launched once per rank: `python -m toolkit.workloads.resnet --data DIR ...`. The rank layout comes from the
+rank contract: RANK/LOCAL_RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT (toolkit.workloads.rank_env).
 
 Exit codes: 0 done (all epochs, or --max-steps reached); 1 error (message on stderr);
 EXIT_STOPPED (75) stopped on SIGUSR2/SIGTERM after saving a checkpoint: requeue to continue.
