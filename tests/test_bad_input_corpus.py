@@ -6,8 +6,8 @@ exit code; stderr has `error:` naming what is wrong (the pattern) and `fix:` say
 no file under the recipes, cluster configs and runs root changed (content, mtime, or a file/dir appearing or
 vanishing); and no job of ours reached Slurm: the cases without Slurm run with every Slurm command on PATH
 replaced by a stand-in that records the call and fails, and none that submits (sbatch, srun, salloc) may be
-called (a query such as `scontrol show config` may: it fails as with no Slurm there); the Slurm cases check squeue and sacct,
-filtered to jobs submitted from this corpus's directory, so other users' jobs do not matter.
+called (a query such as `scontrol show config` may: it fails as with no Slurm there); the Slurm cases check
+squeue and sacct, filtered to jobs submitted from this corpus's directory, so other users' jobs do not matter.
 """
 
 from __future__ import annotations

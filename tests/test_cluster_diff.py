@@ -11,7 +11,7 @@ import sys
 import pytest
 import yaml
 
-from tests.conftest import REPO, run_hpc
+from tests.conftest import REPO, run_hpc, run_hpc_process
 
 P5 = yaml.safe_load((REPO / "cluster-configs" / "p5-reservation.yaml").read_text())
 AWS_STYLE = yaml.safe_load((REPO / "tests" / "data" / "aws-style-cluster.yaml").read_text())
@@ -296,11 +296,11 @@ def test_edits_and_diff_never_touch_the_network(tmp_path):
     env.update(PYTHONPATH=str(tmp_path / "site"), HPC_TEST_NETWORK_LOG=str(log))
     new = tmp_path / "new.yaml"
     new.write_bytes((REPO / "cluster-configs" / "p5-reservation.yaml").read_bytes())
-    codes = [run_hpc("cluster", "queue", *args, env=env).returncode for args in (
+    codes = [run_hpc_process("cluster", "queue", *args, env=env).returncode for args in (
         ["add", str(new), "--queue", "extra=p4d.24xlarge:2"], ["set", str(new), "p5", "--max", "2"],
         ["remove", str(new), "cpu"])]
-    codes.append(run_hpc("cluster", "diff", str(REPO / "cluster-configs" / "p5-reservation.yaml"), str(new),
-                         env=env).returncode)
+    codes.append(run_hpc_process("cluster", "diff", str(REPO / "cluster-configs" / "p5-reservation.yaml"), str(new),
+                                 env=env).returncode)
     assert codes == [0, 0, 0, 1]
     assert not log.exists(), log.read_text()
     # the trap works: a process that does look a name up is logged

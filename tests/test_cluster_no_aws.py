@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from tests.conftest import REPO, run_hpc
+from tests.conftest import REPO, run_hpc, run_hpc_process
 
 
 @pytest.fixture
@@ -142,7 +142,7 @@ def test_validating_urls_storage_and_unknown_types_touches_no_network(net_trap, 
     path = tmp_path / "c.yaml"
     path.write_text(config)
     started = time.time()
-    res = run_hpc("cluster", "validate", str(path), "--json", env=env, timeout=60)
+    res = run_hpc_process("cluster", "validate", str(path), "--json", env=env, timeout=60)
     assert not log.exists(), log.read_text()
     assert res.returncode == 0, res.stdout + res.stderr
     report = json.loads(res.stdout)
