@@ -270,6 +270,7 @@ def test_torchrun_restarts_resume_from_the_checkpoint(tmp_path):
     assert not strays(str(tmp_path))
 
 
+@pytest.mark.canary
 @pytest.mark.training
 def test_plain_torchrun_restarts_hang_on_this_torch(tmp_path):
     """The control: the same kill under plain torchrun (workers on the agent's store) never completes after the
