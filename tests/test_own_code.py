@@ -85,6 +85,14 @@ def test_bad_hpc_run_input_gets_one_clear_error(tmp_path, args, code, expected):
     assert res.stderr.count("error:") == 1
 
 
+def test_a_missing_script_is_refused_before_anything_is_submitted(tmp_path):
+    res = run_hpc("run", str(tmp_path / "nope.py"), "--cluster", str(write_cluster(tmp_path)), "--queue", "cpu",
+                  "--executor", "slurm", "--json", cwd=tmp_path)
+    assert res.returncode == 1 and "Traceback" not in res.stderr
+    assert f"error: script {tmp_path}/nope.py does not exist" in res.stderr and res.stderr.count("error:") == 1
+    assert not (tmp_path / "runs").exists() and not Path(os.environ["HPC_RUNS_DIR"]).exists()
+
+
 def test_recipes_new_writes_the_recipe_hpc_run_submits(tmp_path):
     cluster = str(write_cluster(tmp_path))
     res = run_hpc("recipes", "new", "ddp_train", "--script", str(DDP), "--nodes", "2", "--launcher", "torchrun",
