@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -24,8 +25,8 @@ def run_hpc(*args: str, env: dict[str, str] | None = None, cwd: str | Path | Non
 
     `env` is the whole environment for the call's duration, as for a subprocess; the environment, cwd, argv and
     PyYAML's SafeLoader (pcluster changes it when imported) are restored after. Output is captured at the file
-    descriptors too, so what a child process the command starts writes is in it, in order. `timeout` is not
-    enforced here (kept for the same shape).
+    descriptors too, so what a child process the command starts writes is in it, in order. Past `timeout`
+    seconds the call is interrupted (SIGALRM) and subprocess.TimeoutExpired raised, as subprocess.run does.
     """
     import yaml
 
@@ -50,9 +51,16 @@ def run_hpc(*args: str, env: dict[str, str] | None = None, cwd: str | Path | Non
         sys.stdin = io.StringIO(input or "")
         sys.stdout, sys.stderr = (io.TextIOWrapper(io.FileIO(fd, "w", closefd=False), encoding="utf-8",
                                                    write_through=True) for fd in (1, 2))
+
+        def interrupt(signum, frame):
+            raise _Timeout()
+        saved_alarm = signal.signal(signal.SIGALRM, interrupt)
+        signal.setitimer(signal.ITIMER_REAL, timeout)
         try:
             main(list(args))
             code = 0
+        except _Timeout:
+            raise subprocess.TimeoutExpired(["hpc", *args], timeout) from None
         except SystemExit as exc:
             code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
             if isinstance(exc.code, str):
@@ -60,6 +68,9 @@ def run_hpc(*args: str, env: dict[str, str] | None = None, cwd: str | Path | Non
         except BaseException:  # what the interpreter would print for an uncaught exception (--debug)
             traceback.print_exc()
             code = 1
+        finally:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.signal(signal.SIGALRM, saved_alarm)
     finally:
         sys.stdin, sys.stdout, sys.stderr = saved_streams
         for fd, saved in zip((1, 2), saved_fds):
@@ -72,6 +83,10 @@ def run_hpc(*args: str, env: dict[str, str] | None = None, cwd: str | Path | Non
         yaml.SafeLoader.yaml_constructors = saved_constructors
     stdout, stderr = [_read_back(out) for out in outputs]
     return subprocess.CompletedProcess(["hpc", *args], code, stdout, stderr)
+
+
+class _Timeout(BaseException):
+    """Raised by SIGALRM inside an in-process call: a BaseException, so main's `except Exception` lets it by."""
 
 
 def _read_back(out) -> str:
