@@ -297,7 +297,8 @@ def test_edits_and_diff_never_touch_the_network(tmp_path):
     new = tmp_path / "new.yaml"
     new.write_bytes((REPO / "cluster-configs" / "p5-reservation.yaml").read_bytes())
     commands = [["cluster", "queue", "add", str(new), "--queue", "extra=p4d.24xlarge:2"],
-                ["cluster", "queue", "set", str(new), "p5", "--max", "2"], ["cluster", "queue", "remove", str(new), "cpu"],
+                ["cluster", "queue", "set", str(new), "p5", "--max", "2"],
+                ["cluster", "queue", "remove", str(new), "cpu"],
                 ["cluster", "diff", str(REPO / "cluster-configs" / "p5-reservation.yaml"), str(new)]]
     # One process runs the four commands in turn (hpc's main, as the console script calls it), then looks a name
     # up itself: the trap works, and that look-up must be all it logged.
