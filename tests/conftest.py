@@ -44,6 +44,11 @@ def run_hpc(*args: str, env: dict[str, str] | None = None, cwd: str | Path | Non
             os.environ.clear()
             os.environ.update(env)
         os.environ["PYTHONPATH"] = str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")
+        # readline (loaded with pytest) puts LINES and COLUMNS in the C environment behind os.environ's back: a
+        # process the command starts with the inherited environment (sbatch under submitit) would get them.
+        for name in ("LINES", "COLUMNS"):
+            if name not in os.environ:
+                os.unsetenv(name)
         os.chdir(cwd or REPO)
         sys.argv = ["hpc", *args]
         for fd, out in zip((1, 2), outputs):
