@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 PIP := $(BIN)/pip --disable-pip-version-check -q
 
-.PHONY: venv train-env slurm-up slurm-down test demo bench jobs k8s-jobs cluster-configs clean
+.PHONY: venv train-env slurm-up slurm-down test canaries demo bench jobs k8s-jobs cluster-configs clean
 
 # The torch pins are repeated on every install line that may pull torch, so that no dependency can swap it.
 TORCH_PINS := torch==2.14.1 torchvision==0.29.1
@@ -48,6 +48,11 @@ slurm-down: venv
 
 test: venv train-env slurm-up
 	$(BIN)/python -m pytest -q
+
+# Checks of third parties' behaviour we rely on (torch's restart hang, Slurm's own features): not our code, so
+# not in `make test`; run them when upgrading torch or Slurm.
+canaries: venv train-env slurm-up
+	$(BIN)/python -m pytest -q -m canary
 
 # The main job: a small real recipe on the local Slurm (or on this machine where no Slurm can run).
 demo: venv train-env slurm-up

@@ -1,13 +1,17 @@
-"""Shared test helpers: run the real `hpc` CLI in a subprocess, the way users and scripts do."""
+"""Shared test helpers: run the real `hpc` CLI in this process (or in a subprocess where the process matters)."""
 
 from __future__ import annotations
 
+import io
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
+import traceback
 from pathlib import Path
 
 import pytest
@@ -17,7 +21,90 @@ REPO = Path(__file__).resolve().parents[1]
 
 def run_hpc(*args: str, env: dict[str, str] | None = None, cwd: str | Path | None = None,
             timeout: float = 120, input: str | None = None) -> subprocess.CompletedProcess:
-    """`hpc ARGS` as a subprocess with this checkout's toolkit first on the path; text output captured."""
+    """`hpc ARGS` in this process (toolkit.cli.main.main), shaped like `run_hpc_process`: exit code, text output.
+
+    `env` is the whole environment for the call's duration, as for a subprocess; the environment, cwd, argv and
+    PyYAML's SafeLoader (pcluster changes it when imported) are restored after. Output is captured at the file
+    descriptors too, so what a child process the command starts writes is in it, in order. Past `timeout`
+    seconds the call is interrupted (SIGALRM) and subprocess.TimeoutExpired raised, as subprocess.run does.
+    """
+    import yaml
+
+    from toolkit.cli.main import main
+
+    saved_env, saved_cwd, saved_argv = dict(os.environ), os.getcwd(), sys.argv
+    saved_streams = sys.stdin, sys.stdout, sys.stderr
+    saved_constructors = dict(yaml.SafeLoader.yaml_constructors)
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()
+    saved_fds = os.dup(1), os.dup(2)
+    outputs = tempfile.TemporaryFile(), tempfile.TemporaryFile()
+    try:
+        if env is not None:
+            os.environ.clear()
+            os.environ.update(env)
+        os.environ["PYTHONPATH"] = str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")
+        # readline (loaded with pytest) puts LINES and COLUMNS in the C environment behind os.environ's back: a
+        # process the command starts with the inherited environment (sbatch under submitit) would get them.
+        for name in ("LINES", "COLUMNS"):
+            if name not in os.environ:
+                os.unsetenv(name)
+        os.chdir(cwd or REPO)
+        sys.argv = ["hpc", *args]
+        for fd, out in zip((1, 2), outputs):
+            os.dup2(out.fileno(), fd)
+        sys.stdin = io.StringIO(input or "")
+        sys.stdout, sys.stderr = (io.TextIOWrapper(io.FileIO(fd, "w", closefd=False), encoding="utf-8",
+                                                   write_through=True) for fd in (1, 2))
+
+        def interrupt(signum, frame):
+            raise _Timeout()
+        saved_alarm = signal.signal(signal.SIGALRM, interrupt)
+        signal.setitimer(signal.ITIMER_REAL, timeout)
+        try:
+            main(list(args))
+            code = 0
+        except _Timeout:
+            raise subprocess.TimeoutExpired(["hpc", *args], timeout) from None
+        except SystemExit as exc:
+            code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+            if isinstance(exc.code, str):
+                sys.stderr.write(exc.code + "\n")
+        except BaseException:  # what the interpreter would print for an uncaught exception (--debug)
+            traceback.print_exc()
+            code = 1
+        finally:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.signal(signal.SIGALRM, saved_alarm)
+    finally:
+        sys.stdin, sys.stdout, sys.stderr = saved_streams
+        for fd, saved in zip((1, 2), saved_fds):
+            os.dup2(saved, fd)
+            os.close(saved)
+        os.environ.clear()
+        os.environ.update(saved_env)
+        os.chdir(saved_cwd)
+        sys.argv = saved_argv
+        yaml.SafeLoader.yaml_constructors = saved_constructors
+    stdout, stderr = [_read_back(out) for out in outputs]
+    return subprocess.CompletedProcess(["hpc", *args], code, stdout, stderr)
+
+
+class _Timeout(BaseException):
+    """Raised by SIGALRM inside an in-process call: a BaseException, so main's `except Exception` lets it by."""
+
+
+def _read_back(out) -> str:
+    out.seek(0)
+    text = out.read().decode("utf-8", errors="replace")
+    out.close()
+    return text
+
+
+def run_hpc_process(*args: str, env: dict[str, str] | None = None, cwd: str | Path | None = None,
+                    timeout: float = 120, input: str | None = None) -> subprocess.CompletedProcess:
+    """`hpc ARGS` as a subprocess with this checkout's toolkit first on the path; text output captured. For what
+    needs a process of its own: import time, PATH, a sitecustomize trap."""
     full_env = dict(os.environ if env is None else env)
     full_env["PYTHONPATH"] = str(REPO) + os.pathsep + full_env.get("PYTHONPATH", "")
     return subprocess.run([sys.executable, "-m", "toolkit", *args], capture_output=True, text=True,

@@ -1,10 +1,13 @@
-"""A corpus of bad input, each case run through the real CLI against the real local Slurm.
+"""A corpus of bad input, each case run through the real CLI (in-process); the cases whose answer comes from
+Slurm (a stopped slurmctld, sbatch refusing a job, an unknown job id) run against the real local Slurm.
 
 Every case states its exit code and a pattern its message must match. For every case the test checks: that
 exit code; stderr has `error:` naming what is wrong (the pattern) and `fix:` saying what to do; no traceback;
-no job of ours reached Slurm (squeue and sacct, filtered to jobs submitted from this corpus's directory, so
-other users' jobs do not matter); and no file under the recipes, cluster configs and runs root changed
-(content, mtime, or a file/dir appearing or vanishing).
+no file under the recipes, cluster configs and runs root changed (content, mtime, or a file/dir appearing or
+vanishing); and no job of ours reached Slurm: the cases without Slurm run with every Slurm command on PATH
+replaced by a stand-in that records the call and fails, and none that submits (sbatch, srun, salloc) may be
+called (a query such as `scontrol show config` may: it fails as with no Slurm there); the Slurm cases check
+squeue and sacct, filtered to jobs submitted from this corpus's directory, so other users' jobs do not matter.
 """
 
 from __future__ import annotations
@@ -23,14 +26,26 @@ import yaml
 from tests.conftest import REPO, SUMMARY, run_hpc, slurm_env
 from tests.jobhelpers import PROBE, write_recipe
 
-pytestmark = pytest.mark.slurm
-
 GOOD = {
     "name": "probe", "description": "records argv", "source": "tests",
     "launcher": {"kind": "binary", "program": str(PROBE)},
     "args": {"--count": 1}, "resources": {"nodes": 1, "time": "00:05:00", "exclusive": False},
     "env": {"PROBE_OUT": "/nonexistent-probe-out"},
 }
+# The local Slurm's cpu queue (2 nodes): the sbatch cases submit to its partition.
+CPU_QUEUE = {
+    "Name": "cpu", "CapacityType": "ONDEMAND", "Networking": {"SubnetIds": ["subnet-00000000000000000"]},
+    "ComputeResources": [{"Name": "m5-xl", "Instances": [{"InstanceType": "m5.xlarge"}], "MinCount": 2,
+                          "MaxCount": 2}],
+    "Tags": [{"Key": "hpc:ranks-per-node", "Value": "2"}, {"Key": "hpc:cpus-per-task", "Value": "1"},
+             {"Key": "hpc:efa-stack", "Value": "none"}],
+}
+CLUSTER = {"Region": "us-east-1", "Image": {"Os": "ubuntu2204"},
+           "HeadNode": {"InstanceType": "m5.xlarge", "Networking": {"SubnetId": "subnet-00000000000000000"},
+                        "Ssh": {"KeyName": "k"}},
+           "Scheduling": {"Scheduler": "slurm", "SlurmQueues": [CPU_QUEUE]}}
+SUBMITTING = ("sbatch", "srun", "salloc")
+SLURM_COMMANDS = (*SUBMITTING, "squeue", "sacct", "scancel", "scontrol", "sinfo")
 FAIRSEQ = {"name": "fs", "description": "d", "source": "s", "launcher": {"kind": "fairseq"},
            "args": {"--arch": "transformer", "--distributed-world-size": 8}, "resources": {"nodes": 1}}
 
@@ -54,14 +69,16 @@ class Case:
     pattern: str  # a regex the error message must match (case-insensitive)
     env: tuple[tuple[str, str], ...] = ()
     report: bool = False  # a report command (hpc cluster validate): its findings, with fixes, are on stdout
+    slurm: bool = False  # the answer comes from the real Slurm
 
     @property
     def id(self) -> str:
         return f"{self.category}/{self.name}"
 
 
-def case(category, name, args, code, pattern, report=False, **env) -> Case:
-    return Case(category, name, tuple(args), code, pattern, tuple(env.items()), report)
+def case(category, name, args, code, pattern, report=False, slurm=False, **env) -> Case:
+    return Case(category, name, tuple(args), code, pattern, tuple(env.items()), report,
+                slurm or category in ("slurmctld", "sbatch"))
 
 
 SUBMIT = ("recipes", "submit", "probe", "--cluster", "{ws}/cluster.yaml", "--queue", "cpu")
@@ -140,7 +157,7 @@ CASES = [
     case("cli", "more-nodes-than-the-queue", [*SUBMIT, "--nodes", "3"], 1, r"3 nodes requested; queue cpu has at most 2"),
     case("cli", "unknown-executor", [*SUBMIT, "--executor", "cloud"], 2, r"--executor 'cloud'"),
     case("cli", "unknown-command", ["recipes", "sumbit", "probe"], 2, r"No such command"),
-    case("cli", "status-of-unknown-job", ["jobs", "status", "987654321"], 1, r"job 987654321 is unknown"),
+    case("cli", "status-of-unknown-job", ["jobs", "status", "987654321"], 1, r"job 987654321 is unknown", slurm=True),
     case("cli", "logs-of-unknown-job", ["jobs", "logs", "987654321"], 1, r"no run dir records job 987654321"),
     case("cli", "directive-unsafe-account", [*SUBMIT, "--account", "a b"], 1, r"account 'a b' cannot go into"),
     # missing or unreadable files and dirs
@@ -152,8 +169,11 @@ CASES = [
          r"dir\.yaml is a directory"),
     case("files", "cluster-not-utf8", ["recipes", "submit", "probe", "--cluster", "{ws}/recipes/latin1.yaml"], 1,
          r"not UTF-8"),
-    case("files", "runs-root-is-a-file", [*SUBMIT], 1, r"cannot create run dir", HPC_RUNS_DIR="{ws}/cluster.yaml"),
-    case("files", "runs-root-not-creatable", [*SUBMIT], 1, r"cannot create run dir", HPC_RUNS_DIR="/proc/hpc-runs"),
+    # the run dir is made once Slurm has said it takes the job
+    case("files", "runs-root-is-a-file", [*SUBMIT], 1, r"cannot create run dir", slurm=True,
+         HPC_RUNS_DIR="{ws}/cluster.yaml"),
+    case("files", "runs-root-not-creatable", [*SUBMIT], 1, r"cannot create run dir", slurm=True,
+         HPC_RUNS_DIR="/proc/hpc-runs"),
     case("files", "runs-root-with-a-space", [*SUBMIT], 1, r"run dir .* cannot go into an #SBATCH line",
          HPC_RUNS_DIR="{ws}/runs/with space"),
     case("files", "render-into-missing-dir", ["recipes", "render", "probe", "--cluster", "{ws}/cluster.yaml",
@@ -182,7 +202,7 @@ CASES = [
 
 
 @pytest.fixture(scope="module")
-def workspace(slurm_sandbox, tmp_path_factory) -> Path:
+def workspace(tmp_path_factory) -> Path:
     ws = tmp_path_factory.mktemp("corpus")
     recipes = ws / "recipes"
     recipes.mkdir()
@@ -199,29 +219,46 @@ def workspace(slurm_sandbox, tmp_path_factory) -> Path:
         write_recipe(recipes, data, f"{name}.yaml")
     (ws / "dir.yaml").mkdir()
 
-    config = yaml.safe_load(Path(slurm_sandbox.cluster_config).read_text())
-    cpu = next(q for q in config["Scheduling"]["SlurmQueues"] if q["Name"] == "cpu")
-    (ws / "cluster.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
-    (ws / "cluster-nopart.yaml").write_text(yaml.safe_dump(
-        {**config, "Scheduling": {"Scheduler": "slurm", "SlurmQueues": [{**cpu, "Name": "nosuchpartition"}]}}))
-    big = {**cpu, "ComputeResources": [{**cpu["ComputeResources"][0], "MinCount": 0, "MaxCount": 10}]}
-    (ws / "cluster-big.yaml").write_text(yaml.safe_dump(
-        {**config, "Scheduling": {"Scheduler": "slurm", "SlurmQueues": [big]}}))
-    minmax = {**cpu, "ComputeResources": [{**cpu["ComputeResources"][0], "MinCount": 3, "MaxCount": 2}]}
-    (ws / "cluster-minmax.yaml").write_text(yaml.safe_dump(
-        {**config, "Scheduling": {"Scheduler": "slurm", "SlurmQueues": [minmax]}}))
-    (ws / "cluster-noqueues.yaml").write_text(yaml.safe_dump({**config, "Scheduling": {"Scheduler": "slurm"}}))
-    (ws / "cluster-broken.yaml").write_text("Region: us-east-1\nScheduling: [\n")
+    def with_queue(queue: dict | None) -> str:
+        scheduling = {"Scheduler": "slurm", **({"SlurmQueues": [queue]} if queue else {})}
+        return yaml.safe_dump({**CLUSTER, "Scheduling": scheduling}, sort_keys=False)
 
-    dead = ws / "dead"
-    dead.mkdir()
-    conf = Path(slurm_sandbox.slurm_conf).read_text()
-    (dead / "slurm.conf").write_text(re.sub(r"(?m)^SlurmctldPort=.*$", "SlurmctldPort=9", conf))
+    compute = CPU_QUEUE["ComputeResources"][0]
+    (ws / "cluster.yaml").write_text(with_queue(CPU_QUEUE))
+    (ws / "cluster-nopart.yaml").write_text(with_queue({**CPU_QUEUE, "Name": "nosuchpartition"}))
+    (ws / "cluster-big.yaml").write_text(with_queue(
+        {**CPU_QUEUE, "ComputeResources": [{**compute, "MinCount": 0, "MaxCount": 10}]}))
+    (ws / "cluster-minmax.yaml").write_text(with_queue(
+        {**CPU_QUEUE, "ComputeResources": [{**compute, "MinCount": 3, "MaxCount": 2}]}))
+    (ws / "cluster-noqueues.yaml").write_text(with_queue(None))
+    (ws / "cluster-broken.yaml").write_text("Region: us-east-1\nScheduling: [\n")
 
     old_run = ws / "runs" / "probe-20200101-000000-abcdef"  # a run from before: must stay as it is
     old_run.mkdir(parents=True)
     (old_run / "metadata.json").write_text('{"recipe": "probe", "job_ids": ["1"], "executor": "slurm"}\n')
     return ws
+
+
+@pytest.fixture(scope="module")
+def slurm_trap(tmp_path_factory) -> tuple[Path, Path]:
+    """A dir of stand-ins for every Slurm command, each recording its call in a log and failing."""
+    bin_dir = tmp_path_factory.mktemp("slurm-trap")
+    log = bin_dir.parent / f"{bin_dir.name}.log"
+    for name in SLURM_COMMANDS:
+        (bin_dir / name).write_text(f'#!/bin/sh\necho "{name} $*" >> {log}\nexit 1\n')
+        (bin_dir / name).chmod(0o755)
+    return bin_dir, log
+
+
+@pytest.fixture(scope="module")
+def dead_slurm_conf(slurm_sandbox, workspace) -> None:
+    """A copy of the local Slurm's slurm.conf with a port nobody listens on: a stopped slurmctld."""
+    dead = workspace / "dead"
+    dead.mkdir()
+    conf = Path(slurm_sandbox.slurm_conf).read_text()
+    conf = re.sub(r"(?m)^SlurmctldPort=.*$", "SlurmctldPort=9", conf)
+    # Slurm retries a dead controller for up to MessageTimeout: 1 s is enough to see it is down
+    (dead / "slurm.conf").write_text(re.sub(r"(?m)^MessageTimeout=.*$", "MessageTimeout=1", conf))
 
 
 def snapshot(*roots: Path) -> dict[str, tuple]:
@@ -271,16 +308,11 @@ def test_the_corpus_is_big_enough():
     assert set(categories) == {"recipes", "set", "sweeps", "cluster", "cli", "files", "slurmctld", "sbatch"}
 
 
-@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
-def test_bad_input(case: Case, workspace: Path, slurm_sandbox, counts):
-    ws = workspace
-    env = dict(slurm_env(slurm_sandbox), HPC_RUNS_DIR=str(ws / "runs"))
-    env.update({k: v.format(ws=ws) for k, v in case.env})
-    roots = [ws, REPO / "recipes", Path(slurm_sandbox.cluster_config)]
+def check(case: Case, ws: Path, env: dict) -> None:
+    """Run the case's command; its exit code, one error with a fix, no traceback, no file changed."""
+    roots = [ws, REPO / "recipes"]
     before = snapshot(*roots)
-    since = dt.datetime.now() - dt.timedelta(seconds=1)
-
-    res = run_hpc(*(a.format(ws=ws) for a in case.args), env=env, cwd=ws, timeout=120)
+    res = run_hpc(*(a.format(ws=ws) for a in case.args), env=env, cwd=ws)
 
     out = res.stdout + res.stderr
     assert res.returncode == case.code, f"exit {res.returncode}, expected {case.code}:\n{res.stderr}"
@@ -294,8 +326,30 @@ def test_bad_input(case: Case, workspace: Path, slurm_sandbox, counts):
     assert re.search(case.pattern, message, re.IGNORECASE | re.DOTALL), f"{case.pattern!r} not in:\n{message}"
     fix = message.split("fix: ", 1)[1].strip()
     assert len(fix) > 10, fix
-    assert our_jobs(ws, since, slurm_env(slurm_sandbox)) == [], "a job reached Slurm"
     after = snapshot(*roots)
     changed = sorted(p for p in before.keys() | after.keys() if before.get(p) != after.get(p))
     assert changed == [], f"files changed: {changed}"
+
+
+def case_env(case: Case, ws: Path, base: dict) -> dict:
+    return {**base, "HPC_RUNS_DIR": str(ws / "runs"), **{k: v.format(ws=ws) for k, v in case.env}}
+
+
+@pytest.mark.parametrize("case", [c for c in CASES if not c.slurm], ids=[c.id for c in CASES if not c.slurm])
+def test_bad_input(case: Case, workspace: Path, slurm_trap, counts):
+    bin_dir, log = slurm_trap
+    base = {k: v for k, v in os.environ.items() if k != "SLURM_CONF"}
+    base["PATH"] = f"{bin_dir}{os.pathsep}{base.get('PATH', '')}"
+    check(case, workspace, case_env(case, workspace, base))
+    calls = log.read_text().splitlines() if log.exists() else []
+    assert not [call for call in calls if call.split()[0] in SUBMITTING], f"a job was submitted: {calls}"
+    counts[case.category] += 1
+
+
+@pytest.mark.slurm
+@pytest.mark.parametrize("case", [c for c in CASES if c.slurm], ids=[c.id for c in CASES if c.slurm])
+def test_bad_input_answered_by_slurm(case: Case, workspace: Path, slurm_sandbox, dead_slurm_conf, counts):
+    since = dt.datetime.now() - dt.timedelta(seconds=1)
+    check(case, workspace, case_env(case, workspace, slurm_env(slurm_sandbox)))
+    assert our_jobs(workspace, since, slurm_env(slurm_sandbox)) == [], "a job reached Slurm"
     counts[case.category] += 1

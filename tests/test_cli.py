@@ -1,3 +1,5 @@
+import json
+
 from tests.conftest import run_hpc
 
 
@@ -11,3 +13,13 @@ def test_unknown_command_is_a_usage_error():
     res = run_hpc("no-such-command")
     assert res.returncode == 2
     assert "Traceback" not in res.stderr
+
+
+def test_an_error_under_json_is_one_json_line_on_stdout_too():
+    res = run_hpc("recipes", "validate", "no-such-recipe", "--json")
+    assert res.returncode == 1 and "error: no recipe named 'no-such-recipe'" in res.stderr
+    data = json.loads(res.stdout)
+    assert (data["ok"], data["error"]) == (False, "no recipe named 'no-such-recipe'") and data["fix"]
+    usage = run_hpc("recipes", "validate", "--bogus", "--json")
+    assert usage.returncode == 2 and json.loads(usage.stdout)["ok"] is False
+    assert run_hpc("recipes", "validate", "no-such-recipe").stdout == ""  # without --json: stderr only

@@ -8,7 +8,7 @@ import sys
 import pytest
 import yaml
 
-from tests.conftest import REPO, run_hpc
+from tests.conftest import REPO, run_hpc, run_hpc_process
 
 BASE = ["cluster", "config", "--name", "demo", "--region", "us-east-1", "--subnet", "subnet-0123456789abcdef0",
         "--key-name", "my-key"]
@@ -145,7 +145,7 @@ def test_validate_without_pcluster_says_how_to_install(tmp_path):
                        "sys.meta_path.insert(0, Hide())\n")
     import os
     env = dict(os.environ, PYTHONPATH=str(tmp_path))
-    res = run_hpc("cluster", "validate", str(EXAMPLES[0]), env=env)
+    res = run_hpc_process("cluster", "validate", str(EXAMPLES[0]), env=env)
     assert res.returncode == 1 and "pip install 'hpc-toolkit[admin]'" in res.stderr
 
 

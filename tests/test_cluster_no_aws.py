@@ -5,14 +5,12 @@ leaves the machine either (no name look-up, no connection to any address, e.g. a
 import json
 import os
 import socket
-import subprocess
-import sys
 import threading
 import time
 
 import pytest
 
-from tests.conftest import REPO, run_hpc
+from tests.conftest import REPO, run_hpc, run_hpc_process
 
 
 @pytest.fixture
@@ -50,15 +48,6 @@ def _trap_env(url):
         "AWS_ACCESS_KEY_ID": "AKIAEXAMPLEEXAMPLE00", "AWS_SECRET_ACCESS_KEY": "not-a-real-secret",
     })
     return env
-
-
-def test_listener_sees_a_connection(listener):
-    url, connections = listener  # the trap works: a client that does connect is counted
-    socket.create_connection(("127.0.0.1", int(url.rsplit(":", 1)[1]))).close()
-    deadline = time.time() + 2
-    while not connections and time.time() < deadline:
-        time.sleep(0.05)
-    assert len(connections) == 1
 
 
 def test_validating_valid_and_invalid_configs_never_connects(listener, tmp_path):
@@ -124,14 +113,6 @@ def net_trap(tmp_path):
     return env, log
 
 
-def test_the_network_trap_catches_dns_and_urls(net_trap):
-    env, log = net_trap  # the trap works: a URL fetch is seen at the name look-up
-    code = "import urllib.request\ntry:\n    urllib.request.urlopen('https://scripts.example.com/x.sh', timeout=2)\n" \
-           "except OSError:\n    pass\n"
-    subprocess.run([sys.executable, "-c", code], env=env, check=True, timeout=30)
-    assert "scripts.example.com" in log.read_text()
-
-
 def test_validating_urls_storage_and_unknown_types_touches_no_network(net_trap, tmp_path):
     env, log = net_trap
     config = (REPO / "tests" / "data" / "cluster" / "existing-fsx.yaml").read_text().replace(
@@ -142,7 +123,7 @@ def test_validating_urls_storage_and_unknown_types_touches_no_network(net_trap, 
     path = tmp_path / "c.yaml"
     path.write_text(config)
     started = time.time()
-    res = run_hpc("cluster", "validate", str(path), "--json", env=env, timeout=60)
+    res = run_hpc_process("cluster", "validate", str(path), "--json", env=env, timeout=60)
     assert not log.exists(), log.read_text()
     assert res.returncode == 0, res.stdout + res.stderr
     report = json.loads(res.stdout)

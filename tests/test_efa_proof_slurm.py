@@ -1,8 +1,10 @@
-"""Jobs that prove they used EFA, on the real local Slurm: a queue declared as EFA (an EFA instance type with
-Efa: Enabled, on the local cpu partition) runs a payload that prints NCCL's own INFO lines (copied from public
-NCCL issues), and `hpc jobs status` tells which transport ran and flags sockets on an EFA queue.
+"""Jobs that prove they used EFA: `hpc jobs status` tells which transport ran and flags sockets on an EFA queue.
 
-The local nodes have no EFA or NCCL: the payload is a stand-in that prints what NCCL prints."""
+Once on the real local Slurm (what only a real run shows: the run dir's fabric for an EFA queue and the rank logs
+where Slurm put them): a queue declared as EFA (an EFA instance type with Efa: Enabled, on the local cpu
+partition) runs a payload that prints NCCL's own INFO lines (copied from public NCCL issues; the local nodes have
+no EFA or NCCL). The same status over EFA's lines reads a run dir written here (no Slurm needed for what it shows;
+the line classification itself: tests/test_transport.py)."""
 
 from __future__ import annotations
 
@@ -15,7 +17,6 @@ import yaml
 from tests.conftest import run_hpc, slurm_env, submit_json
 from tests.jobhelpers import CLUSTER_CONFIG, write_recipe
 
-pytestmark = pytest.mark.slurm
 
 SOCKETS = ("ip-172-31-12-210:45305:45305 [0] NCCL INFO NET/Plugin : No plugin found (libnccl-net.so), using "
            "internal implementation\nip-172-31-12-210:45305:45305 [0] NCCL INFO NET/Socket : Using "
@@ -41,22 +42,30 @@ def nccl_printer(tmp_path, lines: str):
         "resources": {"nodes": 1, "time": "00:05:00", "exclusive": False}}, "nccl-lines.yaml")
 
 
-@pytest.mark.parametrize("lines,transport,flagged", [(SOCKETS, "tcp", True), (EFA, "efa", False)])
-def test_jobs_status_shows_the_transport_and_flags_sockets_on_an_efa_queue(slurm_sandbox, tmp_path, lines, transport,
-                                                                            flagged):
+@pytest.mark.slurm
+def test_jobs_status_of_a_real_run_flags_sockets_on_an_efa_queue(slurm_sandbox, tmp_path):
     env = dict(slurm_env(slurm_sandbox), HPC_RUNS_DIR=str(tmp_path / "runs"))
-    result = submit_json(str(nccl_printer(tmp_path, lines)), "--cluster", str(efa_cluster(tmp_path)), "--queue",
+    result = submit_json(str(nccl_printer(tmp_path, SOCKETS)), "--cluster", str(efa_cluster(tmp_path)), "--queue",
                          "cpu", "--wait", env=env)
     assert result["state"] == "COMPLETED"
     meta = json.loads((tmp_path / "runs" / result["run_dir"].rsplit("/", 1)[1] / "metadata.json").read_text())
     assert meta["fabric"] == "modern"  # the queue really has EFA: jobs set up for it
     status = run_hpc("jobs", "status", result["job_id"], "--json", env=env)
     network = json.loads(status.stdout)["network"]
-    assert network["transport"] == transport
-    if flagged:
-        assert status.returncode == 1 and "warning: the queue has EFA but NCCL used TCP sockets" in status.stderr
-        assert "LD_LIBRARY_PATH" in network["problem"] and "NET/Socket" in network["evidence"]
-    else:
-        assert status.returncode == 0 and network["problem"] is None
+    assert network["transport"] == "tcp"
+    assert status.returncode == 1 and "warning: the queue has EFA but NCCL used TCP sockets" in status.stderr
+    assert "LD_LIBRARY_PATH" in network["problem"] and "NET/Socket" in network["evidence"]
     human = run_hpc("jobs", "status", result["job_id"], env=env)
-    assert "network: " + ("TCP sockets" if flagged else "EFA (aws-ofi-nccl)") in human.stdout
+    assert "network: TCP sockets" in human.stdout
+
+
+@pytest.mark.parametrize("lines,label,problem", [(EFA, "EFA (aws-ofi-nccl)", None), (SOCKETS, "TCP sockets", True)])
+def test_the_network_of_a_run_dir_on_an_efa_queue(tmp_path, lines, label, problem):
+    """What `hpc jobs status` shows as network: read from the rank logs of a run dir like the real run's above."""
+    from toolkit.submit.runs import network
+
+    (tmp_path / "submitit").mkdir()
+    (tmp_path / "metadata.json").write_text(json.dumps({"fabric": "modern"}))
+    (tmp_path / "submitit" / "7_0_log.out").write_text(f"probe\n{lines}\n")
+    found = network(tmp_path)
+    assert found["label"] == label and (found["problem"] is not None) == bool(problem)

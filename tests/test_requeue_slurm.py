@@ -32,7 +32,8 @@ def final_status(env, job_id: str, timeout: float = 900) -> dict:
     def done():
         status = json.loads(run_hpc("jobs", "status", job_id, "--json", env=env).stdout)
         return status if status["state"] in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT") else None
-    return wait_until(done, timeout, f"job {job_id} to end")
+    # Runs last minutes: a poll every 5 s keeps the shared slurmctld (and sacct) free for the jobs themselves.
+    return wait_until(done, timeout, f"job {job_id} to end", poll_s=5)
 
 
 def train_steps(run: Path) -> list[dict]:

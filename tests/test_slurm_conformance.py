@@ -120,6 +120,7 @@ def test_submitit_submission_runs_every_rank(lane, tmp_path):
     assert sorted(r["env"]["SLURMD_NODENAME"] for r in ranks.values()) == ["c1", "c1", "c2", "c2"]
 
 
+@pytest.mark.canary  # Slurm's own srun layout and node addresses (our rank layout: the rendered-script test above)
 def test_socket_rendezvous_across_two_nodes(lane, tmp_path):
     out = tmp_path / "rendezvous.out"
     slurm(lane, "sbatch", "--wait", "--nodes=2", "--ntasks-per-node=2", f"--output={out}",
@@ -177,7 +178,8 @@ def _render_requeueable(lane, tmp_path: Path) -> tuple[Path, dict[str, str]]:
     return script, env
 
 
-@pytest.mark.parametrize("how", ["sigusr2", "scontrol"])
+# USR2 is what our script's trap turns into a requeue; `scontrol requeue` is Slurm's own (a canary).
+@pytest.mark.parametrize("how", ["sigusr2", pytest.param("scontrol", marks=pytest.mark.canary)])
 def test_rendered_job_requeues_once_and_finishes(lane, tmp_path, how):
     from toolkit.slurm import status
 

@@ -1,4 +1,4 @@
-"""Sweeps on the real local Slurm: job arrays (split at MaxArraySize), every task accounted for, failures
+"""Sweeps on the real local Slurm: job arrays (split at the array limit), every task accounted for, failures
 visible per task, one Slurm call per status poll."""
 
 from __future__ import annotations
@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import sys
 import time
 from pathlib import Path
 
@@ -17,8 +16,6 @@ from tests.jobhelpers import one_rank_cluster, sweep_probe_recipe
 from toolkit.slurm import commands
 
 pytestmark = pytest.mark.slurm
-TASKS = 200
-LIMIT = 101  # the sandbox's MaxArraySize (testbench/templates/slurm.conf.j2)
 
 
 def sacct_rows(array_id: str, env: dict, expected: int, timeout: float = 60) -> list[list[str]]:
@@ -40,37 +37,6 @@ def sweep_arrays(sweep_dir: Path) -> list[tuple[str, int, int]]:
 
 def task_ids(arrays: list[tuple[str, int, int]]) -> list[str]:
     return [f"{job_id}_{n}" for job_id, _, count in arrays for n in range(count)]
-
-
-def test_a_200_task_sweep_is_job_arrays_with_every_task_accounted_for(slurm_sandbox, tmp_path, monkeypatch):
-    env = dict(slurm_env(slurm_sandbox), HPC_RUNS_DIR=str(tmp_path / "runs"))
-    recipe, cluster = sweep_probe_recipe(tmp_path), one_rank_cluster(slurm_sandbox, tmp_path)
-    start = time.monotonic()
-    res = run_hpc("recipes", "submit", str(recipe), "--cluster", str(cluster), "--queue", "cpu",
-                  "--sweep", f"args.--count=1..{TASKS}", "--wait", "--json", env=env, cwd=tmp_path, timeout=600)
-    elapsed = time.monotonic() - start
-    print(f"\n{TASKS}-task sweep on the local Slurm (2 nodes x 2 CPUs): {elapsed:.0f} s", file=sys.__stdout__)
-    assert res.returncode == 0, res.stderr
-    result = json.loads(res.stdout)
-    array_id, sweep_dir = result["job_id"], Path(result["run_dir"])
-    assert result["state"] == "COMPLETED" and result["tasks"] == TASKS
-    arrays = sweep_arrays(sweep_dir)  # one per MaxArraySize tasks: 2 at the sandbox's 101, 1 at Slurm's 1001
-    limit = arrays[0][2]
-    assert [(first, count) for _, first, count in arrays] == [(f, min(limit, TASKS - f))
-                                                             for f in range(0, TASKS, limit)]
-    assert array_id == arrays[0][0]
-    assert result["arrays"] == [{"job_id": a, "first": f, "count": c} for a, f, c in arrays]
-    ids = task_ids(arrays)
-    assert_every_task_ran_once(sweep_dir, tmp_path / "probe", arrays, env, monkeypatch)
-
-    status = json.loads(run_hpc("jobs", "status", array_id, "--json", env=env).stdout)
-    assert (status["state"], status["tasks"]) == ("COMPLETED", {"COMPLETED": TASKS})
-    one = json.loads(run_hpc("jobs", "status", ids[157], "--json", env=env).stdout)
-    assert one["state"] == "COMPLETED" and one["run_dir"] == str(sweep_dir / "task-157")
-    listed = json.loads(run_hpc("jobs", "list", "--json", env=env).stdout)
-    assert [(r["job_id"], r["state"], r["tasks"]) for r in listed] == [(array_id, "COMPLETED", {"COMPLETED": TASKS})]
-    log = run_hpc("jobs", "logs", ids[157], env=env)
-    assert log.returncode == 0 and "probe rank 0" in log.stdout
 
 
 def assert_every_task_ran_once(sweep_dir: Path, probe: Path, arrays, env: dict, monkeypatch) -> None:
@@ -111,29 +77,27 @@ def recording_slurm(tmp_path: Path, env: dict) -> tuple[dict, Path]:
     return dict(env, PATH=f"{wrappers}{os.pathsep}{env.get('PATH', '')}", SLURM_CALL_LOG=str(log)), log
 
 
-def test_a_250_task_sweep_is_three_arrays_with_one_slurm_call_per_status_poll(slurm_sandbox, tmp_path, monkeypatch):
-    """MaxArraySize 101 (the sandbox's; HPC_MAX_ARRAY_SIZE makes it so on a cluster started before that): 250
-    tasks are arrays of 101, 101 and 48 tasks; --wait and `hpc jobs status` poll all three with one call each."""
-    tasks = 250
+def test_a_sweep_over_the_array_limit_is_arrays_with_every_task_once_and_one_slurm_call_per_poll(
+        slurm_sandbox, tmp_path, monkeypatch):
+    """HPC_MAX_ARRAY_SIZE=2: 6 tasks are 3 arrays of 2 tasks; --wait and `hpc jobs status` poll all three with
+    one call each. (Splitting at a cluster's MaxArraySize, large counts included: tests/test_sweep.py.)"""
+    tasks = 6
     env, calls = recording_slurm(tmp_path, dict(slurm_env(slurm_sandbox), HPC_RUNS_DIR=str(tmp_path / "runs"),
-                                                HPC_MAX_ARRAY_SIZE=str(LIMIT)))
+                                                HPC_MAX_ARRAY_SIZE="2"))
     recipe, cluster = sweep_probe_recipe(tmp_path), one_rank_cluster(slurm_sandbox, tmp_path)
     dry = run_hpc("recipes", "submit", str(recipe), "--cluster", str(cluster), "--queue", "cpu",
                   "--sweep", f"args.--count=1..{tasks}", "--dry-run", env=env, cwd=tmp_path)
     assert dry.returncode == 0, dry.stderr
-    assert f"would submit {tasks} tasks as 3 job arrays (tasks 0-100, 101-201, 202-249)" in dry.stdout
-    start = time.monotonic()
+    assert f"would submit {tasks} tasks as 3 job arrays (tasks 0-1, 2-3, 4-5)" in dry.stdout
     res = run_hpc("recipes", "submit", str(recipe), "--cluster", str(cluster), "--queue", "cpu",
-                  "--sweep", f"args.--count=1..{tasks}", "--wait", "--json", env=env, cwd=tmp_path, timeout=900)
-    elapsed = time.monotonic() - start
-    print(f"\n{tasks}-task sweep as 3 arrays on the local Slurm (2 nodes x 2 CPUs): {elapsed:.0f} s",
-          file=sys.__stdout__)
+                  "--sweep", f"args.--count=1..{tasks}", "--wait", "--json", env=env, cwd=tmp_path)
     assert res.returncode == 0, res.stderr
     result = json.loads(res.stdout)
     sweep_dir = Path(result["run_dir"])
     arrays = sweep_arrays(sweep_dir)
-    assert [(first, count) for _, first, count in arrays] == [(0, 101), (101, 101), (202, 48)]
-    assert result["state"] == "COMPLETED" and result["job_id"] == arrays[0][0]
+    assert [(first, count) for _, first, count in arrays] == [(0, 2), (2, 2), (4, 2)]
+    assert result["state"] == "COMPLETED" and result["tasks"] == tasks and result["job_id"] == arrays[0][0]
+    assert result["arrays"] == [{"job_id": a, "first": f, "count": c} for a, f, c in arrays]
     all_arrays = ",".join(a for a, _, _ in arrays)
     # --wait's polls: every Slurm query after the submission is one sacct for all three arrays.
     polls = calls.read_text().splitlines()
@@ -150,11 +114,14 @@ def test_a_250_task_sweep_is_three_arrays_with_one_slurm_call_per_status_poll(sl
         assert calls.read_text().splitlines() == [f"sacct -X -n -P -D -j {all_arrays} -o "
                                                   "JobID,State,ExitCode,Elapsed,NodeList,Reason"]
     calls.unlink()
-    last = json.loads(run_hpc("jobs", "status", f"{arrays[2][0]}_47", "--json", env=env).stdout)
-    assert (last["state"], last["run_dir"]) == ("COMPLETED", str(sweep_dir / "task-249"))
+    last = json.loads(run_hpc("jobs", "status", f"{arrays[2][0]}_1", "--json", env=env).stdout)
+    assert (last["state"], last["run_dir"]) == ("COMPLETED", str(sweep_dir / "task-005"))
     assert len(calls.read_text().splitlines()) == 1
     listed = json.loads(run_hpc("jobs", "list", "--json", env=env).stdout)
-    assert [(r["job_id"], r["tasks"]) for r in listed] == [(arrays[0][0], {"COMPLETED": tasks})]
+    assert [(r["job_id"], r["state"], r["tasks"]) for r in listed] == [(arrays[0][0], "COMPLETED",
+                                                                        {"COMPLETED": tasks})]
+    log = run_hpc("jobs", "logs", f"{arrays[1][0]}_1", env=env)
+    assert log.returncode == 0 and "probe rank 0" in log.stdout
 
 
 def test_a_failing_task_shows_in_the_array_status_and_names_its_log(slurm_sandbox, tmp_path):

@@ -47,19 +47,23 @@ def _root(
     _debug = debug
 
 
-def _report(message: str, fix: str | None) -> None:
+def _report(message: str, fix: str | None, argv: list[str]) -> None:
     sys.stderr.write(f"error: {message}\n")
     if fix:
         sys.stderr.write(f"  fix: {fix}\n")
-    if "--json" in sys.argv:
+    if "--json" in argv:
         sys.stdout.write(json.dumps({"ok": False, "error": message, "fix": fix}) + "\n")
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
+    """Run `hpc ARGV` (default: this process's command line) and exit with its code (tests call it in-process)."""
     from toolkit.errors import HpcError
 
+    global _debug
+    _debug = False  # the root callback sets it; a usage error can come before it runs
+    argv = sys.argv[1:] if argv is None else list(argv)
     try:
-        code = app(standalone_mode=False)
+        code = app(args=argv, prog_name="hpc", standalone_mode=False)
         sys.exit(code if isinstance(code, int) else 0)
     except typer.TyperException as exc:  # bad command-line usage (Typer's click): our error/fix form, exit 2
         ctx = getattr(exc, "ctx", None)
@@ -68,7 +72,7 @@ def main() -> None:
         else:
             if ctx is not None:
                 sys.stderr.write(ctx.get_usage() + "\n")
-            _report(exc.format_message(), f"see `{ctx.command_path if ctx else 'hpc'} --help`")
+            _report(exc.format_message(), f"see `{ctx.command_path if ctx else 'hpc'} --help`", argv)
         sys.exit(exc.exit_code)
     except typer.Abort:
         sys.stderr.write("aborted\n")
@@ -76,7 +80,7 @@ def main() -> None:
     except HpcError as exc:
         if _debug:
             raise
-        _report(exc.message, exc.fix)
+        _report(exc.message, exc.fix, argv)
         sys.exit(exc.exit_code)
     except KeyboardInterrupt:
         sys.stderr.write("interrupted\n")
@@ -84,5 +88,5 @@ def main() -> None:
     except Exception as exc:  # an unexpected fault: one line, the traceback only with --debug
         if _debug:
             raise
-        _report(f"internal error: {type(exc).__name__}: {exc}", "re-run with --debug and report the traceback")
+        _report(f"internal error: {type(exc).__name__}: {exc}", "re-run with --debug and report the traceback", argv)
         sys.exit(1)
