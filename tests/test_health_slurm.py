@@ -78,7 +78,8 @@ def test_collectives_recipe_runs_on_two_nodes_and_hpc_report_nccl_reads_it(slurm
     script = tmp_path / "collectives.sbatch"
     res = run_hpc("recipes", "render", "collectives", "--nodes", "2", "--cluster", str(slurm_sandbox.cluster_config),
                   "--queue", "cpu", "--profile", "smoke", "--set", f"software.venv={sys.prefix}",
-                  "--set", f"dirs.root={tmp_path}", "--set", f"env.PYTHONPATH={REPO}", "-o", str(script))
+                  "--set", f"dirs.root={tmp_path}", "--set", f"env.PYTHONPATH={REPO}", "-o", str(script),
+                  "--run-dir", str(tmp_path / "runs" / "collectives-smoke"))
     assert res.returncode == 0, res.stderr
     run_dir = tmp_path / "runs" / "collectives-smoke"
     run_dir.mkdir(parents=True)  # the script's own note: Slurm does not create the log directory

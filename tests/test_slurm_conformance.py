@@ -87,7 +87,8 @@ def test_rendered_script_starts_ranks_with_the_right_layout_and_only_the_allow_l
                         "HPC_RUNS_DIR": str(tmp_path / "runs")}
     script = tmp_path / "job.sbatch"
     res = run_hpc("recipes", "render", str(recipe), "--nodes", "2", "--cluster", str(lane.cluster_config),
-                  "--queue", "cpu", "-o", str(script), env=env, cwd=tmp_path)
+                  "--queue", "cpu", "--run-dir", str(tmp_path / "runs" / "probe"), "-o", str(script), env=env,
+                  cwd=tmp_path)
     assert res.returncode == 0, res.stderr
     (tmp_path / "runs" / "probe").mkdir(parents=True)
     sent = slurm(lane, "sbatch", "--parsable", "--wait", str(script), env=env, cwd=tmp_path, timeout=600)
