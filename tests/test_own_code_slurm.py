@@ -143,7 +143,8 @@ def test_the_resnet_recipe_trains_under_torchrun(slurm_sandbox, tmp_path):
     env = dict(slurm_env(slurm_sandbox), HPC_RUNS_DIR=str(tmp_path / "runs"))
     res = run_hpc("recipes", "submit", "resnet50", "--profile", "smoke", "--nodes", "2", "--cluster",
                   str(slurm_sandbox.cluster_config), "--queue", "cpu", "--set", "launcher.style=torchrun", "--set",
-                  "launcher.max_restarts=1", "--set", f"env.PYTHONPATH={REPO}", "--wait", "--json", env=env,
+                  "launcher.max_restarts=1", "--set", f"env.PYTHONPATH={REPO}", "--set", "args.--max-steps=6",
+                  "--wait", "--json", env=env,
                   cwd=tmp_path, timeout=TIMEOUT)
     assert res.returncode == 0, res.stderr
     result = json.loads(res.stdout)
@@ -152,7 +153,8 @@ def test_the_resnet_recipe_trains_under_torchrun(slurm_sandbox, tmp_path):
 
     log = read_log(run / "logs" / "train_log.jsonl")
     start = next(r for r in log if r["event"] == "start")
-    assert start["world_size"] == 4 and log[-1]["event"] == "end" and log[-1]["status"] == "completed"
+    assert start["world_size"] == 4 and log[-1]["event"] == "end" and log[-1]["status"] == "max_steps"
+    assert log[-1]["step"] == 6
     assert len(list((run / "submitit").glob("*_log.out"))) == 2  # one torchrun per node
 
 
@@ -174,10 +176,10 @@ def test_a_module_missing_on_the_nodes_fails_wait_naming_the_ranks_log(slurm_san
 
 def test_a_script_that_ignores_the_environment_ends_at_the_rendezvous_timeout(slurm_sandbox, tmp_path):
     start = time.monotonic()
-    res = hpc_run(slurm_sandbox, tmp_path, str(PAYLOADS / "ignores_env.py"), "--rendezvous-timeout", "15",
+    res = hpc_run(slurm_sandbox, tmp_path, str(PAYLOADS / "ignores_env.py"), "--rendezvous-timeout", "8",
                   script_args=(str(free_port()),))
     err = one_clear_failure(res)
     assert time.monotonic() - start < 300  # not the 15-minute time limit
     result = json.loads(res.stdout)
-    assert "init_process_group did not complete within 15 s" in err and result["state"] == "FAILED"
+    assert "init_process_group did not complete within 8 s" in err and result["state"] == "FAILED"
     assert job_gone(slurm_sandbox, result["job_id"]) and not strays(str(tmp_path))

@@ -1,7 +1,9 @@
-"""Every training recipe end to end on the real local Slurm: 2 nodes x 2 ranks, smoke profile, one process group.
+"""Every training recipe end to end on the real local Slurm: 2 nodes x 2 ranks, smoke profile, one process group;
+then `hpc report run|scaling` on the run dirs those runs made.
 
 Asserted from the logs: world size 4, the set number of updates reached, a finite loss that falls; then
-`hpc jobs status` says COMPLETED. The smoke profiles make their own data (no download).
+`hpc jobs status` says COMPLETED. The smoke profiles make their own data (no download). Each recipe runs once
+for the module: the report tests read the same runs (resnet50 also at 1 node, for the scaling table).
 """
 
 from __future__ import annotations
@@ -20,13 +22,23 @@ from toolkit.workloads.train_log import read_log
 pytestmark = [pytest.mark.slurm, pytest.mark.training]
 
 
-def submit_smoke(sandbox, tmp_path: Path, recipe: str) -> tuple[dict, dict]:
-    env = dict(slurm_env(sandbox), HPC_RUNS_DIR=str(tmp_path / "runs"))
-    result = submit_json(recipe, "--profile", "smoke", "--nodes", "2", "--wait", env=env, cwd=tmp_path)
-    assert result["state"] == "COMPLETED" and result["ranks"] == 4
-    status = run_hpc("jobs", "status", result["job_id"], "--json", env=env)
-    assert status.returncode == 0 and json.loads(status.stdout)["state"] == "COMPLETED"
-    return result, env
+@pytest.fixture(scope="module")
+def smoke(slurm_sandbox, tmp_path_factory):
+    """smoke(recipe, nodes=2): the recipe's smoke profile submitted once for the module, COMPLETED."""
+    tmp = tmp_path_factory.mktemp("smoke")
+    env = dict(slurm_env(slurm_sandbox), HPC_RUNS_DIR=str(tmp / "runs"))
+    done: dict[tuple[str, int], dict] = {}
+
+    def run(recipe: str, nodes: int = 2) -> dict:
+        if (recipe, nodes) not in done:
+            result = submit_json(recipe, "--profile", "smoke", "--nodes", str(nodes), "--wait", env=env, cwd=tmp)
+            assert result["state"] == "COMPLETED" and result["ranks"] == 2 * nodes
+            status = run_hpc("jobs", "status", result["job_id"], "--json", env=env)
+            assert status.returncode == 0 and json.loads(status.stdout)["state"] == "COMPLETED"
+            done[recipe, nodes] = result
+        return done[recipe, nodes]
+    run.env, run.cwd = env, tmp
+    return run
 
 
 def falls(losses: list[float]) -> bool:
@@ -34,8 +46,8 @@ def falls(losses: list[float]) -> bool:
 
 
 @pytest.mark.parametrize("recipe", ["transformer", "roberta"])
-def test_fairseq_recipe_trains_on_four_ranks(slurm_sandbox, tmp_path, recipe):
-    result, _env = submit_smoke(slurm_sandbox, tmp_path, recipe)
+def test_fairseq_recipe_trains_on_four_ranks(smoke, recipe):
+    result = smoke(recipe)
     logs = Path(result["run_dir"]) / "submitit"
     job = result["job_id"]
     rank0 = (logs / f"{job}_0_log.err").read_text() + (logs / f"{job}_0_log.out").read_text()
@@ -49,8 +61,8 @@ def test_fairseq_recipe_trains_on_four_ranks(slurm_sandbox, tmp_path, recipe):
     assert falls([p.loss for p in inner])
 
 
-def test_resnet_trains_on_four_ranks(slurm_sandbox, tmp_path):
-    result, _env = submit_smoke(slurm_sandbox, tmp_path, "resnet50")
+def test_resnet_trains_on_four_ranks(smoke):
+    result = smoke("resnet50")
     records = read_log(Path(result["run_dir"]) / "logs" / "train_log.jsonl")
     start = next(r for r in records if r["event"] == "start")
     assert (start["world_size"], start["backend"], start["threads"]) == (4, "gloo", 1)
@@ -70,3 +82,54 @@ def test_a_bad_data_path_fails_the_wait_and_names_the_failing_ranks_log(slurm_sa
     log = re.search(r"ended FAILED.*\(see (\S+_log\.err)\)", res.stderr)
     assert log, res.stderr
     assert "no-such-data" in Path(log.group(1)).read_text()
+
+
+def test_resnet50_at_one_and_two_nodes_gives_a_scaling_table_json_and_png(smoke):
+    runs = [Path(smoke("resnet50", nodes)["run_dir"]) for nodes in (1, 2)]
+    env, cwd = smoke.env, smoke.cwd
+    png = cwd / "out.png"
+    res = run_hpc("report", "scaling", *map(str, runs), "--json", "--plot", str(png), env=env, cwd=cwd)
+    assert res.returncode == 0, res.stderr
+    data = json.loads(res.stdout)
+    assert (data["recipe"], data["unit"], data["baseline"]) == ("resnet50", "images/s", str(runs[0]))
+    rows = data["runs"]
+    assert [(r["run_dir"], r["nodes"], r["ranks"]) for r in rows] == [(str(runs[0]), 1, 2), (str(runs[1]), 2, 4)]
+    for run, row in zip(runs, rows):
+        # the report's throughput is the trainer's own (one start: its `end` record says it too)
+        [end] = [r for r in read_log(run / "logs" / "train_log.jsonl") if r["event"] == "end"]
+        assert row["throughput"] > 0 and row["throughput"] == pytest.approx(end["steady_images_per_sec"])
+    base = rows[0]["throughput"]
+    assert [r["speedup"] for r in rows] == pytest.approx([1.0, rows[1]["throughput"] / base])
+    assert [r["ideal_throughput"] for r in rows] == pytest.approx([base, 2 * base])
+    assert [r["efficiency"] for r in rows] == pytest.approx([1.0, rows[1]["throughput"] / (2 * base)])
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and "plot: " in res.stderr
+
+    table = run_hpc("report", "scaling", *map(str, runs), env=env, cwd=cwd)
+    assert table.returncode == 0, table.stderr
+    assert "efficiency" in table.stdout and f"{rows[1]['efficiency']:.0%}" in table.stdout
+
+    res = run_hpc("report", "run", str(runs[1]), env=env, cwd=cwd)
+    assert res.returncode == 0, res.stderr
+    steps = next(r for r in read_log(runs[1] / "logs" / "train_log.jsonl") if r["event"] == "start")["total_steps"]
+    assert "recipe resnet50 (profile smoke), nodes 2, ranks 4" in res.stdout
+    assert "images/s (first interval after each of 1 start(s) excluded" in res.stdout
+    assert f"updates: {steps}" in res.stdout and "trainer: completed after 1 start(s)" in res.stdout
+    assert "rank 0 exit code 0" in res.stdout
+
+
+def test_roberta_run_is_read_from_rank0_stdout(smoke):
+    run = Path(smoke("roberta")["run_dir"])
+    res = run_hpc("report", "run", str(run), "--json", env=smoke.env, cwd=smoke.cwd)
+    assert res.returncode == 0, res.stderr
+    summary = json.loads(res.stdout)
+    training = summary["training"]
+    assert summary["ranks"] == 4 and summary["log"] == str(run / "submitit" / f"{summary['job_ids'][0]}_0_log.out")
+    assert (training["format"], training["unit"], training["loss_base"]) == ("fairseq", "words/s", "2")
+    assert training["updates"] == 20 and training["throughput"] > 0
+    losses = [loss for _, loss in training["loss_curve"]]
+    assert len(losses) == 10 and losses[-1] < losses[0]
+    assert training["valid_curve"] and all(top1 is None for _, _, top1 in training["valid_curve"])
+
+    text = run_hpc("report", "run", str(run), env=smoke.env, cwd=smoke.cwd)
+    assert text.returncode == 0, text.stderr
+    assert " words/s (" in text.stdout and "updates: 20" in text.stdout and "(base 2)" in text.stdout
