@@ -23,10 +23,10 @@ from tests.conftest import run_hpc, slurm_env, submit_json, wait_until
 from toolkit.workloads.train_log import read_log
 
 pytestmark = [pytest.mark.slurm, pytest.mark.training]
-RESNET = ["resnet50", "--profile", "smoke", "--nodes", "1", "--set", "args.--epochs=2",
+RESNET = ["resnet50", "--profile", "smoke", "--nodes", "1", "--set", "args.--epochs=2", "--set", "args.--max-steps=40",
           "--set", "args.--log-every-steps=1", "--set", "args.--checkpoint-every-steps=10"]
-ROBERTA = ["roberta", "--profile", "smoke", "--nodes", "1", "--set", "args.--max-update=600",
-           "--set", "args.--total-num-update=600", "--set", "args.--max-epoch=1000",
+ROBERTA = ["roberta", "--profile", "smoke", "--nodes", "1", "--set", "args.--max-update=300",
+           "--set", "args.--total-num-update=300", "--set", "args.--max-epoch=1000",
            "--set", "args.--save-interval-updates=10", "--set", "args.--log-interval=5"]
 
 
@@ -93,7 +93,7 @@ def test_resnet_resumes_exactly_after_scontrol_requeue_and_the_stop_signal(inter
     records = read_log(run / "logs" / "train_log.jsonl")
     starts = [r for r in records if r["event"] == "start"]
     ends = [r for r in records if r["event"] == "end"]
-    assert len(starts) >= 3 and ends[-1]["status"] == "completed" and ends[-1]["step"] == starts[0]["total_steps"]
+    assert len(starts) >= 3 and ends[-1]["status"] == "max_steps" and ends[-1]["step"] == 40
     # scontrol requeue: back at most one checkpoint interval (10 steps) behind where it was.
     assert before_requeue - starts[1]["resumed_from_step"] <= 10
     # the stop signal: an agreed stop, a save and a resume at exactly that step (nothing repeated).
@@ -106,7 +106,7 @@ def test_resnet_resumes_exactly_after_scontrol_requeue_and_the_stop_signal(inter
     reference = submit_json(*RESNET + ["--wait"], env=env, cwd=tmp)
     expected = {r["step"]: r["loss"] for r in train_steps(Path(reference["run_dir"]))}
     got = {r["step"]: r["loss"] for r in train_steps(run)}  # a repeated step keeps its last record
-    assert sorted(got) == sorted(expected) == list(range(1, starts[0]["total_steps"] + 1))
+    assert sorted(got) == sorted(expected) == list(range(1, 41))
     assert got == expected
     assert not stray_processes(str(run))
 
@@ -119,7 +119,7 @@ def test_fairseq_finishes_after_scontrol_requeue_and_the_stop_signal(interrupted
     loaded = [int(u) for u in re.findall(r"Loaded checkpoint \S+ \(epoch \d+ @ (\d+) updates\)", log)]
     assert len(loaded) >= 2, "fairseq did not resume from its checkpoint after each requeue"
     assert before_requeue - loaded[0] <= 10  # at most one --save-interval-updates repeated
-    assert max(fairseq_updates(interrupted["roberta_log"])) == 600
+    assert max(fairseq_updates(interrupted["roberta_log"])) == 300
     assert "done training" in log
     assert not stray_processes(job["run_dir"])
 
@@ -130,8 +130,8 @@ def test_rendered_script_stops_saves_and_requeues_on_the_batch_shells_signal(slu
     env = dict(slurm_env(slurm_sandbox))
     script = tmp_path / "resnet.sbatch"
     run = tmp_path / "runs" / "resnet50-smoke"
-    res = run_hpc("recipes", "render", *RESNET, "--set", "args.--epochs=2", "--run-dir", str(run), "-o", str(script),
-                  env=env, cwd=tmp_path)
+    res = run_hpc("recipes", "render", *RESNET, "--set", "args.--max-steps=24", "--run-dir", str(run), "-o",
+                  str(script), env=env, cwd=tmp_path)
     assert res.returncode == 0, res.stderr
     assert "#SBATCH --signal=B:USR2@120" in script.read_text() and "#SBATCH --requeue" in script.read_text()
     run.mkdir(parents=True)  # the script's own note: Slurm does not create the log directory
@@ -142,7 +142,7 @@ def test_rendered_script_stops_saves_and_requeues_on_the_batch_shells_signal(slu
 
     def ended():
         records = read_log(run / "logs" / "train_log.jsonl")
-        return records if records[-1]["event"] == "end" and records[-1]["status"] == "completed" else None
+        return records if records[-1]["event"] == "end" and records[-1]["status"] == "max_steps" else None
     records = wait_until(ended, 600, "the requeued job to finish")
     starts = [r for r in records if r["event"] == "start"]
     stopped = [r for r in records if r["event"] == "end" and r["status"] == "stopped"]
