@@ -152,10 +152,10 @@ def plan(request, sweeps: Sequence[str], parallelism: int | None = None,
         except HpcError as exc:
             raise type(exc)(f"{point.describe()}: {exc.message}", fix=exc.fix) from None
     first = tasks[0]
-    if Executor.parse(first.executor) == Executor.LOCAL:
+    if first.executor == Executor.LOCAL:
         raise UsageError("a sweep runs as a Slurm job array; the local executor has none",
                          fix="submit the sweep to a Slurm cluster (--executor slurm), or submit points one by one")
-    if Executor.parse(first.executor) == Executor.SBATCH:
+    if first.executor == Executor.SBATCH:
         raise HpcError(f"recipe {first.recipe.name} goes to sbatch as its rendered script (an MPI binary, or "
                        "--executor sbatch): a sweep is a submitit job array",
                        fix="submit each variation with `hpc recipes submit --set ...` (or sweep with --executor slurm)")
