@@ -75,9 +75,9 @@ def nccl_tests(standin: Path, queue: Queue = P3DN, *overrides: str):
     return build_job_spec(recipe, queue, 1, run_dir="/fsx/runs/nccl-tests")
 
 
-def check(spec, environ: dict[str, str] | None = None) -> loader.JobLoaderReport:
-    environ = dict(os.environ if environ is None else environ)
-    return loader.check_job(spec, lambda script: loader.run_here(script, environ, timeout=60))
+def check(spec, queue: Queue = P3DN) -> loader.JobLoaderReport:
+    environ = dict(os.environ)
+    return loader.check_job(spec, queue.fabric, lambda script: loader.run_here(script, environ, timeout=60))
 
 
 def by_library(report) -> dict[str, loader.LibraryCheck]:
@@ -132,23 +132,24 @@ def test_nccl_net_plugin_names_follow_nccls_rules(standin):
 
 def test_a_tcp_queue_needs_no_plugin_and_a_missing_program_is_a_failure(standin):
     tcp = Queue("p3", "p3.16xlarge", 2, efa_stack="none")
-    assert loader.check_arguments(nccl_tests(standin, tcp)) == ["--program", f"{standin}/bin/all_reduce_perf"]
+    assert loader.check_arguments(nccl_tests(standin, tcp), tcp.fabric) == ["--program", f"{standin}/bin/all_reduce_perf"]
     gone = check(build_job_spec(load_recipe("nccl-tests", overrides=["launcher.program=/nonexistent/all_reduce_perf"]),
-                                tcp, 1, run_dir="/tmp/r"))
+                                tcp, 1, run_dir="/tmp/r"), tcp)
     (only,) = gone.checks
     assert only.status == "does not resolve" and "does not exist on this node" in only.detail and not gone.ok
 
 
 def test_gaudi_efa_jobs_need_the_hccl_ofi_wrapper(standin):
     spec = build_job_spec(load_recipe("resnet50"), DL1, 1, run_dir="/fsx/runs/r")
-    assert loader.check_arguments(spec) == ["--library", "libhccl_ofi_wrapper.so"]
-    no_venv = check(spec)  # the recipe's venv is on /fsx, which this machine lacks: the set-up itself fails
+    assert loader.check_arguments(spec, DL1.fabric) == ["--library", "libhccl_ofi_wrapper.so"]
+    assert loader.check_arguments(spec, "none") == []  # no EFA: no HCCL scale-out through libfabric
+    no_venv = check(spec, DL1)  # the recipe's venv is on /fsx, which this machine lacks: the set-up itself fails
     assert not no_venv.ok and not no_venv.checks and "/fsx/envs/train/bin/activate" in no_venv.error
     # software.venv null: the nodes use the venv the toolkit runs in (toolkit.job.spec.on_slurm)
     spec = build_job_spec(load_recipe("resnet50", overrides=["software.venv=null",
                                                              f"software.library_path=[{standin}/hccl/lib]"]),
                           DL1, 1, run_dir="/fsx/runs/r")
-    wrapper = by_library(check(spec))["libhccl_ofi_wrapper.so"]
+    wrapper = by_library(check(spec, DL1))["libhccl_ofi_wrapper.so"]
     assert wrapper.status == "resolves" and wrapper.path == f"{standin}/hccl/lib/libhccl_ofi_wrapper.so"
 
 
@@ -171,7 +172,7 @@ def test_a_pytorch_gpu_job_asks_the_loader_for_torchs_own_nccl():
     import importlib.util
 
     spec = build_job_spec(load_recipe("roberta", overrides=["software.venv=null"]), P3DN, 1, run_dir="/fsx/runs/r")
-    assert loader.check_arguments(spec) == ["--torch-nccl", "--nccl-net-plugin"]
+    assert loader.check_arguments(spec, P3DN.fabric) == ["--torch-nccl", "--nccl-net-plugin"]
     libs = check(spec).checks
     torch_lib = Path(importlib.util.find_spec("torch").origin).parent / "lib/libtorch_cuda.so"
     nccl = next(c for c in libs if c.library.startswith("libnccl"))

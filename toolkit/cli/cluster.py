@@ -183,8 +183,8 @@ def _doctor_jobs(recipes: list[str], cluster, queue, profile, overrides, timeout
     reports = []
     for name in recipes:
         request = plans.SubmitRequest(name, None, str(cluster) if cluster else None, queue, profile, tuple(overrides))
-        _, _, spec, _, _ = plans.plan_job(request)
-        reports.append(check_job_on_slurm(spec, timeout).as_dict())
+        _, chosen, spec, _, _ = plans.plan_job(request)
+        reports.append(check_job_on_slurm(spec, chosen.fabric, timeout).as_dict())
     emit(reports, as_json, _loader_text)
     if not all(r["ok"] for r in reports):
         raise typer.Exit(1)

@@ -17,6 +17,7 @@ import subprocess
 from importlib import resources
 from typing import Callable
 
+from toolkit.catalog import instance
 from toolkit.job.env import (HCCL_OFI_WRAPPER_DIRS, LIBFABRIC_DIR, OFI_NCCL_DIRS, OPENMPI_DIR, filter_submit_env,
                              submit_env_allowlist)
 from toolkit.job.spec import JobSpec
@@ -59,8 +60,8 @@ def loader_check_source() -> str:
     return resources.files("toolkit.health").joinpath("loader_check.py").read_text()
 
 
-def check_arguments(spec: JobSpec) -> list[str]:
-    """What the job loads, as loader_check's arguments."""
+def check_arguments(spec: JobSpec, fabric: str) -> list[str]:
+    """What the job loads, as loader_check's arguments (`fabric`: its queue's, toolkit.cluster.queues.Queue.fabric)."""
     args: list[str] = []
     environ = spec.environ
     if spec.launcher == "binary":
@@ -69,16 +70,16 @@ def check_arguments(spec: JobSpec) -> list[str]:
         args.append("--torch-nccl")
     if spec.gpus_per_node and "NCCL_NET" in environ:  # NCCL_NET names a plugin's network: without it NCCL stops
         args.append("--nccl-net-plugin")
-    if "RDMAV_FORK_SAFE" in environ and not spec.gpus_per_node:  # toolkit.job.env.gaudi_env on an EFA queue
+    if instance(spec.instance_type).accelerator == "gaudi" and fabric != "none":  # HCCL scale-out over EFA
         args += ["--library", HCCL_OFI_WRAPPER]
     return args
 
 
-def check_script(spec: JobSpec) -> str:
+def check_script(spec: JobSpec, fabric: str) -> str:
     """bash: the job's environment, then the loader check in it (one JSON line)."""
     from toolkit.job.render import environment_lines
 
-    check = shlex.join(["python3", "-c", loader_check_source(), "--json", *check_arguments(spec)])
+    check = shlex.join(["python3", "-c", loader_check_source(), "--json", *check_arguments(spec, fabric)])
     return "\n".join(["set -eu", *environment_lines(spec), f"exec {check}", ""])
 
 
@@ -124,9 +125,9 @@ def judge(facts: dict, spec: JobSpec) -> tuple[LibraryCheck, ...]:
     return tuple(checks)
 
 
-def check_job(spec: JobSpec, run: Callable[[str], subprocess.CompletedProcess]) -> JobLoaderReport:
+def check_job(spec: JobSpec, fabric: str, run: Callable[[str], subprocess.CompletedProcess]) -> JobLoaderReport:
     """Run the loader check of `spec` with `run` (a script -> its finished process: srun, or run_here)."""
-    res = run(check_script(spec))
+    res = run(check_script(spec, fabric))
     lines = [line for line in res.stdout.splitlines() if line.startswith("{")]
     try:
         facts = json.loads(lines[-1]) if lines else None
@@ -140,7 +141,7 @@ def check_job(spec: JobSpec, run: Callable[[str], subprocess.CompletedProcess]) 
                            judge(facts, spec))
 
 
-def check_job_on_slurm(spec: JobSpec, timeout: float) -> JobLoaderReport:
+def check_job_on_slurm(spec: JobSpec, fabric: str, timeout: float) -> JobLoaderReport:
     from toolkit.health.doctor import run_srun
 
-    return check_job(spec, lambda script: run_srun(srun_argv(spec, script), timeout))
+    return check_job(spec, fabric, lambda script: run_srun(srun_argv(spec, script), timeout))

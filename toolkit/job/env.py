@@ -131,7 +131,7 @@ def library_path(instance: InstanceType, fabric: str, *, recipe_dirs: Sequence[s
         why.append(f"recipe {recipe_name}'s software.library_path")
     if nccl_home:
         dirs.append(f"{nccl_home}/lib")
-        why.append(f"its NCCL (software.nccl_home {nccl_home})")
+        why.append(f"recipe {recipe_name}'s NCCL (software.nccl_home {nccl_home})")
     if fabric != "none" and instance.is_gpu:
         dirs += [LIBFABRIC_DIR, OPENMPI_DIR, *OFI_NCCL_DIRS]
         why.append("the EFA installer's libfabric, Open MPI and aws-ofi-nccl (/opt/aws-ofi-nccl on older AMIs), "
