@@ -182,7 +182,7 @@ def test_a_pytorch_gpu_job_asks_the_loader_for_torchs_own_nccl():
         assert nccl.status == "n/a" and "no CUDA build" in nccl.detail
 
 
-def test_doctor_cli_refuses_nodes_with_recipe(tmp_path):
+def test_doctor_cli_refuses_nodes_with_recipe():
     res = run_hpc("cluster", "doctor", "--cluster", "jobs/p3dn-cluster.yaml", "--recipe", "nccl-tests", "--nodes", "2")
     assert res.returncode == 2 and "--nodes is for the node checks" in res.stderr
 
