@@ -18,7 +18,7 @@ from tests.stubs import FIRST_HOST, JOB_ID, install_stubs, run_script, write_exe
 from toolkit.cluster.queues import Queue, load_queues
 from toolkit.errors import HpcError
 from toolkit.job.rank import master_port, preview_argv
-from toolkit.job.render import render_script, srun_options
+from toolkit.job.render import export_line, render_script, srun_options
 from toolkit.job.spec import build_job_spec
 from toolkit.recipes.load import load_recipe
 
@@ -40,13 +40,13 @@ def test_one_rank_per_hpu_with_the_habana_environment_and_core_binding(recipe, n
     assert "--gpus-per-node" not in script and "#SBATCH --ntasks-per-node=8" in script
     assert srun_options(spec)[-2:] == ["--distribution=block:block", "--cpu-bind=cores"]
     env = {v.name: v for v in spec.env}
-    assert [n for n in env if n != "PYTHONUNBUFFERED"] == ["PT_HPU_LAZY_MODE", "RDMAV_FORK_SAFE",
-                                                           "FI_EFA_USE_DEVICE_RDMA"]
+    assert [n for n in env if n != "PYTHONUNBUFFERED"] == ["LD_LIBRARY_PATH", "PT_HPU_LAZY_MODE", "RDMAV_FORK_SAFE",
+                                                           "FI_EFA_USE_DEVICE_RDMA", "HCCL_SOCKET_IFNAME"]
     assert env["RDMAV_FORK_SAFE"].value == env["FI_EFA_USE_DEVICE_RDMA"].value == "1"
     assert all("SynapseAI >= 1.8.0" in env[name].doc for name in ("RDMAV_FORK_SAFE", "FI_EFA_USE_DEVICE_RDMA"))
     lines = script.splitlines()
     for var in spec.env:  # each variable documented where it is set
-        assert lines[lines.index(f"export {var.name}={var.value}") - 1] == f"# {var.doc}"
+        assert lines[lines.index(export_line(var)) - 1] == f"# {var.doc}"
     assert not [n for n in env if n.startswith("NCCL_")]
     if recipe != "bert-5b":
         argv = words(spec)

@@ -218,6 +218,7 @@ def test_srun_argv_and_report_parsing():
     assert argv[:7] == ["srun", "--partition=p3dn", "--nodes=2", "--ntasks-per-node=1", "--time=5",
                         "--job-name=hpc-doctor", "--nodelist=a,b"]
     assert "--gpus-per-node=8" in argv and argv[-3:] == ["--json", "--mount", "/fsx"]
+    assert "--export=PATH,HOME,USER,LOGNAME,SHELL,LANG,LC_ALL,LC_CTYPE,TZ,TMPDIR" in argv  # not the submitter's all
     assert argv[argv.index("-c") - 1] == "python3"
     cpu = doctor.srun_argv(CPU, 1, None)
     assert not any(a.startswith(("--gpus", "--nodelist")) for a in cpu) and cpu[-1] == "--json"

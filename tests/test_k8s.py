@@ -236,7 +236,9 @@ def test_slurm_and_kubernetes_forms_agree_on_argv_and_derived_values(tmp_path):
     for key, value in both.items():
         if key != "software":
             assert f"#   {key} = {value}  (" in k8s.text
-    assert {e["name"]: e["value"] for e in container["env"]} == {**slurm.environ, "OMP_NUM_THREADS": "10"}
+    # (but the loader path the Slurm job prepends to the node's: a pod keeps its image's)
+    assert {e["name"]: e["value"] for e in container["env"]} == {
+        **{v.name: v.value for v in slurm.env if not v.prepend}, "OMP_NUM_THREADS": "10"}
     spec = _job(k8s)["spec"]
     assert spec["pytorchReplicaSpecs"]["Worker"]["replicas"] * int(spec["nprocPerNode"]) == slurm.world_size
 

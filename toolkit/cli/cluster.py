@@ -156,21 +156,70 @@ def _doctor_text(data: dict) -> str:
     return "\n".join(lines)
 
 
+def _loader_text(reports: list[dict]) -> str:
+    lines = []
+    for r in reports:
+        lines.append(f"job {r['job']} (queue {r['queue']}) on {r['node'] or '?'}: "
+                     f"LD_LIBRARY_PATH={r['ld_library_path'] or '(unset)'}")
+        if r["error"]:
+            lines.append(f"  FAIL   the check did not run: {r['error']}")
+        lines.append(table([[c["library"], c["status"], c["path"] or c["detail"] or "-", c["wanted_by"]]
+                            for c in r["libraries"]], ["LIBRARY", "LOADER", "FILE OR ERROR", "ASKED BY"]))
+        for c in r["libraries"]:
+            if c["fix"]:
+                lines += [f"  {c['library']} does not resolve: {c['detail']}", f"    fix: {c['fix']}"]
+        lines.append("")
+    failed = [r["job"] for r in reports if not r["ok"]]
+    lines.append("ok: every library resolves in its job's environment" if not failed else
+                 f"FAILED: {', '.join(failed)} would not load what it needs")
+    return "\n".join(lines)
+
+
+def _doctor_jobs(recipes: list[str], cluster, queue, profile, overrides, timeout: float, as_json: bool) -> None:
+    """The loader check of each job a submit of these arguments would plan, on a node of its queue."""
+    from toolkit.health.loader import check_job_on_slurm
+    from toolkit.submit import plan as plans
+
+    reports = []
+    for name in recipes:
+        request = plans.SubmitRequest(name, None, str(cluster) if cluster else None, queue, profile, tuple(overrides))
+        _, chosen, spec, _, _ = plans.plan_job(request)
+        reports.append(check_job_on_slurm(spec, chosen.fabric, timeout).as_dict())
+    emit(reports, as_json, _loader_text)
+    if not all(r["ok"] for r in reports):
+        raise typer.Exit(1)
+
+
 @app.command()
 def doctor(
     queue: Optional[str] = typer.Option(None, "--queue", "-q", help="Queue (Slurm partition) to check (default: the config's first)."),
     nodes: Optional[int] = typer.Option(None, "--nodes", "-N", min=1, help="Check this many nodes (default: every node)."),
     cluster: Optional[Path] = typer.Option(None, "--cluster", help="The cluster's ParallelCluster v3 config (default: its own)."),
     timeout: float = typer.Option(600.0, "--timeout", min=1, help="Seconds to wait for the check job (nodes may power up)."),
+    recipe: List[str] = typer.Option([], "--recipe", "-r", help="Instead of the node checks: whether the dynamic "
+                                     "loader resolves what this recipe's job loads (libnccl, the NCCL net plugin, "
+                                     "libmpi, the HCCL OFI wrapper) in the job's own environment, on one node of "
+                                     "the queue. Repeat for more jobs."),
+    profile: Optional[str] = typer.Option(None, "--profile", "-p", help="With --recipe: the recipe's profile."),
+    overrides: List[str] = typer.Option([], "--set", help="With --recipe: KEY.PATH=VALUE, as for `hpc recipes render`."),
     as_json: bool = JSON_OPTION,
 ) -> None:
-    """Check every node of a queue: EFA, ib_uverbs, GPUs, FSx, NCCL, aws-ofi-nccl, EFA stack (exit 1 on a FAIL)."""
+    """Check every node of a queue: EFA, ib_uverbs, GPUs, FSx, NCCL, aws-ofi-nccl, EFA stack (exit 1 on a FAIL);
+    with --recipe, whether each job's libraries resolve in its own environment (exit 1 when one does not)."""
     from toolkit.cluster.queues import cluster_config_candidates, resolve_queue
-    from toolkit.errors import HpcError
+    from toolkit.errors import HpcError, UsageError
     from toolkit.health.doctor import run_doctor
     if cluster is None and not any(p.is_file() for p in cluster_config_candidates()):
         raise HpcError("no cluster config given or found: the doctor checks nodes against what their queue declares",
                        fix="pass --cluster FILE (the cluster's ParallelCluster config) and --queue Q")
+    if recipe:
+        if nodes is not None:
+            raise UsageError("--nodes is for the node checks; a job's loader check runs on one node",
+                             fix="drop --nodes, or drop --recipe")
+        _doctor_jobs(recipe, cluster, queue, profile, overrides, timeout, as_json)
+        return
+    if profile or overrides:
+        raise UsageError("--profile and --set go with --recipe", fix="add --recipe NAME")
     chosen, how = resolve_queue(cluster, queue)
     info(f"queue: {how}")
     report = run_doctor(chosen, nodes, timeout)

@@ -15,6 +15,7 @@ from importlib import resources
 from toolkit.cluster.queues import Queue
 from toolkit.errors import HpcError, UsageError
 from toolkit.health.evaluate import Check, evaluate
+from toolkit.job.env import submit_env_allowlist
 
 JOB_NAME = "hpc-doctor"
 DEFAULT_TIMEOUT = 600.0  # ParallelCluster powers dynamic nodes up in about 5-7 minutes
@@ -89,6 +90,8 @@ def srun_argv(queue: Queue, nodes: int, nodelist: list[str] | None, python: str 
             f"--job-name={JOB_NAME}"]
     if nodelist:
         argv.append(f"--nodelist={','.join(nodelist)}")
+    # the submitter variables a job gets, no more: the submitter's LD_LIBRARY_PATH would widen the library search
+    argv.append(f"--export={','.join(submit_env_allowlist())}")
     if queue.instance.is_gpu:  # Gaudi HPUs are no Slurm GRES: asking for them would be refused
         argv.append(f"--gpus-per-node={queue.gpus_per_node}")
     argv += [python, "-c", node_check_source(), "--json"]

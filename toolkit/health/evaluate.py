@@ -28,7 +28,7 @@ FIX_EFA_SOFTWARE = ("install the EFA software with the EFA installer (aws-efa-in
                     "ParallelCluster's official AMIs include it, a custom AMI must too")
 FIX_OFI_NCCL = ("install aws-ofi-nccl: recent EFA installers put it in /opt/amazon/ofi-nccl, DLAMIs in "
                 "/opt/aws-ofi-nccl (or build github.com/aws/aws-ofi-nccl against the node's NCCL); the job must "
-                "find libnccl-net.so on LD_LIBRARY_PATH")
+                "find libnccl-net.so on LD_LIBRARY_PATH: `hpc cluster doctor --recipe R` asks the loader in R's job")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -161,7 +161,9 @@ def check_ofi_nccl(facts: dict, queue: Queue, needs_efa: bool) -> Check:
     if lib is None:
         return Check("aws-ofi-nccl", "FAIL", "libnccl-net.so (aws-ofi-nccl) not found: NCCL falls back to TCP "
                                              "sockets, about a third of EFA's bandwidth", FIX_OFI_NCCL)
-    return Check("aws-ofi-nccl", "ok", _library(lib))
+    # found on disk, not loaded: whether a job's loader finds it is `hpc cluster doctor --recipe`'s question
+    return Check("aws-ofi-nccl", "ok", f"{_library(lib)} installed (whether a job loads it: "
+                                       "`hpc cluster doctor --recipe R`)")
 
 
 def installed_stack(facts: dict) -> str | None:

@@ -4,12 +4,16 @@ Nobody can see the nodes' aws-ofi-nccl at render time, so the EFA/NCCL set follo
 facts and the queue's fabric (toolkit.cluster.queues.Queue.fabric: modern | legacy | none, where none is any
 queue without EFA enabled). Every variable carries a one-line
 reason, printed as a comment above its `export` in the rendered script.
+
+The dynamic loader's search path is explicit too: activating a venv sets no LD_LIBRARY_PATH, and the submitter's
+never reaches a job (SUBMIT_ENV_ALLOWLIST), so libraries outside ldconfig's cache (the EFA installer's Open MPI
+and aws-ofi-nccl, a separate NCCL, the HCCL OFI wrapper) are found only through library_path().
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Mapping
+from typing import Mapping, Sequence
 
 from toolkit.catalog import InstanceType
 
@@ -20,7 +24,22 @@ from toolkit.catalog import InstanceType
 SUBMIT_ENV_ALLOWLIST = ("PATH", "HOME", "USER", "LOGNAME", "SHELL", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "TMPDIR")
 
 # Variables whose values in effect the job prints at start (prefixes, for `env | grep`).
-COMMUNICATION_PREFIXES = ("NCCL_", "FI_", "RDMAV_", "OMP_NUM_THREADS")
+COMMUNICATION_PREFIXES = ("NCCL_", "FI_", "RDMAV_", "HCCL_", "OMP_NUM_THREADS", "LD_LIBRARY_PATH=")
+
+
+# Library directories the EFA installer creates, in the order AWS's own nccl-tests job puts them before the
+# nodes' LD_LIBRARY_PATH: libfabric, Open MPI, aws-ofi-nccl (aws-samples/awsome-distributed-training
+# micro-benchmarks/nccl-tests/slurm/nccl-tests-ami.sbatch); older AMIs had aws-ofi-nccl in /opt/aws-ofi-nccl/lib
+# (the same file at commit 9b037bddcac7085c95ed3d2ca069206995aa8df6). A directory a node lacks costs nothing.
+LIBFABRIC_DIR = "/opt/amazon/efa/lib"
+OPENMPI_DIR = "/opt/amazon/openmpi/lib"
+OFI_NCCL_DIRS = ("/opt/amazon/ofi-nccl/lib", "/opt/aws-ofi-nccl/lib")
+# HCCL finds its libfabric wrapper (libhccl_ofi_wrapper.so) through the loader: HabanaAI/hccl_ofi_wrapper README.md
+# installs it in /usr/lib/habanalabs and puts that on LD_LIBRARY_PATH; HabanaAI/Model-References 1.8.0
+# PyTorch/nlp/pretraining/deepspeed-bert/README.md (DL1 multi-server) has it where it was built, /root/hccl_ofi_wrapper,
+# then /opt/amazon/openmpi/lib and /opt/amazon/efa/lib.
+HCCL_OFI_WRAPPER_DIRS = ("/usr/lib/habanalabs", "/root/hccl_ofi_wrapper")
+LIBRARY_PATH = "LD_LIBRARY_PATH"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -28,6 +47,9 @@ class EnvVar:
     name: str
     value: str
     doc: str
+    # value is a path list put before the variable's value on the node at run time (what the nodes' modules and
+    # venv set), not a replacement: `export NAME=VALUE${NAME:+:$NAME}`
+    prepend: bool = False
 
 
 def submit_env_allowlist() -> tuple[str, ...]:
@@ -81,8 +103,8 @@ PEER_DIRECT_SYNAPSEAI = "1.8.0"
 
 
 def gaudi_env(instance: InstanceType, fabric: str) -> list[EnvVar]:
-    """What a Gaudi job exports: lazy mode always; the two peer-direct variables when the queue uses EFA
-    (sources: toolkit.job.gaudi's docstring)."""
+    """What a Gaudi job exports: lazy mode always; the two peer-direct variables and HCCL's bootstrap interface
+    when the queue uses EFA (sources: toolkit.job.gaudi's docstring; the loader path is library_path())."""
     env = [EnvVar("PT_HPU_LAZY_MODE", "1", "Habana PyTorch bridge in lazy mode (our workloads call "
                                            "htcore.mark_step()); newer Gaudi software defaults to eager")]
     if fabric != "none":  # Queue.fabric: EFA enabled on the queue
@@ -92,14 +114,48 @@ def gaudi_env(instance: InstanceType, fabric: str) -> list[EnvVar]:
             EnvVar("FI_EFA_USE_DEVICE_RDMA", "1", f"SynapseAI >= {PEER_DIRECT_SYNAPSEAI} (libfabric >= 1.16.1, "
                                                   "kernel >= 5.12): HCCL sends straight from HPU memory over EFA; "
                                                   "without it 32-HPU all-reduce at 32 MB drops 21,136 -> 12,110 MB/s"),
+            EnvVar("HCCL_SOCKET_IFNAME", "eth0", "HCCL's bootstrap sockets on the instance's primary interface, as "
+                                                 "Model-References' DL1 set-up gives it (deepspeed-bert README); set "
+                                                 "env.HCCL_SOCKET_IFNAME in the recipe where the AMI names it ens5"),
         ]
     return env
 
 
+def library_path(instance: InstanceType, fabric: str, *, recipe_dirs: Sequence[str] = (),
+                 nccl_home: str | None = None, recipe_name: str = "") -> EnvVar | None:
+    """LD_LIBRARY_PATH put before the nodes' own: the recipe's directories (software.library_path), its NCCL
+    (software.nccl_home/lib: nccl-tests built against a separate NCCL), then on EFA queues the EFA installer's
+    libraries (GPU: libfabric, Open MPI, aws-ofi-nccl; Gaudi: the HCCL OFI wrapper, Open MPI, libfabric)."""
+    dirs, why = list(recipe_dirs), []
+    if recipe_dirs:
+        why.append(f"recipe {recipe_name}'s software.library_path")
+    if nccl_home:
+        dirs.append(f"{nccl_home}/lib")
+        why.append(f"recipe {recipe_name}'s NCCL (software.nccl_home {nccl_home})")
+    if fabric != "none" and instance.is_gpu:
+        dirs += [LIBFABRIC_DIR, OPENMPI_DIR, *OFI_NCCL_DIRS]
+        why.append("the EFA installer's libfabric, Open MPI and aws-ofi-nccl (/opt/aws-ofi-nccl on older AMIs), "
+                   "as AWS's nccl-tests jobs set it: NCCL_NET fails closed when the plugin is not found")
+    elif fabric != "none" and instance.accelerator == "gaudi":
+        dirs += [*HCCL_OFI_WRAPPER_DIRS, OPENMPI_DIR, LIBFABRIC_DIR]
+        why.append("the HCCL OFI wrapper HCCL loads for EFA scale-out, Open MPI and libfabric, as Habana's DL1 "
+                   "set-up gives them")
+    if not dirs:
+        return None
+    return EnvVar(LIBRARY_PATH, ":".join(dict.fromkeys(dirs)),
+                  "prepended to what the nodes' modules/venv set (a venv sets none; the submitter's never reaches "
+                  "the job): " + "; ".join(why), prepend=True)
+
+
 def job_env(instance: InstanceType, fabric: str, *, threads_per_rank: int | None, launcher_kind: str,
-            recipe_env: Mapping[str, str], recipe_name: str) -> tuple[EnvVar, ...]:
-    """The ordered variables a job exports: communication, threads, launcher needs, then the recipe's own."""
+            recipe_env: Mapping[str, str], recipe_name: str, library_dirs: Sequence[str] = (),
+            nccl_home: str | None = None) -> tuple[EnvVar, ...]:
+    """The ordered variables a job exports: the loader path, communication, threads, launcher needs, then the
+    recipe's own (a recipe's env.LD_LIBRARY_PATH replaces the computed one)."""
     env: list[EnvVar] = [EnvVar("PYTHONUNBUFFERED", "1", "rank logs reach the Slurm output as they happen")]
+    loader = library_path(instance, fabric, recipe_dirs=library_dirs, nccl_home=nccl_home, recipe_name=recipe_name)
+    if loader:
+        env.append(loader)
     if instance.is_gpu:
         env += communication_env(instance, fabric)
     elif instance.accelerator == "gaudi":  # HCCL, not NCCL: no NCCL_* variables

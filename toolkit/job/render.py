@@ -10,7 +10,7 @@ import functools
 import os
 import shlex
 
-from toolkit.job.env import COMMUNICATION_PREFIXES, submit_env_allowlist
+from toolkit.job.env import COMMUNICATION_PREFIXES, EnvVar, submit_env_allowlist
 from toolkit.job.rank import MASTER_PORT_BASE, MASTER_PORT_SPAN
 from toolkit.job.spec import JobSpec
 
@@ -57,8 +57,16 @@ def srun_options(spec: JobSpec) -> list[str]:
     return options + list(spec.srun_binding)
 
 
-def setup_lines(spec: JobSpec) -> list[str]:
-    """Shell lines that activate the nodes' software and export the job's variables (also submitit's setup)."""
+def export_line(var: EnvVar) -> str:
+    """`export NAME=VALUE`; a path list to prepend goes before the value the node already has, if any."""
+    if var.prepend:
+        return f'export {var.name}={shlex.quote(var.value)}"${{{var.name}:+:${var.name}}}"'
+    return f"export {var.name}={shlex.quote(var.value)}"
+
+
+def environment_lines(spec: JobSpec) -> list[str]:
+    """Shell lines that activate the nodes' software, then export the job's variables: the job's environment
+    (also what `hpc cluster doctor --recipe` runs its loader check in)."""
     software = spec.software
     lines = [f"module load {shlex.quote(m)}" for m in software.modules]
     if software.venv:
@@ -67,7 +75,13 @@ def setup_lines(spec: JobSpec) -> list[str]:
         lines.append(f"set +u; source {shlex.quote(software.conda_root + '/etc/profile.d/conda.sh')}; "
                      f"conda activate {shlex.quote(software.conda_env or '')}; set -u")
     for var in spec.env:
-        lines += [f"# {var.doc}", f"export {var.name}={shlex.quote(var.value)}"]
+        lines += [f"# {var.doc}", export_line(var)]
+    return lines
+
+
+def setup_lines(spec: JobSpec) -> list[str]:
+    """The job's environment, then the files its set-up writes (also submitit's setup)."""
+    lines = environment_lines(spec)
     for file in spec.files:
         lines += [f"# {file.doc}", f"mkdir -p {shlex.quote(os.path.dirname(file.path))}",
                   f"printf '%s\\n' {shlex.quote(file.text)} > {shlex.quote(file.path)}"]

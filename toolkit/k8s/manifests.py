@@ -156,13 +156,15 @@ def mpirun_args(spec) -> list[str]:
     if any(not isinstance(a, str) for a in spec.command):
         raise HpcError(f"recipe {spec.recipe}: an MPI binary takes its rank from MPI, but its command has "
                        "per-rank values", fix="remove the per-rank values from the recipe's args")
-    forwarded = [w for var in spec.env for w in ("-x", var.name)]
+    forwarded = [w for var in spec.env if not var.prepend for w in ("-x", var.name)]
     return ["--allow-run-as-root", "-np", str(spec.world_size), "--map-by", f"ppr:{spec.tasks_per_node}:node",
             "--bind-to", "none", "-x", "PATH", "-x", "LD_LIBRARY_PATH", *forwarded, *spec.command]
 
 
 def _env(spec) -> list[dict]:
-    return [{"name": var.name, "value": var.value} for var in spec.env]
+    # Not a path list to prepend (LD_LIBRARY_PATH): a pod's env can only replace the image's value, and the
+    # image sets its own library path.
+    return [{"name": var.name, "value": var.value} for var in spec.env if not var.prepend]
 
 
 def _torchrun_env(spec) -> list[dict]:

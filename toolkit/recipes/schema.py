@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PositiveInt, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PositiveInt, field_validator, model_validator
 
 FLAG_PATTERN = r"^--?[A-Za-z0-9][A-Za-z0-9_-]*$"
 NAME_PATTERN = r"^[a-z0-9][a-z0-9_-]*$"
@@ -122,6 +122,19 @@ class Software(StrictModel):
     venv: SafeStr | None = None
     conda_root: SafeStr | None = None
     conda_env: SafeStr | None = None
+    # Directories put first on the job's LD_LIBRARY_PATH (toolkit.job.env.library_path), e.g. a CUDA or Open MPI
+    # the nodes' ldconfig does not know; and the NCCL install whose lib/ a binary built against it loads
+    # (nccl-tests `make NCCL_HOME=...`). Before the EFA installer's directories on EFA queues.
+    library_path: list[SafeStr] = []
+    nccl_home: SafeStr | None = None
+
+    @field_validator("library_path", "nccl_home")
+    @classmethod
+    def _one_dir_each(cls, value: list[str] | str | None) -> list[str] | str | None:
+        for d in [value] if isinstance(value, str) else value or []:
+            if ":" in d:
+                raise ValueError(f"{d!r}: one directory per entry (':' separates the entries of LD_LIBRARY_PATH)")
+        return value
 
     @model_validator(mode="after")
     def _one_python(self) -> Software:
