@@ -111,10 +111,10 @@ def test_cluster_show_says_cpus_per_node_and_smt(tmp_path):
     path = tmp_path / "c.yaml"
     path.write_text(json.dumps(config("p4d.24xlarge", True)))
     row = json.loads(run_hpc("cluster", "show", str(path), "--json").stdout)[0]
-    assert (row["cpus_per_node"], row["smt"], row["cpus_per_task"]) == (48, False, 6)
+    assert (row["cpus_per_node"], row["smt_off"], row["cpus_per_task"]) == (48, True, 6)
     assert "48 (SMT off)" in run_hpc("cluster", "show", str(path)).stdout
     plain = json.loads(run_hpc("cluster", "show", str(write_cluster(tmp_path)), "--json").stdout)
-    assert {r["queue"]: r["smt"] for r in plain} == {"cpu": True, "gaudi": True, "p3": True}
+    assert {r["queue"]: r["smt_off"] for r in plain} == {"cpu": False, "gaudi": False, "p3": False}
 
 
 def test_local_slurm_is_shaped_like_parallelclusters(tmp_path):

@@ -225,6 +225,6 @@ def queue_summaries(path: str | Path) -> list[dict[str, Any]]:
         {"queue": q.name, "instance_type": q.instance_type, "gpus_per_node": q.gpus_per_node,
          "gpu_model": q.instance.gpu_model, "efa_interfaces": q.efa_interfaces, "efa_stack": q.efa_stack,
          "max_nodes": q.max_nodes, "tasks_per_node": q.tasks_per_node, "cpus_per_node": q.cpus_per_node,
-         "smt": not q.smt_off, "cpus_per_task": q.cpus_per_task, "fsx_mount": q.fsx_mount}
+         "smt_off": q.smt_off, "cpus_per_task": q.cpus_per_task, "fsx_mount": q.fsx_mount}
         for q in load_queues(path).values()
     ]

@@ -16,9 +16,10 @@ from toolkit.catalog import InstanceType
 def core_masks(cores: int, threads_per_core: int, ranks: int) -> tuple[str, ...]:
     """Per local rank, the hex CPU mask of its own `cores // ranks` consecutive cores and their SMT siblings.
 
-    In Linux's numbering on these two-socket Intel instances, CPUs 0..cores-1 are the first thread of every
-    core, socket 0's cores first, and CPU c + cores is core c's sibling (lscpu: NUMA node0 0-23,48-71 on 96
-    vCPUs); with SMT off only 0..cores-1 exist. Consecutive cores per rank therefore fill socket 0 first.
+    Assumes Linux's usual numbering on two-socket Xeons (not yet seen on a dl1): CPUs 0..cores-1 are the first
+    thread of every core, socket 0's cores first, and CPU c + cores is core c's sibling; with SMT off only
+    0..cores-1 exist. Consecutive cores per rank then fill socket 0 first. Masks name machine CPUs (Slurm's
+    mc_support.html, low-level binding with --cpu-bind=mask_cpu).
     """
     per_rank = cores // ranks
     masks = []
