@@ -40,7 +40,7 @@ class Daemon:
 
 def daemons(layout: Layout) -> list[Daemon]:
     """Every daemon in start order."""
-    slurm = (layout.slurm_conf, layout.gres_conf)
+    slurm = (layout.slurm_conf, layout.gres_conf, layout.cgroup_conf)
     comm = layout.lane.comm
     accounting = [
         Daemon("mariadbd", comm("mariadbd"), layout.pid_file("mariadbd")),
@@ -69,6 +69,7 @@ def render_configs(layout: Layout) -> dict[Path, str]:
     configs = {
         layout.slurm_conf: env.get_template("slurm.conf.j2").render(values),
         layout.gres_conf: env.get_template("gres.conf.j2").render(values),
+        layout.cgroup_conf: env.get_template("cgroup.conf.j2").render(values),
         layout.cluster_config: env.get_template("cluster-config.yaml.j2").render(values),
     }
     if lane.accounting:

@@ -126,6 +126,10 @@ class Layout:
         return self.etc / "gres.conf"
 
     @property
+    def cgroup_conf(self) -> Path:
+        return self.etc / "cgroup.conf"
+
+    @property
     def slurmdbd_conf(self) -> Path:
         return self.etc / "slurmdbd.conf"
 

@@ -38,7 +38,7 @@ def test_one_rank_per_hpu_with_the_habana_environment_and_core_binding(recipe, n
     assert (spec.tasks_per_node, spec.world_size, spec.cpus_per_task) == (8, 8 * nodes, 12)
     script = render_script(spec)
     assert "--gpus-per-node" not in script and "#SBATCH --ntasks-per-node=8" in script
-    assert srun_options(spec)[-2:] == ["--distribution=block:block", "--cpu-bind=cores"]
+    assert srun_options(spec)[-1].startswith("--cpu-bind=mask_cpu:0x3f00000000003f,")  # 6 cores (+ siblings)
     env = {v.name: v for v in spec.env}
     assert [n for n in env if n != "PYTHONUNBUFFERED"] == ["LD_LIBRARY_PATH", "PT_HPU_LAZY_MODE", "RDMAV_FORK_SAFE",
                                                            "FI_EFA_USE_DEVICE_RDMA", "HCCL_SOCKET_IFNAME"]
@@ -172,7 +172,7 @@ def test_the_submitit_path_gets_the_same_gaudi_job():
     params = slurm_parameters(spec)
     assert "gpus_per_node" not in params["additional_parameters"]
     assert (params["nodes"], params["ntasks_per_node"]) == (4, 8)
-    assert params["srun_args"] == srun_options(spec) and "--cpu-bind=cores" in params["srun_args"]
+    assert params["srun_args"] == srun_options(spec) and spec.srun_binding[0] in params["srun_args"]
     setup = "\n".join(params["setup"])
     assert "export FI_EFA_USE_DEVICE_RDMA=1" in setup and f"> {spec.files[0].path}" in setup
 

@@ -35,7 +35,7 @@ def test_slurm_conf_has_the_fast_and_fake_hardware_settings(rendered):
     assert settings["SchedulerParameters"] == "batch_sched_delay=0,sched_min_interval=0,sched_interval=2"
     assert settings["AuthInfo"] == f"socket={layout.munge_socket},cred_expire=10"
     assert (settings["MailProg"], settings["ProctrackType"], settings["TaskPlugin"]) == (
-        "/bin/true", "proctrack/linuxproc", "task/none")
+        "/bin/true", "proctrack/linuxproc", "task/affinity,task/cgroup")
     assert settings["SlurmdParameters"] == "config_overrides"
     assert 0 < int(settings["MinJobAge"]) <= 60
     assert settings["AccountingStorageType"] == "accounting_storage/slurmdbd"

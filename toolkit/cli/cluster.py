@@ -115,8 +115,9 @@ def show(
     rows = queue_summaries(path)
     emit(rows, as_json, lambda rs: table(
         [[r["queue"], r["instance_type"], f"{r['gpus_per_node']} x {r['gpu_model']}" if r["gpus_per_node"] else "0",
-          r["efa_interfaces"], r["max_nodes"], r["fsx_mount"] or "-"] for r in rs],
-        ["QUEUE", "INSTANCE TYPE", "GPUS/NODE", "EFA", "MAX NODES", "FSX"]))
+          f"{r['cpus_per_node']}{' (SMT off)' if r['smt_off'] else ''}", r["efa_interfaces"], r["max_nodes"],
+          r["fsx_mount"] or "-"] for r in rs],
+        ["QUEUE", "INSTANCE TYPE", "GPUS/NODE", "CPUS/NODE", "EFA", "MAX NODES", "FSX"]))
     if not as_json and file is None:
         info(f"(from {path})")
 

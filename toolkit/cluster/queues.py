@@ -4,7 +4,13 @@ Toolkit-specific queue settings ride on the queue's own ParallelCluster `Tags` (
 they are applied to the instances, so they are visible on the cluster too):
   hpc:efa-stack       modern | legacy | none  (which EFA/NCCL environment the nodes' software wants)
   hpc:ranks-per-node  ranks per node on a CPU queue (GPU queues use one rank per GPU)
-  hpc:cpus-per-task   overrides vCPUs / ranks (the local test cluster's nodes share two real cores)
+  hpc:cpus-per-task   overrides CPUs per node / ranks (the local test cluster's nodes share two real cores)
+
+CPUs per node are what ParallelCluster declares to Slurm (`NodeName=... CPUs=N`): the instance's vCPUs, or its
+physical cores where a compute resource sets `DisableSimultaneousMultithreading: true` (aws-parallelcluster
+pcluster/schemas/cluster_schema.py, SlurmComputeResourceSchema; aws-parallelcluster-cookbook
+cookbooks/aws-parallelcluster-slurm/files/default/head_node_slurm/slurm/templates/common/
+slurm_parallelcluster_utils.conf, cpus_property: vCPUs // threads per core when SMT is off).
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ CLUSTER_CONFIG_ENV = "HPC_CLUSTER_CONFIG"
 TAG_EFA_STACK = "hpc:efa-stack"
 TAG_RANKS_PER_NODE = "hpc:ranks-per-node"
 TAG_CPUS_PER_TASK = "hpc:cpus-per-task"
+SMT_KEY = "DisableSimultaneousMultithreading"  # ParallelCluster's key, on a Slurm compute resource
 
 
 @dataclasses.dataclass(frozen=True)
@@ -38,6 +45,7 @@ class Queue:
     fsx_mount: str | None = None
     efa_enabled: bool = False  # Efa/Enabled on the queue's (first) compute resource
     static_nodes: int = 0  # MinCount summed: nodes that are always up (the rest start on demand)
+    smt_disabled: bool = False  # DisableSimultaneousMultithreading on a compute resource: one CPU per core
 
     @property
     def instance(self) -> InstanceType:
@@ -71,8 +79,30 @@ class Queue:
         return self.ranks_per_node or 1
 
     @property
+    def smt_off(self) -> bool:
+        """SMT is really off: the config turns it off on an instance that has it (ParallelCluster ignores the
+        key on one thread per core: disable_simultaneous_multithreading_manually)."""
+        return self.smt_disabled and self.instance.threads_per_core > 1
+
+    @property
+    def cpus_per_node(self) -> int:
+        """The CPUs Slurm sees on a node: what ParallelCluster declares (CPUs=N), physical cores with SMT off."""
+        return self.instance.cores if self.smt_off else self.instance.vcpus
+
+    @property
+    def cpus_per_node_rule(self) -> str:
+        return (f"{self.instance.cores} cores (SMT off)" if self.smt_off else f"{self.instance.vcpus} vCPUs")
+
+    @property
     def cpus_per_task(self) -> int:
-        return self.cpus_per_task_override or max(1, self.instance.vcpus // self.tasks_per_node)
+        return self.cpus_per_task_override or max(1, self.cpus_per_node // self.tasks_per_node)
+
+    @property
+    def cpus_rule(self) -> str:
+        """Why each rank gets cpus_per_task CPUs (the plan's Derived reason)."""
+        if self.cpus_per_task_override:
+            return f"queue override (tag {TAG_CPUS_PER_TASK})"
+        return f"{self.cpus_per_node_rule} / {self.tasks_per_node} ranks"
 
 
 def default_queue() -> Queue:
@@ -116,6 +146,8 @@ def queues_from_config(config: dict[str, Any], source: str = "<config>") -> dict
             fsx_mount=fsx_mount,
             efa_enabled=efa_enabled,
             static_nodes=sum(int(r.get("MinCount", 0)) for r in resources),
+            # A job may land on any of the queue's compute resources: one with SMT off bounds the CPUs it may ask.
+            smt_disabled=any(r.get(SMT_KEY) is True for r in resources),
         )
     return queues
 
@@ -192,6 +224,7 @@ def queue_summaries(path: str | Path) -> list[dict[str, Any]]:
     return [
         {"queue": q.name, "instance_type": q.instance_type, "gpus_per_node": q.gpus_per_node,
          "gpu_model": q.instance.gpu_model, "efa_interfaces": q.efa_interfaces, "efa_stack": q.efa_stack,
-         "max_nodes": q.max_nodes, "tasks_per_node": q.tasks_per_node, "fsx_mount": q.fsx_mount}
+         "max_nodes": q.max_nodes, "tasks_per_node": q.tasks_per_node, "cpus_per_node": q.cpus_per_node,
+         "smt_off": q.smt_off, "cpus_per_task": q.cpus_per_task, "fsx_mount": q.fsx_mount}
         for q in load_queues(path).values()
     ]

@@ -101,7 +101,7 @@ class JobSpec:
     style: LauncherStyle = "script"  # torchrun: one Slurm task per node starts that node's tasks_per_node ranks
     # Slurm's part (on_slurm): the scheduler-neutral spec leaves these empty
     wait_all_nodes: bool = False
-    srun_binding: tuple[str, ...] = ()  # srun CPU-binding options (Gaudi: cores per HPU rank)
+    srun_binding: tuple[str, ...] = ()  # srun CPU-binding options (GPU ranks unbound, HPU ranks on their cores)
     slurm_options: Mapping[str, str] = dataclasses.field(default_factory=dict)  # account, qos, ... for sbatch
 
     @property
@@ -224,8 +224,7 @@ class Target:
 def queue_target(queue: Queue) -> Target:
     return Target(name=queue.name, instance=queue.instance, max_nodes=queue.max_nodes,
                   tasks_per_node=queue.tasks_per_node, cpus_per_task=queue.cpus_per_task,
-                  cpus_rule="queue override" if queue.cpus_per_task_override else
-                  f"{queue.instance.vcpus} vCPUs / {queue.tasks_per_node} ranks",
+                  cpus_rule=queue.cpus_rule,
                   fabric=queue.fabric, shared_root=queue.fsx_mount)
 
 
@@ -436,10 +435,22 @@ def on_slurm(spec: JobSpec, queue: Queue, slurm_options: Mapping[str, str | None
                        f"queue {queue.name} starts nodes on demand: run only once every node has booted"
                        if queue.has_dynamic_nodes else f"queue {queue.name}'s nodes are all static (MinCount = MaxCount)")]
     binding: tuple[str, ...] = ()
-    if DEVICE_OF_ACCELERATOR[queue.instance.accelerator] == "hpu":
+    device = DEVICE_OF_ACCELERATOR[queue.instance.accelerator]
+    if device == "gpu":
+        # ParallelCluster's slurm.conf binds (TaskPlugin=task/affinity,task/cgroup) on nodes declared CPUs=N
+        # (aws-parallelcluster-cookbook cookbooks/aws-parallelcluster-slurm/templates/default/slurm/slurm.conf.erb):
+        # Slurm's automatic binding then hands each rank CPUs blind to its GPU's socket. Unbound, NCCL pins its
+        # threads near each rank's GPU itself; as AWS runs nccl-tests on ParallelCluster (aws-samples/
+        # awsome-distributed-training micro-benchmarks/nccl-tests/slurm/nccl-tests-container.sbatch) and as
+        # aws-ofi-nccl advises.
+        binding = ("--cpu-bind=none",)
+        derived.append(Derived("srun cpu binding", "--cpu-bind=none", "nodes declared CPUs=N give Slurm no GPU "
+                               "locality: GPU ranks stay unbound and NCCL pins its threads near each GPU"))
+    elif device == "hpu":
         from toolkit.job.gaudi import srun_binding
 
-        binding, why = srun_binding(queue.instance, spec.tasks_per_node)
+        holds_node = spec.slurm_tasks_per_node * spec.slurm_cpus_per_task >= queue.cpus_per_node
+        binding, why = srun_binding(queue.instance, spec.slurm_tasks_per_node, queue.smt_off, holds_node)
         derived += [Derived("srun cpu binding", " ".join(binding), why),
                     Derived("--gpus-per-node", "not set", "HPUs are no Slurm GPUs (ParallelCluster declares no GRES "
                                                           "for them): one rank per HPU via --ntasks-per-node")]
