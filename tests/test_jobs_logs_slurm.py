@@ -48,4 +48,6 @@ def test_jobs_logs_rank_picks_one_ranks_lines_of_the_rendered_scripts_one_log(sl
     for rank, node in [(0, "c1"), (2, "c2")]:
         logs = run_hpc("jobs", "logs", result["job_id"], "--rank", str(rank), env=env)
         assert logs.returncode == 0, logs.stderr
-        assert [line for line in logs.stdout.splitlines() if "probe" in line] == [f"probe rank {rank} on {node}: 5 args"]  # --text, --count 3, --flag
+        # only that rank's line, unlabelled (5 args: --text T, --count 3, --flag)
+        probe_lines = [line for line in logs.stdout.splitlines() if "probe" in line]
+        assert probe_lines == [f"probe rank {rank} on {node}: 5 args"]

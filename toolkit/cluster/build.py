@@ -315,7 +315,7 @@ def _queue(spec: ClusterSpec, queue: QueueSpec, it: InstanceType, reservation: s
     if it.is_gpu:  # ParallelCluster's GPU check is NVIDIA DCGM's: for NVIDIA queues only
         entry["HealthChecks"] = _map(("Gpu", _map(("Enabled", True), Enabled=(
             "ParallelCluster runs a DCGM GPU check in each job's prolog: a node whose GPUs fail it is drained, "
-            "not given the job (p4d/p5: the check can be long, aws-parallelcluster#6777)"))))
+            "not given the job (p4d/p5: a slow check can fail jobs with 'Prolog hung', aws-parallelcluster#6777)"))))
     if spec.post_install:
         entry["CustomActions"] = _map(("OnNodeConfigured", _map(("Script", spec.post_install))))
         if bucket := _bucket(spec.post_install):
