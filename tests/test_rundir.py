@@ -177,3 +177,21 @@ def test_one_network_verdict_for_jobs_status_and_report_run(tmp_path, executor, 
     assert summary.nccl and (summary.transport["name"], summary.efa_problem) == ("tcp", network.problem)
     run.write_metadata(Metadata(fabric="none", executor=Executor.parse(executor), job_ids=["55"]))
     assert run.network().problem is None and read_run(run.path).efa_problem is None  # a TCP queue: sockets it has
+
+
+def test_following_a_labelled_log_never_splits_a_line_from_its_label(tmp_path):
+    from toolkit.rundir import task_lines
+    from toolkit.submit.runs import follow
+
+    log = tmp_path / "job-55.out"
+    log.write_text(" 1: half")  # srun caught mid-line
+    polls = []
+
+    def is_done():
+        if not polls:
+            with log.open("a") as fh:
+                fh.write("way\n 0: other\n")
+        polls.append(1)
+        return len(polls) > 1
+
+    assert list(task_lines(follow(log, is_done, poll_s=0), 0)) == ["other\n"]

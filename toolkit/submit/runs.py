@@ -239,14 +239,17 @@ def _rank_log(run: RunDir, job_id: str, rank: int, stream: str) -> Path:
 
 
 def follow(path: Path, is_done, poll_s: float = 1.0) -> Iterator[str]:
-    """Yield a log's lines as they are written, until is_done() and nothing new arrives."""
-    with path.open() as fh:
+    """Yield a log's lines as they are written, until is_done() and nothing new arrives. Only whole lines while
+    the job runs: the tail of a line caught half-written would lose its srun label (rundir.task_lines)."""
+    with path.open(errors="replace") as fh:
+        partial = ""
         while True:
-            line = fh.readline()
-            if line:
-                yield line
+            partial += fh.readline()
+            if partial.endswith("\n"):
+                yield partial
+                partial = ""
                 continue
             if is_done():
-                yield from fh
+                yield from (partial + fh.read()).splitlines(keepends=True)
                 return
             time.sleep(poll_s)
