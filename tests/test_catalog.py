@@ -3,7 +3,7 @@ import re
 import pytest
 
 from tests.conftest import REPO
-from toolkit.catalog import catalog, instance
+from toolkit.catalog import catalog, instance, nccl_floors
 from toolkit.errors import HpcError
 
 INSTANCE_NAME = re.compile(r"\b[a-z]+\d+[a-z]*\.(?:\d*xlarge|large|medium|metal)\b")
@@ -32,3 +32,14 @@ def test_unknown_instance_type_names_the_known_ones():
     with pytest.raises(HpcError) as err:
         instance("p9.mega")
     assert "p9.mega" in err.value.message and "p3dn.24xlarge" in err.value.fix
+
+
+def test_nccl_floors_of_one_instance_and_transport_cover_disjoint_node_counts():
+    # nccl_floor() takes the first entry that covers a node count: overlapping ranges would hide one
+    floors = nccl_floors()
+    for f in floors:
+        assert f.max_nodes is None or f.max_nodes >= f.min_nodes >= 2, f
+        assert f.floor_busbw_gbs < f.published_busbw_gbs and f.source, f
+        for g in floors:
+            if g is not f and (g.instance, g.transport) == (f.instance, f.transport):
+                assert not any(f.covers(n) and g.covers(n) for n in range(2, 257)), (f, g)

@@ -20,7 +20,7 @@ from tests.conftest import SUMMARY
 from tests.jobhelpers import CPU
 from tests.stubs import write_executable
 from toolkit import rundir
-from toolkit.cluster.build import ClusterSpec, QueueSpec, build_config, render
+from toolkit.cluster.build import SSH_ALLOWED_IPS, ClusterSpec, QueueSpec, build_config, render
 from toolkit.job.spec import build_job_spec
 from toolkit.recipes.load import load_recipe, parse_override
 from toolkit.recipes.schema import Recipe
@@ -158,7 +158,7 @@ def test_the_cluster_yaml_writer_keeps_every_value_and_adds_no_key(subnet, key, 
     escape_if(not isinstance(data, dict), "cluster yaml (does not parse)")
     escape_if(set(data) != {"Region", "Image", "HeadNode", "Scheduling"}, "cluster yaml (top-level keys)")
     escape_if(data["HeadNode"]["Networking"] != {"SubnetId": subnet}, "cluster yaml (subnet)")
-    escape_if(data["HeadNode"]["Ssh"] != {"KeyName": key}, "cluster yaml (key name)")
+    escape_if(data["HeadNode"]["Ssh"] != {"KeyName": key, "AllowedIps": SSH_ALLOWED_IPS}, "cluster yaml (key name)")
     [q] = data["Scheduling"]["SlurmQueues"]
     escape_if(q["Name"] != queue or q["Networking"] != {"SubnetIds": [subnet]}, "cluster yaml (queue)")
     escape_if(q["CustomActions"] != {"OnNodeConfigured": {"Script": post_install}}, "cluster yaml (--post-install)")

@@ -67,6 +67,7 @@ def test_gpu_directives():
     assert not [d for d in directives if d.startswith("--mem")]
     srun = next(line for line in script.splitlines() if line.startswith("srun "))
     assert "--cpus-per-task=12" in srun and "--ntasks-per-node=8" in srun and "--gpus-per-task" not in srun
+    assert srun.startswith("srun --label ")  # the ranks share one log: each line names its task
 
 
 def test_cpu_queue_gets_the_cpu_forms_of_fairseq():

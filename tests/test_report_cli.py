@@ -148,3 +148,16 @@ def test_report_run_takes_a_plain_log_file():
     res = run_hpc("report", "run", str(NCCL / "2019_brace-first-char_mpirun-tagged.sample.txt"), "--json")
     data = json.loads(res.stdout)
     assert data["log_only"] and data["nccl"][0]["test"] == "all_reduce" and data["transport"]["name"] == "efa"
+
+
+@pytest.mark.parametrize("instance_type,nodes,busbw,exit_code", [
+    ("p4de.24xlarge", 2, 78.0, 0), ("p4d.24xlarge", 3, 47.0, 0), ("p4d.24xlarge", 4, 20.0, 1)])
+def test_nccl_multi_node_p4d_runs_are_judged_by_their_node_count(tmp_path, instance_type, nodes, busbw, exit_code):
+    from tests.test_reports_nccl import nccl_log
+
+    log = tmp_path / "nccl.log"
+    log.write_text(nccl_log(busbw, nodes=nodes))
+    res = run_hpc("report", "nccl", str(log), "--instance", instance_type, "--json")
+    assert res.returncode == exit_code, res.stdout + res.stderr
+    [test] = json.loads(res.stdout)["tests"]
+    assert test["nodes"] == nodes and test["verdict"]["measured_busbw_gbs"] == busbw

@@ -137,43 +137,46 @@ def test_unreadable_inputs_are_clear_errors(tmp_path, content, message):
     assert message in err.value.message and err.value.fix
 
 
-def _two_node_run(busbw: float, size: int = 1 << 30, network: str = "AWS Libfabric") -> str:
-    devices = [f"#  Rank {r:2d} Group  0 Pid {100 + r:6d} on {'a' if r < 8 else 'b':>10s} device {r % 8:2d} [0000:10:00] V100"
-               for r in range(16)]
-    row = f"{size:12d}  {size // 4:12d}     float     sum      -1    100.0   {busbw / 1.875:.2f}   {busbw:.2f}       0    100.0   {busbw / 1.875:.2f}   {busbw:.2f}       0"
+def nccl_log(busbw: float, size: int = 1 << 30, network: str = "AWS Libfabric", nodes: int = 2) -> str:
+    """An all_reduce_perf log of 8 ranks per node (hosts a, b, c...) whose one row reaches `busbw`."""
+    ranks = 8 * nodes
+    devices = [f"#  Rank {r:2d} Group  0 Pid {100 + r:6d} on {chr(ord('a') + r // 8):>10s} device {r % 8:2d} [0000:10:00] GPU"
+               for r in range(ranks)]
+    algbw = busbw / (2 * (ranks - 1) / ranks)  # nccl-tests' all_reduce busbw factor (doc/PERFORMANCE.md)
+    row = f"{size:12d}  {size // 4:12d}     float     sum      -1    100.0   {algbw:.2f}   {busbw:.2f}       0    100.0   {algbw:.2f}   {busbw:.2f}       0"
     return "\n".join([f"a:1:1 [0] NCCL INFO Using network {network}", "# Collective test starting: all_reduce_perf",
                       "# Using devices", *devices, *header_lines(), row])
 
 
 @pytest.mark.parametrize("busbw,status", [(9.5, "PASS"), (3.1, "FAIL")])
 def test_verdict_against_the_p3dn_efa_floor(busbw, status):
-    [t] = parse_text(_two_node_run(busbw))
+    [t] = parse_text(nccl_log(busbw))
     verdict = judge(t, "p3dn.24xlarge")
     assert verdict.status == status and verdict.floor_busbw_gbs == 6.0 and verdict.measured_busbw_gbs == busbw
     assert "nccl#235" in verdict.source
 
 
 def test_tcp_fallback_on_an_efa_instance_is_judged_against_efa_and_named():
-    [t] = parse_text(_two_node_run(3.1, network="Socket"))
+    [t] = parse_text(nccl_log(3.1, network="Socket"))
     verdict = judge(t, "p3dn.24xlarge")
     assert verdict.status == "FAIL" and "NCCL used TCP" in verdict.reason
     assert judge(t, "p3dn.24xlarge", transport="tcp").status == "PASS"  # deliberately over TCP: its own floor
 
 
 def test_no_verdict_cases():
-    [t] = parse_text(_two_node_run(9.5))
+    [t] = parse_text(nccl_log(9.5))
     assert "NVLink only" in judge(t, "p3dn.24xlarge", nodes=1).reason
     assert judge(t, None).status == "NO-VERDICT"
     assert "no published floor" in judge(t, "m5.xlarge").reason
-    [small] = parse_text(_two_node_run(9.5, size=1 << 20))
+    [small] = parse_text(nccl_log(9.5, size=1 << 20))
     assert "largest message" in judge(small, "p3dn.24xlarge").reason
     with pytest.raises(HpcError):
         judge(t, "p9.mega")
 
 
 def test_report_combines_files_and_rejects_unknown_transport(tmp_path):
-    (tmp_path / "a.log").write_text(_two_node_run(9.5))
-    (tmp_path / "b.log").write_text(_two_node_run(2.0))
+    (tmp_path / "a.log").write_text(nccl_log(9.5))
+    (tmp_path / "b.log").write_text(nccl_log(2.0))
     data, tests = report([tmp_path / "a.log", tmp_path / "b.log"], "p3dn.24xlarge")
     assert [t["verdict"]["status"] for t in data["tests"]] == ["PASS", "FAIL"] and data["status"] == "FAIL"
     assert data["tests"][0]["rows"][0]["out_of_place"]["busbw_gbs"] == 9.5 and len(tests) == 2
@@ -221,7 +224,7 @@ def test_a_device_list_with_a_gap_and_no_nranks_is_an_unknown_count():
 
 
 def test_one_unreadable_file_does_not_hide_the_others(tmp_path):
-    (tmp_path / "a.log").write_text(_two_node_run(9.5))
+    (tmp_path / "a.log").write_text(nccl_log(9.5))
     (tmp_path / "empty.log").write_text("srun: error: Unable to create step for job 42\n")
     data, tests = report([tmp_path / "a.log", tmp_path / "missing.log", tmp_path / "empty.log"], "p3dn.24xlarge")
     assert [t["verdict"]["status"] for t in data["tests"]] == ["PASS"] and len(tests) == 1
@@ -264,3 +267,19 @@ def test_nccl_lines_of_hosts_whose_names_start_with_a_digit_are_not_rows():
     ])
     [t] = parse_text(text)
     assert [r.size for r in t.rows] == [1024, 2048] and t.transport == "efa"
+
+
+@pytest.mark.parametrize("instance_type,nodes,busbw,status,floor", [
+    ("p4de.24xlarge", 2, 78.3, "PASS", 60.0),  # the published 2-node figure (tree effect)
+    ("p4d.24xlarge", 2, 50.0, "FAIL", 60.0),   # at line rate on 2 nodes: the tree did not help, something is off
+    ("p4d.24xlarge", 3, 47.0, "PASS", 40.0),   # healthy 3+ nodes reach about the line rate, not the 2-node figure
+    ("p4d.24xlarge", 8, 45.0, "PASS", 40.0),
+    ("p4d.24xlarge", 4, 12.0, "FAIL", 40.0),   # a bad multi-node run (one rail, or TCP-like) still fails
+    ("p3dn.24xlarge", 16, 7.0, "PASS", 6.0),   # p3dn's figure is the 8-32 node one: any count
+])
+def test_the_floor_depends_on_the_node_count(instance_type, nodes, busbw, status, floor):
+    [t] = parse_text(nccl_log(busbw, nodes=nodes))
+    assert t.nodes == nodes
+    verdict = judge(t, instance_type)
+    assert (verdict.status, verdict.floor_busbw_gbs) == (status, floor), verdict.reason
+    assert f"{nodes} nodes" in verdict.reason

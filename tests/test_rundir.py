@@ -4,9 +4,11 @@ network verdict; and run dirs written by older toolkits."""
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 
+from tests.conftest import run_hpc
 from tests.test_report_scaling import FIXTURES
 from tests.test_transport import EFA_LOG, SOCKET_FALLBACK
 from toolkit.errors import HpcError
@@ -105,6 +107,29 @@ def test_the_sbatch_executors_one_log_serves_every_rank_and_stream(tmp_path):
     assert run.log_names("55") == ["nccl-tests-55.out"]
 
 
+def test_jobs_logs_rank_picks_one_ranks_lines_of_the_sbatch_executors_labelled_log(tmp_path):
+    run = _run(tmp_path / "r", "sbatch")
+    # srun --label of 12 tasks pads the task number to 2 columns; the batch shell's and srun's own lines have none
+    (run.path / "probe-55.out").write_text(
+        " 0: rank 0 starts\n 1: rank 1 starts\n11: rank 11 starts\n 1: 2: not a label\n"
+        "srun: error: c2: task 11: Exited with exit code 3\n")
+    env = {**os.environ, "HPC_RUNS_DIR": str(tmp_path)}
+    rank = {n: run_hpc("jobs", "logs", "55", "--rank", str(n), env=env) for n in (0, 1, 11)}
+    assert all(r.returncode == 0 for r in rank.values()), [r.stderr for r in rank.values()]
+    error = "srun: error: c2: task 11: Exited with exit code 3\n"
+    assert rank[0].stdout == "rank 0 starts\n" + error  # no error is hidden, whichever rank is asked for
+    assert rank[1].stdout == "rank 1 starts\n2: not a label\n" + error
+    assert rank[11].stdout == "rank 11 starts\n" + error
+
+
+def test_jobs_logs_prints_submitits_own_rank_log_whole(tmp_path):
+    run = _run(tmp_path / "r", "slurm")
+    (run.path / "submitit").mkdir()
+    (run.path / "submitit" / "55_1_log.out").write_text("1: the program's own words\n0: and these\n")
+    res = run_hpc("jobs", "logs", "55", "--rank", "1", env={**os.environ, "HPC_RUNS_DIR": str(tmp_path)})
+    assert (res.returncode, res.stdout) == (0, "1: the program's own words\n0: and these\n"), res.stderr
+
+
 def test_a_run_dir_without_executor_finds_whichever_log_it_has(tmp_path):
     run = _run(tmp_path / "r", None)
     (run.path / "job-55.out").write_text("hello\n")
@@ -152,3 +177,21 @@ def test_one_network_verdict_for_jobs_status_and_report_run(tmp_path, executor, 
     assert summary.nccl and (summary.transport["name"], summary.efa_problem) == ("tcp", network.problem)
     run.write_metadata(Metadata(fabric="none", executor=Executor.parse(executor), job_ids=["55"]))
     assert run.network().problem is None and read_run(run.path).efa_problem is None  # a TCP queue: sockets it has
+
+
+def test_following_a_labelled_log_never_splits_a_line_from_its_label(tmp_path):
+    from toolkit.rundir import task_lines
+    from toolkit.submit.runs import follow
+
+    log = tmp_path / "job-55.out"
+    log.write_text(" 1: half")  # srun caught mid-line
+    polls = []
+
+    def is_done():
+        if not polls:
+            with log.open("a") as fh:
+                fh.write("way\n 0: other\n")
+        polls.append(1)
+        return len(polls) > 1
+
+    assert list(task_lines(follow(log, is_done, poll_s=0), 0)) == ["other\n"]

@@ -57,6 +57,10 @@ class NcclFloor:
     floor_busbw_gbs: float
     source: str
     estimate: bool = False
+    max_nodes: int | None = None  # None: any count from min_nodes
+
+    def covers(self, nodes: int) -> bool:
+        return self.min_nodes <= nodes and (self.max_nodes is None or nodes <= self.max_nodes)
 
 
 @functools.cache
@@ -77,10 +81,15 @@ def nccl_floors() -> tuple[NcclFloor, ...]:
     return tuple(NcclFloor(**entry) for entry in _catalog_data().get("nccl_floors", []))
 
 
-def nccl_floor(instance_type: str, transport: str) -> NcclFloor | None:
-    """The floor for an instance type (validated against the catalog) and transport, or None if none is known."""
+def nccl_floors_for(instance_type: str, transport: str) -> tuple[NcclFloor, ...]:
+    """The floors of an instance type (validated against the catalog) over a transport, one per node-count range."""
     instance(instance_type)
-    return next((f for f in nccl_floors() if f.instance == instance_type and f.transport == transport), None)
+    return tuple(f for f in nccl_floors() if f.instance == instance_type and f.transport == transport)
+
+
+def nccl_floor(instance_type: str, transport: str, nodes: int) -> NcclFloor | None:
+    """The floor for a run on `nodes` nodes (a 2-node figure does not hold for more nodes), or None if none is known."""
+    return next((f for f in nccl_floors_for(instance_type, transport) if f.covers(nodes)), None)
 
 
 def instance(name: str) -> InstanceType:

@@ -28,10 +28,11 @@ import datetime as dt
 import enum
 import json
 import os
+import re
 import secrets
 import shutil
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import TYPE_CHECKING, Any, Iterable, Iterator, Mapping
 
 from toolkit.errors import HpcError
 from toolkit.workloads.train_log import LOG_NAME  # standard library only
@@ -402,6 +403,10 @@ class RunDir:
             return log
         return self.job_output(job_id) if meta.executor is None else None  # an older run dir: whichever it has
 
+    def shares_log(self, job_id: str, path: Path) -> bool:
+        """Whether `path` (a rank_log()) is the job's one log that every rank writes (srun --label lines)."""
+        return path == self.job_output(job_id)
+
     def log_names(self, job_id: str, stream: str = "out") -> list[str]:
         """The logs there are of a job (for an error that says which ranks have one)."""
         meta = self.metadata() or Metadata()
@@ -443,6 +448,23 @@ class RunDir:
         found = transport.logs_transport({str(p): t for p, t in (texts or self.log_texts()).items()})
         fabric = (self.metadata() or Metadata()).fabric
         return Network(found, transport.efa_problem(found, transport.efa_expected(fabric)))
+
+
+# srun --label's prefix: the task number, right-aligned to the width of the largest one, then ": " (Slurm's srun(1),
+# -l/--label). The rendered script's ranks share one log, so its srun labels every line (toolkit.job.render).
+_SRUN_LABEL = re.compile(r"^ *(\d+): ")
+
+
+def task_lines(lines: Iterable[str], task: int) -> Iterator[str]:
+    """Task `task`'s lines of an srun --label log without their label, and the lines no task wrote (the batch
+    shell's and srun's own, such as `srun: error: ... task 3: Exited`), so that no error is hidden; the other
+    tasks' lines are left out. A log without labels (a run dir from before labels) passes whole."""
+    for line in lines:
+        label = _SRUN_LABEL.match(line)
+        if label is None:
+            yield line
+        elif int(label.group(1)) == task:
+            yield line[label.end():]
 
 
 def _job_number(path: Path) -> int:

@@ -34,6 +34,12 @@ def config(
     fsx_capacity: Optional[int] = typer.Option(None, "--fsx-capacity", help="FSx size in GiB (1200 or n*2400)."),
     fsx_deployment: Optional[str] = typer.Option(None, "--fsx-deployment", help="SCRATCH_2 (default) or "
                                                  "PERSISTENT_2."),
+    fsx_throughput: Optional[int] = typer.Option(None, "--fsx-throughput", help="MB/s the jobs read from /fsx "
+                                                 "at once: the smallest FSx (and PERSISTENT_2 tier) whose "
+                                                 "baseline reaches it."),
+    ssh_allowed_ips: Optional[str] = typer.Option(None, "--ssh-allowed-ips", help="CIDR or prefix list (pl-...) "
+                                                  "that may SSH to the head node (default 10.0.0.0/8: private "
+                                                  "addresses only)."),
     capacity_reservation: Optional[str] = typer.Option(None, "--capacity-reservation",
                                                        help="[QUEUE=]cr-... targeted capacity reservation."),
     capacity_block: Optional[str] = typer.Option(None, "--capacity-block", help="[QUEUE=]cr-... Capacity Block "
@@ -44,7 +50,7 @@ def config(
     as_json: bool = JSON_OPTION,
 ) -> None:
     """Write a ParallelCluster v3 config (Slurm, EFA queues in placement groups, optional FSx for Lustre)."""
-    from toolkit.cluster.build import ClusterSpec, FsxSpec, parse_queue, write_config
+    from toolkit.cluster.build import SSH_ALLOWED_IPS, ClusterSpec, FsxSpec, parse_queue, write_config
     from toolkit.errors import UsageError
 
     head, compute = head_subnet or subnet, compute_subnet or subnet
@@ -54,16 +60,17 @@ def config(
                          "the queues), or --subnet for both")
 
     fsx = None
-    if fsx_import or fsx_capacity or fsx_deployment:
+    if fsx_import or fsx_capacity or fsx_deployment or fsx_throughput is not None:
         fsx = FsxSpec(deployment=fsx_deployment or "SCRATCH_2", capacity_gib=fsx_capacity or 1200,
-                      import_path=fsx_import)
+                      import_path=fsx_import, throughput_mbs=fsx_throughput)
     reservation_queue, _, reservation = (capacity_reservation or "").rpartition("=")
     block_queue, _, block = (capacity_block or "").rpartition("=")
     spec = ClusterSpec(
         name=name, region=region, head_subnet=head, compute_subnet=compute, key_name=key_name,
         queues=tuple(parse_queue(q) for q in queue), head_node=head_node, os=os, custom_ami=custom_ami, fsx=fsx,
         capacity_reservation=reservation or None, reservation_queue=reservation_queue or None,
-        capacity_block=block or None, capacity_block_queue=block_queue or None, post_install=post_install)
+        capacity_block=block or None, capacity_block_queue=block_queue or None, post_install=post_install,
+        ssh_allowed_ips=ssh_allowed_ips or SSH_ALLOWED_IPS)
     warnings = write_config(spec, output, force=force)
     for message in warnings:
         warn(message)

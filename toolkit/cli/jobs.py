@@ -64,20 +64,18 @@ def status(job_id: str = typer.Argument(..., help="Slurm job id (an array task: 
 
 @app.command("logs")
 def logs(job_id: str = typer.Argument(..., help="Slurm job id."),
-         rank: int = typer.Option(0, "--rank", "-r", help="Which rank's log."),
+         rank: int = typer.Option(0, "--rank", "-r", help="Which rank's log (Slurm's task number)."),
          stderr: bool = typer.Option(False, "--stderr", help="Show the rank's stderr instead of stdout."),
          follow: bool = typer.Option(False, "--follow", "-f", help="Keep printing until the job ends.")) -> None:
     """Print one rank's log (rank 0 by default). A job sent as its sbatch script (MPI binaries) has one log,
-    every rank's stdout and stderr together: that one is printed."""
+    every rank's stdout and stderr together, each line labelled by srun with its task: that rank's lines are
+    printed, unlabelled, with the lines no rank wrote (the batch shell's, srun's errors)."""
     from toolkit.submit import runs
 
-    path = runs.rank_log(job_id, rank, stream="err" if stderr else "out")
-    if not follow:
-        sys.stdout.write(path.read_text(errors="replace"))
-        return
-    for line in runs.follow(path, lambda: runs.status(job_id).done):
+    for line in runs.rank_lines(job_id, rank, stream="err" if stderr else "out", keep_following=follow):
         sys.stdout.write(line)
-        sys.stdout.flush()
+        if follow:
+            sys.stdout.flush()
 
 
 @app.command("cancel")

@@ -8,6 +8,8 @@ AMI, FSx size) and explain the traps (V100 driver, reservations and placement gr
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
+import math
 import re
 import shlex
 import textwrap
@@ -27,7 +29,16 @@ CLUSTER_NAME = re.compile(r"^[a-zA-Z][a-zA-Z0-9-]{0,59}$")
 REGION = re.compile(r"^[a-z]{2}(-[a-z]+)+-\d$")
 RESERVATION = re.compile(r"^cr-[0-9a-f]{8,17}$")
 FSX_MOUNT = "/fsx"
-PERSISTENT_2_THROUGHPUT = 125  # MB/s/TiB, the smallest PERSISTENT_2 tier
+# FSx for Lustre baseline throughput per TiB of storage (AWS, FSx for Lustre User Guide, "Amazon FSx for Lustre
+# performance" / ssd-storage): SCRATCH_2 200 MB/s/TiB (bursts to 1300 on credits); PERSISTENT_2 the chosen
+# PerUnitStorageThroughput tier. Capacity: 1.2 TiB, then steps of 2.4 TiB (1200 GiB, n x 2400 GiB).
+SCRATCH_2_MBS_PER_TIB = 200
+PERSISTENT_2_TIERS = (125, 250, 500, 1000)  # MB/s/TiB (FSx API: PerUnitStorageThroughput for PERSISTENT_2)
+# Who may SSH to the head node unless --ssh-allowed-ips says: private 10.x addresses (a bastion or VPN inside a
+# VPC such as the 10.0.0.0/16 that `pcluster configure` creates: aws-parallelcluster cli/src/pcluster/networking/
+# vpc_factory.py), never the internet, which is ParallelCluster's own default (HeadNodeSsh AllowedIps defaults to
+# CIDR_ALL_IPS 0.0.0.0/0: cli/src/pcluster/config/cluster_config.py).
+SSH_ALLOWED_IPS = "10.0.0.0/8"
 INSTALL_FIX = "pip install 'hpc-toolkit[admin]'"
 HEAD_ROOT_GIB = 100  # head node root volume: Slurm state, logs and shared /home builds outgrow the 40 GiB AMI
 COMPUTE_ROOT_GIB = 200  # accelerator nodes' root volume
@@ -48,8 +59,31 @@ class QueueSpec:
 @dataclasses.dataclass(frozen=True)
 class FsxSpec:
     deployment: FsxDeployment = "SCRATCH_2"
-    capacity_gib: int = 1200
+    capacity_gib: int = 1200  # with throughput_mbs: the least capacity (sized up to reach the throughput)
     import_path: str | None = None  # s3://bucket/prefix
+    throughput_mbs: int | None = None  # MB/s the jobs read from /fsx at once: sizes the file system
+
+
+@dataclasses.dataclass(frozen=True)
+class FsxSize:
+    capacity_gib: int
+    per_unit_mbs: int  # baseline MB/s per TiB
+
+    @property
+    def baseline_mbs(self) -> int:
+        return int(self.capacity_gib / 1024 * self.per_unit_mbs)
+
+
+def fsx_size(fsx: FsxSpec) -> FsxSize:
+    """The smallest file system of the deployment type (no smaller than --fsx-capacity) whose baseline throughput
+    reaches fsx.throughput_mbs; without one, --fsx-capacity (PERSISTENT_2 at its lowest tier)."""
+    tiers = (SCRATCH_2_MBS_PER_TIB,) if fsx.deployment == "SCRATCH_2" else PERSISTENT_2_TIERS
+    capacity = fsx.capacity_gib
+    if fsx.throughput_mbs:
+        needed = math.ceil(fsx.throughput_mbs / tiers[-1] * 1024)  # GiB at the highest tier
+        capacity = max(capacity, 1200 if needed <= 1200 else 2400 * math.ceil(needed / 2400))
+        return FsxSize(capacity, next(t for t in tiers if capacity / 1024 * t >= fsx.throughput_mbs))
+    return FsxSize(capacity, tiers[0])
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,6 +103,7 @@ class ClusterSpec:
     capacity_block: str | None = None  # a Capacity Block for ML (its reservation id)
     capacity_block_queue: str | None = None  # which queue uses it (default: the only accelerator queue)
     post_install: str | None = None
+    ssh_allowed_ips: str = SSH_ALLOWED_IPS  # a CIDR or a prefix list id (pl-...)
 
 
 def parse_queue(text: str) -> QueueSpec:
@@ -115,6 +150,7 @@ def _check_spec(spec: ClusterSpec) -> dict[str, InstanceType]:
             raise UsageError(f"queue {queue.name!r}: MAX_NODES must be at least 1", fix="e.g. p3dn=p3dn.24xlarge:4")
     if spec.fsx:
         _check_fsx(spec.fsx)
+    _check_ssh_allowed_ips(spec.ssh_allowed_ips)
     if spec.capacity_reservation and not RESERVATION.match(spec.capacity_reservation):
         raise UsageError(f"--capacity-reservation {spec.capacity_reservation!r} is not a reservation id",
                          fix="give the id of a targeted On-Demand Capacity Reservation, e.g. cr-0123456789abcdef0")
@@ -143,8 +179,21 @@ def _check_fsx(fsx: FsxSpec) -> None:
     if not (fsx.capacity_gib == 1200 or (fsx.capacity_gib > 0 and fsx.capacity_gib % 2400 == 0)):
         raise UsageError(f"--fsx-capacity {fsx.capacity_gib}: FSx for Lustre {fsx.deployment} takes 1200 GiB or "
                          "a multiple of 2400 GiB", fix="e.g. --fsx-capacity 1200 or 2400")
+    if fsx.throughput_mbs is not None and fsx.throughput_mbs < 1:
+        raise UsageError(f"--fsx-throughput {fsx.throughput_mbs}: MB/s must be at least 1",
+                         fix="give the MB/s your jobs read from /fsx at once, e.g. --fsx-throughput 2000")
     if fsx.import_path and not re.match(r"^s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](/.*)?$", fsx.import_path):
         raise UsageError(f"--fsx-import {fsx.import_path!r} is not an S3 URL", fix="e.g. s3://my-bucket/prefix")
+
+
+def _check_ssh_allowed_ips(value: str) -> None:
+    if re.fullmatch(r"pl-[0-9a-f]{8,17}", value):
+        return
+    try:
+        ipaddress.ip_network(value)
+    except ValueError:
+        raise UsageError(f"--ssh-allowed-ips {value!r} is neither a CIDR nor a prefix list id",
+                         fix="e.g. --ssh-allowed-ips 203.0.113.7/32 (your address) or pl-0123456789abcdef0") from None
 
 
 def _target_queue(option: str, reservation: str | None, named: str | None,
@@ -263,6 +312,10 @@ def _queue(spec: ClusterSpec, queue: QueueSpec, it: InstanceType, reservation: s
     entry["ComputeResources"] = _seq(_compute_resource(queue, it, reservation, block))
     if storage := _local_storage(it):
         entry["ComputeSettings"] = _map(("LocalStorage", storage))
+    if it.is_gpu:  # ParallelCluster's GPU check is NVIDIA DCGM's: for NVIDIA queues only
+        entry["HealthChecks"] = _map(("Gpu", _map(("Enabled", True), Enabled=(
+            "ParallelCluster runs a DCGM GPU check in each job's prolog: a node whose GPUs fail it is drained, "
+            "not given the job (p4d/p5: a slow check can fail jobs with 'Prolog hung', aws-parallelcluster#6777)"))))
     if spec.post_install:
         entry["CustomActions"] = _map(("OnNodeConfigured", _map(("Script", spec.post_install))))
         if bucket := _bucket(spec.post_install):
@@ -275,10 +328,14 @@ def _queue(spec: ClusterSpec, queue: QueueSpec, it: InstanceType, reservation: s
 
 
 def _shared_storage(fsx: FsxSpec):
-    settings = _map(("StorageCapacity", fsx.capacity_gib), ("DeploymentType", fsx.deployment),
-                    StorageCapacity="edit: GiB, 1200 or a multiple of 2400")
+    size = fsx_size(fsx)
+    sized = (f"sized for --fsx-throughput {fsx.throughput_mbs} MB/s" if fsx.throughput_mbs else
+             "edit, or size it with --fsx-throughput MB/s")
+    settings = _map(("StorageCapacity", size.capacity_gib), ("DeploymentType", fsx.deployment),
+                    StorageCapacity=(f"GiB, 1200 or a multiple of 2400: about {size.baseline_mbs} MB/s baseline "
+                                     f"({size.per_unit_mbs} MB/s per TiB); {sized}"))
     if fsx.deployment == "PERSISTENT_2":
-        settings["PerUnitStorageThroughput"] = PERSISTENT_2_THROUGHPUT
+        settings["PerUnitStorageThroughput"] = size.per_unit_mbs
         _note(settings, "PerUnitStorageThroughput", "MB/s per TiB: 125, 250, 500 or 1000")
         if fsx.import_path:  # PERSISTENT_2 links S3 only through a data repository association
             settings["DataRepositoryAssociations"] = _seq(_map(
@@ -287,6 +344,9 @@ def _shared_storage(fsx: FsxSpec):
                 ("AutoImportPolicy", _seq("NEW", "CHANGED", "DELETED"))))
     elif fsx.import_path:
         settings["ImportPath"] = fsx.import_path
+    settings["DeletionPolicy"] = "Retain"
+    _note(settings, "DeletionPolicy", "keep /fsx (checkpoints) when the cluster is deleted; ParallelCluster's "
+          "default, Delete, deletes it; delete it yourself when done (it is billed until then)")
     return _map(("Name", "fsx"), ("StorageType", "FsxLustre"), ("MountDir", FSX_MOUNT),
                 ("FsxLustreSettings", settings))
 
@@ -306,6 +366,8 @@ def command_line(spec: ClusterSpec, output: str) -> str:
         args += ["--custom-ami", spec.custom_ami]
     if spec.fsx:
         args += ["--fsx-deployment", spec.fsx.deployment, "--fsx-capacity", str(spec.fsx.capacity_gib)]
+        if spec.fsx.throughput_mbs:
+            args += ["--fsx-throughput", str(spec.fsx.throughput_mbs)]
         if spec.fsx.import_path:
             args += ["--fsx-import", spec.fsx.import_path]
     if spec.capacity_reservation:
@@ -317,6 +379,8 @@ def command_line(spec: ClusterSpec, output: str) -> str:
                  else spec.capacity_block]
     if spec.post_install:
         args += ["--post-install", spec.post_install]
+    if spec.ssh_allowed_ips != SSH_ALLOWED_IPS:
+        args += ["--ssh-allowed-ips", spec.ssh_allowed_ips]
     return shlex.join([*args, "-o", output])
 
 
@@ -340,17 +404,33 @@ def build_config(spec: ClusterSpec, output: str = "cluster.yaml"):
                          "Reservation; name the queue each is for (QUEUE=cr-...)")
     warnings = [checks.V100_REMINDER.format(itype=q.instance_type) for q in spec.queues
                 if types[q.name].proprietary_driver]
+    if not spec.ssh_allowed_ips.startswith("pl-") and ipaddress.ip_network(spec.ssh_allowed_ips).prefixlen == 0:
+        warnings.append(f"--ssh-allowed-ips {spec.ssh_allowed_ips} opens the head node's SSH port to the whole "
+                        "internet: give your address (/32), your VPN's range or a prefix list")
+    accelerators = sum(types[q.name].gpus * q.max_nodes for q in spec.queues)
+    if spec.fsx and not spec.fsx.throughput_mbs and accelerators:
+        warnings.append(f"FSx: {fsx_size(spec.fsx).baseline_mbs} MB/s baseline ({spec.fsx.capacity_gib} GiB "
+                        f"{spec.fsx.deployment}) shared by up to {accelerators} accelerators reading from /fsx: "
+                        "size it for your jobs with --fsx-throughput MB/s")
     image = _map(("Os", spec.os))
     if spec.custom_ami:  # cluster-wide: the proprietary driver serves every NVIDIA GPU, not only V100
         image["CustomAmi"] = spec.custom_ami
-        _note(image, "CustomAmi", "edit: your AMI" + (" with NVIDIA's proprietary driver" if warnings else ""))
+        gaudi = any(t.accelerator == "gaudi" for t in types.values())
+        _note(image, "CustomAmi", "edit: your AMI" + (" with NVIDIA's proprietary driver" if warnings else "") + (
+            ", made by `pcluster build-image` with a Habana Deep Learning AMI as ParentImage (ParallelCluster does "
+            "not boot the DLAMI itself)" if gaudi else ""))
     shared = spec.head_subnet == spec.compute_subnet
     head = _map(("InstanceType", spec.head_node),
                 ("Networking", _map(("SubnetId", spec.head_subnet), SubnetId=(
                     "edit: one subnet for every node: private, with a NAT gateway (reach the head node through "
                     "SSM or a bastion)" if shared and any(_several_nics(t) for t in types.values())
                     else "edit: the head node's subnet (public for SSH, or private)"))),
-                ("Ssh", _map(("KeyName", spec.key_name), KeyName="edit: your EC2 key pair")),
+                ("Ssh", _map(("KeyName", spec.key_name), ("AllowedIps", spec.ssh_allowed_ips),
+                             KeyName="edit: your EC2 key pair", AllowedIps=(
+                                 "edit: who may SSH in (a CIDR such as your address/32, or a prefix list pl-...)"
+                                 + ("" if spec.ssh_allowed_ips != SSH_ALLOWED_IPS else
+                                    "; this default admits private 10.x addresses only (a bastion or VPN in the "
+                                    "VPC), not ParallelCluster's 0.0.0.0/0")))),
                 ("LocalStorage", _map(("RootVolume", _map(("Size", HEAD_ROOT_GIB), Size=(
                     "GiB: Slurm state, logs and software built on the head node outgrow the AMI's 40"))))))
 

@@ -123,6 +123,12 @@ def setup_block(spec: JobSpec) -> str:
     return _template("setup.sh.j2").render(**_setup_context(spec))
 
 
+# Every rank of the rendered script writes to the job's one log (#SBATCH --output): srun --label starts each line
+# with its task's number, which `hpc jobs logs --rank N` selects (toolkit.rundir.task_lines). submitit's ranks
+# each have their own log files: its srun gets no label.
+SHARED_LOG_SRUN_OPTIONS = ("--label",)
+
+
 def render_script(spec: JobSpec) -> str:
     """The sbatch script of a job: srun starts the job's rank program (toolkit.job.rank) on every task."""
     program = spec.program
@@ -130,6 +136,6 @@ def render_script(spec: JobSpec) -> str:
         **_setup_context(spec),
         directives=sbatch_directives(spec),
         array_lines=array_lines(program.words),
-        srun_options=" ".join(srun_options(spec)),
+        srun_options=" ".join([*SHARED_LOG_SRUN_OPTIONS, *srun_options(spec)]),
         rank_script=shlex.quote(program.script),
     )

@@ -398,7 +398,7 @@ def judge(test: NcclTest, instance_type: str | None = None, nodes: int | None = 
     and to sizes >= its min_bytes. The transport judged is the one given, else the instance's own (EFA if it
     has it), so that an EFA instance that fell back to TCP sockets fails rather than passing a TCP floor.
     """
-    from toolkit.catalog import instance, nccl_floor
+    from toolkit.catalog import instance, nccl_floor, nccl_floors_for
 
     summary = summarize(test)
     wrong, out_of_bounds = summary["wrong_values"] or 0, test.out_of_bounds or 0
@@ -420,11 +420,13 @@ def judge(test: NcclTest, instance_type: str | None = None, nodes: int | None = 
     if test.name not in (None, "all_reduce"):
         return Verdict("NO-VERDICT", f"floors are for all_reduce; this test is {test.name}")
     expected = transport or ("efa" if instance(instance_type).has_efa else "tcp")
-    floor = nccl_floor(instance_type, expected)
-    if floor is None:
+    floors = nccl_floors_for(instance_type, expected)
+    if not floors:
         return Verdict("NO-VERDICT", f"no published floor for {instance_type} over {expected.upper()} in the catalog")
-    if nodes < floor.min_nodes:
-        return Verdict("NO-VERDICT", f"the floor needs at least {floor.min_nodes} nodes; this run used {nodes}")
+    floor = nccl_floor(instance_type, expected, nodes)
+    if floor is None:
+        counts = ", ".join(f"{f.min_nodes}-{f.max_nodes or ''}" for f in floors)
+        return Verdict("NO-VERDICT", f"no floor for {nodes} nodes (the catalog's floors cover {counts} nodes)")
     large = [m.busbw_gbs for r in test.rows if r.size >= floor.min_bytes for m in r.measures()]
     if not large:
         biggest = max(r.size for r in test.rows)

@@ -207,11 +207,29 @@ def cancel_ids(job_id: str, root: Path | None = None) -> list[str]:
     return [job_id]
 
 
-def rank_log(job_id: str, rank: int, root: Path | None = None, stream: str = "out") -> Path:
-    """Where one rank's log is, whatever executor ran the job (RunDir.rank_log)."""
+def rank_lines(job_id: str, rank: int, stream: str = "out", keep_following: bool = False,
+               root: Path | None = None) -> Iterator[str]:
+    """One rank's log lines, whatever executor ran the job (RunDir.rank_log); from the job's one log (the sbatch
+    executor's), only that rank's lines without srun's label (rundir.task_lines). keep_following: until the job
+    ends (follow())."""
+    run = _run_of(job_id, root)
+    path = _rank_log(run, job_id, rank, stream)
+    if keep_following:
+        lines = follow(path, lambda: status(job_id).done)
+    else:
+        lines = iter(path.read_text(errors="replace").splitlines(keepends=True))
+    return rundir.task_lines(lines, rank) if run.shares_log(job_id, path) else lines
+
+
+def _run_of(job_id: str, root: Path | None) -> RunDir:
     run = rundir.find_run(job_id, root)
     if run is None:
         raise HpcError(f"no run dir records job {job_id}", fix="check the id with `hpc jobs list`")
+    return run
+
+
+def _rank_log(run: RunDir, job_id: str, rank: int, stream: str) -> Path:
+    """Where one rank's log is (RunDir.rank_log), or an error that names the logs there are."""
     path = run.rank_log(job_id, rank, stream)
     if path is None:
         have = run.log_names(job_id, stream)
@@ -221,14 +239,17 @@ def rank_log(job_id: str, rank: int, root: Path | None = None, stream: str = "ou
 
 
 def follow(path: Path, is_done, poll_s: float = 1.0) -> Iterator[str]:
-    """Yield a log's lines as they are written, until is_done() and nothing new arrives."""
-    with path.open() as fh:
+    """Yield a log's lines as they are written, until is_done() and nothing new arrives. Only whole lines while
+    the job runs: the tail of a line caught half-written would lose its srun label (rundir.task_lines)."""
+    with path.open(errors="replace") as fh:
+        partial = ""
         while True:
-            line = fh.readline()
-            if line:
-                yield line
+            partial += fh.readline()
+            if partial.endswith("\n"):
+                yield partial
+                partial = ""
                 continue
             if is_done():
-                yield from fh
+                yield from (partial + fh.read()).splitlines(keepends=True)
                 return
             time.sleep(poll_s)
