@@ -232,6 +232,31 @@ def test_cancel_ends_a_running_job_as_cancelled(lane, tmp_path):
     assert found.state == "CANCELLED"
 
 
+def test_a_job_slurm_holds_ends_the_wait_with_slurms_reason(lane, tmp_path):
+    """--export=LIST (our rendered scripts) implies --get-user-env; where the submitter's login fails (nobody's
+    shell is nologin), Slurm >= 25.05 requeues and holds the job instead of running it (SchedMD/slurm
+    CHANGELOG/slurm-25.05.md), and the wait would never end."""
+    from toolkit.errors import HpcError
+    from toolkit.slurm import status
+    from toolkit.submit import submission
+
+    job_id = slurm(lane, "sbatch", "--parsable", "--uid=65534", "--export=PATH", "--output=/dev/null",
+                   "--wrap", "true").stdout.strip()
+    try:
+        with using(lane), pytest.MonkeyPatch.context() as mp:
+            mp.setenv("HPC_RUNS_DIR", str(tmp_path / "runs"))
+            # No run dir to fall back on: wait until Slurm's answer has the job (sacct lags the controller).
+            wait_until(lambda: status.query([job_id]).get(job_id), 30, "Slurm to know the job")
+            wait = lambda: submission.wait(job_id, tmp_path, lambda _m: None, poll_s=0.3, timeout_s=60)  # noqa: E731
+            if version_of(lane) >= (25, 5):
+                with pytest.raises(HpcError, match=r"held by Slurm \(user env retrieval failed requeued held\)"):
+                    wait()
+            else:
+                assert wait()["state"] == "COMPLETED"
+    finally:
+        slurm(lane, "scancel", job_id, check=False)
+
+
 def has_pmix_plugin(lane) -> bool:
     """Whether the lane's Slurm build has an mpi/pmix plugin, read from its plugin dir (not from srun, which
     doctor asks). Debian forky's 26.05.5-1 dropped it ("Remove pmix", Debian bug #1149781)."""

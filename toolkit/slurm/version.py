@@ -12,7 +12,7 @@ the pmix plugin is pmix_v5 (22.05: pmix_v4); 24.11 daemons check their own name 
 plugins; `sinfo --version`/`scontrol version` need a readable config on both.
 
 What changed in 25.11 and 26.05 (SchedMD/slurm CHANGELOG/slurm-25.11.md, CHANGELOG/slurm-26.05.md,
-doc/man/man1/sbatch.1; measured on 26.05.5), none of it in what we send:
+doc/man/man1/sbatch.1; measured on 26.05.5); nothing we send is refused:
 - `--requeue` takes a value since 25.11: `--requeue=expedite` (22.05 and 24.11 refuse any value as a usage
   error). 26.05.1 refuses any other value ("Invalid --requeue specification", src/common/slurm_opt.c
   arg_set_requeue), and `expedite` is refused at submission ("Requested operation not supported on this
@@ -20,7 +20,8 @@ doc/man/man1/sbatch.1; measured on 26.05.5), none of it in what we send:
 - 26.05: `--gres=gpu:N` and `--gpus-per-node` are mutually exclusive (sbatch exits "fatal"); we render only
   --gpus-per-node.
 - Since 25.05 a job whose login environment (`--get-user-env`, implied by the rendered script's --export=LIST)
-  fails or times out (120 s) is requeued and held (REQUEUE_HOLD), where older versions ran it.
+  fails or times out (120 s) is requeued and held ("user env retrieval failed requeued held"), where older
+  versions ran it: a wait for it ends with that reason (toolkit.slurm.status.held) instead of never.
 - 25.11: sacct no longer subtracts 128 from exit codes above 128 (we show ExitCode as Slurm prints it).
 - 26.05's `sbatch --test-only` line reads "to start at T a using N processors" (src/api/allocate.c) and may
   name the cluster; we read only its exit status.
