@@ -70,11 +70,11 @@ def debootstrap_command(suite: str, root: Path, mirror: str, scripts: Path = DEB
     return command
 
 
-def _check(res: subprocess.CompletedProcess, what: str, log: Path) -> None:
+def _check(res: subprocess.CompletedProcess, what: str, log: Path, hint: str = "") -> None:
     log.write_text(res.stdout + res.stderr)
     if res.returncode != 0:
         tail = "\n".join((res.stderr or res.stdout).strip().splitlines()[-5:])
-        raise HpcError(f"{what} failed:\n{tail}", fix=f"see {log}; check that Debian's archive is reachable")
+        raise HpcError(f"{what} failed:\n{tail}", fix=f"see {log}; check that Debian's archive is reachable{hint}")
 
 
 def chroot_apt(root: Path, packages: list[str], log: Path) -> None:
@@ -133,7 +133,8 @@ def _ensure(root: Path, suite: str, packages: tuple[str, ...], log_dir: Path) ->
         log_dir.mkdir(parents=True, exist_ok=True)
         res = subprocess.run(debootstrap_command(suite, tmp, debian_mirror()),
                              capture_output=True, text=True, timeout=BUILD_TIMEOUT)
-        _check(res, f"debootstrap {suite}", log_dir / "debootstrap.log")
+        _check(res, f"debootstrap {suite}", log_dir / "debootstrap.log",
+               hint="; a release key it does not know needs a newer keyring (apt-get install debian-archive-keyring)")
         (tmp / STAMP).write_text("")
         shutil.rmtree(root, ignore_errors=True)
         tmp.rename(root)
