@@ -36,7 +36,8 @@ train-env: $(VENV)/.train-installed
 # The local test cluster (a real Slurm with accounting; needs root): idempotent, fast when already up. It is
 # the test bench (testbench/, beside the package, never shipped). hpc finds it as it finds any cluster: through
 # SLURM_CONF and HPC_CLUSTER_CONFIG, which `python -m testbench env` prints (LOCAL_CLUSTER sets them).
-# SLURM=24.11: trixie's Slurm from a Debian root file system (built once, ~35 s, cached in /var/tmp), beside it.
+# SLURM=24.11 (trixie's) or SLURM=26.05 (forky's, the newest Debian has): that Slurm from a Debian root file system
+# (built once, 30-60 s, cached in /var/tmp), beside it.
 SLURM ?=
 SLURM_FLAG := $(if $(SLURM),--slurm $(SLURM))
 LOCAL_CLUSTER = exports="$$($(BIN)/python -m testbench env $(SLURM_FLAG))" && eval "$$exports" &&

@@ -17,8 +17,9 @@ app = typer.Typer(help="Start, stop and inspect the local test cluster (a real S
                   add_completion=False)
 
 
-SLURM_OPTION = typer.Option(None, "--slurm", help="Slurm version: 24.11 runs trixie's Slurm from a Debian root "
-                            "file system (built once under /var/tmp); default: this machine's own (22.05).")
+SLURM_OPTION = typer.Option(None, "--slurm", help="Slurm version: 24.11 (trixie's) or 26.05 (forky's) runs from "
+                            "a Debian root file system (built once under /var/tmp); default: this machine's own "
+                            "(22.05).")
 
 
 def _exports(data: dict) -> str:

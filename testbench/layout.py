@@ -1,7 +1,8 @@
 """Where the local test cluster keeps everything, and what it is made of: one state dir, fixed node list.
 
-Two lanes can run at once: this machine's own Slurm (Debian bookworm's 22.05) and a newer one (trixie's 24.11)
-run from a Debian root file system under chroot, each with its own state dir, ports, node addresses and munge.
+Three lanes can run at once: this machine's own Slurm (Debian bookworm's 22.05) and newer ones (trixie's 24.11,
+forky's 26.05) run from Debian root file systems under chroot, each with its own state dir, ports, node addresses
+and munge.
 Pure data, no side effects: discovery, the daemons and the tests all read the same paths from here.
 """
 
@@ -76,6 +77,13 @@ LANES = {
                   tuple(Node(n.name, n.addr.replace("127.0.1.", "127.0.2."), n.port + 100, False)
                         for n in P3DN_NODES),
                   False, "trixie", Path("/var/tmp/hpc-rootfs-trixie"), 10000),
+    # The newest Debian has (forky's 26.05.5, Nov 2026): with 22.05 and 24.11 it brackets ParallelCluster
+    # 3.16's 25.11. Ports 7117+ and 127.0.3.x, no accounting, its own job ids.
+    "26.05": Lane("26.05", Path("/var/tmp/hpc-sandbox-26.05"), 7117, 7119,
+                  tuple(Node(n.name, n.addr.replace("127.0.1.", "127.0.3."), n.port + 200, True) for n in CPU_NODES),
+                  tuple(Node(n.name, n.addr.replace("127.0.1.", "127.0.3."), n.port + 200, False)
+                        for n in P3DN_NODES),
+                  False, "forky", Path("/var/tmp/hpc-rootfs-forky"), 20000),
 }
 DEFAULT_LANE = LANES["22.05"]
 

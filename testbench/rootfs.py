@@ -1,6 +1,6 @@
-"""A Debian root file system for a newer Slurm than this machine's own (e.g. trixie's 24.11 on bookworm).
+"""A Debian root file system for a newer Slurm than this machine's own (trixie's 24.11, forky's 26.05 on bookworm).
 
-Trixie's Slurm needs glibc >= 2.38, which bookworm lacks, so it runs under `chroot` into a tree that
+Trixie's and forky's Slurm need glibc >= 2.38, which bookworm lacks, so it runs under `chroot` into a tree that
 `debootstrap` builds from the same Debian mirror apt on this machine already uses. Built once under /var/tmp
 and reused: a `.hpc-packages` stamp names what was installed, so a changed package list installs the rest.
 """
@@ -21,6 +21,7 @@ from testbench.layout import Node
 
 APT_SOURCES = (Path("/etc/apt/sources.list"), Path("/etc/apt/sources.list.d"))
 STAMP = ".hpc-packages"
+DEBOOTSTRAP_SCRIPTS = Path("/usr/share/debootstrap/scripts")
 BUILD_TIMEOUT = 1200
 
 
@@ -53,21 +54,36 @@ def debian_mirror(sources: tuple[Path, ...] = APT_SOURCES) -> str:
     debian = [url for url in candidates if re.search(r"/debian/?$", url)]
     if not debian:
         raise HpcError("no Debian archive found in apt's sources (/etc/apt/sources.list*)",
-                       fix="the Slurm 24.11 lane builds a Debian root file system: run it on a Debian machine "
+                       fix="the newer Slurm lanes build a Debian root file system: run it on a Debian machine "
                            "whose apt sources name a Debian mirror")
     return debian[0].rstrip("/")
 
 
-def _check(res: subprocess.CompletedProcess, what: str, log: Path) -> None:
+def debootstrap_command(suite: str, root: Path, mirror: str, scripts: Path = DEBOOTSTRAP_SCRIPTS) -> list[str]:
+    """debootstrap's command line for SUITE. A suite newer than this machine's debootstrap (bookworm's 1.0.128
+    has no `forky` script: "E: No such script") is built with its `sid` script, which every suite since
+    bullseye links to (debootstrap's scripts/trixie -> sid); bookworm's keyring already has the trixie-era key
+    that signs forky's Release (checked with gpgv, Nov 2026)."""
+    command = ["debootstrap", "--variant=minbase", suite, str(root), mirror]
+    if not (scripts / suite).exists():
+        command.append(str(scripts / "sid"))
+    return command
+
+
+def _check(res: subprocess.CompletedProcess, what: str, log: Path, hint: str = "") -> None:
     log.write_text(res.stdout + res.stderr)
     if res.returncode != 0:
         tail = "\n".join((res.stderr or res.stdout).strip().splitlines()[-5:])
-        raise HpcError(f"{what} failed:\n{tail}", fix=f"see {log}; check that Debian's archive is reachable")
+        raise HpcError(f"{what} failed:\n{tail}", fix=f"see {log}; check that Debian's archive is reachable{hint}")
 
 
 def chroot_apt(root: Path, packages: list[str], log: Path) -> None:
     """apt-get install inside ROOT (with /proc mounted in a private mount namespace, services not started)."""
-    inner = 'apt-get update -q && apt-get install -y -q --no-install-recommends "$@"'
+    # Testing's and unstable's Release files are valid for a week only (Valid-Until): a mirror that lags behind
+    # (this machine's served forky's of 30 Oct on 24 Nov 2026) is refused as expired. The signature is still
+    # checked; only the freshness check is off, for a throwaway test root file system.
+    inner = ('apt-get -o Acquire::Check-Valid-Until=false update -q && '
+             'apt-get install -y -q --no-install-recommends "$@"')
     script = ('root="$0" cmd="$1"; shift; '
               'mount -t proc proc "$root/proc" && exec chroot "$root" /bin/sh -c "$cmd" sh "$@"')
     policy = root / "usr/sbin/policy-rc.d"
@@ -115,9 +131,10 @@ def _ensure(root: Path, suite: str, packages: tuple[str, ...], log_dir: Path) ->
         tmp = root.with_name(root.name + ".building")
         shutil.rmtree(tmp, ignore_errors=True)  # a build cut short is started over
         log_dir.mkdir(parents=True, exist_ok=True)
-        res = subprocess.run(["debootstrap", "--variant=minbase", suite, str(tmp), debian_mirror()],
+        res = subprocess.run(debootstrap_command(suite, tmp, debian_mirror()),
                              capture_output=True, text=True, timeout=BUILD_TIMEOUT)
-        _check(res, f"debootstrap {suite}", log_dir / "debootstrap.log")
+        _check(res, f"debootstrap {suite}", log_dir / "debootstrap.log",
+               hint="; a release key it does not know needs a newer keyring (apt-get install debian-archive-keyring)")
         (tmp / STAMP).write_text("")
         shutil.rmtree(root, ignore_errors=True)
         tmp.rename(root)

@@ -1,30 +1,39 @@
-"""The two local Slurm lanes (22.05 on this machine, 24.11 from a trixie root file system): what keeps them
-apart, where the root file system comes from, and the scripts that enter it (no daemons started here)."""
+"""The local Slurm lanes (22.05 on this machine, 24.11 and 26.05 from trixie and forky root file systems): what
+keeps them apart, where the root file systems come from, and the scripts that enter them (no daemons started
+here)."""
 
 from __future__ import annotations
 
+import itertools
 import shlex
 import subprocess
 
 import pytest
 
-from testbench import chroot, cluster, rootfs
+from testbench import chroot, cluster, procs, rootfs
 from testbench.layout import LANES, Layout, lane
 from toolkit.errors import HpcError, UsageError
 
 
-def test_lanes_share_nothing_that_would_let_them_collide():
-    old, new = LANES["22.05"], LANES["24.11"]
-    assert old.state_dir != new.state_dir and new.rootfs is not None and old.rootfs is None
+@pytest.mark.parametrize("one, other", list(itertools.combinations(LANES, 2)))
+def test_lanes_share_nothing_that_would_let_them_collide(one, other):
+    old, new = LANES[one], LANES[other]
+    assert old.state_dir != new.state_dir and new.rootfs is not None and old.rootfs != new.rootfs
     ports = lambda l: {l.slurmctld_port, l.slurmdbd_port, *(n.port for n in l.nodes)}  # noqa: E731
     assert not ports(old) & ports(new)
     assert not {n.addr for n in old.nodes} & {n.addr for n in new.nodes}
     assert [n.name for n in old.cpu_nodes] == [n.name for n in new.cpu_nodes] == ["c1", "c2"]
-    # The 22.05 lane's guard against a foreign Slurm looks for these exact names: the 24.11 daemons differ.
-    assert {new.comm(d) for d in ("munged", "slurmctld", "slurmd")} == {"munged-24.11", "slurmctld-24.11",
-                                                                       "slurmd-24.11"}
+    # Test payloads derive ports from job ids: each lane numbers its jobs apart.
+    assert old.first_job_id != new.first_job_id
+    # Each lane's guard against a foreign Slurm looks for its own exact names: the other's daemons differ.
+    assert {old.comm(d) for d in procs.GUARDED_DAEMONS}.isdisjoint(new.comm(d) for d in procs.GUARDED_DAEMONS)
+    assert {new.comm(d) for d in ("munged", "slurmctld", "slurmd")} == {
+        f"munged-{other}", f"slurmctld-{other}", f"slurmd-{other}"}
     assert all(len(new.comm(d)) <= 15 for d in ("slurmctld", "slurmdbd", "mariadbd"))  # the kernel's limit
-    assert old.comm("slurmd") == "slurmd"
+
+
+def test_the_default_lane_is_this_machines_own_slurm():
+    assert LANES["22.05"].rootfs is None and LANES["22.05"].comm("slurmd") == "slurmd"
 
 
 def test_an_unknown_version_is_a_usage_error_naming_the_choices():
@@ -32,11 +41,14 @@ def test_an_unknown_version_is_a_usage_error_naming_the_choices():
         lane("23.02")
 
 
-def test_the_24_11_config_has_no_accounting_and_its_own_ports_the_22_05_one_is_unchanged(tmp_path):
-    new = cluster.render_configs(Layout(tmp_path / "new", LANES["24.11"]))
-    conf = new[Layout(tmp_path / "new", LANES["24.11"]).slurm_conf]
-    assert "AccountingStorageType=accounting_storage/none" in conf and "SlurmctldPort=7017" in conf
-    assert "NodeName=c1 NodeAddr=127.0.2.11" in conf and "FirstJobId=10000" in conf
+@pytest.mark.parametrize("slurm, port, addr, first_job_id", [("24.11", 7017, "127.0.2.11", 10000),
+                                                              ("26.05", 7117, "127.0.3.11", 20000)])
+def test_the_newer_configs_have_no_accounting_and_their_own_ports_the_22_05_one_is_unchanged(
+        tmp_path, slurm, port, addr, first_job_id):
+    new = cluster.render_configs(Layout(tmp_path / "new", LANES[slurm]))
+    conf = new[Layout(tmp_path / "new", LANES[slurm]).slurm_conf]
+    assert "AccountingStorageType=accounting_storage/none" in conf and f"SlurmctldPort={port}\n" in conf
+    assert f"NodeName=c1 NodeAddr={addr} " in conf and f"FirstJobId={first_job_id}\n" in conf
     assert not any(p.name == "slurmdbd.conf" for p in new)
     old = cluster.render_configs(Layout(tmp_path / "old"))
     text = old[Layout(tmp_path / "old").slurm_conf]
@@ -56,6 +68,15 @@ def test_the_debian_mirror_is_read_from_apt_sources_in_both_formats(tmp_path):
     one_line.write_text("# comment\ndeb [arch=amd64] http://local.example/debian/ bookworm main\n"
                         "deb http://local.example/debian-security bookworm-security main\n")
     assert rootfs.debian_mirror((one_line,)) == "http://local.example/debian"
+
+
+def test_a_suite_newer_than_this_debootstrap_is_built_with_its_sid_script(tmp_path):
+    (tmp_path / "sid").write_text("")
+    (tmp_path / "trixie").symlink_to("sid")
+    known = rootfs.debootstrap_command("trixie", tmp_path / "root", "http://m/debian", scripts=tmp_path)
+    assert known == ["debootstrap", "--variant=minbase", "trixie", str(tmp_path / "root"), "http://m/debian"]
+    newer = rootfs.debootstrap_command("forky", tmp_path / "root", "http://m/debian", scripts=tmp_path)
+    assert newer == [*known[:2], "forky", *known[3:], str(tmp_path / "sid")]
 
 
 def test_no_debian_mirror_is_one_clear_error(tmp_path):

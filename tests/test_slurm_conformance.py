@@ -1,9 +1,11 @@
-"""The same checks on every local Slurm version: this machine's 22.05 and trixie's 24.11 (ParallelCluster 3.14's
-major version), which runs from a Debian root file system beside it (`python -m testbench up --slurm 24.11`).
+"""The same checks on every local Slurm version: this machine's 22.05, trixie's 24.11 (ParallelCluster 3.14's
+major version) and forky's 26.05 (newer than ParallelCluster 3.16's 25.11: the three bracket it), the last two
+from Debian root file systems beside it (`python -m testbench up --slurm 24.11|26.05`).
 
-Each test takes the `lane` fixture, parametrized over the versions; Slurm commands go through `lane.env()`
-(SLURM_CONF, HPC_CLUSTER_CONFIG, and for 24.11 its client wrappers first on PATH). The 22.05 lane has
-accounting (sacct), the 24.11 lane has none, as ParallelCluster ships by default: status is checked both ways.
+Each test takes the `lane` fixture, parametrized over the versions (session-scoped: pytest runs each lane's
+tests together, and brings each lane up once); Slurm commands go through `lane.env()` (SLURM_CONF,
+HPC_CLUSTER_CONFIG, and for a chroot lane its client wrappers first on PATH). The 22.05 lane has accounting
+(sacct), the newer lanes have none, as ParallelCluster ships by default: status is checked both ways.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from tests.conftest import REPO, run_hpc, run_testbench, wait_until
 from tests.jobhelpers import probe_recipe, read_ranks
 
 pytestmark = pytest.mark.slurm
-LANES = ("22.05", "24.11")
+LANES = ("22.05", "24.11", "26.05")
 JOBS = sorted((REPO / "jobs").glob("*xp3dn.sbatch"))  # the sandboxes have a p3dn-shaped partition, no dl1
 PAYLOADS = REPO / "tests" / "payloads"
 # What 24.11's srun (not 22.05's) sets in each task so that MPI launchers started inside a step use Slurm's.
@@ -72,6 +74,15 @@ def job_record(lane, job_id: str) -> dict[str, str]:
     return dict(tok.split("=", 1) for tok in out.split() if "=" in tok)
 
 
+def wait_for_end(lane, job_id: str, timeout: float = 600) -> str:
+    """The job's final state, polled. Not `sbatch --wait`: it polls after 2 s, then 8 s more (src/sbatch/sbatch.c
+    _job_wait), so a 3-second job took 10 s."""
+    from toolkit.slurm.status import State
+
+    return wait_until(lambda: (state := State.parse(job_record(lane, job_id).get("JobState", ""))).done and state,
+                      timeout, f"job {job_id} to end")
+
+
 def test_the_lane_runs_the_slurm_version_it_claims(lane):
     from toolkit.slurm import version
 
@@ -91,8 +102,9 @@ def test_rendered_script_starts_ranks_with_the_right_layout_and_only_the_allow_l
                   cwd=tmp_path)
     assert res.returncode == 0, res.stderr
     (tmp_path / "runs" / "probe").mkdir(parents=True)
-    sent = slurm(lane, "sbatch", "--parsable", "--wait", str(script), env=env, cwd=tmp_path, timeout=600)
+    sent = slurm(lane, "sbatch", "--parsable", str(script), env=env, cwd=tmp_path)
     job_id = sent.stdout.strip().split(";")[0]
+    assert wait_for_end(lane, job_id) == "COMPLETED"
     ranks = read_ranks(tmp_path / "probe")
     assert sorted(ranks) == [0, 1, 2, 3]
     layout = sorted((r["env"]["SLURMD_NODENAME"], int(r["env"]["SLURM_PROCID"]), int(r["env"]["SLURM_LOCALID"]),
@@ -155,7 +167,8 @@ def test_job_array_tasks_all_run_and_status_reports_each(lane, tmp_path):
         found = wait_until(lambda: (s := status.query([array_id])) and len(s) == 4 and s, 30, "4 array tasks")
     assert sorted(found) == [f"{array_id}_{i}" for i in range(4)]
     assert {s.state for s in found.values()} == {"COMPLETED"}
-    # With accounting (the 22.05 lane) sacct answers; without it (24.11, ParallelCluster's default) squeue does.
+    # With accounting (the 22.05 lane) sacct answers; without it (24.11, 26.05: ParallelCluster's default) squeue
+    # does.
     assert {s.source for s in found.values()} == ({"sacct"} if lane_layout(lane).accounting else {"squeue"})
 
 
@@ -219,11 +232,48 @@ def test_cancel_ends_a_running_job_as_cancelled(lane, tmp_path):
     assert found.state == "CANCELLED"
 
 
-def test_doctor_reports_the_slurm_version_and_both_nodes(lane):
+def test_a_job_slurm_holds_ends_the_wait_with_slurms_reason(lane, tmp_path):
+    """--export=LIST (our rendered scripts) implies --get-user-env; where the submitter's login fails (nobody's
+    shell is nologin), Slurm >= 25.05 requeues and holds the job instead of running it (SchedMD/slurm
+    CHANGELOG/slurm-25.05.md), and the wait would never end."""
+    from toolkit.errors import HpcError
+    from toolkit.slurm import status
+    from toolkit.submit import submission
+
+    job_id = slurm(lane, "sbatch", "--parsable", "--uid=65534", "--export=PATH", "--output=/dev/null",
+                   "--wrap", "true").stdout.strip()
+    try:
+        with using(lane), pytest.MonkeyPatch.context() as mp:
+            mp.setenv("HPC_RUNS_DIR", str(tmp_path / "runs"))
+            # No run dir to fall back on: wait until Slurm's answer has the job (sacct lags the controller).
+            wait_until(lambda: status.query([job_id]).get(job_id), 30, "Slurm to know the job")
+            wait = lambda: submission.wait(job_id, tmp_path, lambda _m: None, poll_s=0.3, timeout_s=60)  # noqa: E731
+            if version_of(lane) >= (25, 5):
+                with pytest.raises(HpcError, match=r"held by Slurm \(user env retrieval failed requeued held\)"):
+                    wait()
+            else:
+                assert wait()["state"] == "COMPLETED"
+    finally:
+        slurm(lane, "scancel", job_id, check=False)
+
+
+def has_pmix_plugin(lane) -> bool:
+    """Whether the lane's Slurm build has an mpi/pmix plugin, read from its plugin dir (not from srun, which
+    doctor asks). Debian forky's 26.05.5-1 dropped it ("Remove pmix", Debian bug #1149781)."""
+    plugins = slurm(lane, "scontrol", "show", "config").stdout
+    plugin_dir = re.search(r"^PluginDir\s*=\s*(\S+)", plugins, re.M).group(1)
+    root = lane_layout(lane).rootfs or Path("/")
+    return any((root / plugin_dir.lstrip("/")).glob("mpi_pmix*.so"))
+
+
+def test_doctor_reports_the_slurm_version_both_nodes_and_a_missing_pmix(lane):
     res = run_hpc("cluster", "doctor", "--cluster", str(lane.cluster_config), "--queue", "cpu", "--json",
                   env=lane.env(), timeout=600)
-    assert res.returncode == 0, res.stderr
     data = json.loads(res.stdout)
-    assert data["ok"] and [n["facts"]["hostname"] for n in data["nodes"]] == ["c1", "c2"]
+    assert [n["facts"]["hostname"] for n in data["nodes"]] == ["c1", "c2"]
     assert data["slurm"]["version"].startswith(lane.slurm)
-    assert data["slurm"]["missing"] == []
+    if has_pmix_plugin(lane):
+        assert res.returncode == 0 and data["ok"] and data["slurm"]["missing"] == [], res.stderr
+    else:  # MPI binaries (nccl-tests) would not start here: doctor says so and fails
+        assert res.returncode == 1 and not data["ok"]
+        assert [m.split(" (")[0] for m in data["slurm"]["missing"]] == ["no pmix MPI plugin"]

@@ -15,6 +15,7 @@ MPI_OK = {"none", "pmi2", "pmix", "pmix_v5"}
 @pytest.mark.parametrize("text, expected", [
     ("slurm 22.05.8\n", SlurmVersion(22, 5, 8)),  # bookworm's scontrol version
     ("slurm-wlm 24.11.5\n", SlurmVersion(24, 11, 5)),  # trixie's
+    ("slurm-wlm 26.05.5\n", SlurmVersion(26, 5, 5)),  # forky's
     ("slurm 25.11.0-0rc1", SlurmVersion(25, 11, 0)),
     ("slurm 20.11", SlurmVersion(20, 11, 0)),
 ])

@@ -61,6 +61,14 @@ FINAL_STATES = frozenset({State.COMPLETED, State.FAILED, State.CANCELLED, State.
 REQUEUE_STATES = frozenset({State.REQUEUED, State.REQUEUE_FED, State.REQUEUE_HOLD})
 
 
+def held(state: State, reason: str | None) -> bool:
+    """Whether a job waits on a hold, which only `scontrol release` ends: an admin's or a user's (JobHeldAdmin,
+    JobHeldUser: SchedMD/slurm src/common/job_state_reason.c) or one Slurm puts on a requeued job whose launch
+    failed ("launch failed requeued held", "job requeued in held state", and since 25.05 "user env retrieval
+    failed requeued held": src/slurmctld/job_mgr.c). Every reason that says "held" is such a hold."""
+    return state == State.REQUEUE_HOLD or (not state.done and "held" in (reason or "").lower())
+
+
 @dataclasses.dataclass
 class JobStatus:
     job_id: str  # "123", or "123_4" for an array task

@@ -1,15 +1,32 @@
 """Which Slurm answers, and whether it has what our rendered jobs use.
 
-Our tests run on 22.05 (Debian bookworm) and 24.11 (trixie, ParallelCluster 3.14); ParallelCluster 3.15-3.16
-run 25.11. Code that must differ between versions asks `detect()` and writes the difference down where it
-branches. What tests/test_slurm_conformance.py found between 22.05.8 and 24.11.5 for what we use: the same
-sbatch/srun options, `--test-only` message, squeue/scontrol fields (array rows, Restarts, JobState), sacct's
-"accounting storage is disabled" exit 1, `srun --mpi=list` layout and requeue/USR2 behaviour, so no code
-here branches yet. Differences seen: 24.11's srun (not 22.05's) exports MPI launcher hints into every task
+Our tests run on 22.05 (Debian bookworm), 24.11 (trixie, ParallelCluster 3.14) and 26.05 (forky); they bracket
+the 25.11 of ParallelCluster 3.15-3.16. Code that must differ between versions asks `detect()` and writes the
+difference down where it branches. What tests/test_slurm_conformance.py found across 22.05.8, 24.11.5 and
+26.05.5 for what we use: the same sbatch/srun options, squeue/scontrol fields (array rows, Restarts, JobState),
+sacct's "accounting storage is disabled" exit 1, `srun --mpi=list` layout and requeue/USR2 behaviour, so no
+code here branches yet. Differences seen: 24.11's srun (not 22.05's) exports MPI launcher hints into every task
 (OMPI_MCA_plm_slurm_args, PRTE_MCA_plm_slurm_args, HYDRA_BOOTSTRAP, I_MPI_HYDRA_BOOTSTRAP...), and its tasks
 carry SLURM_TRES_PER_TASK (cpu=N from --cpus-per-task), SLURM_JOB_START_TIME/END_TIME, SLURM_OOM_KILL_STEP;
 the pmix plugin is pmix_v5 (22.05: pmix_v4); 24.11 daemons check their own name (argv[0]) before loading
 plugins; `sinfo --version`/`scontrol version` need a readable config on both.
+
+What changed in 25.11 and 26.05 (SchedMD/slurm CHANGELOG/slurm-25.11.md, CHANGELOG/slurm-26.05.md,
+doc/man/man1/sbatch.1; measured on 26.05.5); nothing we send is refused:
+- `--requeue` takes a value since 25.11: `--requeue=expedite` (22.05 and 24.11 refuse any value as a usage
+  error). 26.05.1 refuses any other value ("Invalid --requeue specification", src/common/slurm_opt.c
+  arg_set_requeue), and `expedite` is refused at submission ("Requested operation not supported on this
+  system") unless slurm.conf has SlurmctldParameters=enable_expedited_requeue. We render a bare `--requeue`.
+- 26.05: `--gres=gpu:N` and `--gpus-per-node` are mutually exclusive (sbatch exits "fatal"); we render only
+  --gpus-per-node.
+- Since 25.05 a job whose login environment (`--get-user-env`, implied by the rendered script's --export=LIST)
+  fails or times out (120 s) is requeued and held ("user env retrieval failed requeued held"), where older
+  versions ran it: a wait for it ends with that reason (toolkit.slurm.status.held) instead of never.
+- 25.11: sacct no longer subtracts 128 from exit codes above 128 (we show ExitCode as Slurm prints it).
+- 26.05's `sbatch --test-only` line reads "to start at T a using N processors" (src/api/allocate.c) and may
+  name the cluster; we read only its exit status.
+- Debian forky's 26.05.5-1 has no mpi/pmix plugin (Debian's packaging: "Remove pmix", bug #1149781), so
+  doctor reports it missing on that lane; ParallelCluster builds Slurm with pmix.
 """
 
 from __future__ import annotations

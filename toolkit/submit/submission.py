@@ -29,7 +29,7 @@ def wait(job_id: str, run: Path, progress: Callable[[str], None], poll_s: float 
          timeout_s: float | None = None) -> dict[str, Any]:
     """Poll until the job ends; report state changes. Returns the final status and, on failure, the culprit."""
     from toolkit.rundir import RunDir
-    from toolkit.slurm.status import State
+    from toolkit.slurm.status import State, held
     from toolkit.submit import runs
 
     start, last = time.monotonic(), None
@@ -40,6 +40,11 @@ def wait(job_id: str, run: Path, progress: Callable[[str], None], poll_s: float 
             last = status.state
         if status.done:
             break
+        if held(status.state, status.reason):  # it would wait forever
+            raise HpcError(f"job {job_id} is held by Slurm ({status.reason}): it will not start until released",
+                           fix="Slurm >= 25.05 holds a job whose nodes cannot load the submitter's login environment "
+                               "(`su - USER -c env`, which --export=LIST implies): fix that login, then "
+                               f"`scontrol release {job_id}`; or cancel it with `hpc jobs cancel {job_id}`")
         if timeout_s is not None and time.monotonic() - start > timeout_s:
             raise HpcError(f"job {job_id} did not finish within {timeout_s:.0f} s (still {status.state})",
                            fix=f"follow it with `hpc jobs status {job_id}`; cancel with `hpc jobs cancel {job_id}`")
