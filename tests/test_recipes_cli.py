@@ -110,3 +110,17 @@ def test_default_queue_is_assumed_and_said(monkeypatch):
     assert queue == default_queue() and how.startswith("assumed the default queue p3dn")
     with pytest.raises(HpcError, match="no cluster config"):
         resolve_queue(None, "cpu")
+
+
+@pytest.mark.parametrize("recipe", ["resnet50", "roberta", "nccl-tests"])
+def test_a_trainium_queue_is_refused_in_one_line(tmp_path, recipe):
+    """trn1 (Neuron) queues get no job form: one error line and its fix, no internal error."""
+    cluster = tmp_path / "trn1-cluster.yaml"
+    cluster.write_text((REPO / "jobs" / "dl1-cluster.yaml").read_text().replace("dl1.24xlarge", "trn1.32xlarge")
+                       .replace("Name: dl1\n", "Name: trn1\n"))
+    res = run_hpc("recipes", "render", recipe, "--cluster", str(cluster), "--queue", "trn1")
+    assert res.returncode == 1 and res.stdout == "" and "Traceback" not in res.stderr
+    lines = res.stderr.strip().splitlines()
+    assert lines[0] == ("error: queue trn1 (trn1.32xlarge) has Trainium (neuron) accelerators: hpc makes no jobs "
+                        "for them (only GPU, Gaudi HPU and CPU jobs)"), res.stderr
+    assert lines[1].startswith("  fix: ") and len(lines) == 2

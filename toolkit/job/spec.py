@@ -247,7 +247,12 @@ class Resources:
 def resources(recipe: Recipe, target: Target, nodes: int | None) -> Resources:
     """Device, nodes (the recipe's resources.nodes when None), ranks and CPUs per node, checked against the target."""
     instance = target.instance
-    device = DEVICE_OF_ACCELERATOR[instance.accelerator]
+    device = DEVICE_OF_ACCELERATOR.get(instance.accelerator)
+    if device is None:  # Neuron (Trainium): its own runtime and compiler (torch-neuronx), no job form here yet
+        where = instance.name if target.name == instance.name else f"queue {target.name} ({instance.name})"
+        raise HpcError(f"{where} has {instance.gpu_model} ({instance.accelerator}) "
+                       "accelerators: hpc makes no jobs for them (only GPU, Gaudi HPU and CPU jobs)",
+                       fix="choose a GPU, Gaudi or CPU queue (--cluster FILE --queue Q) or instance type")
     if device not in recipe.resources.runs_on:
         has = {"gpu": "GPUs", "hpu": "Gaudi HPUs", "cpu": "no GPUs"}[device]
         raise HpcError(f"recipe {recipe.name} runs on {' or '.join(recipe.resources.runs_on)} only; queue "
