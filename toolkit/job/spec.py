@@ -98,6 +98,7 @@ class JobSpec:
     derived: tuple[Derived, ...]
     warnings: tuple[str, ...] = ()  # toolkit.job.advice: the job will not do what its flags suggest
     files: tuple[JobFile, ...] = ()
+    dirs: Mapping[str, str] = dataclasses.field(default_factory=dict)  # data / checkpoints / logs, as resolved
     style: LauncherStyle = "script"  # torchrun: one Slurm task per node starts that node's tasks_per_node ranks
     # Slurm's part (on_slurm): the scheduler-neutral spec leaves these empty
     wait_all_nodes: bool = False
@@ -417,7 +418,7 @@ def job_spec(recipe: Recipe, target: Target, nodes: int | None = None, *, profil
                     recipe_env=recipe.env, recipe_name=recipe.name),
         command=tuple(command), prepare=prepare, root=root, run_dir=where.run_dir,
         derived=(*res.derived, root_rule, *derived, *where.derived, *ds_derived, *launch, *advice),
-        warnings=tuple(warnings), files=files, style=launcher.style,
+        warnings=tuple(warnings), files=files, dirs=where.paths, style=launcher.style,
     )
 
 
