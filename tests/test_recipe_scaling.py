@@ -22,7 +22,7 @@ def test_every_rule_reproduces_its_published_reference(name):
             continue
         world = rule.reference.world_size
         args, _ = apply_scaling({flag: rule}, recipe.args, nodes=world // 8, ranks_per_node=8, max_nodes=64,
-                                gpu_memory_gib=32)
+                                gpu_memory_gib=32, cpus_per_rank=12)
         assert float(args[flag]) == pytest.approx(rule.reference.value)
 
 
@@ -72,3 +72,24 @@ def test_nccl_tests_max_size_is_capped_by_gpu_memory(instance, expected):
     spec = build_job_spec(load_recipe("nccl-tests"), queue, 2)
     assert spec.command[spec.command.index("-e") + 1] == expected
     assert memory_cap(16, 3, 0.8) * 3 <= 16 * 2**30 * 0.8 < memory_cap(16, 3, 0.8) * 2 * 3
+
+
+@pytest.mark.parametrize("queue,cpus,workers", [
+    (P3DN, 12, 11), (Queue(name="p5", instance_type="p5.48xlarge", max_nodes=4), 24, 23),
+    (Queue(name="dl1", instance_type="dl1.24xlarge", max_nodes=4), 12, 11),
+    (Queue(name="c", instance_type="m5.xlarge", max_nodes=2, efa_stack="none", ranks_per_node=1), 4, 3), (CPU, 1, 0)])
+def test_resnet_loader_workers_are_the_ranks_cpus_but_one(queue, cpus, workers):
+    """Issue 18: 8 workers whatever the queue (p5 gives each rank 24 CPUs). One worker per CPU of the rank, one CPU
+    left to the rank's own process; `hpc recipes show` prints why."""
+    spec = build_job_spec(load_recipe("resnet50"), queue, 1)
+    argv = list(spec.command)
+    assert spec.cpus_per_task == cpus and argv[argv.index("--workers") + 1] == str(workers)
+    assert derived(spec, "--workers") == str(workers)
+    rule = next(d.rule for d in spec.derived if d.key == "--workers")
+    assert rule.startswith(f"{cpus} CPUs per rank - 1 for the rank's own process")
+
+
+def test_the_smoke_profile_keeps_its_one_forked_worker():
+    spec = build_job_spec(load_recipe("resnet50", profile="smoke"), CPU, 1, profile="smoke")
+    argv = list(spec.command)
+    assert argv[argv.index("--workers") + 1] == "1" and "--workers" not in {d.key for d in spec.derived}

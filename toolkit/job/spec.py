@@ -290,7 +290,8 @@ def arguments(recipe: Recipe, target: Target, res: Resources) -> tuple[dict, lis
                            fix=f"remove {flag} from the recipe (or --set args.{flag}=null)")
     args, scaled = apply_scaling(recipe.scaling, recipe.args, nodes=res.nodes, ranks_per_node=res.tasks,
                                  max_nodes=target.max_nodes,
-                                 gpu_memory_gib=target.instance.gpu_memory_gib if res.device != "cpu" else None)
+                                 gpu_memory_gib=target.instance.gpu_memory_gib if res.device != "cpu" else None,
+                                 cpus_per_rank=res.cpus)
     args, forms = _device_forms(style, args, res.device, res.threads, res.world)
     return args, scaled + forms
 
