@@ -27,9 +27,10 @@ def test_list_names_the_four_recipes(env):
 def test_show_prints_every_derived_value_with_its_rule(env):
     res = run_hpc("recipes", "show", "roberta", "--nodes", "4", env=env)
     assert res.returncode == 0, res.stderr
-    assert "--update-freq" in res.stdout and "2048 sequences per update / (--max-sentences 16 x 32 ranks)" in res.stdout
+    assert "--update-freq" in res.stdout and "8192 sequences per update / (--max-sentences 16 x 32 ranks)" in res.stdout
     assert "assumed the default queue p3dn" in res.stderr
     data = json.loads(run_hpc("recipes", "show", "resnet50", "--nodes", "2", "--json", env=env).stdout)
+    assert {d["key"]: d["value"] for d in data["derived"]}["--workers"] == "11"  # 12 CPUs per rank on p3dn
     assert {d["key"]: d["value"] for d in data["derived"]}["--lr"] == "1.6"
 
 
