@@ -115,15 +115,3 @@ def test_a_planted_credential_never_reaches_the_render():
         for name_, value in secrets.items():
             assert value not in res.stdout and value not in res.stderr
             assert name_ not in res.stdout
-
-
-def test_the_no_huge_pages_profile_exports_fi_efa_use_huge_page_0_with_its_reason():
-    """Issue 18: a knob for fork-heavy loaders on EFA (libfabric fi_efa(7): the provider keeps its buffers in huge
-    pages unless told not to; forked workers can exhaust the pool). Off unless the profile is chosen."""
-    assert "FI_EFA_USE_HUGE_PAGE" not in build_job_spec(load_recipe("resnet50"), P3DN, 2).environ
-    spec = build_job_spec(load_recipe("resnet50", profile="no-huge-pages"), P3DN, 2, profile="no-huge-pages")
-    assert spec.environ["FI_EFA_USE_HUGE_PAGE"] == "0"
-    lines = render_script(spec).splitlines()
-    doc = lines[lines.index("export FI_EFA_USE_HUGE_PAGE=0") - 1]
-    assert doc.startswith("# set by recipe resnet50 (env.FI_EFA_USE_HUGE_PAGE): 0 keeps the EFA provider's buffers "
-                          "out of huge pages") and "Cannot allocate memory" in doc

@@ -6,6 +6,7 @@ import pytest
 
 from tests.jobhelpers import P3DN, parse_flags
 from toolkit.job.rank import preview_argv
+from toolkit.job.render import render_script
 from toolkit.job.spec import build_job_spec
 from toolkit.recipes.load import load_recipe
 
@@ -74,3 +75,15 @@ def test_fairseq_gets_data_first_and_an_explicit_rendezvous(name, data):
 def test_resnet_runs_our_trainer_as_a_module():
     argv = preview_argv(build_job_spec(load_recipe("resnet50"), P3DN, 8).command, RANK0)
     assert argv[:3] == ["python", "-m", "toolkit.workloads.resnet"]
+
+
+def test_the_no_huge_pages_profile_exports_fi_efa_use_huge_page_0_with_its_reason():
+    """Issue 18: a knob for fork-heavy loaders on EFA (libfabric fi_efa(7): the provider keeps its buffers in huge
+    pages unless told not to; forked workers can exhaust the pool). Off unless the profile is chosen."""
+    assert "FI_EFA_USE_HUGE_PAGE" not in build_job_spec(load_recipe("resnet50"), P3DN, 2).environ
+    spec = build_job_spec(load_recipe("resnet50", profile="no-huge-pages"), P3DN, 2, profile="no-huge-pages")
+    assert spec.environ["FI_EFA_USE_HUGE_PAGE"] == "0"
+    lines = render_script(spec).splitlines()
+    doc = lines[lines.index("export FI_EFA_USE_HUGE_PAGE=0") - 1]
+    assert doc.startswith("# set by recipe resnet50 (env.FI_EFA_USE_HUGE_PAGE): 0 keeps the EFA provider's buffers "
+                          "out of huge pages") and "Cannot allocate memory" in doc
