@@ -65,15 +65,16 @@ bench: venv train-env slurm-up
 	$(LOCAL_CLUSTER) $(BIN)/python benchmarks/bench_submit.py
 	$(LOCAL_CLUSTER) $(BIN)/python benchmarks/bench_run.py
 
-# Reviewed renders in jobs/ (tests/test_render.py checks they match today's rendering).
+# Reviewed renders in jobs/ (tests/test_render.py checks they match today's rendering). Each its own run dir:
+# the job writes its DeepSpeed config and checkpoints there, which a render at another node count must not share.
 JOBS := roberta:8 transformer:4 resnet50:8 nccl-tests:2 collectives:2
 DL1_JOBS := bert-5b:16 collectives:4 resnet50:8
 jobs: venv
 	@for job in $(JOBS); do name=$${job%%:*}; nodes=$${job##*:}; \
-	  $(BIN)/python -m toolkit recipes render $$name --nodes $$nodes --cluster jobs/p3dn-cluster.yaml --queue p3dn --run-dir /fsx/runs/$$name \
+	  $(BIN)/python -m toolkit recipes render $$name --nodes $$nodes --cluster jobs/p3dn-cluster.yaml --queue p3dn --run-dir /fsx/runs/$$name-$${nodes}xp3dn \
 	    -o jobs/$$name-$${nodes}xp3dn.sbatch --force || exit 1; done
 	@for job in $(DL1_JOBS); do name=$${job%%:*}; nodes=$${job##*:}; \
-	  $(BIN)/python -m toolkit recipes render $$name --nodes $$nodes --cluster jobs/dl1-cluster.yaml --queue dl1 --run-dir /fsx/runs/$$name \
+	  $(BIN)/python -m toolkit recipes render $$name --nodes $$nodes --cluster jobs/dl1-cluster.yaml --queue dl1 --run-dir /fsx/runs/$$name-$${nodes}xdl1 \
 	    -o jobs/$$name-$${nodes}xdl1.sbatch --force || exit 1; done
 
 # Reviewed Kubernetes renders in jobs/k8s/ (tests/test_k8s_examples.py checks they match today's rendering).

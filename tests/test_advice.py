@@ -35,25 +35,38 @@ def test_token_count_equals_fairseqs_own_reading(tmp_path, impl):
 
 
 @pytest.mark.training
-def test_roberta_as_published_warns_that_max_epoch_ends_the_run_before_warmup(tmp_path):
-    # 1,000 sentences x 512 tokens: 1,000 samples of 512; 8 nodes x 8 GPUs x 16 sentences x update-freq 2
-    # = 2,048 per update, so 1 update per epoch and --max-epoch 2 ends the run after 2 of 125,000 updates.
+def test_an_epoch_cap_that_ends_the_run_before_warmup_is_warned(tmp_path):
+    # 1,000 sentences x 512 tokens: 1,000 samples of 512; 8 nodes x 8 GPUs x 16 sentences x update-freq 8
+    # = 8,192 per update, so 1 update per epoch and --max-epoch 2 ends the run after 2 of 500,000 updates.
     write_index(tmp_path / "train", [512] * 1000, "mmap")
-    spec = build_job_spec(load_recipe("roberta", overrides=[f"dirs.data.dir={tmp_path}"]), P3DN, 8)
+    spec = build_job_spec(load_recipe("roberta", overrides=[f"dirs.data.dir={tmp_path}", "args.--max-epoch=2"]),
+                          P3DN, 8)
     [warning] = spec.warnings
     assert "--max-epoch 2 ends this run after about 2 updates" in warning
-    assert "before --max-update 125000" in warning and "--warmup-updates 24000" in warning
+    assert "before --max-update 500000" in warning and "--warmup-updates 30000" in warning
     length = next(d for d in spec.derived if d.key == "run length")
     assert length.value == "about 2 updates" and "1 updates per epoch" in length.rule
-    # The published flags stay as they are.
+    # The flags stay as they are set.
     words = [w for w in spec.command if isinstance(w, str)]
-    assert words[words.index("--max-epoch") + 1] == "2" and words[words.index("--max-update") + 1] == "125000"
+    assert words[words.index("--max-epoch") + 1] == "2" and words[words.index("--max-update") + 1] == "500000"
+
+
+@pytest.mark.training
+def test_roberta_as_shipped_trains_to_max_update_on_a_corpus_of_one_update_per_epoch(tmp_path):
+    """Issue 18: `--max-epoch 2` on a small corpus ended the run inside the warm-up, exit 0. The recipe now stops
+    at --max-update only, as fairseq's examples/roberta/config/pretraining/base.yaml does (no max_epoch)."""
+    write_index(tmp_path / "train", [512] * 1000, "mmap")
+    spec = build_job_spec(load_recipe("roberta", overrides=[f"dirs.data.dir={tmp_path}"]), P3DN, 8)
+    words = [w for w in spec.command if isinstance(w, str)]
+    assert spec.warnings == () and "--max-epoch" not in words
+    assert words[words.index("--max-update") + 1] == words[words.index("--total-num-update") + 1] == "500000"
 
 
 @pytest.mark.training
 def test_enough_data_means_max_update_ends_the_run_and_no_warning(tmp_path):
-    write_index(tmp_path / "train", [512] * 300_000, "mmap")  # 147 updates per epoch on 64 ranks
+    write_index(tmp_path / "train", [512] * 300_000, "mmap")  # 37 updates per epoch on 64 ranks
     recipe = load_recipe("roberta", overrides=[f"dirs.data.dir={tmp_path}", "args.--max-update=200",
+                                               "args.--max-epoch=10",
                                                "args.--total-num-update=200", "args.--warmup-updates=10"])
     spec = build_job_spec(recipe, P3DN, 8)
     assert spec.warnings == ()
@@ -64,7 +77,7 @@ def test_enough_data_means_max_update_ends_the_run_and_no_warning(tmp_path):
 @pytest.mark.training
 def test_show_render_and_dry_run_all_say_it(tmp_path):
     write_index(tmp_path / "train", [512] * 1000, "mmap")
-    env_args = ("--set", f"dirs.data.dir={tmp_path}", "--nodes", "8")
+    env_args = ("--set", f"dirs.data.dir={tmp_path}", "--set", "args.--max-epoch=2", "--nodes", "8")
     env = {"HPC_CLUSTER_CONFIG": "", "PATH": "/usr/bin:/bin", "HPC_RUNS_DIR": str(tmp_path / "runs")}
     for command in (("recipes", "show", "roberta"), ("recipes", "render", "roberta"),
                     ("recipes", "submit", "roberta", "--dry-run", "--executor", "local")):
@@ -75,7 +88,8 @@ def test_show_render_and_dry_run_all_say_it(tmp_path):
 
 
 def test_unreadable_data_says_the_run_length_is_unknown_and_does_not_warn(tmp_path):
-    spec = build_job_spec(load_recipe("roberta", overrides=[f"dirs.data.dir={tmp_path / 'missing'}"]), P3DN, 8)
+    spec = build_job_spec(load_recipe("roberta", overrides=[f"dirs.data.dir={tmp_path / 'missing'}",
+                                                            "args.--max-epoch=2"]), P3DN, 8)
     assert spec.warnings == ()
     assert next(d for d in spec.derived if d.key == "run length").value == "unknown"
 

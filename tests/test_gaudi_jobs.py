@@ -24,6 +24,8 @@ from toolkit.recipes.load import load_recipe
 
 NODES = (1, 2, 4, 16)
 DL1 = load_queues(REPO / "jobs" / "dl1-cluster.yaml")["dl1"]
+# What HabanaAI/Model-References release 1.8.0 holds (recorded from its branch, with the commit, in this dir)
+RELEASE = REPO / "tests" / "data" / "model-references-1.8.0"
 RANK0 = {"RANK": "0", "LOCAL_RANK": "0", "MASTER_ADDR": "a", "MASTER_PORT": "1"}
 
 
@@ -66,7 +68,7 @@ def test_bert_5b_accumulation_keeps_the_global_batch(nodes, steps):
     assert config["gradient_accumulation_steps"] == steps == 12288 // (24 * spec.world_size)
     assert (config["train_batch_size"], config["train_micro_batch_size_per_gpu"]) == (12288, 24)
     assert config["zero_optimization"]["stage"] == 2 and config["bf16"] == {"enabled": True}
-    assert "activation_checkpointing" in config and "--checkpoint_activations" in words(spec)
+    assert "--checkpoint_activations" in words(spec)
     argv = words(spec)
     assert argv[argv.index("--deepspeed_config") + 1] == spec.files[0].path == f"{spec.run_dir}/deepspeed.json"
     assert argv[argv.index("--optimizer") + 1] == "lans" and config["zero_allow_untested_optimizer"] is True
@@ -82,6 +84,41 @@ def test_bert_5b_refuses_node_counts_that_do_not_divide_the_global_batch(nodes):
 def test_fairseq_recipes_do_not_run_on_gaudi():
     with pytest.raises(HpcError, match="runs on gpu or cpu only; queue dl1 .* has Gaudi HPUs"):
         build_job_spec(load_recipe("roberta"), DL1, 1)
+
+
+def test_bert_5b_renders_exactly_its_pinned_model_references_release():
+    """Model-References 1.8.0: the script where that release has it, the flags its run_bert_5b_128x_lans.sh
+    passes (--use_hpu: else cuda + nccl) with its values, nothing its parser lacks, and its DeepSpeed config's
+    keys and values (max_group_size included) but for the batch keys derived per job."""
+    release = json.loads((RELEASE / "deepspeed-bert.json").read_text())
+    spec = build_job_spec(load_recipe("bert-5b"), DL1, 16)
+    argv = words(spec)
+    assert argv[1] == f"/fsx/Model-References-{release['release']}/{release['dir']}/run_pretraining.py"
+    flags = [w for w in argv[2:] if w.startswith("--")]
+    ran = release["run_script_flags"]
+    assert set(flags) <= set(release["parser_flags"])
+    assert set(flags) == set(ran["run_pretraining.py"]) - {"--steps_this_run"}  # -1, its default: --max_steps
+    for flag, value in ran["values"].items():
+        if flag != "--steps_this_run":
+            assert argv[argv.index(flag) + 1] == value, flag
+    assert argv[argv.index("--config_file") + 1].endswith(f"{release['dir']}/scripts/bert_5b_config.json")
+    published = json.loads((RELEASE / "deepspeed_config_bert_5b_lans.json").read_text())
+    published.pop("tensorboard")  # disabled there, with a path relative to the cwd
+    config = json.loads(spec.files[0].text)
+    assert config.pop("gradient_accumulation_steps") == 4  # 12288 / (24 x 128): DeepSpeed derives it the same
+    assert config == published
+
+
+def test_the_deepspeed_config_and_outputs_are_in_the_jobs_own_run_dir(tmp_path):
+    """Renders at two node counts name different run dirs (a fresh one each, or --run-dir): each writes its own
+    DeepSpeed config (its accumulation differs) and checkpoints there."""
+    specs = [build_job_spec(load_recipe("bert-5b"), DL1, n, run_dir=str(tmp_path / f"r{n}")) for n in (4, 16)]
+    for spec in specs:
+        argv = words(spec)
+        assert spec.files[0].path == f"{spec.run_dir}/deepspeed.json" == argv[argv.index("--deepspeed_config") + 1]
+        assert argv[argv.index("--output_dir") + 1] == f"{spec.run_dir}/checkpoints"
+        assert argv[argv.index("--json-summary") + 1] == f"{spec.run_dir}/dllogger.json"
+    assert [json.loads(s.files[0].text)["gradient_accumulation_steps"] for s in specs] == [16, 4]
 
 
 class DataParallel:
@@ -135,13 +172,17 @@ def deepspeed_config_class():
 @pytest.mark.parametrize("nodes", NODES)
 def test_bert_5b_config_passes_deepspeeds_own_parser(deepspeed_config_class, nodes):
     spec = build_job_spec(load_recipe("bert-5b"), DL1, nodes)
-    parsed = deepspeed_config_class(json.loads(spec.files[0].text), mpu=DataParallel(spec.world_size))
+    config = json.loads(spec.files[0].text)
+    # max_group_size is a key of Habana's DeepSpeed fork (HabanaAI/DeepSpeed deepspeed/runtime/zero/config.py);
+    # upstream's parser, the one installed here, forbids unknown keys
+    assert config["zero_optimization"].pop("max_group_size") == 1310822400
+    parsed = deepspeed_config_class(config, mpu=DataParallel(spec.world_size))
     assert (parsed.train_batch_size, parsed.train_micro_batch_size_per_gpu, parsed.gradient_accumulation_steps) == (
         12288, 24, 12288 // (24 * spec.world_size))
     assert parsed.zero_optimization_stage == 2 and parsed.bfloat16_config.enabled and parsed.gradient_clipping == 1.0
     assert parsed.zero_allow_untested_optimizer and parsed.optimizer_name is None  # LANS comes from the script
     with pytest.raises(AssertionError, match="train_batch_size is not equal"):  # the parser does check the world
-        deepspeed_config_class(json.loads(spec.files[0].text), mpu=DataParallel(spec.world_size * 2))
+        deepspeed_config_class(config, mpu=DataParallel(spec.world_size * 2))
 
 
 @pytest.mark.parametrize("nodes", [1, 2])
@@ -156,7 +197,7 @@ def test_rendered_bert_5b_gives_each_rank_deepspeeds_environment(tmp_path, nodes
     assert sorted(ranks) == list(range(8 * nodes))
     for rank, (argv, env) in ranks.items():
         assert argv == preview_argv(spec.command, env)[1:]  # after `python`
-        assert argv[0] == f"{root}/Model-References/PyTorch/nlp/DeepSpeedExamples/deepspeed-bert/run_pretraining.py"
+        assert argv[0] == f"{root}/Model-References-1.8.0/PyTorch/nlp/pretraining/deepspeed-bert/run_pretraining.py"
         assert (env["RANK"], env["LOCAL_RANK"], env["WORLD_SIZE"]) == (str(rank), str(rank % 8), str(8 * nodes))
         assert (env["MASTER_ADDR"], env["MASTER_PORT"]) == (FIRST_HOST, str(master_port(JOB_ID)))
         assert env["FI_EFA_USE_DEVICE_RDMA"] == "1" and env["PT_HPU_LAZY_MODE"] == "1"

@@ -46,7 +46,7 @@ def test_arguments_refuse_a_flag_the_toolkit_sets_and_scale_the_rest():
     recipe = load_recipe("roberta")
     target = queue_target(P3DN)
     args, derived = arguments(recipe, target, resources(recipe, target, 4))
-    assert args["--update-freq"] == 4 and args["--distributed-world-size"] == 32  # 2048 / (16 x 32)
+    assert args["--update-freq"] == 16 and args["--distributed-world-size"] == 32  # 8192 / (16 x 32)
     assert [d.key for d in derived][:1] == ["--update-freq"]
     with pytest.raises(HpcError, match="args.--device-id is set by the toolkit"):
         taken = load_recipe("roberta", overrides=["args.--device-id=0"])

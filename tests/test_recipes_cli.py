@@ -27,9 +27,10 @@ def test_list_names_the_four_recipes(env):
 def test_show_prints_every_derived_value_with_its_rule(env):
     res = run_hpc("recipes", "show", "roberta", "--nodes", "4", env=env)
     assert res.returncode == 0, res.stderr
-    assert "--update-freq" in res.stdout and "2048 sequences per update / (--max-sentences 16 x 32 ranks)" in res.stdout
+    assert "--update-freq" in res.stdout and "8192 sequences per update / (--max-sentences 16 x 32 ranks)" in res.stdout
     assert "assumed the default queue p3dn" in res.stderr
     data = json.loads(run_hpc("recipes", "show", "resnet50", "--nodes", "2", "--json", env=env).stdout)
+    assert {d["key"]: d["value"] for d in data["derived"]}["--workers"] == "11"  # 12 CPUs per rank on p3dn
     assert {d["key"]: d["value"] for d in data["derived"]}["--lr"] == "1.6"
 
 
@@ -110,3 +111,17 @@ def test_default_queue_is_assumed_and_said(monkeypatch):
     assert queue == default_queue() and how.startswith("assumed the default queue p3dn")
     with pytest.raises(HpcError, match="no cluster config"):
         resolve_queue(None, "cpu")
+
+
+@pytest.mark.parametrize("recipe", ["resnet50", "roberta", "nccl-tests"])
+def test_a_trainium_queue_is_refused_in_one_line(tmp_path, recipe):
+    """trn1 (Neuron) queues get no job form: one error line and its fix, no internal error."""
+    cluster = tmp_path / "trn1-cluster.yaml"
+    cluster.write_text((REPO / "jobs" / "dl1-cluster.yaml").read_text().replace("dl1.24xlarge", "trn1.32xlarge")
+                       .replace("Name: dl1\n", "Name: trn1\n"))
+    res = run_hpc("recipes", "render", recipe, "--cluster", str(cluster), "--queue", "trn1")
+    assert res.returncode == 1 and res.stdout == "" and "Traceback" not in res.stderr
+    lines = res.stderr.strip().splitlines()
+    assert lines[0] == ("error: queue trn1 (trn1.32xlarge) has Trainium (neuron) accelerators: hpc makes no jobs "
+                        "for them (only GPU, Gaudi HPU and CPU jobs)"), res.stderr
+    assert lines[1].startswith("  fix: ") and len(lines) == 2

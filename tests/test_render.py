@@ -43,9 +43,21 @@ def test_every_render_is_valid_bash(name, queue, profile):
 def test_jobs_dir_matches_todays_rendering(path):
     name, nodes, queue_name = re.fullmatch(r"(.+)-(\d+)x(p3dn|dl1)\.sbatch", path.name).groups()
     queue = load_queues(REPO / "jobs" / f"{queue_name}-cluster.yaml")[queue_name]
-    spec = build_job_spec(load_recipe(name), queue, int(nodes), run_dir=f"/fsx/runs/{name}")  # as `make jobs`
+    spec = build_job_spec(load_recipe(name), queue, int(nodes), run_dir=f"/fsx/runs/{path.stem}")  # as `make jobs`
     assert path.read_text() == render_script(spec), \
         "jobs/ is stale: run `make jobs` and review the diff"
+
+
+def test_each_reviewed_render_has_its_own_run_dir():
+    """A job writes its generated DeepSpeed config (per world size) and checkpoints into its run dir: renders at
+    other node counts or on other queues must not name the same one."""
+    run_dirs = {}
+    for path in sorted((REPO / "jobs").glob("*.sbatch")):
+        [output] = re.findall(r"^#SBATCH --output=(\S+)/[^/]+$", path.read_text(), re.MULTILINE)
+        assert output not in run_dirs, f"{path.name} and {run_dirs[output]} share the run dir {output}"
+        run_dirs[output] = path.name
+    bert = (REPO / "jobs" / "bert-5b-16xdl1.sbatch").read_text()
+    assert "> /fsx/runs/bert-5b-16xdl1/deepspeed.json" in bert
 
 
 def test_jobs_dir_has_the_reviewed_examples():

@@ -12,6 +12,7 @@ from toolkit.slurm import status as slurm_status
 from toolkit import rundir
 from toolkit.rundir import Metadata
 from toolkit.submit import runs, sweep
+from toolkit.submit import plan as plans
 from toolkit.submit.plan import SubmitRequest
 
 
@@ -80,6 +81,37 @@ def test_a_plan_gives_each_task_its_own_run_dir_and_argv(tmp_path):
     assert [t.run_dir.name for t in tasks] == ["task-000", "task-001"]
     assert [t.spec.run_dir for t in tasks] == [str(tmp_path / "sweep" / "task-000"), str(tmp_path / "sweep" / "task-001")]
     assert [t.spec.command[t.spec.command.index("--count") + 1] for t in tasks] == ["7", "8"]
+
+
+def _roberta_request(tmp_path, *overrides: str) -> SubmitRequest:
+    return SubmitRequest("roberta", nodes=1, cluster=str(write_cluster(tmp_path)), queue="cpu", executor="slurm",
+                         overrides=overrides)
+
+
+def test_each_point_checkpoints_and_logs_in_its_own_run_dir(tmp_path):
+    """roberta's checkpoints are under the dirs root (/shared/checkpoints/roberta on this cluster): fairseq would
+    resume each point from the other's checkpoint_last.pt. In a sweep they go under each task's run dir."""
+    tasks = sweep.plan(_roberta_request(tmp_path, "dirs.logs.dir=logs/roberta"),
+                       ["args.--weight-decay=0.0,0.01"], sweep_dir=tmp_path / "sweep").tasks
+    for task in tasks:
+        assert task.spec.dirs["checkpoints"] == f"{task.run_dir}/checkpoints/roberta"
+        assert task.spec.dirs["logs"] == f"{task.run_dir}/logs/roberta"
+        assert task.spec.command[task.spec.command.index("--save-dir") + 1] == task.spec.dirs["checkpoints"]
+        assert task.spec.dirs["data"] == "/shared/data-bin/wikitext-103"  # read by all: stays shared
+    # a single submission keeps the recipe's dir (a resubmission resumes it)
+    single = plans.plan(_roberta_request(tmp_path), tmp_path / "single")
+    assert single.spec.dirs["checkpoints"] == "/shared/checkpoints/roberta"
+
+
+@pytest.mark.parametrize("overrides,sweeps", [
+    (("dirs.checkpoints.dir=/shared/ckpt",), ["args.--weight-decay=0.0,0.01"]),
+    ((), ["args.--weight-decay=0.0,0.01", "dirs.checkpoints.under=run,root"]),
+])
+def test_points_that_would_share_a_checkpoint_dir_are_refused(tmp_path, overrides, sweeps):
+    with pytest.raises(HpcError) as err:
+        sweep.plan(_roberta_request(tmp_path, *overrides), sweeps, sweep_dir=tmp_path / "sweep")
+    assert "share the checkpoints dir" in err.value.message and "resume from the other's" in err.value.message
+    assert "relative path" in err.value.fix
 
 
 def _fake_slurm(monkeypatch, sacct_out: str) -> None:

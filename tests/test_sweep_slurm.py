@@ -148,3 +148,26 @@ def test_a_failing_task_shows_in_the_array_status_and_names_its_log(slurm_sandbo
     assert task["state"] == "FAILED" and task["run_dir"] == str(sweep_dir / "task-001")
     assert (sweep_dir / "task-001" / "failures" / "rank-0.json").is_file()
     assert not (sweep_dir / "task-001" / "result.json").exists()
+
+
+@pytest.mark.training
+def test_two_fairseq_points_train_into_two_checkpoint_dirs(slurm_sandbox, tmp_path):
+    """Issue 18: with the checkpoint dir under the dirs root (as roberta's own recipe has it), every point shared
+    one and fairseq resumed each point from another's checkpoint_last.pt. Now each task's run dir holds its own
+    checkpoints, trained with its own value: 2 points of roberta's smoke profile, 1 rank each, 2 updates."""
+    import torch
+
+    env = dict(slurm_env(slurm_sandbox), HPC_RUNS_DIR=str(tmp_path / "runs"))
+    res = run_hpc("recipes", "submit", "roberta", "--profile", "smoke", "--nodes", "1",
+                  "--cluster", str(one_rank_cluster(slurm_sandbox, tmp_path)), "--queue", "cpu",
+                  "--set", "dirs.checkpoints.under=root", "--set", "args.--max-update=2",
+                  "--set", "args.--total-num-update=2", "--set", "args.--warmup-updates=1",
+                  "--sweep", "args.--weight-decay=0.0,0.01", "--wait", "--json", env=env, cwd=tmp_path, timeout=600)
+    assert res.returncode == 0, res.stderr
+    sweep_dir = Path(json.loads(res.stdout)["run_dir"])
+    for index, decay in enumerate((0.0, 0.01)):
+        state = torch.load(sweep_dir / f"task-{index:03d}" / "checkpoints" / "checkpoint_last.pt",
+                           map_location="cpu", weights_only=False)
+        assert state["cfg"]["optimizer"]["weight_decay"] == decay
+        assert state["optimizer_history"][-1]["num_updates"] == 2
+    assert not (tmp_path / "smoke" / "checkpoints").exists()  # the shared dir the recipe names is not used

@@ -98,6 +98,14 @@ def communication_env(instance: InstanceType, fabric: str) -> list[EnvVar]:
     return env
 
 
+# Why a recipe sets a variable the toolkit leaves alone (printed beside the recipe's value in the render).
+RECIPE_ENV_REASONS = {
+    "FI_EFA_USE_HUGE_PAGE": "0 keeps the EFA provider's buffers out of huge pages, so forked data-loader workers "
+                            "do not exhaust the huge-page pool (OSError: Cannot allocate memory), at a small cost "
+                            "(libfabric fi_efa(7))",
+}
+
+
 # The SynapseAI release that brought EFA peer-direct (Host NIC Gaudi Direct) to DL1.
 PEER_DIRECT_SYNAPSEAI = "1.8.0"
 
@@ -168,5 +176,7 @@ def job_env(instance: InstanceType, fabric: str, *, threads_per_rank: int | None
                           "torch >= 2.6 refuses fairseq's own checkpoints (resume, generate) without it"))
     merged = {var.name: var for var in env}
     for name, value in recipe_env.items():
-        merged[name] = EnvVar(name, str(value), f"set by recipe {recipe_name} (env.{name})")
+        reason = RECIPE_ENV_REASONS.get(name)
+        merged[name] = EnvVar(name, str(value), f"set by recipe {recipe_name} (env.{name})"
+                                                + (f": {reason}" if reason else ""))
     return tuple(merged.values())

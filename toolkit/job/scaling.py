@@ -1,4 +1,4 @@
-"""Scaling rules: how a recipe's flags follow the world size (nodes x ranks per node).
+"""Scaling rules: how a recipe's flags follow the world size (nodes x ranks per node) and the CPUs per rank.
 
 Each rule derives one flag's value and says why, so `hpc recipes show` can print the arithmetic. A result
 that cannot be honoured exactly (a fractional gradient-accumulation factor) is an error listing the node
@@ -85,7 +85,8 @@ def _per_rank(args: Mapping[str, Any], flag: str, rule_key: str) -> int | float:
 
 
 def apply_scaling(scaling: Mapping[str, ScalingRule], args: Mapping[str, Any], *, nodes: int, ranks_per_node: int,
-                  max_nodes: int, gpu_memory_gib: float | None) -> tuple[dict[str, Any], list[Derived]]:
+                  max_nodes: int, gpu_memory_gib: float | None,
+                  cpus_per_rank: int) -> tuple[dict[str, Any], list[Derived]]:
     """The recipe's args with every scaling rule applied for `nodes`, and what each rule derived."""
     world = nodes * ranks_per_node
     args = dict(args)
@@ -105,6 +106,13 @@ def apply_scaling(scaling: Mapping[str, ScalingRule], args: Mapping[str, Any], *
             derived.append(Derived(flag, value, f"{format_number(rule.base)} per {format_number(rule.per)} x "
                                    f"global batch {format_number(per_rank * world)} ({rule.per_rank_arg} "
                                    f"{format_number(per_rank)} x {world} ranks): {rule.why}"))
+        elif rule.rule == "cpus-per-rank":
+            # torch's DataLoader warns above the CPUs the process may run on (os.sched_getaffinity): one worker
+            # per CPU of the rank, less the rank's own
+            value = max(cpus_per_rank - rule.reserve, 0)
+            args[flag] = value
+            derived.append(Derived(flag, str(value), f"{cpus_per_rank} CPUs per rank - {rule.reserve} for the rank's "
+                                   f"own process: {rule.why}"))
         else:  # gpu-memory-cap
             if gpu_memory_gib is None:
                 raise HpcError(f"scaling.{flag} needs a GPU's memory: the queue has no GPUs",

@@ -98,6 +98,7 @@ class JobSpec:
     derived: tuple[Derived, ...]
     warnings: tuple[str, ...] = ()  # toolkit.job.advice: the job will not do what its flags suggest
     files: tuple[JobFile, ...] = ()
+    dirs: Mapping[str, str] = dataclasses.field(default_factory=dict)  # data / checkpoints / logs, as resolved
     style: LauncherStyle = "script"  # torchrun: one Slurm task per node starts that node's tasks_per_node ranks
     # Slurm's part (on_slurm): the scheduler-neutral spec leaves these empty
     wait_all_nodes: bool = False
@@ -246,7 +247,12 @@ class Resources:
 def resources(recipe: Recipe, target: Target, nodes: int | None) -> Resources:
     """Device, nodes (the recipe's resources.nodes when None), ranks and CPUs per node, checked against the target."""
     instance = target.instance
-    device = DEVICE_OF_ACCELERATOR[instance.accelerator]
+    device = DEVICE_OF_ACCELERATOR.get(instance.accelerator)
+    if device is None:  # Neuron (Trainium): its own runtime and compiler (torch-neuronx), no job form here yet
+        where = instance.name if target.name == instance.name else f"queue {target.name} ({instance.name})"
+        raise HpcError(f"{where} has {instance.gpu_model} ({instance.accelerator}) "
+                       "accelerators: hpc makes no jobs for them (only GPU, Gaudi HPU and CPU jobs)",
+                       fix="choose a GPU, Gaudi or CPU queue (--cluster FILE --queue Q) or instance type")
     if device not in recipe.resources.runs_on:
         has = {"gpu": "GPUs", "hpu": "Gaudi HPUs", "cpu": "no GPUs"}[device]
         raise HpcError(f"recipe {recipe.name} runs on {' or '.join(recipe.resources.runs_on)} only; queue "
@@ -283,7 +289,8 @@ def arguments(recipe: Recipe, target: Target, res: Resources) -> tuple[dict, lis
                            fix=f"remove {flag} from the recipe (or --set args.{flag}=null)")
     args, scaled = apply_scaling(recipe.scaling, recipe.args, nodes=res.nodes, ranks_per_node=res.tasks,
                                  max_nodes=target.max_nodes,
-                                 gpu_memory_gib=target.instance.gpu_memory_gib if res.device != "cpu" else None)
+                                 gpu_memory_gib=target.instance.gpu_memory_gib if res.device != "cpu" else None,
+                                 cpus_per_rank=res.cpus)
     args, forms = _device_forms(style, args, res.device, res.threads, res.world)
     return args, scaled + forms
 
@@ -413,7 +420,7 @@ def job_spec(recipe: Recipe, target: Target, nodes: int | None = None, *, profil
                     nccl_home=recipe.software.nccl_home and _under(root, recipe.software.nccl_home)),
         command=tuple(command), prepare=prepare, root=root, run_dir=where.run_dir,
         derived=(*res.derived, root_rule, *derived, *where.derived, *ds_derived, *launch, *advice),
-        warnings=tuple(warnings), files=files, style=launcher.style,
+        warnings=tuple(warnings), files=files, dirs=where.paths, style=launcher.style,
     )
 
 

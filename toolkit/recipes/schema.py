@@ -188,9 +188,11 @@ class ScalingRule(StrictModel):
     linear          value = base x (per-rank batch x world size) / per (e.g. LR 0.1 per 256 images)
     gpu-memory-cap  cap a byte size so `buffers` buffers fit in `usable_fraction` of one GPU's memory
                     (nccl-tests -e)
+    cpus-per-rank   the CPUs each rank is given less `reserve` (at least 0): data-loader worker processes
+                    (the rank's own process keeps `reserve` CPUs)
     """
 
-    rule: Literal["accumulate", "linear", "gpu-memory-cap"]
+    rule: Literal["accumulate", "linear", "gpu-memory-cap", "cpus-per-rank"]
     why: SafeStr
     per_rank_arg: Flag | None = None
     global_batch: PositiveInt | None = None
@@ -199,12 +201,13 @@ class ScalingRule(StrictModel):
     per: Annotated[float, Field(gt=0)] | None = None
     buffers: PositiveInt = 3
     usable_fraction: Annotated[float, Field(gt=0, le=1)] = 0.8
+    reserve: Annotated[int, Field(ge=0)] = 1
     reference: Reference | None = None
 
     @model_validator(mode="after")
     def _fields_match_rule(self) -> ScalingRule:
         needed = {"accumulate": ("per_rank_arg", "global_batch"), "linear": ("per_rank_arg", "base", "per"),
-                  "gpu-memory-cap": ()}[self.rule]
+                  "gpu-memory-cap": (), "cpus-per-rank": ()}[self.rule]
         missing = [name for name in needed if getattr(self, name) is None]
         if missing:
             raise ValueError(f"rule {self.rule} needs: {', '.join(missing)}")

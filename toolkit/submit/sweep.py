@@ -6,6 +6,11 @@
 job built, before anything is submitted; a point whose job differs from the others' in anything but the
 command (nodes, environment, time: what the one batch script of an array fixes) is refused.
 
+Every point writes its own checkpoints and logs: fairseq (and our trainers) resume from the checkpoint_last.pt
+they find, so points sharing one dir would continue each other's runs. A recipe's relative checkpoint/log dirs
+therefore go under each task's run dir (dirs.<name>.under=run), and a sweep whose points would still share one
+(an absolute dir) is refused.
+
 Slurm refuses an array whose task indices reach MaxArraySize (`scontrol show config`; default 1001, often
 lower), and submitit numbers a batch of N as `--array=0-(N-1)`: a larger sweep is split into consecutive
 chunks of at most MaxArraySize tasks, one array each (HPC_MAX_ARRAY_SIZE caps the chunk lower still).
@@ -32,6 +37,7 @@ from toolkit.rundir import SWEEP, SWEEP_TASK, Array, Executor, Metadata, RunDir
 RANGE = re.compile(r"^(-?\d+)\.\.(-?\d+)$")
 SLURM_DEFAULT_MAX_ARRAY_SIZE = 1001  # used when the cluster's cannot be read (a dry run away from Slurm)
 MAX_ARRAY_SIZE_ENV = "HPC_MAX_ARRAY_SIZE"
+OUTPUT_DIRS = ("checkpoints", "logs")  # the recipe dirs a run writes (data is read, and made once if missing)
 SWEEP_FIX = "write --sweep KEY.PATH=V1,V2,... (e.g. --sweep args.--lr=0.1,0.2 or --sweep args.--seed=1..8)"
 
 
@@ -143,14 +149,16 @@ def plan(request, sweeps: Sequence[str], parallelism: int | None = None,
 
     points = grid(sweeps)
     sweep_dir = sweep_dir or new_sweep_dir(request)
+    own_dirs = _own_output_dirs(request)
     tasks: list[plans.Plan] = []
     for point in points:
-        point_request = dataclasses.replace(request, overrides=(*request.overrides, *point.overrides))
+        point_request = dataclasses.replace(request, overrides=(*request.overrides, *own_dirs, *point.overrides))
         run_dir = sweep_dir / rundir.task_dir_name(point.index, len(points))
         try:
             tasks.append(plans.plan(point_request, run_dir, task_of=tasks[0] if tasks else None))
         except HpcError as exc:
             raise type(exc)(f"{point.describe()}: {exc.message}", fix=exc.fix) from None
+    _refuse_shared_output_dirs(tasks, points)
     first = tasks[0]
     if first.executor == Executor.LOCAL:
         raise UsageError("a sweep runs as a Slurm job array; the local executor has none",
@@ -179,6 +187,33 @@ def plan(request, sweeps: Sequence[str], parallelism: int | None = None,
                      chunks=parts, batch_script=submitit_batch_script(first.spec, sweep_dir / "submitit",
                                                                       len(parts[0]), parallelism),
                      metadata=meta)
+
+
+def _own_output_dirs(request) -> tuple[str, ...]:
+    """Overrides that put the recipe's checkpoint and log dirs under each task's own run dir (where they are
+    under the dirs root: one dir for every point)."""
+    from toolkit.recipes.load import load_recipe
+
+    recipe = load_recipe(request.recipe, profile=request.profile, overrides=request.overrides,
+                         data=request.recipe_data)
+    return tuple(f"dirs.{name}.under=run" for name in OUTPUT_DIRS
+                 if (entry := getattr(recipe.dirs, name)) is not None and entry.under == "root")
+
+
+def _refuse_shared_output_dirs(tasks: Sequence[Any], points: Sequence[Point]) -> None:
+    """Two points with one checkpoint or log dir (absolute, or swept to one value) would resume each other."""
+    for name in OUTPUT_DIRS:
+        owner: dict[str, Point] = {}
+        for task, point in zip(tasks, points):
+            path = task.spec.dirs.get(name)
+            if path is None:
+                continue
+            if path in owner:
+                raise HpcError(f"{point.describe()} and {owner[path].describe()} share the {name} dir {path}: "
+                               "each would resume from the other's last checkpoint",
+                               fix=f"give dirs.{name}.dir as a relative path (each point then gets its own under "
+                                   f"its run dir), or sweep dirs.{name}.dir too")
+            owner[path] = point
 
 
 def chunks(count: int, limit: int) -> tuple[range, ...]:
