@@ -190,7 +190,9 @@ def _doctor_jobs(recipes: list[str], cluster, queue, profile, overrides, timeout
 
     reports = []
     for name in recipes:
-        request = plans.SubmitRequest(name, None, str(cluster) if cluster else None, queue, profile, tuple(overrides))
+        # One node: the environment a rank loads with does not depend on the node count, and a recipe's default
+        # count may exceed the queue (resnet50's 8 on a 2-node queue).
+        request = plans.SubmitRequest(name, 1, str(cluster) if cluster else None, queue, profile, tuple(overrides))
         _, chosen, spec, _, _ = plans.plan_job(request)
         reports.append(check_job_on_slurm(spec, chosen.fabric, timeout).as_dict())
     emit(reports, as_json, _loader_text)

@@ -135,8 +135,10 @@ def check_job(spec: JobSpec, fabric: str, run: Callable[[str], subprocess.Comple
         facts = None
     if not isinstance(facts, dict) or res.returncode != 0:
         errors = [line for line in res.stderr.splitlines() if line.strip()]
+        # The job's own last word (e.g. a venv that cannot be activated), not srun's "task 0: Exited" after it.
+        own = [line for line in errors if not line.startswith("srun: ")]
         return JobLoaderReport(spec.job_name, spec.partition, None, None, (),
-                               errors[-1] if errors else f"the loader check exited {res.returncode}, printing nothing")
+                               (own or errors or [f"the loader check exited {res.returncode}, printing nothing"])[-1])
     return JobLoaderReport(spec.job_name, spec.partition, facts.get("node"), facts.get("ld_library_path"),
                            judge(facts, spec))
 
