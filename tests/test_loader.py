@@ -194,6 +194,7 @@ def test_doctor_on_the_local_slurm_reports_the_jobs_loader(standin, tmp_path, sl
     recipe["launcher"]["program"] = f"{standin}/bin/all_reduce_perf"
     recipe["resources"]["runs_on"] = ["cpu"]
     del recipe["scaling"]  # -e is capped by GPU memory; the CPU queue has none
+    recipe["resources"]["nodes"] = 8  # more than the queue has: the check runs on one node whatever the recipe says
     bare = tmp_path / "standin-nccl-tests.yaml"
     bare.write_text(yaml.safe_dump(recipe))
     res = run_hpc("cluster", "doctor", "--recipe", str(bare), "--queue", "cpu", "--json", timeout=120)
@@ -207,3 +208,13 @@ def test_doctor_on_the_local_slurm_reports_the_jobs_loader(standin, tmp_path, sl
     res = run_hpc("cluster", "doctor", "--recipe", str(bare), "--queue", "cpu", timeout=120)
     assert res.returncode == 0, res.stdout + res.stderr
     assert "libnccl.so.2  resolves" in res.stdout and f"{standin}/mpi/lib/libmpi.so.40" in res.stdout
+
+
+def test_a_check_that_cannot_start_names_the_jobs_own_error_not_sruns():
+    """A venv that does not exist on the node: the report names bash's error, not srun's 'task 0: Exited' after it."""
+    spec = build_job_spec(load_recipe("roberta", overrides=["software.venv=/nowhere/venv"]), P3DN, 1,
+                          run_dir="/fsx/runs/r")
+    report = loader.check_job(spec, P3DN.fabric, lambda script: subprocess.CompletedProcess(
+        [], 1, "", "bash: line 2: /nowhere/venv/bin/activate: No such file or directory\n"
+                   "srun: error: c1: task 0: Exited with exit code 1\n"))
+    assert report.error == "bash: line 2: /nowhere/venv/bin/activate: No such file or directory"
