@@ -78,3 +78,37 @@ def validator(schema: dict):
 def definition_validator(name: str):
     """A validator for one core definition, e.g. io.k8s.api.core.v1.PodTemplateSpec."""
     return validator({"$ref": DEFS + name})
+
+
+def schema_violations(schema_validator, instance, parts: tuple = ()) -> list:
+    """jsonschema's errors as Violations: the field's path, worded as for a CRD."""
+    from jsonschema.exceptions import best_match
+
+    from toolkit.k8s.violations import TYPE_PHRASE, UNKNOWN_FIELD, UNKNOWN_FIELD_FIX, Violation, type_violation
+
+    found = []
+    for error in schema_validator.iter_errors(instance):
+        error = best_match(error.context) if error.context else error
+        where = parts + tuple(error.absolute_path)
+        if error.validator == "additionalProperties":
+            known = error.schema.get("properties", {})
+            found += [Violation(where + (key,), UNKNOWN_FIELD, fix=UNKNOWN_FIELD_FIX)
+                      for key in error.instance if key not in known]
+        elif error.validator == "type":
+            wanted = error.validator_value if isinstance(error.validator_value, list) else [error.validator_value]
+            kind = next(t for t in wanted if t != "null")
+            found.append(type_violation(where, TYPE_PHRASE.get(kind, kind), error.instance))
+        elif error.validator == "required":
+            found += [Violation(where + (key,), "required", fix="add the key")
+                      for key in error.validator_value if key not in error.instance]
+        elif error.validator == "enum":
+            found.append(Violation(where, f"must be one of {', '.join(map(repr, error.validator_value))}, not "
+                                          f"{error.instance!r}"))
+        else:
+            found.append(Violation(where, error.message))
+    return sorted(found, key=lambda v: [str(p) for p in v.parts])
+
+
+def definition_violations(name: str, instance, parts: tuple = ()) -> list:
+    """`instance` checked against one core definition (strict)."""
+    return schema_violations(definition_validator(name), instance, parts)

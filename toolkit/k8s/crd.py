@@ -30,41 +30,15 @@ import re
 from pathlib import Path
 from typing import Any, Iterator
 
+from toolkit.k8s.violations import (TYPE_PHRASE, UNKNOWN_FIELD, UNKNOWN_FIELD_FIX, Violation, type_name,
+                                    type_violation)
+
 CRD_DIR = Path(__file__).with_name("crds")
 _INT_RANGES = {"int32": (-(1 << 31), (1 << 31) - 1), "int64": (-(1 << 63), (1 << 63) - 1)}
 _DATE_TIME = re.compile(r"\d{4}-\d{2}-\d{2}[Tt ]\d{2}:\d{2}:\d{2}(\.\d+)?([Zz]|[-+]\d{2}:\d{2})")
 # k8s.io/apimachinery pkg/util/validation: IsDNS1123Subdomain
 DNS1123_LABEL = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"
 _DNS1123_SUBDOMAIN = re.compile(rf"{DNS1123_LABEL}(\.{DNS1123_LABEL})*")
-
-
-def key_path(parts) -> str:
-    """spec.template.containers[0].resources.limits["vpc.amazonaws.com/efa"]"""
-    text = ""
-    for part in parts:
-        if isinstance(part, int):
-            text += f"[{part}]"
-        elif re.fullmatch(r"[A-Za-z0-9_-]+", str(part)):
-            text += f".{part}" if text else str(part)
-        else:
-            text += f'["{part}"]'
-    return text
-
-
-@dataclasses.dataclass(frozen=True)
-class Violation:
-    """One thing the API server (or the schema's unevaluated rules) says about a field."""
-
-    parts: tuple  # the field's path: keys and list indices
-    message: str
-    level: str = "error"  # "info": a rule not evaluated offline
-
-    @property
-    def path(self) -> str:
-        return key_path(self.parts) or "(document)"
-
-    def __str__(self) -> str:
-        return f"{self.path}: {self.message}"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -123,38 +97,17 @@ def validate_against_crd(obj: dict, crd: Crd | None = None) -> list[Violation]:
     return sorted(found, key=lambda v: (v.level != "error", [str(p) for p in v.parts]))
 
 
-def _type_name(value: Any) -> str:
-    if isinstance(value, bool):
-        return "boolean"
-    if isinstance(value, int):
-        return "integer"
-    if isinstance(value, float):
-        return "number"
-    return {str: "string", list: "array", dict: "object", type(None): "null"}[type(value)]
-
-
-_ARTICLE = {"string": "a string", "integer": "an integer", "number": "a number", "boolean": "a boolean",
-            "array": "a list", "object": "a mapping"}
-
-
-def _describe(value: Any) -> str:
-    import json
-
-    shown = json.dumps(value)
-    return f"the {_type_name(value)} {shown if len(shown) <= 40 else shown[:37] + '...'}"
-
-
 def _type_ok(value: Any, schema: dict) -> str | None:
     """None, or what the value must be."""
     if schema.get("x-kubernetes-int-or-string"):
-        return None if _type_name(value) in ("integer", "string") else "an integer or a string"
+        return None if type_name(value) in ("integer", "string") else "an integer or a string"
     want = schema.get("type")
     if want is None:
         return None
-    have = _type_name(value)
+    have = type_name(value)
     if have == want or (want == "number" and have == "integer"):
         return None
-    return _ARTICLE.get(want, want)
+    return TYPE_PHRASE.get(want, want)
 
 
 def _check(value: Any, schema: dict, parts: tuple, *, embedded: bool = False,
@@ -167,7 +120,7 @@ def _check(value: Any, schema: dict, parts: tuple, *, embedded: bool = False,
         return
     wanted = _type_ok(value, schema)
     if wanted:
-        yield Violation(parts, f"must be {wanted}, not {_describe(value)}")
+        yield type_violation(parts, wanted, value)
         return
     yield from _value_rules(value, schema, parts)
     for keyword in ("allOf", "anyOf", "oneOf"):
@@ -198,7 +151,7 @@ def _forms(branches: list[dict], value: Any, parts: tuple) -> str:
 
 
 def _value_rules(value: Any, schema: dict, parts: tuple) -> Iterator[Violation]:
-    if "enum" in schema and not any(_type_name(value) == _type_name(e) and value == e for e in schema["enum"]):
+    if "enum" in schema and not any(type_name(value) == type_name(e) and value == e for e in schema["enum"]):
         yield Violation(parts, f"must be one of {', '.join(map(repr, schema['enum']))}, not {value!r}")
     if isinstance(value, str):
         if "pattern" in schema and not re.search(schema["pattern"], value):
@@ -209,7 +162,7 @@ def _value_rules(value: Any, schema: dict, parts: tuple) -> Iterator[Violation]:
             yield Violation(parts, f"must be at least {schema['minLength']} characters long")
         if schema.get("format") == "date-time" and not _DATE_TIME.fullmatch(value):
             yield Violation(parts, f"{value!r} is not an RFC 3339 date-time")
-    if _type_name(value) in ("integer", "number"):
+    if type_name(value) in ("integer", "number"):
         low, high = _INT_RANGES.get(schema.get("format"), (-math.inf, math.inf))
         if not low <= value <= high:
             yield Violation(parts, f"{value} is out of range for {schema['format']}")
@@ -244,7 +197,7 @@ def _check_object(value: dict, schema: dict, parts: tuple, *, embedded: bool,
     defaulted = {k: p["default"] for k, p in properties.items() if "default" in p and k not in present}
     for key in schema.get("required") or []:
         if key not in present and key not in defaulted:
-            yield Violation(parts + (key,), "required")
+            yield Violation(parts + (key,), "required", fix="add the key")
     for key, item in present.items():
         if embedded and (key == "metadata" or key in ("apiVersion", "kind") and key not in properties):
             continue  # checked below, as the API server checks an object's type and metadata
@@ -253,8 +206,7 @@ def _check_object(value: dict, schema: dict, parts: tuple, *, embedded: bool,
         elif isinstance(extra, dict):
             yield from _check(item, extra, parts + (key,))
         elif structural and not extra and not schema.get("x-kubernetes-preserve-unknown-fields"):
-            yield Violation(parts + (key,), "unknown field: the API server drops it, and rejects the object under "
-                            "kubectl's --validate=strict (check its spelling and indentation)")
+            yield Violation(parts + (key,), UNKNOWN_FIELD, fix=UNKNOWN_FIELD_FIX)
     if embedded and structural:
         for key in ("apiVersion", "kind"):
             if not isinstance(present.get(key), str) or not present[key]:
@@ -300,14 +252,9 @@ def _metadata(meta: Any, parts: tuple, *, root: bool) -> Iterator[Violation]:
         if root:
             yield Violation(parts + ("name",), "required: a name (or generateName)")
         return
-    from toolkit.k8s.coreschema import definition_validator
+    from toolkit.k8s.coreschema import definition_violations
 
-    for error in definition_validator("io.k8s.apimachinery.pkg.apis.meta.v1.ObjectMeta").iter_errors(meta):
-        message = "unknown field" if error.validator == "additionalProperties" else error.message
-        where = tuple(error.absolute_path)
-        if error.validator == "additionalProperties":
-            where += tuple(k for k in meta if k not in error.schema.get("properties", {}))[:1]
-        yield Violation(parts + where, message)
+    yield from definition_violations("io.k8s.apimachinery.pkg.apis.meta.v1.ObjectMeta", meta, parts)
     if not isinstance(meta, dict):
         return
     name = meta.get("name")
