@@ -165,3 +165,52 @@ def test_required_fields_names_and_versions():
     unknown = validate_against_crd({"apiVersion": "example.com/v1", "kind": "Gadget"})
     assert [str(v) for v in unknown] == ["kind: no vendored CRD defines Gadget in example.com"]
     assert math.isclose(0.0001, kubeyaml.load("x: 1e-4")["x"])
+
+
+# ---- what is rejected after the schema: core pod validation, the operators' admission rules --------------------
+
+@pytest.mark.parametrize("text,value", [("5120Mi", 5120 * 2**20), ("1.5", 1.5), ("500m", 0.5), ("1e3", 1000),
+                                        ("2k", 2000), (8, 8), ("abc", None), (True, None)])
+def test_quantities_parse_as_the_api_machinery_reads_them(text, value):
+    from toolkit.k8s.admission import quantity
+
+    assert quantity(text) == value
+
+
+@pytest.mark.parametrize("resources,found", [
+    ({"limits": {"nvidia.com/gpu": 8}}, []),  # a request defaults to the limit
+    ({"requests": {"nvidia.com/gpu": 8}}, [('limits["nvidia.com/gpu"]',
+                                            "Limit must be set for non overcommitable resources")]),
+    ({"requests": {"cpu": "1.5", "nvidia.com/gpu": "0.5"}, "limits": {"nvidia.com/gpu": "0.5"}},
+     [('limits["nvidia.com/gpu"]', "0.5 must be an integer (an extended resource is counted in whole devices)"),
+      ('requests["nvidia.com/gpu"]', "0.5 must be an integer (an extended resource is counted in whole devices)")]),
+    ({"requests": {"cpu": "4"}, "limits": {"cpu": "2"}}, [("requests.cpu", "must be less than or equal to cpu "
+                                                                            "limit (2)")]),
+    ({"requests": {"hugepages-2Mi": "4Mi"}, "limits": {"hugepages-2Mi": "4Mi"}}, [("(document)", "HugePages "
+                                                                                     "require cpu or memory")]),
+])
+def test_container_resources_follow_the_core_pod_validation(resources, found):
+    from toolkit.k8s.admission import resource_violations
+
+    assert [(v.path, v.message) for v in resource_violations(resources, ())] == found
+
+
+def test_operator_rules_beyond_the_crds():
+    from toolkit.k8s.admission import operator_violations
+
+    pod = {"containers": [{"name": "main", "image": "i"}]}
+    pytorch = {"kind": "PyTorchJob", "metadata": {"name": "job"}, "spec": {"pytorchReplicaSpecs": {
+        "Master": {"replicas": 2, "template": {"spec": pod}}}}}
+    assert [str(v) for v in operator_violations(pytorch)] == [
+        "spec.pytorchReplicaSpecs.Master.template.spec.containers: must have at least one container with name pytorch "
+        "(the operator sets the PET_* variables in that one)",
+        "spec.pytorchReplicaSpecs.Master.replicas: must be 1"]
+    mpi = {"kind": "MPIJob", "metadata": {"name": "a" * 60}, "spec": {"mpiReplicaSpecs": {
+        "Launcher": {"replicas": 2, "template": {"spec": pod}}, "Worker": {"replicas": 12, "template": {"spec": {
+            "containers": [{"name": "w", "image": "i", "volumeMounts": [{"name": "fsx", "mountPath": "/fsx"}]}]}}}}}}
+    assert [str(v) for v in operator_violations(mpi)] == [
+        f"metadata.name: the last worker's host name '{'a' * 60}-worker-11' is not a DNS-1035 label: the operator "
+        "cannot create its pod and service",
+        "spec.mpiReplicaSpecs.Launcher.replicas: must be 1",
+        "spec.mpiReplicaSpecs.Worker.template.spec.containers[0].volumeMounts[0].name: not found: no volume named "
+        "'fsx' in the pod"]
