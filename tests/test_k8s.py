@@ -18,6 +18,7 @@ import subprocess
 import pytest
 
 from tests.conftest import REPO, run_hpc
+from tests.test_k8s_crd import KUBECTL, kubectl_json, same_json
 from toolkit.cluster.queues import load_queues
 from toolkit.errors import HpcError
 from toolkit.job.rank import RankVar, preview_argv
@@ -96,7 +97,8 @@ K8S_RECIPES = {"resnet50": "PyTorchJob", "roberta": "PyTorchJob", "transformer":
 def test_every_recipe_renders_manifests_the_api_server_and_operators_accept(name, itype):
     """1, 3 and 16 nodes, with EFA and a StorageClass or without EFA on an existing claim: read back with kubectl's
     YAML rules, every document passes its CRD or core schema (strict), the pod and operator admission rules and
-    the toolkit's checks. fairseq's recipes refuse 3 nodes (their update-freq would not be a whole number)."""
+    the toolkit's checks, and kubectl itself (where installed) reads exactly the rendered documents. fairseq's
+    recipes refuse 3 nodes (their update-freq would not be a whole number)."""
     for nodes in (1, 3, 16):
         for efa, storage in ((None, Storage(storage_class="fsx-lustre")), (False, Storage())):
             try:
@@ -106,6 +108,8 @@ def test_every_recipe_renders_manifests_the_api_server_and_operators_accept(name
                 continue
             report = validate_text(rendered.text)
             assert report["valid"] and not [f for f in report["findings"] if f["level"] == "error"], report
+            if KUBECTL:  # what kubectl sends is what was rendered, type for type
+                assert same_json(kubectl_json(rendered.text), rendered.documents)
             assert rendered.documents[-1]["kind"] == K8S_RECIPES[name]
             assert len(rendered.documents) == (3 if storage.storage_class else 1)
 

@@ -2,13 +2,19 @@
 
 No API server here: the stand-in for it is the operators' published CRDs (vendored byte for byte, checked below)
 read with go-yaml v2's rules and validated with the structural-schema semantics of the apiextensions-apiserver.
+The reader is checked against kubectl itself where it is installed (the machine image has kubectl 1.32):
+`kubectl annotate --local -f FILE -o json` parses a manifest with kubectl's own YAML-to-JSON path and prints the
+JSON it would send, without a cluster.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import math
 import re
+import shutil
+import subprocess
 
 import pytest
 import yaml
@@ -18,6 +24,45 @@ from hypothesis import strategies as st
 from toolkit.k8s import kubeyaml
 from toolkit.k8s.crd import CRD_DIR, Crd, find_crd, validate_against_crd
 from toolkit.k8s.violations import UNKNOWN_FIELD
+
+
+KUBECTL = shutil.which("kubectl")
+needs_kubectl = pytest.mark.skipif(KUBECTL is None, reason="kubectl is not installed: the reader is compared with it")
+
+
+def _api_number(text: str):
+    """A JSON integer as the API server decodes it (k8s.io/apimachinery pkg/util/json: int64, else float64)."""
+    value = int(text)
+    return value if -(1 << 63) <= value < (1 << 63) else float(value)
+
+
+def kubectl_json(text: str) -> list:
+    """The documents as kubectl sends them: `kubectl annotate --local` reads the file as `kubectl apply` does and
+    prints the JSON (its annotation taken out again). A YAML kubectl refuses raises ValueError with its message."""
+    res = subprocess.run([KUBECTL, "annotate", "--local", "-f", "-", "hpc-toolkit/probe=1", "-o", "json"],
+                         input=text, capture_output=True, text=True, timeout=60)
+    if res.returncode:
+        raise ValueError(res.stderr.strip())
+    decoder, docs, at = json.JSONDecoder(parse_int=_api_number), [], 0
+    while res.stdout[at:].strip():
+        doc, at = decoder.raw_decode(res.stdout, at + len(res.stdout[at:]) - len(res.stdout[at:].lstrip()))
+        annotations = doc["metadata"]["annotations"]
+        del annotations["hpc-toolkit/probe"]
+        if not annotations:
+            del doc["metadata"]["annotations"]
+        docs.append(doc)
+    return docs
+
+
+def same_json(a, b) -> bool:
+    """Equal, type for type (1 is not 1.0, True is not 1)."""
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, dict):
+        return a.keys() == b.keys() and all(same_json(a[k], b[k]) for k in a)
+    if isinstance(a, list):
+        return len(a) == len(b) and all(same_json(x, y) for x, y in zip(a, b))
+    return a == b
 
 
 def _git_blob(data: bytes) -> str:
@@ -44,6 +89,7 @@ def test_vendored_crds_are_the_published_files_byte_for_byte():
     ("~", None), ("null", None), ("", None),
     ("2026-11-24", "2026-11-24"),  # a timestamp stays a string when decoded into interface{} (decode.go)
     ("1e999", "1e999"), ("1:30", "1:30"), ("0x", "0x"), ("--lr", "--lr"), ("o", "o"), ("=", "="),
+    (".8_7", 0.87), ("1_0.5", 10.5), (".5_", ".5_"), ("<<", "<<"),  # Go float literals take underscores
 ])
 def test_plain_scalars_read_as_kubectl_reads_them(plain, value):
     got = kubeyaml.load(f"v: {plain}\n")["v"]
@@ -55,11 +101,15 @@ def test_pyyaml_reads_the_failing_args_as_strings_and_kubectl_as_numbers():
     assert yaml.safe_load(text)["args"][1] == "1e-4"
     assert kubeyaml.load(text)["args"] == ["--weight-decay", 0.0001, "--adam-eps", 1e-06, "--adam-betas",
                                           "(0.9, 0.98)"]
+    if KUBECTL:
+        [sent] = kubectl_json(_toy_doc("  " + text))
+        assert sent["spec"]["args"] == kubeyaml.load(text)["args"]
 
 
 def test_keys_become_json_keys_and_merges_follow_go_yaml():
-    doc = kubeyaml.load("on: 1\n1.5: x\n2: y\nbase: &b {a: 1}\nm: {<<: *b, c: 2}\n")
-    assert doc == {"true": 1, "1.5": "x", "2": True, "base": {"a": 1}, "m": {"a": 1, "c": 2}}  # y: a boolean
+    doc = kubeyaml.load("on: 1\n1.5: x\n2: y\n1e-7: z\n.inf: i\nbase: &b {a: 1}\nm: {<<: *b, c: 2}\n")
+    assert doc == {"true": 1, "1.5": "x", "2": True, "1e-07": "z", ".inf": "i", "base": {"a": 1},  # y: a boolean
+                   "m": {"a": 1, "c": 2}}
 
 
 @pytest.mark.parametrize("text,message,line", [
@@ -78,6 +128,58 @@ def test_dump_quotes_every_string_some_reader_takes_for_another_type(text):
     written = kubeyaml.dump_all([{"args": [text]}])
     assert f"- '{text}'" in written or f'- "{text}"' in written, written
     assert kubeyaml.load(written)["args"] == [text] and yaml.safe_load(written)["args"] == [text]
+
+
+def _toy_doc(body: str) -> str:
+    return f"apiVersion: example.com/v1\nkind: Toy\nmetadata:\n  name: toy\nspec:\n{body}"
+
+
+@needs_kubectl
+def test_the_reader_agrees_with_kubectl_on_the_table_above():
+    cases = test_plain_scalars_read_as_kubectl_reads_them.pytestmark[0].args[1]
+    text = _toy_doc("".join(f"  k{i}: {plain}\n" for i, (plain, _) in enumerate(cases)))
+    [sent] = kubectl_json(text)
+    assert same_json(kubeyaml.load(text), sent)
+    assert same_json(sent["spec"], {f"k{i}": value for i, (_, value) in enumerate(cases)})
+
+
+PLAIN_CHARS = "0123456789+-._:eExob yYnNtTfFoO~<=aZ"
+
+
+def _plain(text: str) -> bool:
+    """Whether `- text` is a block sequence item holding exactly `text` as a plain scalar."""
+    try:
+        node = yaml.compose(f"- {text}\n")
+    except yaml.YAMLError:
+        return False
+    return (isinstance(node, yaml.SequenceNode) and len(node.value) == 1
+            and isinstance(node.value[0], yaml.ScalarNode) and node.value[0].style is None
+            and node.value[0].value == text)
+
+
+@needs_kubectl
+@settings(max_examples=20, deadline=None)
+@given(st.lists(st.text(PLAIN_CHARS, min_size=1, max_size=9).filter(_plain), min_size=1, max_size=60))
+def test_plain_scalars_read_as_kubectl_itself_reads_them(scalars):
+    """Random plain scalars: the reader gives what kubectl sends, type for type, or both refuse the file."""
+    text = _toy_doc("  values:\n" + "".join(f"  - {s}\n" for s in scalars))
+    try:
+        sent = kubectl_json(text)
+    except ValueError as refused:  # e.g. .inf: JSON has no infinity
+        with pytest.raises(kubeyaml.KubectlYamlError):
+            kubeyaml.load_all(text)
+        assert "json: unsupported value" in str(refused) or "yaml:" in str(refused)
+        return
+    assert same_json(kubeyaml.load_all(text), sent), (scalars, sent)
+
+
+@needs_kubectl
+@settings(max_examples=20, deadline=None)
+@given(st.lists(st.one_of(st.text(PLAIN_CHARS, max_size=9), st.text(max_size=12)), min_size=1, max_size=60))
+def test_every_string_written_reaches_kubectl_as_that_string(strings):
+    [sent] = kubectl_json(kubeyaml.dump_all([{"apiVersion": "example.com/v1", "kind": "Toy",
+                                              "metadata": {"name": "toy"}, "spec": {"values": strings}}]))
+    assert sent["spec"]["values"] == strings
 
 
 @settings(max_examples=300, deadline=None)

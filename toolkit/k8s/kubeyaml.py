@@ -37,7 +37,8 @@ _WORDS: dict[str, tuple[str, Any]] = {
 }
 _HINTS = set("+-0123456789yYnNtTfFoO~.")
 _YAML_STYLE_FLOAT = re.compile(r"[-+]?(\.[0-9]+|[0-9]+(\.[0-9]*)?)([eE][-+]?[0-9]+)?")  # resolve.go yamlStyleFloat
-_DOT_FLOAT = re.compile(r"\.[0-9]+([eE][-+]?[0-9]+)?")  # what Go's strconv.ParseFloat takes after a leading dot
+# what Go's strconv.ParseFloat takes after a leading dot: a Go float literal, underscores between digits allowed
+_DOT_FLOAT = re.compile(r"\.[0-9](_?[0-9])*([eE][-+]?[0-9](_?[0-9])*)?")
 # resolve.go parseTimestamp: four digits and a dash, then Go layouts with one- or two-digit fields
 _GO_TIMESTAMP = re.compile(r"[0-9]{4}-[0-9]{1,2}-[0-9]{1,2}"
                            r"(([Tt][0-9]{1,2}:[0-9]{1,2}:[0-9]{1,2}(\.[0-9]*)?(Z|[-+][0-9]{2}:[0-9]{2}))"
@@ -65,7 +66,7 @@ def _go_parse_int(text: str, signed: bool) -> int | None:
 
 def _go_parse_float(text: str) -> float | None:
     """Go's strconv.ParseFloat for the decimal forms resolve.go hands it; out of range is an error there."""
-    value = float(text)
+    value = float(text.replace("_", ""))
     return None if math.isinf(value) else value
 
 
@@ -120,15 +121,22 @@ class _KubectlLoader(_BASE_LOADER):  # type: ignore[misc,valid-type]
         if rtag != tag:
             raise yaml.constructor.ConstructorError(None, None, f"cannot decode {rtag[len(_TAG):]} "
                                                     f"`{node.value}` as a {tag[len(_TAG):]}", node.start_mark)
-        if isinstance(value, float) and not math.isfinite(value):
-            raise yaml.constructor.ConstructorError(None, None, f"`{node.value}` is a float JSON cannot hold "
-                                                    "(kubectl fails: json: unsupported value)", node.start_mark)
-        return value
+        return _NonFinite(value, node) if isinstance(value, float) and not math.isfinite(value) else value
+
+
+class _NonFinite(float):
+    """An infinity or NaN, with where it was written: fine as a key (sigs.k8s.io/yaml spells it), not as a value."""
+
+    def __new__(cls, value: float, node):
+        self = super().__new__(cls, value)
+        self.text, self.line = node.value, node.start_mark.line + 1
+        return self
 
 
 for _tag in (INT, FLOAT, BOOL, NULL):
     _KubectlLoader.add_constructor(_tag, lambda loader, node, tag=_tag: loader._resolved(node, tag))
 _KubectlLoader.add_constructor(TIMESTAMP, lambda loader, node: node.value)
+_KubectlLoader.add_constructor(MERGE, lambda loader, node: node.value)  # `<<` as a value is the string
 
 
 def _json_key(key: Any) -> str:
@@ -139,6 +147,8 @@ def _json_key(key: Any) -> str:
         return "true" if key else "false"
     if isinstance(key, int):
         return str(key)
+    if isinstance(key, float) and not math.isfinite(key):
+        return ".nan" if math.isnan(key) else ".inf" if key > 0 else "-.inf"
     if isinstance(key, float):  # strconv.FormatFloat(key, 'g', -1, 32): shortest float32 digits
         import struct
 
@@ -160,6 +170,9 @@ def _as_json(node: Any) -> Any:
         return node
     if isinstance(node, int):  # a uint64 beyond int64 arrives as a float
         return node if _INT64[0] <= node <= _INT64[1] else float(node)
+    if isinstance(node, _NonFinite):
+        raise KubectlYamlError(f"`{node.text}` is a float JSON cannot hold (kubectl fails: json: unsupported value)",
+                               node.line)
     if isinstance(node, float):  # encoding/json writes integral values below 1e21 without a fraction
         return int(node) if node.is_integer() and abs(node) < 1e21 and _INT64[0] <= node <= _INT64[1] else node
     raise KubectlYamlError(f"a value JSON cannot hold: {node!r}")
