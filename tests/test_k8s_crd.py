@@ -307,12 +307,15 @@ def test_operator_rules_beyond_the_crds():
         "spec.pytorchReplicaSpecs.Master.template.spec.containers: must have at least one container with name pytorch "
         "(the operator sets the PET_* variables in that one)",
         "spec.pytorchReplicaSpecs.Master.replicas: must be 1"]
-    mpi = {"kind": "MPIJob", "metadata": {"name": "a" * 60}, "spec": {"mpiReplicaSpecs": {
+    mpi = {"kind": "MPIJob", "metadata": {"name": "a" * 60}, "spec": {"launcherCreationPolicy": "WaitForWorkers",
+                                                                      "mpiReplicaSpecs": {
         "Launcher": {"replicas": 2, "template": {"spec": pod}}, "Worker": {"replicas": 12, "template": {"spec": {
             "containers": [{"name": "w", "image": "i", "volumeMounts": [{"name": "fsx", "mountPath": "/fsx"}]}]}}}}}}
     assert [str(v) for v in operator_violations(mpi)] == [
         f"metadata.name: the last worker's host name '{'a' * 60}-worker-11' is not a DNS-1035 label: the operator "
         "cannot create its pod and service",
+        "spec.launcherCreationPolicy: unsupported value 'WaitForWorkers': AtStartup or WaitForWorkersReady (the "
+        "operator treats any other value as waiting for all workers)",
         "spec.mpiReplicaSpecs.Launcher.replicas: must be 1",
         "spec.mpiReplicaSpecs.Worker.template.spec.containers[0].volumeMounts[0].name: not found: no volume named "
         "'fsx' in the pod"]

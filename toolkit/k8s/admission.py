@@ -13,7 +13,8 @@ operator checks it:
   - kubeflow/trainer v1.9.4 pkg/webhooks/pytorch/pytorchjob_webhook.go (validatePyTorchJob) and
     pkg/common/util/webhooks.go (ValidateRunPolicy): the PyTorchJob admission webhook;
   - kubeflow/mpi-operator v0.8.0 pkg/apis/kubeflow/validation/validation.go (ValidateMPIJob), after its defaults
-    (pkg/apis/kubeflow/v2beta1/default.go): an invalid MPIJob is marked failed by the controller.
+    (pkg/apis/kubeflow/v2beta1/default.go): the controller records an invalid MPIJob's errors as an event and
+    never starts it (pkg/controller/mpi_job_controller.go); and the launcherCreationPolicy values of types.go.
 """
 
 from __future__ import annotations
@@ -199,7 +200,7 @@ def _mpi_job(obj: dict) -> Iterator[Violation]:
     if (spec.get("slotsPerWorker") or 0) < 0:
         yield Violation(("spec", "slotsPerWorker"), "must be greater than or equal to 0")
     policy = spec.get("runPolicy") or {}
-    clean = policy.get("cleanPodPolicy", "None")
+    clean = policy.get("cleanPodPolicy") or "None"  # the defaults (default.go) come first
     if clean not in ("None", "Running", "All"):
         yield Violation(("spec", "runPolicy", "cleanPodPolicy"), f"unsupported value {clean!r}")
     for key in ("ttlSecondsAfterFinished", "activeDeadlineSeconds", "backoffLimit"):
@@ -207,18 +208,25 @@ def _mpi_job(obj: dict) -> Iterator[Violation]:
             yield Violation(("spec", "runPolicy", key), "must be greater than or equal to 0")
     if policy.get("managedBy") not in (None, "kubeflow.org/mpi-operator", "kueue.x-k8s.io/multikueue"):
         yield Violation(("spec", "runPolicy", "managedBy"), f"unsupported value {policy['managedBy']!r}")
-    if spec.get("mpiImplementation", "OpenMPI") not in ("OpenMPI", "Intel", "MPICH"):
+    if (spec.get("mpiImplementation") or "OpenMPI") not in ("OpenMPI", "Intel", "MPICH"):
         yield Violation(("spec", "mpiImplementation"), f"unsupported value {spec['mpiImplementation']!r}")
     if "Launcher" not in replicas:
         yield Violation(("spec", "mpiReplicaSpecs", "Launcher"), "must have Launcher replica spec")
+    # types.go declares this enum, but its marker lacks the `=` controller-gen needs, so the published CRD admits
+    # any string; the controller then starts the launcher at once only for AtStartup
+    if (spec.get("launcherCreationPolicy") or "AtStartup") not in ("AtStartup", "WaitForWorkersReady"):
+        yield Violation(("spec", "launcherCreationPolicy"), f"unsupported value {spec['launcherCreationPolicy']!r}: "
+                        "AtStartup or WaitForWorkersReady (the operator treats any other value as waiting for all "
+                        "workers)")
     for parts, rtype, replica in replica_templates(obj):
         default_restart = "OnFailure" if rtype == "Launcher" else "Never"
-        if replica.get("restartPolicy", default_restart) not in ("Never", "OnFailure"):
+        if (replica.get("restartPolicy") or default_restart) not in ("Never", "OnFailure"):
             yield Violation(parts + ("restartPolicy",), f"unsupported value {replica['restartPolicy']!r}: Never or "
                             "OnFailure")
         if not ((replica.get("template") or {}).get("spec") or {}).get("containers"):
             yield Violation(parts + ("template", "spec", "containers"), "must define at least one container")
-        count = replica.get("replicas", 1 if rtype == "Launcher" else 0)
+        count = replica.get("replicas")
+        count = (1 if rtype == "Launcher" else 0) if count is None else count
         if rtype == "Launcher" and count != 1:
             yield Violation(parts + ("replicas",), "must be 1")
         elif rtype == "Worker" and count <= 0:
