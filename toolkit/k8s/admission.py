@@ -8,7 +8,8 @@ operator checks it:
   - kubernetes/kubernetes pkg/apis/core/validation/validation.go: ValidateResourceRequirements (extended resources
     and huge pages are not overcommitted: requests == limits; extended resources are whole numbers; huge pages a
     multiple of their page size and only with cpu or memory), ValidateResourceQuantityValue, container and volume
-    names (DNS-1123 labels, unique), volume mounts naming a volume, environment variable names;
+    names (DNS-1123 labels, unique), volume mounts naming a volume, environment variable names, the template's
+    labels (k8s.io/apimachinery ValidateObjectMeta);
     pkg/apis/core/helper (IsNativeResource, IsHugePageResourceName, IsOvercommitAllowed, IsExtendedResourceName);
   - kubeflow/trainer v1.9.4 pkg/webhooks/pytorch/pytorchjob_webhook.go (validatePyTorchJob) and
     pkg/common/util/webhooks.go (ValidateRunPolicy): the PyTorchJob admission webhook;
@@ -23,7 +24,7 @@ import re
 from fractions import Fraction
 from typing import Any, Iterator
 
-from toolkit.k8s.crd import DNS1123_LABEL
+from toolkit.k8s.crd import DNS1123_LABEL, label_violations
 from toolkit.k8s.violations import Violation
 
 _DNS1123_LABEL = re.compile(DNS1123_LABEL)
@@ -151,9 +152,10 @@ def operator_violations(obj: dict) -> list[Violation]:
     check = {"PyTorchJob": _pytorch_job, "MPIJob": _mpi_job}.get(obj.get("kind"))
     found = list(check(obj)) if check else []
     for parts, _, replica in replica_templates(obj):
-        pod = (replica.get("template") or {}).get("spec")
-        if isinstance(pod, dict):
-            found += pod_violations(pod, parts + ("template", "spec"))
+        template = replica.get("template") or {}
+        found += label_violations(template.get("metadata") or {}, parts + ("template", "metadata"))
+        if isinstance(template.get("spec"), dict):
+            found += pod_violations(template["spec"], parts + ("template", "spec"))
     return found
 
 
