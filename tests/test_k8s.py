@@ -256,6 +256,12 @@ def test_the_operators_crd_decides_not_a_python_model():
     job = _job(_render("resnet50", "p4d.24xlarge", 3))
     del job["spec"]["runPolicy"]
     assert _errors(dump_all([job])) == []
+    limits = job["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]["resources"]["limits"]
+    limits[GPU] = "eight"  # a quantity: int-or-string, and the CRD's quantity pattern
+    [found] = _errors(dump_all([job]))
+    assert found["path"].endswith('resources.limits["nvidia.com/gpu"]') and found["message"].startswith(
+        "'eight' does not match the pattern ^(\\+|-)?(([0-9]+(\\.[0-9]*)?)|(\\.[0-9]+))")
+    limits[GPU] = 8
     job["spec"]["elasticPolicy"]["maxRestarts"] = "three"
     replicas = job["spec"].pop("pytorchReplicaSpecs")
     found = {(f["path"], f["message"]) for f in _errors(dump_all([job]))}

@@ -166,11 +166,24 @@ def _forms(branches: list[dict], value: Any, parts: tuple) -> str:
     return "; ".join(next((v.message for v in _check(value, b, parts, structural=False)), "ok") for b in branches)
 
 
+@functools.lru_cache(maxsize=None)
+def _pattern(pattern: str) -> re.Pattern | None:
+    try:
+        return re.compile(pattern)
+    except re.error:  # RE2 syntax Python lacks: not checked here rather than misjudged
+        return None
+
+
+def _matches(pattern: str, value: str) -> bool:
+    compiled = _pattern(pattern)
+    return compiled is None or compiled.search(value) is not None  # unanchored, as the API server's
+
+
 def _value_rules(value: Any, schema: dict, parts: tuple) -> Iterator[Violation]:
     if "enum" in schema and not any(type_name(value) == type_name(e) and value == e for e in schema["enum"]):
         yield Violation(parts, f"must be one of {', '.join(map(repr, schema['enum']))}, not {value!r}")
     if isinstance(value, str):
-        if "pattern" in schema and not re.search(schema["pattern"], value):
+        if "pattern" in schema and not _matches(schema["pattern"], value):
             yield Violation(parts, f"{value!r} does not match the pattern {schema['pattern']}")
         if "maxLength" in schema and len(value) > schema["maxLength"]:
             yield Violation(parts, f"must be at most {schema['maxLength']} characters long")
@@ -218,9 +231,9 @@ def _check_object(value: dict, schema: dict, parts: tuple, *, embedded: bool,
         if embedded and (key == "metadata" or key in ("apiVersion", "kind") and key not in properties):
             continue  # checked below, as the API server checks an object's type and metadata
         if key in properties:
-            yield from _check(item, properties[key], parts + (key,))
+            yield from _check(item, properties[key], parts + (key,), structural=structural)
         elif isinstance(extra, dict):
-            yield from _check(item, extra, parts + (key,))
+            yield from _check(item, extra, parts + (key,), structural=structural)
         elif structural and not extra and not schema.get("x-kubernetes-preserve-unknown-fields"):
             yield Violation(parts + (key,), UNKNOWN_FIELD, fix=UNKNOWN_FIELD_FIX)
     if embedded and structural:
