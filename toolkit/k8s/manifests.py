@@ -45,10 +45,6 @@ NODE_RESERVE = 0.1
 SHM_SHARE = 0.25
 # torchrun restarts all workers of a node this many times after a failure before the job fails.
 MAX_RESTARTS = 3
-# torch 2.14 measured: after a worker was killed, restarted workers read the previous attempt's peers from the
-# agent's store and fail or hang; a fresh store per attempt (rank 0 hosts it on the next port) restarts cleanly.
-RESTART_SAFE_STORE = ("export TORCHELASTIC_USE_AGENT_STORE=False "
-                      "MASTER_PORT=$((MASTER_PORT + 1 + ${TORCHELASTIC_RESTART_COUNT:-0}))")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -143,12 +139,13 @@ def torchrun_args(command: tuple[Arg, ...]) -> list[str]:
 
     torchrun reads its other settings (nodes, processes per node, rendezvous, restarts) from the PET_*
     variables the Training Operator sets from the PyTorchJob, and sets the rank contract for its workers: the
-    rank program (toolkit.job.rank) needs to export none of it.
+    rank program (toolkit.job.rank) needs to export none of it. A restart's fresh rendezvous port comes from
+    torchrun itself (TORCHRUN_ENV in the pod's env), the same on every pod.
     """
     from toolkit.job.rank import rank_program
 
     program = rank_program(command, 0, 0, contract=False)
-    return ["--no-python", "bash", "-c", f"{RESTART_SAFE_STORE}; {program.script}", *program.words]
+    return ["--no-python", "bash", "-c", program.script, *program.words]
 
 
 def mpirun_args(spec) -> list[str]:
@@ -165,12 +162,15 @@ def _env(spec) -> list[dict]:
     return [{"name": var.name, "value": var.value} for var in spec.env]
 
 
-def _torchrun_env(spec) -> list[dict]:
-    """The job's variables, plus threads per rank: torchrun would set OMP_NUM_THREADS=1 for every worker,
-    where a Slurm rank keeps its CPUs per task (our trainer reads SLURM_CPUS_PER_TASK, absent here)."""
+def torchrun_env(spec) -> list[dict]:
+    """The job's variables, torchrun's (a rendezvous store per round, as under Slurm: toolkit.job.spec.TORCHRUN_ENV),
+    and threads per rank: torchrun would set OMP_NUM_THREADS=1 for every worker, where a Slurm rank keeps its CPUs
+    per task (our trainer reads SLURM_CPUS_PER_TASK, absent here)."""
+    from toolkit.job.spec import TORCHRUN_ENV
+
     threads = [] if "OMP_NUM_THREADS" in spec.environ else [{"name": "OMP_NUM_THREADS",
                                                                "value": str(spec.cpus_per_task)}]
-    return _env(spec) + threads
+    return _env(spec) + [{"name": name, "value": value} for name, value in TORCHRUN_ENV] + threads
 
 
 def _pod(spec, it: InstanceType, container: dict, claim: str | None, labels: dict, efa: int) -> dict:
@@ -199,7 +199,7 @@ def _metadata(name: str, namespace: str, labels: dict) -> dict:
 def pytorch_job(spec, it: InstanceType, name: str, namespace: str, image: str, claim: str, efa: int) -> dict:
     labels = {"app.kubernetes.io/managed-by": "hpc-toolkit", "hpc-toolkit/recipe": _dns_name(spec.recipe)}
     container = {"name": "pytorch", "image": image, "command": ["torchrun"], "args": torchrun_args(spec.command),
-                 "env": _torchrun_env(spec)}
+                 "env": torchrun_env(spec)}
     return {
         "apiVersion": "kubeflow.org/v1",
         "kind": "PyTorchJob",

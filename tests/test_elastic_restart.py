@@ -1,0 +1,149 @@
+"""Elastic restarts of the Kubernetes forms: a worker SIGKILLed on the pod that does not host rank 0, and the job
+resumes from its checkpoint and finishes.
+
+No Kubernetes here. The stand-in: two real torchrun agents on this machine, one per pod, each running the rendered
+container's command line with the environment the operator gives that pod (the Training Operator v1.9 PET_*
+variables of a PyTorchJob), the rendezvous Service replaced by 127.0.0.1, gloo on CPU, and a short training script
+(recipes/examples/ddp_train.py: checkpoints, resumes) in place of the recipe's program. The same rendezvous-store
+mechanism serves the Slurm torchrun path (toolkit.job.spec.TORCHRUN_ENV; its E2E: tests/test_own_code_slurm.py).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO, free_port
+from toolkit.k8s.manifests import render
+from toolkit.recipes.load import load_recipe
+
+DDP = REPO / "recipes" / "examples" / "ddp_train.py"
+STEPS = 6
+# What the pods ran before: each worker derived its store's port from its own agent's restart count.
+RESTART_COUNT_PORT = ("export TORCHELASTIC_USE_AGENT_STORE=False "
+                      "MASTER_PORT=$((MASTER_PORT + 1 + ${TORCHELASTIC_RESTART_COUNT:-0}))")
+
+
+def operator_env_v1(job: dict, endpoint: str) -> dict[str, str]:
+    """The variables the Training Operator v1.9 adds to a PyTorchJob worker pod with an elasticPolicy and no Master
+    (kubeflow/trainer v1.9.4 pkg/controller.v1/pytorch/envvar.go setPodEnv, elastic.go Generate); `endpoint`
+    stands in for `<job>-worker-0:<port>`."""
+    spec = job["spec"]
+    policy = spec["elasticPolicy"]
+    env = {"PYTHONUNBUFFERED": "1", "PET_NPROC_PER_NODE": spec["nprocPerNode"], "PET_RDZV_ENDPOINT": endpoint,
+           "PET_RDZV_BACKEND": policy.get("rdzvBackend", "c10d"),
+           "PET_NNODES": f"{policy['minReplicas']}:{policy['maxReplicas']}"}
+    if "maxRestarts" in policy:
+        env["PET_MAX_RESTARTS"] = str(policy["maxRestarts"])
+    return env
+
+
+def pytorch_job_pods(tmp_path: Path, ddp_args: list[str], old_port_formula: bool) -> list[tuple[list[str], dict]]:
+    """resnet50 on 2 x g5.xlarge (one GPU, one rank per pod) as a PyTorchJob: each pod's argv and environment,
+    the program swapped for the training script."""
+    job = render(load_recipe("resnet50"), "g5.xlarge", 2, image="img:1").documents[-1]
+    assert job["kind"] == "PyTorchJob" and job["spec"]["pytorchReplicaSpecs"]["Worker"]["replicas"] == 2
+    container = job["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]
+    args = list(container["args"])
+    assert args[:4] == ["--no-python", "bash", "-c", 'exec "$0" "$@"'] and args[4:7] == ["python", "-m",
+                                                                                          "toolkit.workloads.resnet"]
+    args[4:] = [sys.executable, str(DDP), *ddp_args]
+    env = {e["name"]: e["value"] for e in container["env"]}
+    if old_port_formula:
+        args[3] = f"{RESTART_COUNT_PORT}; {args[3]}"
+        del env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"]
+    env.update(operator_env_v1(job, f"127.0.0.1:{free_port()}"))
+    torchrun = str(Path(sys.executable).with_name(container["command"][0]))
+    return [([torchrun, *args], dict(os.environ, **env)) for _ in range(2)]
+
+
+def kill_and_wait(pods: list[tuple[list[str], dict]], tmp_path: Path, finish_s: float):
+    """Start the pods' agents, SIGKILL rank 1 (one rank per pod: on the pod not hosting rank 0) once a checkpoint
+    exists, and wait up to `finish_s` for the agents. Returns their exit codes (None: still running, then
+    stopped), their output, the step saved before the kill and the workers still running then."""
+    import torch  # before the agents start: importing it here takes seconds the training would not wait
+
+    ckpt, pids = tmp_path / "ckpt", tmp_path / "pids"
+    logs = [open(tmp_path / f"pod{i}.log", "w") for i in range(len(pods))]
+    agents = [subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                               cwd=tmp_path) for (argv, env), log in zip(pods, logs)]
+    try:
+        deadline = time.monotonic() + 120
+        while not (ckpt / "checkpoint.pt").exists() or not (pids / "rank-1.pid").exists():
+            assert time.monotonic() < deadline and all(a.poll() is None for a in agents), \
+                "no checkpoint within 120 s: " + "".join(p.read_text() for p in tmp_path.glob("pod*.log"))[-3000:]
+            time.sleep(0.1)
+        os.kill(int((pids / "rank-1.pid").read_text()), signal.SIGKILL)
+        saved = torch.load(ckpt / "checkpoint.pt")["step"]
+        deadline = time.monotonic() + finish_s
+        codes: list[int | None] = []
+        for agent in agents:
+            try:
+                codes.append(agent.wait(timeout=max(0.1, deadline - time.monotonic())))
+            except subprocess.TimeoutExpired:
+                codes.append(None)
+        hung = workers_env(str(ckpt))
+    finally:
+        for agent in agents:  # a hung agent: SIGTERM makes torchrun stop its workers; SIGKILL its group if not
+            if agent.poll() is None:
+                agent.terminate()
+                try:
+                    agent.wait(timeout=20)
+                except subprocess.TimeoutExpired:
+                    os.killpg(agent.pid, signal.SIGKILL)
+                    agent.wait()
+        for log in logs:
+            log.close()
+    return codes, "".join((tmp_path / f"pod{i}.log").read_text() for i in range(len(pods))), saved, hung
+
+
+def workers_env(marker: str) -> dict[str, dict[str, str]]:
+    """The torch variables of the live processes whose command line mentions `marker`, by RANK."""
+    found = {}
+    for proc in Path("/proc").iterdir():
+        try:
+            cmdline = (proc / "cmdline").read_bytes()
+            environ = dict(item.split("=", 1) for item in (proc / "environ").read_bytes().decode().split("\0")
+                           if "=" in item)
+        except OSError:
+            continue
+        if proc.name.isdigit() and marker.encode() in cmdline and "RANK" in environ:
+            found[environ["RANK"]] = {k: environ.get(k) for k in ("MASTER_PORT", "TORCHELASTIC_RESTART_COUNT")}
+    return found
+
+
+@pytest.mark.training
+@pytest.mark.parametrize("old_port_formula", [False, True], ids=["rendered", "restart-count-port"])
+def test_a_worker_killed_on_the_pod_without_rank_0_restarts_the_job(tmp_path, old_port_formula):
+    """With the rendered manifest the job resumes from its checkpoint and finishes; with the old per-agent port
+    formula the killed pod's restarted worker looks for rank 0's store on another port than rank 0 serves, and
+    the job never finishes (bounded here: the fixed run finishes in well under half of it)."""
+    # A step is its gradient all-reduce, then 1 s of sleep: rank 1 dies while rank 0 sleeps, as a GPU rank waits in
+    # NCCL, so rank 0's agent restarts it on seeing the new round without counting a restart (gloo would fail
+    # rank 0 at its next all-reduce, and then both agents would count one).
+    ddp_args = ["--steps", str(STEPS), "--step-seconds", "1", "--checkpoint-every", "2", "--log-every", "2",
+                "--checkpoint-dir", str(tmp_path / "ckpt"), "--pid-dir", str(tmp_path / "pids")]
+    pods = pytorch_job_pods(tmp_path, ddp_args, old_port_formula)
+    codes, out, saved, hung = kill_and_wait(pods, tmp_path, finish_s=30)
+    if old_port_formula:
+        assert codes != [0, 0] and '"event": "end"' not in out, out[-3000:]
+        # Only the killed worker's agent counted the restart, so the ranks wait on different ports for each other.
+        assert hung["0"]["TORCHELASTIC_RESTART_COUNT"] == "0" and hung["1"]["TORCHELASTIC_RESTART_COUNT"] == "1"
+        assert int(hung["1"]["MASTER_PORT"]) == int(hung["0"]["MASTER_PORT"]) + 1
+        return
+    assert codes == [0, 0], out[-3000:]
+    # Each worker's start, as the script saw its environment: [first round, after the restart] per rank.
+    starts = [json.loads(line) for line in out.splitlines() if line.startswith('{"event": "rank_env"')]
+    rounds = {rank: [s["env"] for s in starts if s["rank"] == rank] for rank in (0, 1)}
+    # The same trap (only the killed worker's agent counted the restart), but one fresh port per round for all.
+    assert [rounds[rank][1]["TORCHELASTIC_RESTART_COUNT"] for rank in (0, 1)] == ["0", "1"]
+    assert rounds[0][1]["MASTER_PORT"] == rounds[1][1]["MASTER_PORT"] != rounds[0][0]["MASTER_PORT"]
+    assert saved > 0 and '"event": "resumed"' in out
+    assert f'"event": "end", "step": {STEPS}, "status": "completed"' in out
