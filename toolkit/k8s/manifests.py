@@ -37,6 +37,10 @@ FSX_PROVISIONER = "fsx.csi.aws.com"
 # FSx for Lustre SCRATCH_2/PERSISTENT_2 capacities are 1200 GiB or multiples of 2400 GiB.
 FSX_CAPACITY = "1200Gi"
 DEFAULT_CLAIM = "fsx-claim"
+# The Kubeflow API a job is rendered for: Trainer v2's TrainJob (toolkit.k8s.trainer_v2), or v1's PyTorchJob (Training
+# Operator) and MPIJob (MPI Operator), which existing installations run.
+TRAINER_V2, V1 = "trainer-v2", "v1"
+APIS = (TRAINER_V2, V1)
 # Node daemons (kubelet, VPC CNI, EFA and NVIDIA device plugins, FSx CSI node driver, log/metric agents) and
 # the kubelet's own reservations live beside the job: requests leave this share of the node to them.
 NODE_RESERVE = 0.1
@@ -285,7 +289,7 @@ def to_yaml(documents: list[dict], header: list[str]) -> str:
 
 def render(recipe, instance_type: str, nodes: int, *, profile: str | None = None, namespace: str = "default",
            image: str | None = None, storage: Storage = Storage(), efa: bool | None = None,
-           command_line: str = "") -> Rendered:
+           command_line: str = "", api: str = V1) -> Rendered:
     """The manifests of `recipe` on `nodes` nodes of `instance_type` (all derived values from the JobSpec)."""
     from toolkit.job.spec import job_spec
 
@@ -309,9 +313,15 @@ def render(recipe, instance_type: str, nodes: int, *, profile: str | None = None
                      "it must be ReadWriteMany (FSx for Lustre through fsx.csi.aws.com)")
     name = _dns_name(spec.job_name)
     build = pytorch_job if kind == "PyTorchJob" else mpi_job
-    job = build(spec, it, name, namespace, image, storage.claim, efa_devices)
-    documents = storage_documents(storage, namespace) + [job]
-    header = [f"{kind} {name}: {recipe.description}",
+    jobs = [build(spec, it, name, namespace, image, storage.claim, efa_devices)]
+    what = f"{kind} {name}"
+    if api == TRAINER_V2:
+        from toolkit.k8s.trainer_v2 import from_v1
+
+        jobs = from_v1(jobs[0])
+        what = f"TrainJob {name} ({'torch-distributed' if kind == 'PyTorchJob' else 'MPI'} runtime)"
+    documents = storage_documents(storage, namespace) + jobs
+    header = [f"{what}: {recipe.description}",
               f"Rendered by `{command_line}` (do not edit: change the recipe and render again)." if command_line
               else "Rendered by hpc k8s render (do not edit: change the recipe and render again).",
               f"{spec.nodes} x {it.name}, {spec.tasks_per_node} ranks per node, world size {spec.world_size}; "

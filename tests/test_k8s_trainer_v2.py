@@ -1,0 +1,199 @@
+"""Kubeflow Trainer v2 forms of the recipes (TrainJob, trainer.kubeflow.org/v1alpha1), checked offline against
+Trainer v2's own models (kubeflow-trainer-api 2.3.0, generated from the same Go types as its CRDs). No API server
+here: the models (every key and value must survive them) and the Trainer's admission rules we read in its source
+(kubeflow/trainer v2.3.0) stand in for it."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import re
+import shlex
+import subprocess
+
+import pytest
+
+from tests.conftest import REPO, run_hpc
+from toolkit.catalog import instance
+from toolkit.errors import HpcError
+from toolkit.job.rank import preview_argv
+from toolkit.job.spec import TORCHRUN_ENV
+from toolkit.k8s.manifests import EFA, GPU, TRAINER_V2, V1, Storage, render, resources
+from toolkit.recipes.load import load_recipe
+
+RECIPES = ["collectives", "nccl-tests", "resnet50", "roberta", "transformer"]  # every recipe with a Kubernetes form
+INSTANCES = ["p4d.24xlarge", "p5.48xlarge", "p3dn.24xlarge", "g5.48xlarge"]
+# kubeflow/trainer v2.3.0 pkg/constants/constants.go TorchRunReservedEnvNames: the torch plugin rejects a TrainJob
+# whose trainer.env sets any of them (pkg/runtime/framework/plugins/torch/torch.go Validate).
+TORCH_RESERVED_ENV = {"PET_NNODES", "PET_NPROC_PER_NODE", "PET_NODE_RANK", "PET_MASTER_ADDR", "PET_MASTER_PORT"}
+EXAMPLES = sorted((REPO / "jobs" / "k8s" / "trainer-v2").glob("*.yaml"))
+
+
+def kept_whole(doc: dict) -> None:
+    """The Trainer v2 model of the document's kind reads it and writes back the same document: no unknown key
+    (the generated models drop them), no value of another type."""
+    from kubeflow_trainer_api import models
+
+    model = {"TrainJob": models.TrainerV1alpha1TrainJob, "TrainingRuntime": models.TrainerV1alpha1TrainingRuntime,
+             "ClusterTrainingRuntime": models.TrainerV1alpha1ClusterTrainingRuntime}[doc["kind"]]
+    assert model.from_dict(doc).to_dict() == doc
+
+
+def check_train_job(job: dict, kind: str) -> None:
+    """What Trainer v2.3.0's webhooks and plugins require of our TrainJobs, as read in its source."""
+    assert job["apiVersion"] == "trainer.kubeflow.org/v1alpha1" and job["kind"] == "TrainJob"
+    # trainjob_types.go: metadata.name an RFC 1035 label of at most 63 characters
+    assert re.fullmatch(r"[a-z]([-a-z0-9]*[a-z0-9])?", job["metadata"]["name"]) and len(job["metadata"]["name"]) <= 63
+    trainer = job["spec"]["trainer"]
+    assert not {e["name"] for e in trainer["env"]} & TORCH_RESERVED_ENV
+    if kind == "PyTorchJob":
+        assert job["spec"]["runtimeRef"] == {"name": "torch-distributed", "apiGroup": "trainer.kubeflow.org",
+                                             "kind": "ClusterTrainingRuntime"}
+        for patch in job["spec"]["runtimePatches"]:
+            assert patch["manager"]  # MinLength=1
+            for rjob in patch["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"]:
+                assert rjob["name"] == "node"  # the runtime's job: a patch must name one it has
+                for container in rjob["template"]["spec"]["template"]["spec"].get("containers", []):
+                    # ContainerPatch: env cannot be set on `node` (only through the trainer)
+                    assert container["name"] == "node" and "env" not in container
+
+
+def renders():
+    for name, nodes, itype, efa, storage_class, api in itertools.product(
+            RECIPES, (1, 3, 16), INSTANCES, (None, False), (None, "fsx-lustre"), (TRAINER_V2, V1)):
+        yield name, nodes, itype, efa, storage_class, api
+
+
+def test_every_recipe_renders_on_every_setup_for_both_apis():
+    """5 recipes x 1/3/16 nodes x p4d/p5/p3dn/g5 x EFA or TCP x existing claim or StorageClass x v1/v2."""
+    count = refused = 0
+    for name, nodes, itype, efa, storage_class, api in renders():
+        try:
+            rendered = render(load_recipe(name), itype, nodes, image="img:1", efa=efa, api=api,
+                              storage=Storage(storage_class=storage_class))
+        except HpcError as exc:  # fairseq's update-freq must be whole: 3 nodes of 8 GPUs do not divide it
+            assert nodes == 3 and name in ("roberta", "transformer") and "--update-freq" in exc.message, exc.message
+            refused += 1
+            continue
+        count += 1
+        docs = rendered.documents
+        assert (docs[0]["kind"] == "StorageClass") == bool(storage_class)
+        kind = "MPIJob" if name == "nccl-tests" else "PyTorchJob"
+        if api == V1:
+            assert docs[-1]["kind"] == kind
+            continue
+        for doc in docs:
+            if doc["apiVersion"].startswith("trainer."):
+                kept_whole(doc)
+        check_train_job(docs[-1], kind)
+        if kind == "MPIJob":
+            assert docs[-2]["kind"] == "TrainingRuntime"
+            assert docs[-1]["spec"]["runtimeRef"]["name"] == docs[-2]["metadata"]["name"]
+    assert (count, refused) == (2 * 5 * 3 * 4 * 2 * 2 - 2 * 2 * 4 * 2 * 2, 2 * 4 * 2 * 2 * 2)
+
+
+def test_a_train_job_asks_for_the_nodes_devices_and_runs_torchrun_as_the_pytorch_job_does():
+    recipe = load_recipe("resnet50")
+    v1 = render(recipe, "p5.48xlarge", 16, image="img:1").documents[-1]
+    v2 = render(recipe, "p5.48xlarge", 16, image="img:1", api=TRAINER_V2)
+    job = v2.documents[-1]
+    trainer = job["spec"]["trainer"]
+    assert (trainer["numNodes"], trainer["numProcPerNode"]) == (16, 8)
+    assert trainer["resourcesPerNode"]["limits"] == {GPU: 8, EFA: 32, "hugepages-2Mi": "5120Mi"}
+    v1_container = v1["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]
+    assert trainer["resourcesPerNode"] == v1_container["resources"]
+    assert trainer["env"] == v1_container["env"] and {"name": "TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "value": "1"} \
+        in trainer["env"] and dict(TORCHRUN_ENV) == {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
+    # torchrun: the same worker command line, with c10d on node 0's pod and in-place restarts
+    assert trainer["command"] == ["torchrun"] and trainer["args"][3:] == v1_container["args"]
+    assert trainer["args"][:3] == ["--rdzv-backend=c10d", "--rdzv-endpoint=$(PET_MASTER_ADDR):$(PET_MASTER_PORT)",
+                                   "--max-restarts=3"]
+    pod = job["spec"]["runtimePatches"][0]["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"][0][
+        "template"]["spec"]["template"]["spec"]
+    v1_pod = v1["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]
+    assert {k: pod[k] for k in ("nodeSelector", "tolerations", "volumes")} == \
+        {k: v1_pod[k] for k in ("nodeSelector", "tolerations", "volumes")}
+    assert pod["containers"] == [{"name": "node", "volumeMounts": v1_container["volumeMounts"]}]
+    assert v2.text.startswith("# TrainJob resnet50 (torch-distributed runtime): ")
+
+
+def test_the_worker_argv_after_kubernetes_and_bash_is_the_slurm_ranks(tmp_path):
+    """The args as the kubelet expands them ($(VAR) from the container's env, $$( a literal $() and as each
+    worker's bash runs them: the Slurm rank's argv for the same rank."""
+    k8s = render(load_recipe("roberta"), "p5.48xlarge", 2, image="img:1", api=TRAINER_V2)
+    trainer = k8s.documents[-1]["spec"]["trainer"]
+    pet = {"PET_MASTER_ADDR": "roberta-node-0-0.roberta", "PET_MASTER_PORT": "29500"}  # torch.go's values
+    args = [kubelet_expand(a, pet) for a in trainer["args"]]
+    assert args[1] == "--rdzv-endpoint=roberta-node-0-0.roberta:29500"
+    worker = args[args.index("--no-python") + 1:]
+    printer = tmp_path / "print-argv"
+    printer.write_text("#!/bin/sh\nexec python3 -c 'import json,sys; print(json.dumps(sys.argv[1:]))' \"$@\"\n")
+    printer.chmod(0o755)
+    assert worker[3] == "fairseq-train"
+    worker[3] = str(printer)
+    rank = {"RANK": "9", "LOCAL_RANK": "1", "MASTER_ADDR": "roberta-node-0-0.roberta", "MASTER_PORT": "41000"}
+    res = subprocess.run(worker, env={"PATH": "/usr/bin:/bin", **rank}, capture_output=True, text=True, timeout=30)
+    assert res.returncode == 0, res.stderr
+    assert json.loads(res.stdout) == preview_argv(k8s.spec.command, rank)[1:]
+
+
+def kubelet_expand(text: str, env: dict[str, str]) -> str:
+    """Kubernetes' expansion of a container's args (k8s.io/kubernetes third_party/forked/golang/expansion): $(VAR)
+    from the env, $$ a literal $, an unknown $(VAR) left as written."""
+    return re.sub(r"\$\$|\$\(([A-Za-z_][A-Za-z0-9_.-]*)\)",
+                  lambda m: "$" if m[0] == "$$" else env.get(m[1], m[0]), text)
+
+
+def test_a_literal_variable_reference_in_a_recipe_value_reaches_the_worker_as_written():
+    rendered = render(load_recipe("resnet50", overrides=["args.--seed=$(HOME)"]), "p4d.24xlarge", 1,
+                      image="img:1", api=TRAINER_V2)
+    args = [kubelet_expand(a, {"HOME": "/root"}) for a in rendered.documents[-1]["spec"]["trainer"]["args"]]
+    assert args[args.index("--seed") + 1] == "$(HOME)"
+
+
+def test_nccl_tests_run_on_their_own_mpi_runtime():
+    docs = render(load_recipe("nccl-tests"), "p4d.24xlarge", 2, image="img:1", api=TRAINER_V2).documents
+    runtime, job = docs[-2:]
+    policy = runtime["spec"]["mlPolicy"]
+    assert policy == {"numNodes": 2, "mpi": {"numProcPerNode": 8, "mpiImplementation": "OpenMPI",
+                                             "sshAuthMountPath": "/root/.ssh"}}
+    launcher, node = runtime["spec"]["template"]["spec"]["replicatedJobs"]
+    assert launcher["template"]["metadata"]["labels"] == {"trainer.kubeflow.org/trainjob-ancestor-step": "trainer"}
+    assert launcher["dependsOn"] == [{"name": "node", "status": "Ready"}]
+    container = node["template"]["spec"]["template"]["spec"]["containers"][0]
+    assert container["image"] == "img:1" and container["resources"] == resources(instance("p4d.24xlarge"), 8, 4)
+    assert job["spec"]["trainer"]["command"] == ["mpirun"] and "-np" in job["spec"]["trainer"]["args"]
+
+
+def test_the_cli_renders_trainer_v2_by_default_and_v1_on_request():
+    v2 = run_hpc("k8s", "render", "resnet50", "--nodes", "2", "--instance", "p4d.24xlarge", "--json")
+    v1 = run_hpc("k8s", "render", "resnet50", "--nodes", "2", "--instance", "p4d.24xlarge", "--api", "v1", "--json")
+    assert v2.returncode == 0 and v1.returncode == 0, v2.stderr + v1.stderr
+    assert json.loads(v2.stdout)["documents"][-1]["kind"] == "TrainJob"
+    assert json.loads(v1.stdout)["documents"][-1]["kind"] == "PyTorchJob"
+    assert "`hpc k8s render resnet50 --nodes 2 --instance p4d.24xlarge --api v1`" in json.loads(v1.stdout)["manifests"]
+    bad = run_hpc("k8s", "render", "resnet50", "--nodes", "2", "--instance", "p4d.24xlarge", "--api", "v3")
+    assert bad.returncode == 2 and "give one of: trainer-v2, v1" in bad.stderr
+
+
+def test_the_examples_cover_the_published_setups():
+    assert [p.name for p in EXAMPLES] == ["nccl-tests-2xp4d.yaml", "resnet50-3xp4d.yaml", "roberta-8xp5.yaml"]
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)
+def test_example_matches_its_recorded_command_and_the_models(path, tmp_path):
+    import yaml
+
+    text = path.read_text()
+    command = shlex.split(re.search(r"^# Rendered by `([^`]+)`", text, re.M)[1])
+    assert command[:3] == ["hpc", "k8s", "render"] and "--api" not in command
+    out = tmp_path / path.name
+    words = command[1:]
+    words[words.index("-o") + 1] = str(out)
+    res = run_hpc(*words)
+    assert res.returncode == 0, res.stderr
+    recorded = f"jobs/k8s/trainer-v2/{path.name}"
+    assert out.read_text().replace(str(out), recorded) == text, f"{path} is stale: run `make k8s-jobs`"
+    for doc in yaml.safe_load_all(text):
+        if doc["apiVersion"].startswith("trainer."):
+            kept_whole(doc)
