@@ -3,7 +3,8 @@ resumes from its checkpoint and finishes.
 
 No Kubernetes here. The stand-in: two real torchrun agents on this machine, one per pod, each running the rendered
 container's command line with the environment the operator gives that pod (the Training Operator v1.9 PET_*
-variables of a PyTorchJob), the rendezvous Service replaced by 127.0.0.1, gloo on CPU, and a short training script
+variables of a PyTorchJob; Trainer v2's torch plugin's for a TrainJob, its args expanded as the kubelet does), the
+rendezvous Service or node 0's pod address replaced by 127.0.0.1, gloo on CPU, and a short training script
 (recipes/examples/ddp_train.py: checkpoints, resumes) in place of the recipe's program. The same rendezvous-store
 mechanism serves the Slurm torchrun path (toolkit.job.spec.TORCHRUN_ENV; its E2E: tests/test_own_code_slurm.py).
 """
@@ -21,7 +22,8 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REPO, free_port
-from toolkit.k8s.manifests import render
+from tests.jobhelpers import kubelet_expand
+from toolkit.k8s.manifests import TRAINER_V2, V1, render
 from toolkit.recipes.load import load_recipe
 
 DDP = REPO / "recipes" / "examples" / "ddp_train.py"
@@ -45,23 +47,44 @@ def operator_env_v1(job: dict, endpoint: str) -> dict[str, str]:
     return env
 
 
-def pytorch_job_pods(tmp_path: Path, ddp_args: list[str], old_port_formula: bool) -> list[tuple[list[str], dict]]:
-    """resnet50 on 2 x g5.xlarge (one GPU, one rank per pod) as a PyTorchJob: each pod's argv and environment,
-    the program swapped for the training script."""
-    job = render(load_recipe("resnet50"), "g5.xlarge", 2, image="img:1").documents[-1]
-    assert job["kind"] == "PyTorchJob" and job["spec"]["pytorchReplicaSpecs"]["Worker"]["replicas"] == 2
-    container = job["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]
+def torch_plugin_env(train_job: dict, index: int, master: str, port: int) -> dict[str, str]:
+    """The variables Trainer v2's torch plugin gives node `index` of a TrainJob (kubeflow/trainer v2.3.0
+    pkg/runtime/framework/plugins/torch/torch.go EnforceMLPolicy; PET_NODE_RANK is the Job's completion index);
+    `master`:`port` stand in for `<job>-node-0-0.<job>`:29500."""
+    trainer = train_job["spec"]["trainer"]
+    return {"PET_NNODES": str(trainer["numNodes"]), "PET_NPROC_PER_NODE": str(trainer["numProcPerNode"]),
+            "PET_NODE_RANK": str(index), "PET_MASTER_ADDR": master, "PET_MASTER_PORT": str(port)}
+
+
+def pod_commands(api: str, ddp_args: list[str], old_port_formula: bool) -> list[tuple[list[str], dict]]:
+    """resnet50 on 2 x g5.xlarge (one GPU, one rank per pod) as a PyTorchJob or a TrainJob: each pod's argv and
+    environment (the container's, then the operator's), the program swapped for the training script."""
+    job = render(load_recipe("resnet50"), "g5.xlarge", 2, image="img:1", api=api).documents[-1]
+    if api == V1:
+        assert job["kind"] == "PyTorchJob" and job["spec"]["pytorchReplicaSpecs"]["Worker"]["replicas"] == 2
+        container = job["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]
+    else:
+        assert job["kind"] == "TrainJob" and job["spec"]["trainer"]["numNodes"] == 2
+        container = job["spec"]["trainer"]
     args = list(container["args"])
-    assert args[:4] == ["--no-python", "bash", "-c", 'exec "$0" "$@"'] and args[4:7] == ["python", "-m",
-                                                                                          "toolkit.workloads.resnet"]
-    args[4:] = [sys.executable, str(DDP), *ddp_args]
+    worker = args.index("--no-python")
+    assert args[worker:worker + 4] == ["--no-python", "bash", "-c", 'exec "$0" "$@"']
+    assert args[worker + 4:worker + 7] == ["python", "-m", "toolkit.workloads.resnet"]
+    args[worker + 4:] = [sys.executable, str(DDP), *ddp_args]
     env = {e["name"]: e["value"] for e in container["env"]}
     if old_port_formula:
-        args[3] = f"{RESTART_COUNT_PORT}; {args[3]}"
+        args[worker + 3] = f"{RESTART_COUNT_PORT}; {args[worker + 3]}"
         del env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"]
-    env.update(operator_env_v1(job, f"127.0.0.1:{free_port()}"))
     torchrun = str(Path(sys.executable).with_name(container["command"][0]))
-    return [([torchrun, *args], dict(os.environ, **env)) for _ in range(2)]
+    if api == V1:
+        env.update(operator_env_v1(job, f"127.0.0.1:{free_port()}"))
+        return [([torchrun, *args], dict(os.environ, **env)) for _ in range(2)]
+    port = free_port()
+    found = []
+    for index in range(2):
+        pod_env = {**env, **torch_plugin_env(job, index, "127.0.0.1", port)}
+        found.append(([torchrun, *(kubelet_expand(a, pod_env) for a in args)], dict(os.environ, **pod_env)))
+    return found
 
 
 def kill_and_wait(pods: list[tuple[list[str], dict]], tmp_path: Path, finish_s: float):
@@ -120,8 +143,9 @@ def workers_env(marker: str) -> dict[str, dict[str, str]]:
 
 
 @pytest.mark.training
-@pytest.mark.parametrize("old_port_formula", [False, True], ids=["rendered", "restart-count-port"])
-def test_a_worker_killed_on_the_pod_without_rank_0_restarts_the_job(tmp_path, old_port_formula):
+@pytest.mark.parametrize("api,old_port_formula", [(V1, False), (TRAINER_V2, False), (V1, True)],
+                         ids=["pytorchjob", "trainjob", "pytorchjob-restart-count-port"])
+def test_a_worker_killed_on_the_pod_without_rank_0_restarts_the_job(tmp_path, api, old_port_formula):
     """With the rendered manifest the job resumes from its checkpoint and finishes; with the old per-agent port
     formula the killed pod's restarted worker looks for rank 0's store on another port than rank 0 serves, and
     the job never finishes (bounded here: the fixed run finishes in well under half of it)."""
@@ -130,8 +154,7 @@ def test_a_worker_killed_on_the_pod_without_rank_0_restarts_the_job(tmp_path, ol
     # rank 0 at its next all-reduce, and then both agents would count one).
     ddp_args = ["--steps", str(STEPS), "--step-seconds", "1", "--checkpoint-every", "2", "--log-every", "2",
                 "--checkpoint-dir", str(tmp_path / "ckpt"), "--pid-dir", str(tmp_path / "pids")]
-    pods = pytorch_job_pods(tmp_path, ddp_args, old_port_formula)
-    codes, out, saved, hung = kill_and_wait(pods, tmp_path, finish_s=30)
+    codes, out, saved, hung = kill_and_wait(pod_commands(api, ddp_args, old_port_formula), tmp_path, finish_s=30)
     if old_port_formula:
         assert codes != [0, 0] and '"event": "end"' not in out, out[-3000:]
         # Only the killed worker's agent counted the restart, so the ranks wait on different ports for each other.

@@ -14,6 +14,7 @@ import subprocess
 import pytest
 
 from tests.conftest import REPO, run_hpc
+from tests.jobhelpers import kubelet_expand
 from toolkit.catalog import instance
 from toolkit.errors import HpcError
 from toolkit.job.rank import preview_argv
@@ -135,13 +136,6 @@ def test_the_worker_argv_after_kubernetes_and_bash_is_the_slurm_ranks(tmp_path):
     res = subprocess.run(worker, env={"PATH": "/usr/bin:/bin", **rank}, capture_output=True, text=True, timeout=30)
     assert res.returncode == 0, res.stderr
     assert json.loads(res.stdout) == preview_argv(k8s.spec.command, rank)[1:]
-
-
-def kubelet_expand(text: str, env: dict[str, str]) -> str:
-    """Kubernetes' expansion of a container's args (k8s.io/kubernetes third_party/forked/golang/expansion): $(VAR)
-    from the env, $$ a literal $, an unknown $(VAR) left as written."""
-    return re.sub(r"\$\$|\$\(([A-Za-z_][A-Za-z0-9_.-]*)\)",
-                  lambda m: "$" if m[0] == "$$" else env.get(m[1], m[0]), text)
 
 
 def test_a_literal_variable_reference_in_a_recipe_value_reaches_the_worker_as_written():
