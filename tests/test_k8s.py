@@ -1,8 +1,10 @@
 """Kubernetes forms of the recipes: rendered from the JobSpec, validated offline against the real schemas.
 
-No API server exists here: validation is the boundary (kubernetes-validate's OpenAPI schemas, kubeflow-training's
-models, the MPI Operator's v2beta1 API), and a worker's argv is checked by running the container's own command
-line in bash with the variables torchrun gives each worker.
+No API server exists here. What stands in for it: the manifests read back with kubectl's YAML rules (go-yaml v2,
+toolkit.k8s.kubeyaml), the operators' published CRDs (kubeflow/trainer v1.9.4, kubeflow/mpi-operator v0.8.0) with
+the API server's structural-schema semantics, kubernetes-validate's strict core schemas, and the core pod and
+operator admission rules (toolkit.k8s.admission). A worker's argv is checked by running the container's own
+command line in bash with the variables torchrun gives each worker.
 """
 
 from __future__ import annotations
@@ -14,13 +16,15 @@ import re
 import subprocess
 
 import pytest
-import yaml
 
 from tests.conftest import REPO, run_hpc
+from tests.test_k8s_crd import KUBECTL, kubectl_json, same_json
 from toolkit.cluster.queues import load_queues
+from toolkit.errors import HpcError
 from toolkit.job.rank import RankVar, preview_argv
 from toolkit.job.spec import TORCHRUN_ENV, build_job_spec
-from toolkit.k8s.manifests import EFA, GPU, HUGEPAGES, Storage, render
+from toolkit.k8s.kubeyaml import dump_all
+from toolkit.k8s.manifests import EFA, GPU, HUGEPAGES, LAUNCHER_BACKOFF_LIMIT, Storage, render
 from toolkit.k8s.validate import validate_text
 from toolkit.recipes.load import load_recipe
 
@@ -64,10 +68,15 @@ def test_the_published_setups_render_and_pass_offline_validation(name, itype, no
         assert job["spec"]["pytorchReplicaSpecs"]["Worker"]["replicas"] == nodes
     else:
         assert job["spec"]["slotsPerWorker"] == 8
+        # the launcher waits for every worker to be Ready (images pulled), then may retry as AWS's EKS sample does
+        assert job["spec"]["launcherCreationPolicy"] == "WaitForWorkersReady"
+        assert job["spec"]["runPolicy"]["backoffLimit"] == LAUNCHER_BACKOFF_LIMIT == 20
         launcher = job["spec"]["mpiReplicaSpecs"]["Launcher"]["template"]["spec"]["containers"][0]
         assert launcher["args"][:6] == ["--allow-run-as-root", "-np", str(nodes * 8), "--map-by", "ppr:8:node",
                                         "--bind-to"]
-        assert launcher["args"][-len(it.command):] == list(it.command)
+        # the image's nccl-tests, not the Slurm form's build on FSx
+        assert it.command[0] == "/fsx/nccl-tests/build/all_reduce_perf"
+        assert launcher["args"][-len(it.command):] == ["/opt/nccl-tests/build/all_reduce_perf", *it.command[1:]]
     # requests leave room for the node's daemons; /dev/shm is memory-backed and sized for data loaders
     requests = pod["containers"][0]["resources"]["requests"]
     assert 0 < int(requests["cpu"]) < {"p4d.24xlarge": 96, "p5.48xlarge": 192}[itype]
@@ -77,6 +86,73 @@ def test_the_published_setups_render_and_pass_offline_validation(name, itype, no
     assert rendered.documents[1]["metadata"]["name"] == claim
     assert rendered.documents[1]["spec"]["accessModes"] == ["ReadWriteMany"]
     assert rendered.documents[0]["provisioner"] == "fsx.csi.aws.com"
+
+
+K8S_RECIPES = {"resnet50": "PyTorchJob", "roberta": "PyTorchJob", "transformer": "PyTorchJob",
+               "collectives": "PyTorchJob", "nccl-tests": "MPIJob"}
+
+
+@pytest.mark.parametrize("name", sorted(K8S_RECIPES))
+@pytest.mark.parametrize("itype", ["p4d.24xlarge", "p5.48xlarge", "p3dn.24xlarge", "g5.48xlarge"])
+def test_every_recipe_renders_manifests_the_api_server_and_operators_accept(name, itype):
+    """1, 3 and 16 nodes, with EFA and a StorageClass or without EFA on an existing claim: read back with kubectl's
+    YAML rules, every document passes its CRD or core schema (strict), the pod and operator admission rules and
+    the toolkit's checks, and kubectl itself (where installed) reads exactly the rendered documents. fairseq's
+    recipes refuse 3 nodes (their update-freq would not be a whole number)."""
+    for nodes in (1, 3, 16):
+        for efa, storage in ((None, Storage(storage_class="fsx-lustre")), (False, Storage())):
+            try:
+                rendered = render(load_recipe(name), itype, nodes, efa=efa, storage=storage, image="img:1")
+            except HpcError as exc:
+                assert nodes == 3 and name in ("roberta", "transformer") and "not a whole number" in exc.message
+                continue
+            report = validate_text(rendered.text)
+            assert report["valid"] and not [f for f in report["findings"] if f["level"] == "error"], report
+            if KUBECTL:  # what kubectl sends is what was rendered, type for type
+                assert same_json(kubectl_json(rendered.text), rendered.documents)
+            assert rendered.documents[-1]["kind"] == K8S_RECIPES[name]
+            assert len(rendered.documents) == (3 if storage.storage_class else 1)
+
+
+PLANTED = {  # a hand edit of the rendered roberta-8xp5 manifests -> (path, words of the message)
+    "numeric arg": (lambda t: t.replace("- '1e-06'", "- 1e-06"),
+                    "spec.pytorchReplicaSpecs.Worker.template.spec.containers[0].args[19]",
+                    "must be a string, not the number 1e-06"),
+    "unknown field": (lambda t: t.replace("  nprocPerNode:", "  nProcsPerNode:"),
+                      "spec.nProcsPerNode", "unknown field"),
+    "requests != limits": (lambda t: t.replace("vpc.amazonaws.com/efa: 32\n                hugepages-2Mi",
+                                               "vpc.amazonaws.com/efa: 16\n                hugepages-2Mi", 1),
+                           'spec.pytorchReplicaSpecs.Worker.template.spec.containers[0].resources.requests'
+                           '["vpc.amazonaws.com/efa"]', "must be equal to vpc.amazonaws.com/efa limit (32)"),
+    "wrong EFA count": (lambda t: t.replace("vpc.amazonaws.com/efa: 32", "vpc.amazonaws.com/efa: 64"),
+                        'spec.pytorchReplicaSpecs.Worker.template.spec.containers[0].resources.limits'
+                        '["vpc.amazonaws.com/efa"]', "64 EFA devices requested; p5.48xlarge has 32"),
+    "replicas != nodes": (lambda t: t.replace("      replicas: 8", "      replicas: 6"),
+                          "spec.pytorchReplicaSpecs.Worker.replicas",
+                          "6 worker pods, but torchrun's rendezvous takes 8 nodes"),
+    "hugepages not whole pages": (lambda t: t.replace("hugepages-2Mi: 5120Mi", "hugepages-2Mi: 5121Mi"),
+                                  'spec.pytorchReplicaSpecs.Worker.template.spec.containers[0].resources.limits'
+                                  '.hugepages-2Mi', "5121Mi is not positive integer multiple of hugepages-2Mi"),
+    "job name": (lambda t: t.replace("  name: roberta\n", "  name: 8-roberta\n", 1), "metadata.name",
+                 "should match a DNS-1035 label"),
+}
+
+
+@pytest.mark.parametrize("fault", sorted(PLANTED))
+def test_planted_faults_are_caught_by_hpc_k8s_validate_with_their_field_path(fault, tmp_path):
+    plant, path, message = PLANTED[fault]
+    text = (REPO / "jobs" / "k8s" / "roberta-8xp5.yaml").read_text()
+    planted = plant(text)
+    assert planted != text
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(planted)
+    res = run_hpc("k8s", "validate", str(bad), "--json")
+    assert res.returncode == 1 and "Traceback" not in res.stderr, res.stderr
+    errors = [(f["path"], f["message"]) for f in json.loads(res.stdout)["findings"] if f["level"] == "error"]
+    assert path in [p.split(": ", 1)[1] for p, m in errors if message in m and p.startswith("document 3 (")], errors
+    res = run_hpc("k8s", "validate", str(bad))
+    assert res.returncode == 1 and re.search(rf"^error   document 3 \(PyTorchJob/\S+\): {re.escape(path)}$", res.stdout,
+                                             re.M), res.stdout
 
 
 def test_efa_devices_are_all_of_the_instances_and_the_environment_is_the_slurm_one():
@@ -100,7 +176,7 @@ def test_planted_faults_are_caught_at_their_paths(name, itype, nodes, kind):
     def caught(mutate) -> list[tuple[str, str]]:
         planted = copy.deepcopy(docs)
         mutate(planted)
-        return [(f["path"], f["fix"]) for f in _errors(yaml.safe_dump_all(planted))]
+        return [(f["path"], f["fix"]) for f in _errors(dump_all(planted))]
 
     wrong = {"PyTorchJob": "kubeflow.org/v2", "MPIJob": "kubeflow.org/v1"}[kind]
     assert caught(lambda d: d[2].update(apiVersion=wrong)) == [
@@ -125,24 +201,34 @@ def test_planted_faults_are_caught_at_their_paths(name, itype, nodes, kind):
         else:
             d[2]["spec"]["slotsPerWorker"] = 4
     key = "spec.nprocPerNode" if kind == "PyTorchJob" else "spec.slotsPerWorker"
-    [(path, fix)] = caught(ranks)
-    assert path == f"{job_doc}: {key}" and "8" in fix
+    found = dict(caught(ranks))  # an MPIJob's mpirun -np then also exceeds its workers' slots
+    assert "8" in found[f"{job_doc}: {key}"] and len(found) == (1 if kind == "PyTorchJob" else 2)
 
     def typo(d):
         d[2]["spec"][replicas]["Worker"]["template"]["spec"]["containers"][0]["comand"] = ["x"]
     [(path, fix)] = caught(typo)
-    assert path == f"{job_doc}: {pod}.containers[0]" and fix.startswith("remove the key")
+    assert path == f"{job_doc}: {pod}.containers[0].comand" and fix.startswith("remove the key")
 
 
-def test_kubeflow_schema_comes_from_the_operators_models():
-    """A required field of the Training Operator's PyTorchJobSpec model, and a wrong type deep in its policy."""
+def test_the_operators_crd_decides_not_a_python_model():
+    """kubeflow-training's Python model called runPolicy required; the v1.9.4 CRD (what the API server applies)
+    does not. pytorchReplicaSpecs it does require, and a wrong type deep in the elastic policy is caught."""
     job = _job(_render("resnet50", "p4d.24xlarge", 3))
     del job["spec"]["runPolicy"]
+    assert _errors(dump_all([job])) == []
     job["spec"]["elasticPolicy"]["maxRestarts"] = "three"
-    found = {(f["path"], f["message"]) for f in _errors(yaml.safe_dump(job))}
-    assert found == {("document 1 (PyTorchJob/resnet50): spec", "'runPolicy' is a required property"),
+    replicas = job["spec"].pop("pytorchReplicaSpecs")
+    found = {(f["path"], f["message"]) for f in _errors(dump_all([job]))}
+    assert found == {("document 1 (PyTorchJob/resnet50): spec.pytorchReplicaSpecs", "required"),
+                     ("document 1 (PyTorchJob/resnet50): spec.pytorchReplicaSpecs.Worker",
+                      "must be configured if elastic policy is used"),  # the webhook's rule
                      ("document 1 (PyTorchJob/resnet50): spec.elasticPolicy.maxRestarts",
-                      "'three' is not of type 'integer'")}
+                      'must be an integer, not the string "three"')}
+    job["spec"]["pytorchReplicaSpecs"] = {"Chief": replicas["Worker"]}  # the webhook knows Master and Worker
+    del job["spec"]["elasticPolicy"]
+    assert [(f["path"], f["message"]) for f in _errors(dump_all([job]))] == [
+        ("document 1 (PyTorchJob/resnet50): spec.pytorchReplicaSpecs.Chief",
+         "unsupported replica type 'Chief': Master or Worker")]
 
 
 def test_core_kinds_are_checked_against_the_kubernetes_schemas():
@@ -150,13 +236,15 @@ def test_core_kinds_are_checked_against_the_kubernetes_schemas():
     docs[0]["parameters"]["perUnitStorageThroughput"] = 250  # StorageClass parameters are strings
     docs[1]["spec"]["accessModes"] = "ReadWriteMany"  # a list
     docs[1]["metadata"]["lables"] = {}
-    found = [(f["path"], f["fix"]) for f in _errors(yaml.safe_dump_all(docs))]
+    found = [(f["path"], f["message"]) for f in _errors(dump_all(docs))]
     assert found == [
         ("document 1 (StorageClass/fsx-lustre): parameters.perUnitStorageThroughput",
-         "give a value of the type the schema expects"),
-        ("document 2 (PersistentVolumeClaim/fsx-claim): metadata",
-         "remove the key, or fix its spelling or indentation (see the kind's API reference)"),
-        ("document 2 (PersistentVolumeClaim/fsx-claim): spec.accessModes", "give a value of the type the schema expects"),
+         "must be a string, not the integer 250"),
+        ("document 2 (PersistentVolumeClaim/fsx-claim): metadata.lables",
+         "unknown field: the API server rejects it under kubectl's --validate=strict (its default), drops it "
+         "otherwise"),
+        ("document 2 (PersistentVolumeClaim/fsx-claim): spec.accessModes",
+         'must be a list, not the string "ReadWriteMany"'),
     ]
 
 
@@ -164,7 +252,7 @@ def test_validate_cli_names_document_path_and_fix(tmp_path):
     docs = _render("resnet50", "p4d.24xlarge", 3).documents
     docs[1]["spec"]["accessModes"] = ["ReadWriteOnce"]
     bad = tmp_path / "bad.yaml"
-    bad.write_text(yaml.safe_dump_all(docs))
+    bad.write_text(dump_all(docs))
     res = run_hpc("k8s", "validate", str(bad))
     assert res.returncode == 1, res.stderr
     assert "INVALID" in res.stdout and "document 2 (PersistentVolumeClaim/fsx-claim): spec.accessModes" in res.stdout

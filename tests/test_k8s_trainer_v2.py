@@ -1,7 +1,9 @@
-"""Kubeflow Trainer v2 forms of the recipes (TrainJob, trainer.kubeflow.org/v1alpha1), checked offline against
-Trainer v2's own models (kubeflow-trainer-api 2.3.0, generated from the same Go types as its CRDs). No API server
-here: the models (every key and value must survive them) and the Trainer's admission rules we read in its source
-(kubeflow/trainer v2.3.0) stand in for it."""
+"""Kubeflow Trainer v2 forms of the recipes (TrainJob, trainer.kubeflow.org/v1alpha1), checked offline.
+
+No API server here. What stands in for it: `hpc k8s validate` (the text read with kubectl's YAML rules, each custom
+resource against Trainer v2.3.0's own CRDs vendored in toolkit/k8s/crds, the core schemas strictly), Trainer v2's
+own models (kubeflow-trainer-api 2.3.0: every key and value must survive them), and the Trainer's admission rules
+we read in its source (kubeflow/trainer v2.3.0), including the CEL rules the offline validator does not run."""
 
 from __future__ import annotations
 
@@ -20,6 +22,7 @@ from toolkit.errors import HpcError
 from toolkit.job.rank import preview_argv
 from toolkit.job.spec import TORCHRUN_ENV
 from toolkit.k8s.manifests import EFA, GPU, TRAINER_V2, V1, Storage, render, resources
+from toolkit.k8s.validate import validate_text
 from toolkit.recipes.load import load_recipe
 
 RECIPES = ["collectives", "nccl-tests", "resnet50", "roberta", "transformer"]  # every recipe with a Kubernetes form
@@ -77,6 +80,8 @@ def test_every_recipe_renders_on_every_setup_for_both_apis():
             refused += 1
             continue
         count += 1
+        report = validate_text(rendered.text)
+        assert report["valid"], [f for f in report["findings"] if f["level"] == "error"]
         docs = rendered.documents
         assert (docs[0]["kind"] == "StorageClass") == bool(storage_class)
         kind = "MPIJob" if name == "nccl-tests" else "PyTorchJob"
@@ -191,3 +196,17 @@ def test_example_matches_its_recorded_command_and_the_models(path, tmp_path):
     for doc in yaml.safe_load_all(text):
         if doc["apiVersion"].startswith("trainer."):
             kept_whole(doc)
+    res = run_hpc("k8s", "validate", str(path), "--json")
+    assert res.returncode == 0, res.stdout
+    assert any("(TrainJob/" in d for d in json.loads(res.stdout)["documents"])
+
+
+def test_the_crds_catch_what_trainer_v2_would_refuse():
+    """The check is Trainer v2's schema: a field it does not have, or a number as a string, is an error."""
+    text = render(load_recipe("resnet50"), "p4d.24xlarge", 2, image="img:1", api=TRAINER_V2).text
+    for wrong, right in (("    numProcPerNode: 8\n", "    numProcPerNode: '8'\n"),
+                         ("    numProcPerNode: 8\n", "    numProcPerNode: 8\n    elasticPolicy: {maxRestarts: 3}\n")):
+        assert wrong in text
+        report = validate_text(text.replace(wrong, right))
+        errors = [f for f in report["findings"] if f["level"] == "error"]
+        assert not report["valid"] and errors and all("spec.trainer" in f["path"] for f in errors), errors

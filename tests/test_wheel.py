@@ -47,6 +47,9 @@ def test_the_wheel_holds_the_product_and_its_recipes_but_no_test_bench(installed
     assert not [n for n in names if n.startswith(("testbench/", "toolkit/sandbox/", "tests/"))]
     assert {f"toolkit/builtin_recipes/{name}.yaml" for name in BUILTIN} <= set(names)
     assert "toolkit/builtin_recipes/examples/ddp_train.py" in names
+    # the operators' CRDs that `hpc k8s validate` checks custom resources against
+    assert {"toolkit/k8s/crds/kubeflow.org_pytorchjobs.yaml", "toolkit/k8s/crds/kubeflow.org_mpijobs.yaml",
+            "toolkit/k8s/crds/SOURCES.md"} <= set(names)
     res = run(installed, sys.executable, "-c", "import toolkit.sandbox")
     assert res.returncode == 1 and "No module named 'toolkit.sandbox'" in res.stderr, res.stderr
     res = run(installed, sys.executable, "-c", "import testbench")

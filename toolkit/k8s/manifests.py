@@ -47,6 +47,16 @@ NODE_RESERVE = 0.1
 # /dev/shm for data-loader workers (they pass batches through shared memory; Kubernetes gives 64 MiB):
 # a memory-backed emptyDir capped at this share of the pod's memory, which its usage counts against.
 SHM_SHARE = 0.25
+# An MPI binary named by a relative path runs from the image, under this root: AWS's EKS nccl-tests image builds
+# nccl-tests in /opt/nccl-tests against the image's NCCL, aws-ofi-nccl and Open MPI (aws-samples/
+# awsome-distributed-training micro-benchmarks/nccl-tests/nccl-tests.Dockerfile); a build on the FSx volume, made
+# on the Slurm cluster's AMI, would have to match the image's libraries.
+IMAGE_SOFTWARE_ROOT = "/opt"
+# The launcher's retries (runPolicy.backoffLimit becomes the launcher Job's): AWS's EKS nccl-tests MPIJob allows 20
+# (micro-benchmarks/nccl-tests/kubernetes/nccl-tests.yaml). With the launcher created only once every worker is
+# Ready (WaitForWorkersReady), they absorb what is left at 64 workers: a worker's DNS record or sshd not answering
+# at the first attempt; a benchmark that fails for good still ends after the Job's back-off (10 s doubling to 6 min).
+LAUNCHER_BACKOFF_LIMIT = 20
 # torchrun restarts all workers of a node this many times after a failure before the job fails.
 MAX_RESTARTS = 3
 
@@ -152,14 +162,20 @@ def torchrun_args(command: tuple[Arg, ...]) -> list[str]:
     return ["--no-python", "bash", "-c", program.script, *program.words]
 
 
-def mpirun_args(spec) -> list[str]:
-    """mpirun's arguments for an MPI binary: one rank per slot (GPU), the job's variables forwarded."""
+def image_program(program: str) -> str:
+    """Where an MPI binary of the recipe is in the image (an absolute path stays as given)."""
+    return program if program.startswith("/") else f"{IMAGE_SOFTWARE_ROOT}/{program}"
+
+
+def mpirun_args(spec, program: str) -> list[str]:
+    """mpirun's arguments for an MPI binary (`program`, in the image): one rank per slot (GPU), the job's
+    variables forwarded."""
     if any(not isinstance(a, str) for a in spec.command):
         raise HpcError(f"recipe {spec.recipe}: an MPI binary takes its rank from MPI, but its command has "
                        "per-rank values", fix="remove the per-rank values from the recipe's args")
     forwarded = [w for var in spec.env for w in ("-x", var.name)]
     return ["--allow-run-as-root", "-np", str(spec.world_size), "--map-by", f"ppr:{spec.tasks_per_node}:node",
-            "--bind-to", "none", "-x", "PATH", "-x", "LD_LIBRARY_PATH", *forwarded, *spec.command]
+            "--bind-to", "none", "-x", "PATH", "-x", "LD_LIBRARY_PATH", *forwarded, program, *spec.command[1:]]
 
 
 def _env(spec) -> list[dict]:
@@ -222,9 +238,10 @@ def pytorch_job(spec, it: InstanceType, name: str, namespace: str, image: str, c
     }
 
 
-def mpi_job(spec, it: InstanceType, name: str, namespace: str, image: str, claim: str, efa: int) -> dict:
+def mpi_job(spec, it: InstanceType, name: str, namespace: str, image: str, claim: str, efa: int,
+            program: str) -> dict:
     labels = {"app.kubernetes.io/managed-by": "hpc-toolkit", "hpc-toolkit/recipe": _dns_name(spec.recipe)}
-    launcher = {"name": "launcher", "image": image, "command": ["mpirun"], "args": mpirun_args(spec),
+    launcher = {"name": "launcher", "image": image, "command": ["mpirun"], "args": mpirun_args(spec, program),
                 "env": _env(spec), "resources": {"requests": {"cpu": "1", "memory": "2Gi"}}}
     worker = {"name": "worker", "image": image, "command": ["/usr/sbin/sshd"], "args": ["-De"]}
     return {
@@ -233,8 +250,10 @@ def mpi_job(spec, it: InstanceType, name: str, namespace: str, image: str, claim
         "metadata": _metadata(name, namespace, labels),
         "spec": {
             "slotsPerWorker": spec.tasks_per_node,
-            # a benchmark is not retried for long: a run hung on a bad fabric must end, not loop
-            "runPolicy": {"cleanPodPolicy": "Running", "backoffLimit": 2},
+            # mpirun starts only when every worker is Ready: workers still pulling a multi-GB image would be
+            # unreachable (the default, AtStartup, starts the launcher at once)
+            "launcherCreationPolicy": "WaitForWorkersReady",
+            "runPolicy": {"cleanPodPolicy": "Running", "backoffLimit": LAUNCHER_BACKOFF_LIMIT},
             "mpiImplementation": "OpenMPI",
             "mpiReplicaSpecs": {
                 "Launcher": {"replicas": 1, "restartPolicy": "OnFailure",
@@ -276,15 +295,11 @@ def storage_documents(storage: Storage, namespace: str) -> list[dict]:
 
 
 def to_yaml(documents: list[dict], header: list[str]) -> str:
-    import yaml
+    """The documents as YAML that kubectl reads back as written (every string that any YAML reader could take
+    for a number, boolean or null is quoted: toolkit.k8s.kubeyaml), under a comment header."""
+    from toolkit.k8s.kubeyaml import dump_all
 
-    class Dumper(yaml.SafeDumper):  # spell shared values out (no &id001 anchors: people read these files)
-        def ignore_aliases(self, data):
-            return True
-
-    body = "---\n".join(yaml.dump(d, Dumper=Dumper, sort_keys=False, default_flow_style=False, width=10_000)
-                        for d in documents)
-    return "".join(f"# {line}\n".replace("# \n", "#\n") for line in header) + "---\n" + body
+    return "".join(f"# {line}\n".replace("# \n", "#\n") for line in header) + "---\n" + dump_all(documents)
 
 
 def render(recipe, instance_type: str, nodes: int, *, profile: str | None = None, namespace: str = "default",
@@ -305,27 +320,35 @@ def render(recipe, instance_type: str, nodes: int, *, profile: str | None = None
                            "it unset")
     notes = []
     if image is None:
-        image = FILL_IN + ("an image with the EFA installer, aws-ofi-nccl, Open MPI and nccl-tests>" if kind == "MPIJob"
+        image = FILL_IN + (f"an image with the EFA installer, aws-ofi-nccl, Open MPI, and "
+                           f"{image_program(recipe.launcher.program or '')} built against them>" if kind == "MPIJob"
                            else "an image with torch, the EFA installer, aws-ofi-nccl and this recipe's software>")
         notes.append("no --image given: the manifest names a placeholder image to fill in")
     if storage.storage_class is None:
         notes.append(f"the data/checkpoint dirs are on the existing claim {storage.claim!r} mounted at {FSX_MOUNT}: "
                      "it must be ReadWriteMany (FSx for Lustre through fsx.csi.aws.com)")
     name = _dns_name(spec.job_name)
-    build = pytorch_job if kind == "PyTorchJob" else mpi_job
-    jobs = [build(spec, it, name, namespace, image, storage.claim, efa_devices)]
-    what = f"{kind} {name}"
+    program_note = []
+    if kind == "PyTorchJob":
+        job = pytorch_job(spec, it, name, namespace, image, storage.claim, efa_devices)
+    else:
+        program = image_program(recipe.launcher.program or "")
+        job = mpi_job(spec, it, name, namespace, image, storage.claim, efa_devices, program)
+        program_note = [f"mpirun runs {program} from the image (built against the image's NCCL, aws-ofi-nccl and "
+                        f"Open MPI), not {spec.command[0]}, the Slurm form's build."]
+        notes += program_note
+    jobs, what = [job], f"{kind} {name}"
     if api == TRAINER_V2:
         from toolkit.k8s.trainer_v2 import from_v1
 
-        jobs = from_v1(jobs[0])
+        jobs = from_v1(job)
         what = f"TrainJob {name} ({'torch-distributed' if kind == 'PyTorchJob' else 'MPI'} runtime)"
     documents = storage_documents(storage, namespace) + jobs
     header = [f"{what}: {recipe.description}",
               f"Rendered by `{command_line}` (do not edit: change the recipe and render again)." if command_line
               else "Rendered by hpc k8s render (do not edit: change the recipe and render again).",
               f"{spec.nodes} x {it.name}, {spec.tasks_per_node} ranks per node, world size {spec.world_size}; "
-              f"{efa_devices} EFA devices per node.", "",
+              f"{efa_devices} EFA devices per node.", *program_note, "",
               "Derived values (the same JobSpec code as the Slurm form):"]
     header += [f"  {d.key} = {d.value}  ({d.rule})" for d in spec.derived]
     if spec.warnings:
