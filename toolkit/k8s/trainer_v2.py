@@ -9,8 +9,10 @@ resourcesPerNode); pod-level settings (node selector, tolerations, volumes and m
   training launchers -> TrainJob on the default ClusterTrainingRuntime `torch-distributed`
                         (manifests/base/runtimes/torch_distributed.yaml). Its torch plugin gives the node
                         container PET_NNODES, PET_NPROC_PER_NODE, PET_NODE_RANK, PET_MASTER_ADDR (node 0's pod)
-                        and PET_MASTER_PORT (pkg/runtime/framework/plugins/torch/torch.go): a static rendezvous,
-                        with which torchrun cannot restart a failed worker. The args turn that address into a c10d
+                        and PET_MASTER_PORT (pkg/runtime/framework/plugins/torch/torch.go): torchrun's static
+                        rendezvous, in which no node ever waits for a new round and one store serves for good
+                        (torch static_tcp_rendezvous.py), so the group cannot restart after a worker fails.
+                        The args turn that address into a c10d
                         rendezvous (Kubernetes expands $(VAR) from the container's env), so a killed worker
                         restarts the group in place as on Slurm and under a PyTorchJob, with the same store per
                         round (toolkit.job.spec.TORCHRUN_ENV).
