@@ -17,6 +17,7 @@ import pytest
 
 from tests.conftest import REPO, run_hpc
 from tests.jobhelpers import kubelet_expand
+from tests.test_k8s_crd import KUBECTL, kubectl_json, same_json
 from toolkit.catalog import instance
 from toolkit.errors import HpcError
 from toolkit.job.rank import preview_argv
@@ -193,9 +194,12 @@ def test_example_matches_its_recorded_command_and_the_models(path, tmp_path):
     assert res.returncode == 0, res.stderr
     recorded = f"jobs/k8s/trainer-v2/{path.name}"
     assert out.read_text().replace(str(out), recorded) == text, f"{path} is stale: run `make k8s-jobs`"
-    for doc in yaml.safe_load_all(text):
+    docs = list(yaml.safe_load_all(text))
+    for doc in docs:
         if doc["apiVersion"].startswith("trainer."):
             kept_whole(doc)
+    if KUBECTL:  # kubectl itself sends exactly what was rendered, type for type
+        assert same_json(kubectl_json(text), docs)
     res = run_hpc("k8s", "validate", str(path), "--json")
     assert res.returncode == 0, res.stdout
     assert any("(TrainJob/" in d for d in json.loads(res.stdout)["documents"])
