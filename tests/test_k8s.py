@@ -10,12 +10,15 @@ command line in bash with the variables torchrun gives each worker.
 from __future__ import annotations
 
 import copy
+import functools
 import json
 import os
 import re
 import subprocess
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from tests.conftest import REPO, run_hpc
 from tests.test_k8s_crd import KUBECTL, kubectl_json, same_json
@@ -99,6 +102,7 @@ def test_every_recipe_renders_manifests_the_api_server_and_operators_accept(name
     YAML rules, every document passes its CRD or core schema (strict), the pod and operator admission rules and
     the toolkit's checks, and kubectl itself (where installed) reads exactly the rendered documents. fairseq's
     recipes refuse 3 nodes (their update-freq would not be a whole number)."""
+    texts, documents = [], []
     for nodes in (1, 3, 16):
         for efa, storage in ((None, Storage(storage_class="fsx-lustre")), (False, Storage())):
             try:
@@ -108,10 +112,12 @@ def test_every_recipe_renders_manifests_the_api_server_and_operators_accept(name
                 continue
             report = validate_text(rendered.text)
             assert report["valid"] and not [f for f in report["findings"] if f["level"] == "error"], report
-            if KUBECTL:  # what kubectl sends is what was rendered, type for type
-                assert same_json(kubectl_json(rendered.text), rendered.documents)
             assert rendered.documents[-1]["kind"] == K8S_RECIPES[name]
             assert len(rendered.documents) == (3 if storage.storage_class else 1)
+            texts.append(rendered.text)
+            documents += rendered.documents
+    if KUBECTL:  # what kubectl sends is what was rendered, type for type
+        assert same_json(kubectl_json("\n".join(texts)), documents)
 
 
 PLANTED = {  # a hand edit of the rendered roberta-8xp5 manifests -> (path, words of the message)
@@ -153,6 +159,41 @@ def test_planted_faults_are_caught_by_hpc_k8s_validate_with_their_field_path(fau
     res = run_hpc("k8s", "validate", str(bad))
     assert res.returncode == 1 and re.search(rf"^error   document 3 \(PyTorchJob/\S+\): {re.escape(path)}$", res.stdout,
                                              re.M), res.stdout
+
+
+def _field_paths(node, path=()):
+    if isinstance(node, dict):
+        for key, value in node.items():
+            yield path + (key,)
+            yield from _field_paths(value, path + (key,))
+    elif isinstance(node, list):
+        for i, value in enumerate(node):
+            yield path + (i,)
+            yield from _field_paths(value, path + (i,))
+
+
+ODD_VALUES = [None, "", "x", "8", 0, -1, 1.5, True, [], {}, ["a"], {"a": 1}, [{"name": 1}]]
+
+
+@functools.cache
+def _rendered_documents(name: str) -> list[dict]:
+    return _render(name, "p4d.24xlarge", 2).documents
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.data())
+def test_any_value_anywhere_gives_findings_never_a_traceback(data):
+    """A hand-edited manifest with any field of any type: validation reports it (or accepts it), it never fails."""
+    docs = copy.deepcopy(_rendered_documents(data.draw(st.sampled_from(["roberta", "nccl-tests"]))))
+    for _ in range(data.draw(st.integers(1, 3))):
+        doc = data.draw(st.sampled_from(docs))
+        path = data.draw(st.sampled_from(list(_field_paths(doc))))
+        parent = doc
+        for key in path[:-1]:
+            parent = parent[key]
+        parent[path[-1]] = copy.deepcopy(data.draw(st.sampled_from(ODD_VALUES)))
+    report = validate_text(dump_all(docs))
+    assert report["valid"] == (not [f for f in report["findings"] if f["level"] == "error"])
 
 
 def test_efa_devices_are_all_of_the_instances_and_the_environment_is_the_slurm_one():
@@ -216,12 +257,16 @@ def test_the_operators_crd_decides_not_a_python_model():
     job = _job(_render("resnet50", "p4d.24xlarge", 3))
     del job["spec"]["runPolicy"]
     assert _errors(dump_all([job])) == []
+    limits = job["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]["resources"]["limits"]
+    limits[GPU] = "eight"  # a quantity: int-or-string, and the CRD's quantity pattern
+    [found] = _errors(dump_all([job]))
+    assert found["path"].endswith('resources.limits["nvidia.com/gpu"]') and found["message"].startswith(
+        "'eight' does not match the pattern ^(\\+|-)?(([0-9]+(\\.[0-9]*)?)|(\\.[0-9]+))")
+    limits[GPU] = 8
     job["spec"]["elasticPolicy"]["maxRestarts"] = "three"
     replicas = job["spec"].pop("pytorchReplicaSpecs")
     found = {(f["path"], f["message"]) for f in _errors(dump_all([job]))}
     assert found == {("document 1 (PyTorchJob/resnet50): spec.pytorchReplicaSpecs", "required"),
-                     ("document 1 (PyTorchJob/resnet50): spec.pytorchReplicaSpecs.Worker",
-                      "must be configured if elastic policy is used"),  # the webhook's rule
                      ("document 1 (PyTorchJob/resnet50): spec.elasticPolicy.maxRestarts",
                       'must be an integer, not the string "three"')}
     job["spec"]["pytorchReplicaSpecs"] = {"Chief": replicas["Worker"]}  # the webhook knows Master and Worker

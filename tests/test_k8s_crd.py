@@ -22,7 +22,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from toolkit.k8s import kubeyaml
-from toolkit.k8s.crd import CRD_DIR, Crd, find_crd, validate_against_crd
+from toolkit.k8s.crd import CRD_DIR, Crd, crd_named, find_crd, validate_against_crd
 from toolkit.k8s.violations import UNKNOWN_FIELD
 
 
@@ -76,6 +76,8 @@ def test_vendored_crds_are_the_published_files_byte_for_byte():
     for name, _repo, _tag, _commit, _path, blob in rows:
         assert _git_blob((CRD_DIR / name).read_bytes()) == blob, name
     assert find_crd("kubeflow.org/v1", "PyTorchJob").api_versions == ["kubeflow.org/v1"]
+    assert crd_named("pytorchjobs.kubeflow.org") == find_crd("kubeflow.org/v1", "PyTorchJob")
+    assert crd_named(str(CRD_DIR / "kubeflow.org_mpijobs.yaml")) == find_crd("kubeflow.org/v2beta1", "MPIJob")
     assert find_crd("kubeflow.org/v2beta1", "MPIJob").api_versions == ["kubeflow.org/v2beta1"]
 
 
@@ -262,6 +264,13 @@ def test_required_fields_names_and_versions():
     assert _toy({"size": 1}, name="Toy_1")[0][:2] == ("metadata.name", "'Toy_1' is not a DNS subdomain (lower-case "
                                                       "letters, digits, '-' and '.', starting and ending with a letter "
                                                       "or digit, at most 253 characters)")
+    assert [f[:2] for f in _toy({"size": 1}, namespace="Team_A", labels={"app": "my app", "example.com/ok": "x",
+                                                                       "-bad": "x"})] == [
+        ("metadata.labels.-bad", "not a valid label key (an optional DNS-subdomain prefix and '/', then at most 63 "
+                                 "letters, digits, '-', '_' or '.', starting and ending alphanumeric)"),
+        ("metadata.labels.app", "'my app' is not a valid label value (at most 63 letters, digits, '-', '_' or '.', "
+                                "starting and ending alphanumeric)"),
+        ("metadata.namespace", "'Team_A' is not a DNS-1123 label")]
     wrong = validate_against_crd({"apiVersion": "example.com/v2", "kind": "Toy", "metadata": {"name": "t"}}, TOY)
     assert [str(v) for v in wrong] == ["apiVersion: Toy is served as example.com/v1, not example.com/v2"]
     unknown = validate_against_crd({"apiVersion": "example.com/v1", "kind": "Gadget"})
@@ -307,12 +316,15 @@ def test_operator_rules_beyond_the_crds():
         "spec.pytorchReplicaSpecs.Master.template.spec.containers: must have at least one container with name pytorch "
         "(the operator sets the PET_* variables in that one)",
         "spec.pytorchReplicaSpecs.Master.replicas: must be 1"]
-    mpi = {"kind": "MPIJob", "metadata": {"name": "a" * 60}, "spec": {"mpiReplicaSpecs": {
+    mpi = {"kind": "MPIJob", "metadata": {"name": "a" * 60}, "spec": {"launcherCreationPolicy": "WaitForWorkers",
+                                                                      "mpiReplicaSpecs": {
         "Launcher": {"replicas": 2, "template": {"spec": pod}}, "Worker": {"replicas": 12, "template": {"spec": {
             "containers": [{"name": "w", "image": "i", "volumeMounts": [{"name": "fsx", "mountPath": "/fsx"}]}]}}}}}}
     assert [str(v) for v in operator_violations(mpi)] == [
         f"metadata.name: the last worker's host name '{'a' * 60}-worker-11' is not a DNS-1035 label: the operator "
         "cannot create its pod and service",
+        "spec.launcherCreationPolicy: unsupported value 'WaitForWorkers': AtStartup or WaitForWorkersReady (the "
+        "operator treats any other value as waiting for all workers)",
         "spec.mpiReplicaSpecs.Launcher.replicas: must be 1",
         "spec.mpiReplicaSpecs.Worker.template.spec.containers[0].volumeMounts[0].name: not found: no volume named "
         "'fsx' in the pod"]

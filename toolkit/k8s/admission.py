@@ -8,12 +8,14 @@ operator checks it:
   - kubernetes/kubernetes pkg/apis/core/validation/validation.go: ValidateResourceRequirements (extended resources
     and huge pages are not overcommitted: requests == limits; extended resources are whole numbers; huge pages a
     multiple of their page size and only with cpu or memory), ValidateResourceQuantityValue, container and volume
-    names (DNS-1123 labels, unique), volume mounts naming a volume, environment variable names;
+    names (DNS-1123 labels, unique), volume mounts naming a volume, environment variable names, the template's
+    labels (k8s.io/apimachinery ValidateObjectMeta);
     pkg/apis/core/helper (IsNativeResource, IsHugePageResourceName, IsOvercommitAllowed, IsExtendedResourceName);
   - kubeflow/trainer v1.9.4 pkg/webhooks/pytorch/pytorchjob_webhook.go (validatePyTorchJob) and
     pkg/common/util/webhooks.go (ValidateRunPolicy): the PyTorchJob admission webhook;
   - kubeflow/mpi-operator v0.8.0 pkg/apis/kubeflow/validation/validation.go (ValidateMPIJob), after its defaults
-    (pkg/apis/kubeflow/v2beta1/default.go): an invalid MPIJob is marked failed by the controller.
+    (pkg/apis/kubeflow/v2beta1/default.go): the controller records an invalid MPIJob's errors as an event and
+    never starts it (pkg/controller/mpi_job_controller.go); and the launcherCreationPolicy values of types.go.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ import re
 from fractions import Fraction
 from typing import Any, Iterator
 
-from toolkit.k8s.crd import DNS1123_LABEL
+from toolkit.k8s.crd import DNS1123_LABEL, label_violations
 from toolkit.k8s.violations import Violation
 
 _DNS1123_LABEL = re.compile(DNS1123_LABEL)
@@ -150,9 +152,10 @@ def operator_violations(obj: dict) -> list[Violation]:
     check = {"PyTorchJob": _pytorch_job, "MPIJob": _mpi_job}.get(obj.get("kind"))
     found = list(check(obj)) if check else []
     for parts, _, replica in replica_templates(obj):
-        pod = (replica.get("template") or {}).get("spec")
-        if isinstance(pod, dict):
-            found += pod_violations(pod, parts + ("template", "spec"))
+        template = replica.get("template") or {}
+        found += label_violations(template.get("metadata") or {}, parts + ("template", "metadata"))
+        if isinstance(template.get("spec"), dict):
+            found += pod_violations(template["spec"], parts + ("template", "spec"))
     return found
 
 
@@ -199,7 +202,7 @@ def _mpi_job(obj: dict) -> Iterator[Violation]:
     if (spec.get("slotsPerWorker") or 0) < 0:
         yield Violation(("spec", "slotsPerWorker"), "must be greater than or equal to 0")
     policy = spec.get("runPolicy") or {}
-    clean = policy.get("cleanPodPolicy", "None")
+    clean = policy.get("cleanPodPolicy") or "None"  # the defaults (default.go) come first
     if clean not in ("None", "Running", "All"):
         yield Violation(("spec", "runPolicy", "cleanPodPolicy"), f"unsupported value {clean!r}")
     for key in ("ttlSecondsAfterFinished", "activeDeadlineSeconds", "backoffLimit"):
@@ -207,18 +210,25 @@ def _mpi_job(obj: dict) -> Iterator[Violation]:
             yield Violation(("spec", "runPolicy", key), "must be greater than or equal to 0")
     if policy.get("managedBy") not in (None, "kubeflow.org/mpi-operator", "kueue.x-k8s.io/multikueue"):
         yield Violation(("spec", "runPolicy", "managedBy"), f"unsupported value {policy['managedBy']!r}")
-    if spec.get("mpiImplementation", "OpenMPI") not in ("OpenMPI", "Intel", "MPICH"):
+    if (spec.get("mpiImplementation") or "OpenMPI") not in ("OpenMPI", "Intel", "MPICH"):
         yield Violation(("spec", "mpiImplementation"), f"unsupported value {spec['mpiImplementation']!r}")
     if "Launcher" not in replicas:
         yield Violation(("spec", "mpiReplicaSpecs", "Launcher"), "must have Launcher replica spec")
+    # types.go declares this enum, but its marker lacks the `=` controller-gen needs, so the published CRD admits
+    # any string; the controller then starts the launcher at once only for AtStartup
+    if (spec.get("launcherCreationPolicy") or "AtStartup") not in ("AtStartup", "WaitForWorkersReady"):
+        yield Violation(("spec", "launcherCreationPolicy"), f"unsupported value {spec['launcherCreationPolicy']!r}: "
+                        "AtStartup or WaitForWorkersReady (the operator treats any other value as waiting for all "
+                        "workers)")
     for parts, rtype, replica in replica_templates(obj):
         default_restart = "OnFailure" if rtype == "Launcher" else "Never"
-        if replica.get("restartPolicy", default_restart) not in ("Never", "OnFailure"):
+        if (replica.get("restartPolicy") or default_restart) not in ("Never", "OnFailure"):
             yield Violation(parts + ("restartPolicy",), f"unsupported value {replica['restartPolicy']!r}: Never or "
                             "OnFailure")
         if not ((replica.get("template") or {}).get("spec") or {}).get("containers"):
             yield Violation(parts + ("template", "spec", "containers"), "must define at least one container")
-        count = replica.get("replicas", 1 if rtype == "Launcher" else 0)
+        count = replica.get("replicas")
+        count = (1 if rtype == "Launcher" else 0) if count is None else count
         if rtype == "Launcher" and count != 1:
             yield Violation(parts + ("replicas",), "must be 1")
         elif rtype == "Worker" and count <= 0:

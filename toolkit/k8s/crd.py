@@ -18,7 +18,8 @@ described in "Extend the Kubernetes API with CustomResourceDefinitions", kuberne
   - metadata at the root and in embedded resources: the core ObjectMeta (strict), and a name that is a DNS
     subdomain, as for every custom resource.
 
-Use: `validate_against_crd(obj)` finds the CRD by the object's apiVersion and kind; `find_crd`, `load_crd`.
+Use: `validate_against_crd(obj)` finds the CRD by the object's apiVersion and kind (or pass a Crd, a CRD's name
+or a CRD file); `find_crd`, `crd_named`, `load_crd`, `vendored_crds`.
 """
 
 from __future__ import annotations
@@ -36,9 +37,11 @@ from toolkit.k8s.violations import (TYPE_PHRASE, UNKNOWN_FIELD, UNKNOWN_FIELD_FI
 CRD_DIR = Path(__file__).with_name("crds")
 _INT_RANGES = {"int32": (-(1 << 31), (1 << 31) - 1), "int64": (-(1 << 63), (1 << 63) - 1)}
 _DATE_TIME = re.compile(r"\d{4}-\d{2}-\d{2}[Tt ]\d{2}:\d{2}:\d{2}(\.\d+)?([Zz]|[-+]\d{2}:\d{2})")
-# k8s.io/apimachinery pkg/util/validation: IsDNS1123Subdomain
+# k8s.io/apimachinery pkg/util/validation: IsDNS1123Label, IsDNS1123Subdomain, IsQualifiedName,
+# IsValidLabelValue
 DNS1123_LABEL = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"
 _DNS1123_SUBDOMAIN = re.compile(rf"{DNS1123_LABEL}(\.{DNS1123_LABEL})*")
+_NAME_PART = re.compile(r"([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,6 +52,7 @@ class Crd:
     kind: str
     schemas: dict  # version -> openAPIV3Schema
     source: str  # where it was read from
+    name: str = ""  # metadata.name: PLURAL.GROUP, e.g. pytorchjobs.kubeflow.org
 
     @property
     def api_versions(self) -> list[str]:
@@ -64,7 +68,7 @@ def load_crd(path: str | Path) -> Crd:
         raise ValueError(f"{path} is not a CustomResourceDefinition")
     spec = doc["spec"]
     schemas = {v["name"]: v["schema"]["openAPIV3Schema"] for v in spec["versions"] if v.get("served", True)}
-    return Crd(spec["group"], spec["names"]["kind"], schemas, str(path))
+    return Crd(spec["group"], spec["names"]["kind"], schemas, str(path), doc["metadata"]["name"])
 
 
 @functools.cache
@@ -80,13 +84,25 @@ def find_crd(api_version: str, kind: str) -> Crd | None:
     return vendored_crds().get((group, kind))
 
 
-def validate_against_crd(obj: dict, crd: Crd | None = None) -> list[Violation]:
-    """What the API server says about creating `obj` (a custom resource as JSON values: kubeyaml.load_all)."""
+def crd_named(name: str) -> Crd:
+    """A vendored CRD by its name (pytorchjobs.kubeflow.org), or a CRD file by its path."""
+    if Path(name).is_file():
+        return load_crd(name)
+    found = [crd for crd in vendored_crds().values() if crd.name == name]
+    if not found:
+        raise KeyError(f"no CRD named {name} in {CRD_DIR} (vendored: "
+                       f"{', '.join(sorted(c.name for c in vendored_crds().values()))})")
+    return found[0]
+
+
+def validate_against_crd(obj: dict, crd: Crd | str | None = None) -> list[Violation]:
+    """What the API server says about creating `obj` (a custom resource as JSON values: kubeyaml.load_all)
+    under `crd` (a Crd, a CRD's name or file; default: the vendored CRD of the object's group and kind)."""
     api_version, kind = obj.get("apiVersion"), obj.get("kind")
     if not isinstance(api_version, str) or not isinstance(kind, str):
         return [Violation(("apiVersion" if not isinstance(api_version, str) else "kind",), "required: every "
                           "Kubernetes object names its apiVersion and kind")]
-    crd = crd or find_crd(api_version, kind)
+    crd = crd_named(crd) if isinstance(crd, str) else crd or find_crd(api_version, kind)
     if crd is None or crd.kind != kind:
         return [Violation(("kind",), f"no vendored CRD defines {kind} in {api_version.rpartition('/')[0] or 'core'}")]
     group, _, version = api_version.rpartition("/")
@@ -150,11 +166,24 @@ def _forms(branches: list[dict], value: Any, parts: tuple) -> str:
     return "; ".join(next((v.message for v in _check(value, b, parts, structural=False)), "ok") for b in branches)
 
 
+@functools.lru_cache(maxsize=None)
+def _pattern(pattern: str) -> re.Pattern | None:
+    try:
+        return re.compile(pattern)
+    except re.error:  # RE2 syntax Python lacks: not checked here rather than misjudged
+        return None
+
+
+def _matches(pattern: str, value: str) -> bool:
+    compiled = _pattern(pattern)
+    return compiled is None or compiled.search(value) is not None  # unanchored, as the API server's
+
+
 def _value_rules(value: Any, schema: dict, parts: tuple) -> Iterator[Violation]:
     if "enum" in schema and not any(type_name(value) == type_name(e) and value == e for e in schema["enum"]):
         yield Violation(parts, f"must be one of {', '.join(map(repr, schema['enum']))}, not {value!r}")
     if isinstance(value, str):
-        if "pattern" in schema and not re.search(schema["pattern"], value):
+        if "pattern" in schema and not _matches(schema["pattern"], value):
             yield Violation(parts, f"{value!r} does not match the pattern {schema['pattern']}")
         if "maxLength" in schema and len(value) > schema["maxLength"]:
             yield Violation(parts, f"must be at most {schema['maxLength']} characters long")
@@ -202,9 +231,9 @@ def _check_object(value: dict, schema: dict, parts: tuple, *, embedded: bool,
         if embedded and (key == "metadata" or key in ("apiVersion", "kind") and key not in properties):
             continue  # checked below, as the API server checks an object's type and metadata
         if key in properties:
-            yield from _check(item, properties[key], parts + (key,))
+            yield from _check(item, properties[key], parts + (key,), structural=structural)
         elif isinstance(extra, dict):
-            yield from _check(item, extra, parts + (key,))
+            yield from _check(item, extra, parts + (key,), structural=structural)
         elif structural and not extra and not schema.get("x-kubernetes-preserve-unknown-fields"):
             yield Violation(parts + (key,), UNKNOWN_FIELD, fix=UNKNOWN_FIELD_FIX)
     if embedded and structural:
@@ -246,6 +275,32 @@ def _check_list(value: list, schema: dict, parts: tuple, *, structural: bool) ->
             seen_keys.append(identity)
 
 
+def _qualified_name(key: str) -> bool:
+    prefix, slash, name = key.rpartition("/")
+    return (len(name) <= 63 and bool(_NAME_PART.fullmatch(name))
+            and (not slash or len(prefix) <= 253 and bool(_DNS1123_SUBDOMAIN.fullmatch(prefix))))
+
+
+def label_violations(meta: dict, parts: tuple) -> Iterator[Violation]:
+    """ObjectMeta's labels, annotation keys and namespace as the API server checks them (ValidateObjectMeta)."""
+    for key, value in (meta.get("labels") or {}).items():
+        if not _qualified_name(key):
+            yield Violation(parts + ("labels", key), "not a valid label key (an optional DNS-subdomain prefix and "
+                            "'/', then at most 63 letters, digits, '-', '_' or '.', starting and ending "
+                            "alphanumeric)")
+        elif isinstance(value, str) and value and (len(value) > 63 or not _NAME_PART.fullmatch(value)):
+            yield Violation(parts + ("labels", key), f"{value!r} is not a valid label value (at most 63 letters, "
+                            "digits, '-', '_' or '.', starting and ending alphanumeric)")
+    for key in meta.get("annotations") or {}:
+        if not _qualified_name(key.lower()):
+            yield Violation(parts + ("annotations", key), "not a valid annotation key (a qualified name, as for "
+                            "labels)")
+    namespace = meta.get("namespace")
+    if isinstance(namespace, str) and namespace and (len(namespace) > 63 or not re.fullmatch(DNS1123_LABEL,
+                                                                                             namespace)):
+        yield Violation(parts + ("namespace",), f"{namespace!r} is not a DNS-1123 label")
+
+
 def _metadata(meta: Any, parts: tuple, *, root: bool) -> Iterator[Violation]:
     """ObjectMeta as the API server checks it for custom resources (and embedded resources)."""
     if meta is None:
@@ -257,6 +312,7 @@ def _metadata(meta: Any, parts: tuple, *, root: bool) -> Iterator[Violation]:
     yield from definition_violations("io.k8s.apimachinery.pkg.apis.meta.v1.ObjectMeta", meta, parts)
     if not isinstance(meta, dict):
         return
+    yield from label_violations(meta, parts)
     name = meta.get("name")
     if not root:
         return

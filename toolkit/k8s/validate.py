@@ -60,14 +60,15 @@ def _schema_findings(doc: dict, where: str) -> list[Finding]:
             return [Finding("error", f"{where}: apiVersion", found[0].message, f"set apiVersion: "
                             f"{crd.api_versions[-1]}", source="crd")]
         findings = _findings(found, where, "crd")
-        # the pods the operator will create: the core schema (strict, the cluster's Kubernetes) where the CRD
-        # said nothing, then the API server's pod validation and the operator's own rules
-        flagged = {v.parts for v in found}
+        if any(v.level == "error" for v in found):
+            return findings  # rejected at the schema: no admission webhook runs, no pod is made
+        # the operator's admission rules, then the pods it will create: the core schema (strict, the cluster's
+        # Kubernetes version) and the API server's pod validation
         for parts, _, replica in replica_templates(doc):
             template = replica.get("template")
             if isinstance(template, dict):
                 core = coreschema.definition_violations(POD_TEMPLATE, template, parts + ("template",))
-                findings += _findings([v for v in core if v.parts not in flagged], where, "schema")
+                findings += _findings(core, where, "schema")
         return findings + _findings(operator_violations(doc), where, "admission")
     schema = coreschema.kind_schema(kind, api_version)
     if schema is None:
@@ -99,13 +100,13 @@ def _pod_templates(doc: dict) -> Iterator[tuple[list, dict, int]]:
             yield list(parts) + ["template"], replica["template"], _count(replica.get("replicas") or 1) or 1
 
 
-def _our_findings(docs: list[tuple[str, dict]], every: list[tuple[str, dict]]) -> list[Finding]:
+def _our_findings(docs: list[tuple[str, dict]]) -> list[Finding]:
     from toolkit.catalog import catalog
     from toolkit.k8s.manifests import EFA, FILL_IN, GPU, HUGEPAGES, INSTANCE_LABEL
 
     findings: list[Finding] = []
-    claims = {(d.get("metadata") or {}).get("name"): (where, d) for where, d in every
-              if d.get("kind") == "PersistentVolumeClaim" and isinstance(d.get("metadata"), dict)}
+    claims = {(d.get("metadata") or {}).get("name"): (where, d) for where, d in docs
+              if d.get("kind") == "PersistentVolumeClaim"}
     for where, doc in docs:
         for path, value in _walk(doc, []):
             if isinstance(value, str) and value.startswith(FILL_IN):
@@ -271,8 +272,7 @@ def validate_text(text: str, file: str = "<manifests>") -> dict:
     if not loaded:
         findings.append(Finding("error", "(file)", "no Kubernetes documents in the file",
                                 "render some: hpc k8s render RECIPE --nodes N --instance TYPE -o FILE"))
-    # the toolkit's checks read documents the schemas admitted (claims are looked up in all of them)
-    findings += _our_findings([(w, d) for w, d, admitted in docs if admitted], [(w, d) for w, d, _ in docs])
+    findings += _our_findings([(w, d) for w, d, admitted in docs if admitted])  # documents the schemas admitted
     findings = sorted((Finding(**{**f.as_dict(), "file": file}) for f in findings),
                       key=lambda f: _LEVEL_ORDER[f.level])
     return {"file": file, "valid": not has_errors(findings), "documents": [w for w, _, _ in docs],
