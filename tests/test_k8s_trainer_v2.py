@@ -28,9 +28,6 @@ from toolkit.recipes.load import load_recipe
 
 RECIPES = ["collectives", "nccl-tests", "resnet50", "roberta", "transformer"]  # every recipe with a Kubernetes form
 INSTANCES = ["p4d.24xlarge", "p5.48xlarge", "p3dn.24xlarge", "g5.48xlarge"]
-# kubeflow/trainer v2.3.0 pkg/constants/constants.go TorchRunReservedEnvNames: the torch plugin rejects a TrainJob
-# whose trainer.env sets any of them (pkg/runtime/framework/plugins/torch/torch.go Validate).
-TORCH_RESERVED_ENV = {"PET_NNODES", "PET_NPROC_PER_NODE", "PET_NODE_RANK", "PET_MASTER_ADDR", "PET_MASTER_PORT"}
 EXAMPLES = sorted((REPO / "jobs" / "k8s" / "trainer-v2").glob("*.yaml"))
 
 
@@ -45,22 +42,16 @@ def kept_whole(doc: dict) -> None:
 
 
 def check_train_job(job: dict, kind: str) -> None:
-    """What Trainer v2.3.0's webhooks and plugins require of our TrainJobs, as read in its source."""
+    """Our TrainJobs' shape (Trainer's own rules are hpc k8s validate's: test_trainer_v2s_admission_rules_...)."""
     assert job["apiVersion"] == "trainer.kubeflow.org/v1alpha1" and job["kind"] == "TrainJob"
-    # trainjob_types.go: metadata.name an RFC 1035 label of at most 63 characters
-    assert re.fullmatch(r"[a-z]([-a-z0-9]*[a-z0-9])?", job["metadata"]["name"]) and len(job["metadata"]["name"]) <= 63
-    trainer = job["spec"]["trainer"]
-    assert not {e["name"] for e in trainer["env"]} & TORCH_RESERVED_ENV
     if kind == "PyTorchJob":
         assert job["spec"]["runtimeRef"] == {"name": "torch-distributed", "apiGroup": "trainer.kubeflow.org",
                                              "kind": "ClusterTrainingRuntime"}
-        for patch in job["spec"]["runtimePatches"]:
-            assert patch["manager"]  # MinLength=1
-            for rjob in patch["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"]:
-                assert rjob["name"] == "node"  # the runtime's job: a patch must name one it has
-                for container in rjob["template"]["spec"]["template"]["spec"].get("containers", []):
-                    # ContainerPatch: env cannot be set on `node` (only through the trainer)
-                    assert container["name"] == "node" and "env" not in container
+        # the patch targets the runtime's one job and its one container (torch_distributed.yaml: node / node)
+        (patch,) = job["spec"]["runtimePatches"]
+        (rjob,) = patch["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"]
+        assert rjob["name"] == "node"
+        assert [c["name"] for c in rjob["template"]["spec"]["template"]["spec"]["containers"]] == ["node"]
 
 
 def renders():
@@ -214,3 +205,24 @@ def test_the_crds_catch_what_trainer_v2_would_refuse():
         report = validate_text(text.replace(wrong, right))
         errors = [f for f in report["findings"] if f["level"] == "error"]
         assert not report["valid"] and errors and all("spec.trainer" in f["path"] for f in errors), errors
+
+
+def test_trainer_v2s_admission_rules_are_part_of_validation():
+    """What Trainer v2.3.0 rejects beyond the CRD schema (the name's CEL rules, the jobset plugin's runtimePatches
+    rules, the torch plugin's reserved env): each breach of a valid render is one error at its key path."""
+    text = render(load_recipe("resnet50"), "p4d.24xlarge", 2, image="img:1", api=TRAINER_V2).text
+    assert "  name: resnet50\n" in text and "manager: hpc-toolkit/k8s-render\n" in text
+    node_mounts = "                    - name: node\n                      volumeMounts:\n"
+    assert node_mounts in text
+    breaches = {
+        "metadata.name": ("  name: resnet50\n", "  name: Resnet50\n"),
+        "spec.runtimePatches[0].manager": ("manager: hpc-toolkit/k8s-render\n", "manager: hpc-toolkit\n"),
+        "spec.trainer.env[0].name": ("    - name: PYTHONUNBUFFERED\n", "    - name: PET_MASTER_PORT\n"),
+        "spec.runtimePatches[0].trainingRuntimeSpec.template.spec.replicatedJobs[0].template.spec.template.spec."
+        "containers[0].env": (node_mounts, node_mounts.replace("volumeMounts:", "env: [{name: A, value: b}]\n"
+                                                                "                      volumeMounts:")),
+    }
+    for path, (right, wrong) in breaches.items():
+        report = validate_text(text.replace(right, wrong, 1))
+        errors = [f["path"].split(": ", 1)[1] for f in report["findings"] if f["level"] == "error"]
+        assert errors == [path], (path, report["findings"])

@@ -26,6 +26,10 @@ devices, volumes, env, argv) are the same in both forms by construction.
 from __future__ import annotations
 
 import copy
+import re
+from typing import Iterator
+
+from toolkit.k8s.violations import Violation
 
 API_VERSION = "trainer.kubeflow.org/v1alpha1"
 GROUP = "trainer.kubeflow.org"
@@ -33,7 +37,12 @@ TORCH_RUNTIME = "torch-distributed"
 NODE = "node"  # the trainer container and the worker replicated job of Trainer's runtimes (pkg/constants)
 LAUNCHER = "launcher"
 ANCESTOR_LABEL = "trainer.kubeflow.org/trainjob-ancestor-step"  # marks the job the TrainJob's trainer sets
-MANAGER = "hpc-toolkit"  # runtimePatches[].manager: who owns a patch
+# runtimePatches[].manager: who owns a patch; a domain-prefixed path (the jobset plugin's IsDomainPrefixedPath)
+MANAGER = "hpc-toolkit/k8s-render"
+# kubeflow/trainer v2.3.0 pkg/constants/constants.go: the variables the torch plugin sets (TorchRunReservedEnvNames)
+# and the containers whose env only the TrainJob's trainer/initializer may set (the jobset plugin's Validate)
+TORCH_RESERVED_ENV = ("PET_NNODES", "PET_NPROC_PER_NODE", "PET_NODE_RANK", "PET_MASTER_ADDR", "PET_MASTER_PORT")
+ENV_BY_TRAINJOB_ONLY = ("dataset-initializer", "model-initializer", NODE)
 # torchrun's c10d rendezvous on node 0's pod, where the torch plugin's static one would be (torch.go sets both)
 C10D_ARGS = ("--rdzv-backend=c10d", "--rdzv-endpoint=$(PET_MASTER_ADDR):$(PET_MASTER_PORT)")
 
@@ -117,3 +126,37 @@ def mpi_train_job(mpi_job: dict) -> dict:
                         "env": launcher["env"], "numNodes": worker["replicas"]},
         },
     }
+
+
+def admission_violations(job: dict) -> Iterator[Violation]:
+    """What Trainer v2.3.0 rejects in a TrainJob beyond its CRD's schema: the CRD's CEL rules on the name (the
+    offline schema check does not run CEL), the jobset plugin's runtimePatches rules
+    (pkg/runtime/framework/plugins/jobset/jobset.go Validate) and, on the default torch-distributed runtime, the
+    torch plugin's reserved env (plugins/torch/torch.go Validate)."""
+    name = (job.get("metadata") or {}).get("name") or ""
+    if len(name) > 63 or not re.fullmatch(r"[a-z]([-a-z0-9]*[a-z0-9])?", name):
+        yield Violation(("metadata", "name"), f"{name!r}: metadata.name must match RFC 1035 DNS label format (lower-"
+                        "case letters, digits and '-', starting with a letter, at most 63 characters)")
+    spec = job.get("spec") or {}
+    for p, patch in enumerate(spec.get("runtimePatches") or []):
+        manager = patch.get("manager") or ""
+        host, _, path = manager.partition("/")
+        if not (path and re.fullmatch(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*", host)
+                and re.fullmatch(r"[A-Za-z0-9/\-._~%!$&'()*+,;=:]+", path)):
+            yield Violation(("spec", "runtimePatches", p, "manager"), f"{manager!r}: must be a domain-prefixed path "
+                            "(such as \"acme.io/foo\")")
+        jobs = ((((patch.get("trainingRuntimeSpec") or {}).get("template") or {}).get("spec") or {})
+                .get("replicatedJobs") or [])
+        for j, rjob in enumerate(jobs):
+            pod = ((((rjob.get("template") or {}).get("spec") or {}).get("template") or {}).get("spec") or {})
+            for c, container in enumerate(pod.get("containers") or []):
+                if container.get("env") and container.get("name") in ENV_BY_TRAINJOB_ONLY:
+                    yield Violation(("spec", "runtimePatches", p, "trainingRuntimeSpec", "template", "spec",
+                                     "replicatedJobs", j, "template", "spec", "template", "spec", "containers", c,
+                                     "env"), f"must not have envs for the {', '.join(ENV_BY_TRAINJOB_ONLY)} "
+                                    "containers (set the node's through spec.trainer.env)")
+    if (spec.get("runtimeRef") or {}).get("name") == TORCH_RUNTIME:
+        for e, env in enumerate((spec.get("trainer") or {}).get("env") or []):
+            if env.get("name") in TORCH_RESERVED_ENV:
+                yield Violation(("spec", "trainer", "env", e, "name"), f"must not have reserved envs: the torch "
+                                f"plugin sets {env['name']} itself")
