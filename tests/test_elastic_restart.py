@@ -14,10 +14,12 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Callable
 
 import pytest
 
@@ -87,10 +89,12 @@ def pod_commands(api: str, ddp_args: list[str], old_port_formula: bool) -> list[
     return found
 
 
-def kill_and_wait(pods: list[tuple[list[str], dict]], tmp_path: Path, finish_s: float):
+def kill_and_wait(pods: list[tuple[list[str], dict]], tmp_path: Path, finish_s: float,
+                  stuck: Callable[[dict], bool] = lambda workers: False, stuck_s: float = 5):
     """Start the pods' agents, SIGKILL rank 1 (one rank per pod: on the pod not hosting rank 0) once a checkpoint
-    exists, and wait up to `finish_s` for the agents. Returns their exit codes (None: still running, then
-    stopped), their output, the step saved before the kill and the workers still running then."""
+    exists, and wait up to `finish_s` for the agents, or until `stuck(workers)` has held for `stuck_s`. Returns
+    their exit codes (None: still running, then stopped), their output, the step saved before the kill and the
+    workers running at the end of the wait (workers_env)."""
     import torch  # before the agents start: importing it here takes seconds the training would not wait
 
     ckpt, pids = tmp_path / "ckpt", tmp_path / "pids"
@@ -105,13 +109,14 @@ def kill_and_wait(pods: list[tuple[list[str], dict]], tmp_path: Path, finish_s: 
             time.sleep(0.1)
         os.kill(int((pids / "rank-1.pid").read_text()), signal.SIGKILL)
         saved = torch.load(ckpt / "checkpoint.pt")["step"]
-        deadline = time.monotonic() + finish_s
-        codes: list[int | None] = []
-        for agent in agents:
-            try:
-                codes.append(agent.wait(timeout=max(0.1, deadline - time.monotonic())))
-            except subprocess.TimeoutExpired:
-                codes.append(None)
+        deadline, stuck_since = time.monotonic() + finish_s, None
+        while time.monotonic() < deadline and any(a.poll() is None for a in agents):
+            workers = workers_env(str(ckpt))
+            stuck_since = (stuck_since or time.monotonic()) if stuck(workers) else None
+            if stuck_since and time.monotonic() - stuck_since >= stuck_s:
+                break
+            time.sleep(0.2)
+        codes = [a.poll() for a in agents]
         hung = workers_env(str(ckpt))
     finally:
         for agent in agents:  # a hung agent: SIGTERM makes torchrun stop its workers; SIGKILL its group if not
@@ -142,24 +147,40 @@ def workers_env(marker: str) -> dict[str, dict[str, str]]:
     return found
 
 
+def rank_1_waits_on_a_port_nobody_serves(workers: dict) -> bool:
+    """The restarted rank 1 waits for a store on another port than rank 0's, and nothing listens there."""
+    if workers.get("1", {}).get("TORCHELASTIC_RESTART_COUNT") != "1" or "0" not in workers:
+        return False
+    port = int(workers["1"]["MASTER_PORT"])
+    if port == int(workers["0"]["MASTER_PORT"]):
+        return False
+    with socket.socket() as probe:
+        return probe.connect_ex(("127.0.0.1", port)) != 0
+
+
 @pytest.mark.training
 @pytest.mark.parametrize("api,old_port_formula", [(V1, False), (TRAINER_V2, False), (V1, True)],
                          ids=["pytorchjob", "trainjob", "pytorchjob-restart-count-port"])
 def test_a_worker_killed_on_the_pod_without_rank_0_restarts_the_job(tmp_path, api, old_port_formula):
     """With the rendered manifest the job resumes from its checkpoint and finishes; with the old per-agent port
     formula the killed pod's restarted worker looks for rank 0's store on another port than rank 0 serves, and
-    the job never finishes (bounded here: the fixed run finishes in well under half of it)."""
+    the job never finishes (shown when the restarted rank 1 has waited 5 s on a port nobody serves; bounded at
+    30 s after the kill, about twice what the fixed run takes under load here)."""
     # A step is its gradient all-reduce, then 1 s of sleep: rank 1 dies while rank 0 sleeps, as a GPU rank waits in
     # NCCL, so rank 0's agent restarts it on seeing the new round without counting a restart (gloo would fail
     # rank 0 at its next all-reduce, and then both agents would count one).
     ddp_args = ["--steps", str(STEPS), "--step-seconds", "1", "--checkpoint-every", "2", "--log-every", "2",
                 "--checkpoint-dir", str(tmp_path / "ckpt"), "--pid-dir", str(tmp_path / "pids")]
-    codes, out, saved, hung = kill_and_wait(pod_commands(api, ddp_args, old_port_formula), tmp_path, finish_s=30)
+    codes, out, saved, hung = kill_and_wait(pod_commands(api, ddp_args, old_port_formula), tmp_path, finish_s=30,
+                                            stuck=rank_1_waits_on_a_port_nobody_serves)
     if old_port_formula:
         assert codes != [0, 0] and '"event": "end"' not in out, out[-3000:]
-        # Only the killed worker's agent counted the restart, so the ranks wait on different ports for each other.
+        # Only the killed worker's agent counted the restart, so the ranks wait on different ports for each other:
+        # rank 0 serves the store on its port and waits for rank 1, which retries a port nobody serves until its
+        # init_process_group times out (30 min by default).
         assert hung["0"]["TORCHELASTIC_RESTART_COUNT"] == "0" and hung["1"]["TORCHELASTIC_RESTART_COUNT"] == "1"
         assert int(hung["1"]["MASTER_PORT"]) == int(hung["0"]["MASTER_PORT"]) + 1
+        assert rank_1_waits_on_a_port_nobody_serves(hung)
         return
     assert codes == [0, 0], out[-3000:]
     # Each worker's start, as the script saw its environment: [first round, after the restart] per rank.
