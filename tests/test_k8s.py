@@ -74,6 +74,7 @@ def test_the_published_setups_render_and_pass_offline_validation(name, itype, no
         # the launcher waits for every worker to be Ready (images pulled), then may retry as AWS's EKS sample does
         assert job["spec"]["launcherCreationPolicy"] == "WaitForWorkersReady"
         assert job["spec"]["runPolicy"]["backoffLimit"] == LAUNCHER_BACKOFF_LIMIT == 20
+        assert job["spec"]["runPolicy"]["activeDeadlineSeconds"] == 30 * 60  # the recipe's time, as Slurm's --time
         launcher = job["spec"]["mpiReplicaSpecs"]["Launcher"]["template"]["spec"]["containers"][0]
         assert launcher["args"][:6] == ["--allow-run-as-root", "-np", str(nodes * 8), "--map-by", "ppr:8:node",
                                         "--bind-to"]

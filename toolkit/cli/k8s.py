@@ -114,7 +114,8 @@ def _validation_text(report: dict) -> str:
 @app.command()
 def validate(file: Path = typer.Argument(..., help="A file of Kubernetes manifests (YAML, `---`-separated)."),
              as_json: bool = JSON_OPTION) -> None:
-    """Check manifests offline: Kubernetes and Kubeflow schemas, GPUs/EFA vs the instance, claim access modes."""
+    """Check manifests offline as kubectl and the API server would: kubectl's YAML reading, the operators' CRDs and
+    the core schemas (strict), pod and operator admission rules, GPUs/EFA vs the instance, claim access modes."""
     from toolkit.k8s.validate import validate_file
 
     report = validate_file(file)

@@ -47,16 +47,6 @@ NODE_RESERVE = 0.1
 # /dev/shm for data-loader workers (they pass batches through shared memory; Kubernetes gives 64 MiB):
 # a memory-backed emptyDir capped at this share of the pod's memory, which its usage counts against.
 SHM_SHARE = 0.25
-# An MPI binary named by a relative path runs from the image, under this root: AWS's EKS nccl-tests image builds
-# nccl-tests in /opt/nccl-tests against the image's NCCL, aws-ofi-nccl and Open MPI (aws-samples/
-# awsome-distributed-training micro-benchmarks/nccl-tests/nccl-tests.Dockerfile); a build on the FSx volume, made
-# on the Slurm cluster's AMI, would have to match the image's libraries.
-IMAGE_SOFTWARE_ROOT = "/opt"
-# The launcher's retries (runPolicy.backoffLimit becomes the launcher Job's): AWS's EKS nccl-tests MPIJob allows 20
-# (micro-benchmarks/nccl-tests/kubernetes/nccl-tests.yaml). With the launcher created only once every worker is
-# Ready (WaitForWorkersReady), they absorb what is left at 64 workers: a worker's DNS record or sshd not answering
-# at the first attempt; a benchmark that fails for good still ends after the Job's back-off (10 s doubling to 6 min).
-LAUNCHER_BACKOFF_LIMIT = 20
 # torchrun restarts all workers of a node this many times after a failure before the job fails.
 MAX_RESTARTS = 3
 
@@ -162,6 +152,19 @@ def torchrun_args(command: tuple[Arg, ...]) -> list[str]:
     return ["--no-python", "bash", "-c", program.script, *program.words]
 
 
+# An MPI binary named by a relative path runs from the image, under this root: AWS's EKS nccl-tests image builds
+# nccl-tests in /opt/nccl-tests against the image's NCCL, aws-ofi-nccl and Open MPI (aws-samples/
+# awsome-distributed-training micro-benchmarks/nccl-tests/nccl-tests.Dockerfile); a build on the FSx volume, made
+# on the Slurm cluster's AMI, would have to match the image's libraries.
+IMAGE_SOFTWARE_ROOT = "/opt"
+# The launcher's retries (runPolicy.backoffLimit becomes the launcher Job's): AWS's EKS nccl-tests MPIJob allows 20
+# (micro-benchmarks/nccl-tests/kubernetes/nccl-tests.yaml). With the launcher created only once every worker is
+# Ready (WaitForWorkersReady), they absorb what is left at 64 workers: a worker's DNS record or sshd not answering
+# at the first attempt. A run that fails for good, or hangs on a bad fabric, ends at the recipe's time limit (the
+# launcher Job's activeDeadlineSeconds, counted from its start: after the workers are Ready), as under Slurm.
+LAUNCHER_BACKOFF_LIMIT = 20
+
+
 def image_program(program: str) -> str:
     """Where an MPI binary of the recipe is in the image (an absolute path stays as given)."""
     return program if program.startswith("/") else f"{IMAGE_SOFTWARE_ROOT}/{program}"
@@ -253,7 +256,8 @@ def mpi_job(spec, it: InstanceType, name: str, namespace: str, image: str, claim
             # mpirun starts only when every worker is Ready: workers still pulling a multi-GB image would be
             # unreachable (the default, AtStartup, starts the launcher at once)
             "launcherCreationPolicy": "WaitForWorkersReady",
-            "runPolicy": {"cleanPodPolicy": "Running", "backoffLimit": LAUNCHER_BACKOFF_LIMIT},
+            "runPolicy": {"cleanPodPolicy": "Running", "backoffLimit": LAUNCHER_BACKOFF_LIMIT,
+                          "activeDeadlineSeconds": spec.time_limit_minutes * 60},
             "mpiImplementation": "OpenMPI",
             "mpiReplicaSpecs": {
                 "Launcher": {"replicas": 1, "restartPolicy": "OnFailure",
