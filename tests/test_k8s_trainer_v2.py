@@ -151,6 +151,10 @@ def test_nccl_tests_run_on_their_own_mpi_runtime():
     launcher, node = runtime["spec"]["template"]["spec"]["replicatedJobs"]
     assert launcher["template"]["metadata"]["labels"] == {"trainer.kubeflow.org/trainjob-ancestor-step": "trainer"}
     assert launcher["dependsOn"] == [{"name": "node", "status": "Ready"}]
+    v1 = render(load_recipe("nccl-tests"), "p4d.24xlarge", 2, image="img:1").documents[-1]["spec"]["runPolicy"]
+    assert {k: launcher["template"]["spec"][k] for k in ("backoffLimit", "activeDeadlineSeconds")} == \
+        {"backoffLimit": v1["backoffLimit"], "activeDeadlineSeconds": v1["activeDeadlineSeconds"]} == \
+        {"backoffLimit": 20, "activeDeadlineSeconds": 1800}
     container = node["template"]["spec"]["template"]["spec"]["containers"][0]
     assert container["image"] == "img:1" and container["resources"] == resources(instance("p4d.24xlarge"), 8, 4)
     assert job["spec"]["trainer"]["command"] == ["mpirun"] and "-np" in job["spec"]["trainer"]["args"]

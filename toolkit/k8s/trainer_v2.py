@@ -91,6 +91,10 @@ def mpi_runtime(mpi_job: dict) -> dict:
     node = copy.deepcopy(worker["template"]["spec"])
     node["containers"][0]["name"] = NODE
     metadata = {**mpi_job["metadata"], "name": runtime_name(mpi_job)}
+    # the MPIJob's retries and time limit are its launcher Job's; here they are set on that Job directly (its
+    # deadline counts from its start, once every node pod is Ready, as the MPIJob's launcher's does)
+    launcher_limits = {key: spec["runPolicy"][key] for key in ("backoffLimit", "activeDeadlineSeconds")
+                       if key in spec["runPolicy"]}
     return {
         "apiVersion": API_VERSION, "kind": "TrainingRuntime", "metadata": metadata,
         "spec": {
@@ -103,7 +107,7 @@ def mpi_runtime(mpi_job: dict) -> dict:
                 "replicatedJobs": [
                     {"name": LAUNCHER, "dependsOn": [{"name": NODE, "status": "Ready"}],
                      "template": {"metadata": {"labels": {ANCESTOR_LABEL: "trainer"}},
-                                  "spec": {"backoffLimit": spec["runPolicy"]["backoffLimit"], "template": {"spec": {
+                                  "spec": {**launcher_limits, "template": {"spec": {
                                       "containers": [{"name": NODE, "image": launcher["image"],
                                                       "resources": launcher["resources"]}]}}}}},
                     {"name": NODE, "template": {"spec": {"template": {"spec": node}}}},
