@@ -10,8 +10,9 @@ import typer
 
 from toolkit.cli.output import JSON_OPTION, emit, info
 
-# A new EKS user who installs Kubeflow today gets Trainer v2 (kubeflow/trainer v2.2+, TrainJob): the Training
-# Operator v1 (PyTorchJob) is its superseded release line. v1 stays for clusters that run it.
+# A new EKS user who installs Kubeflow today gets Trainer v2 (kubeflow/trainer v2.2+, TrainJob): Kubeflow's
+# installation guide (kubeflow.org docs, components/trainer/operator-guides/installation) installs it, and lists the
+# Training Operator (PyTorchJob) as "Legacy (v1)". v1 stays for clusters that run it.
 DEFAULT_API = "trainer-v2"
 
 app = typer.Typer(help="The recipes as Kubernetes manifests (Amazon EKS): render, validate offline.",

@@ -117,7 +117,7 @@ def mpi_runtime(mpi_job: dict) -> dict:
 
 
 def runtime_name(mpi_job: dict) -> str:
-    return f"{mpi_job['metadata']['name'][:59]}-mpi"
+    return f"{mpi_job['metadata']['name']}-mpi"  # a DNS subdomain (up to 253 characters), like any object's name
 
 
 def mpi_train_job(mpi_job: dict) -> dict:
