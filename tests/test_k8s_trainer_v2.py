@@ -135,11 +135,20 @@ def test_the_worker_argv_after_kubernetes_and_bash_is_the_slurm_ranks(tmp_path):
     assert json.loads(res.stdout) == preview_argv(k8s.spec.command, rank)[1:]
 
 
-def test_a_literal_variable_reference_in_a_recipe_value_reaches_the_worker_as_written():
-    rendered = render(load_recipe("resnet50", overrides=["args.--seed=$(HOME)"]), "p4d.24xlarge", 1,
-                      image="img:1", api=TRAINER_V2)
-    args = [kubelet_expand(a, {"HOME": "/root"}) for a in rendered.documents[-1]["spec"]["trainer"]["args"]]
-    assert args[args.index("--seed") + 1] == "$(HOME)"
+@pytest.mark.parametrize("api", [TRAINER_V2, V1])
+def test_a_literal_variable_reference_in_a_recipe_value_reaches_the_worker_as_written(api):
+    """`$(HOME)` in an arg or an env value would be replaced by the kubelet; the manifests write `$$(HOME)`."""
+    for name, override in (("resnet50", "args.--seed=$(HOME)"), ("nccl-tests", "args.-n=$(HOME)")):
+        job = render(load_recipe(name, overrides=[override, "env.PROBE=a$(HOME)"]), "p4d.24xlarge", 2,
+                     image="img:1", api=api).documents[-1]
+        containers = [job["spec"]["trainer"]] if api == TRAINER_V2 else \
+            [r["template"]["spec"]["containers"][0] for r in (job["spec"].get("pytorchReplicaSpecs") or
+                                                              job["spec"]["mpiReplicaSpecs"]).values()]
+        container = next(c for c in containers if c.get("env"))
+        env = {e["name"]: e["value"] for e in container["env"]}
+        args = [kubelet_expand(a, {"HOME": "/root", **env}) for a in container["args"]]
+        flag = override.split("=")[0].removeprefix("args.")
+        assert args[args.index(flag) + 1] == "$(HOME)" and kubelet_expand(env["PROBE"], {"HOME": "/r"}) == "a$(HOME)"
 
 
 def test_nccl_tests_run_on_their_own_mpi_runtime():

@@ -149,7 +149,14 @@ def torchrun_args(command: tuple[Arg, ...]) -> list[str]:
     from toolkit.job.rank import rank_program
 
     program = rank_program(command, 0, 0, contract=False)
-    return ["--no-python", "bash", "-c", program.script, *program.words]
+    return as_written(["--no-python", "bash", "-c", program.script, *program.words])
+
+
+def as_written(words: list[str]) -> list[str]:
+    """Container args and env values as Kubernetes passes them on: the kubelet reads `$(NAME)` in them as a
+    variable reference and replaces it when NAME is in the container's env; `$$(` is a literal `$(`
+    (k8s.io/kubernetes third_party/forked/golang/expansion)."""
+    return [w.replace("$(", "$$(") for w in words]
 
 
 # An MPI binary named by a relative path runs from the image, under this root: AWS's EKS nccl-tests image builds
@@ -182,7 +189,7 @@ def mpirun_args(spec, program: str) -> list[str]:
 
 
 def _env(spec) -> list[dict]:
-    return [{"name": var.name, "value": var.value} for var in spec.env]
+    return [{"name": var.name, "value": as_written([var.value])[0]} for var in spec.env]
 
 
 def torchrun_env(spec) -> list[dict]:
@@ -244,7 +251,7 @@ def pytorch_job(spec, it: InstanceType, name: str, namespace: str, image: str, c
 def mpi_job(spec, it: InstanceType, name: str, namespace: str, image: str, claim: str, efa: int,
             program: str) -> dict:
     labels = {"app.kubernetes.io/managed-by": "hpc-toolkit", "hpc-toolkit/recipe": _dns_name(spec.recipe)}
-    launcher = {"name": "launcher", "image": image, "command": ["mpirun"], "args": mpirun_args(spec, program),
+    launcher = {"name": "launcher", "image": image, "command": ["mpirun"], "args": as_written(mpirun_args(spec, program)),
                 "env": _env(spec), "resources": {"requests": {"cpu": "1", "memory": "2Gi"}}}
     worker = {"name": "worker", "image": image, "command": ["/usr/sbin/sshd"], "args": ["-De"]}
     return {

@@ -47,11 +47,6 @@ ENV_BY_TRAINJOB_ONLY = ("dataset-initializer", "model-initializer", NODE)
 C10D_ARGS = ("--rdzv-backend=c10d", "--rdzv-endpoint=$(PET_MASTER_ADDR):$(PET_MASTER_PORT)")
 
 
-def literal(words: list[str]) -> list[str]:
-    """Container args Kubernetes passes as written: `$(` would start a variable reference ($$( is a literal)."""
-    return [w.replace("$(", "$$(") for w in words]
-
-
 def from_v1(job: dict) -> list[dict]:
     """The Trainer v2 objects of a v1 PyTorchJob or MPIJob."""
     return [torch_train_job(job)] if job["kind"] == "PyTorchJob" else [mpi_runtime(job), mpi_train_job(job)]
@@ -62,7 +57,7 @@ def torch_train_job(pytorch_job: dict) -> dict:
     worker = spec["pytorchReplicaSpecs"]["Worker"]
     pod = worker["template"]["spec"]
     container = pod["containers"][0]
-    args = [*C10D_ARGS, f"--max-restarts={spec['elasticPolicy']['maxRestarts']}", *literal(container["args"])]
+    args = [*C10D_ARGS, f"--max-restarts={spec['elasticPolicy']['maxRestarts']}", *container["args"]]
     patch = {key: pod[key] for key in ("nodeSelector", "tolerations", "volumes") if key in pod}
     patch["containers"] = [{"name": NODE, "volumeMounts": container["volumeMounts"]}]
     return {
@@ -126,7 +121,7 @@ def mpi_train_job(mpi_job: dict) -> dict:
         "apiVersion": API_VERSION, "kind": "TrainJob", "metadata": mpi_job["metadata"],
         "spec": {
             "runtimeRef": {"name": runtime_name(mpi_job), "apiGroup": GROUP, "kind": "TrainingRuntime"},
-            "trainer": {"image": launcher["image"], "command": launcher["command"], "args": literal(launcher["args"]),
+            "trainer": {"image": launcher["image"], "command": launcher["command"], "args": launcher["args"],
                         "env": launcher["env"], "numNodes": worker["replicas"]},
         },
     }
