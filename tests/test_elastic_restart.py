@@ -107,6 +107,7 @@ def kill_and_wait(pods: list[tuple[list[str], dict]], tmp_path: Path, finish_s: 
             assert time.monotonic() < deadline and all(a.poll() is None for a in agents), \
                 "no checkpoint within 120 s: " + "".join(p.read_text() for p in tmp_path.glob("pod*.log"))[-3000:]
             time.sleep(0.1)
+        time.sleep(0.3)  # past the next step's all-reduce, into its sleep (the test's docstring says why)
         os.kill(int((pids / "rank-1.pid").read_text()), signal.SIGKILL)
         saved = torch.load(ckpt / "checkpoint.pt")["step"]
         deadline, stuck_since = time.monotonic() + finish_s, None
@@ -166,9 +167,10 @@ def test_a_worker_killed_on_the_pod_without_rank_0_restarts_the_job(tmp_path, ap
     formula the killed pod's restarted worker looks for rank 0's store on another port than rank 0 serves, and
     the job never finishes (shown when the restarted rank 1 has waited 5 s on a port nobody serves; bounded at
     30 s after the kill, about twice what the fixed run takes under load here)."""
-    # A step is its gradient all-reduce, then 1 s of sleep: rank 1 dies while rank 0 sleeps, as a GPU rank waits in
-    # NCCL, so rank 0's agent restarts it on seeing the new round without counting a restart (gloo would fail
-    # rank 0 at its next all-reduce, and then both agents would count one).
+    # A step is its gradient all-reduce, then 1 s of sleep: rank 1 dies while rank 0 sleeps (0.3 s after the
+    # checkpoint, past the next all-reduce), as a GPU rank waits in NCCL, so rank 0's agent restarts it on seeing
+    # the new round without counting a restart (gloo would fail rank 0 at its next all-reduce, and then both agents
+    # would count one).
     ddp_args = ["--steps", str(STEPS), "--step-seconds", "1", "--checkpoint-every", "2", "--log-every", "2",
                 "--checkpoint-dir", str(tmp_path / "ckpt"), "--pid-dir", str(tmp_path / "pids")]
     codes, out, saved, hung = kill_and_wait(pod_commands(api, ddp_args, old_port_formula), tmp_path, finish_s=30,
