@@ -77,12 +77,16 @@ jobs: venv
 	  $(BIN)/python -m toolkit recipes render $$name --nodes $$nodes --cluster jobs/dl1-cluster.yaml --queue dl1 --run-dir /fsx/runs/$$name-$${nodes}xdl1 \
 	    -o jobs/$$name-$${nodes}xdl1.sbatch --force || exit 1; done
 
-# Reviewed Kubernetes renders in jobs/k8s/ (tests/test_k8s_examples.py checks they match today's rendering).
+# Reviewed Kubernetes renders: Kubeflow v1 (PyTorchJob/MPIJob) in jobs/k8s/, Trainer v2 (TrainJob) in
+# jobs/k8s/trainer-v2/ (tests/test_k8s_examples.py and tests/test_k8s_trainer_v2.py check they match today's rendering).
 K8S_JOBS := resnet50:3:p4d.24xlarge roberta:8:p5.48xlarge nccl-tests:2:p4d.24xlarge
 k8s-jobs: venv
+	@mkdir -p jobs/k8s/trainer-v2
 	@for job in $(K8S_JOBS); do name=$${job%%:*}; rest=$${job#*:}; nodes=$${rest%%:*}; itype=$${rest#*:}; \
 	  $(BIN)/python -m toolkit k8s render $$name --nodes $$nodes --instance $$itype --fsx-storage-class fsx-lustre \
-	    -o jobs/k8s/$$name-$${nodes}x$${itype%%.*}.yaml --force || exit 1; done
+	    --api v1 -o jobs/k8s/$$name-$${nodes}x$${itype%%.*}.yaml --force || exit 1; \
+	  $(BIN)/python -m toolkit k8s render $$name --nodes $$nodes --instance $$itype --fsx-storage-class fsx-lustre \
+	    -o jobs/k8s/trainer-v2/$$name-$${nodes}x$${itype%%.*}.yaml --force || exit 1; done
 
 # Rewrite cluster-configs/*.yaml with the command recorded in each file's header.
 cluster-configs: venv

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import yaml
@@ -113,3 +114,10 @@ def sweep_probe_recipe(tmp_path: Path, **env: str) -> Path:
         "env": {"PROBE_OUT": str(tmp_path / "probe"), "PYTHONPATH": str(REPO), **env},
     }
     return write_recipe(tmp_path, recipe, "probe.yaml")
+
+
+def kubelet_expand(text: str, env: dict[str, str]) -> str:
+    """Kubernetes' expansion of a container's args (k8s.io/kubernetes third_party/forked/golang/expansion): $(VAR)
+    from the env, $$ a literal $, an unknown $(VAR) left as written."""
+    return re.sub(r"\$\$|\$\(([A-Za-z_][A-Za-z0-9_.-]*)\)",
+                  lambda m: "$" if m[0] == "$$" else env.get(m[1], m[0]), text)

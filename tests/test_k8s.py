@@ -25,7 +25,7 @@ from tests.test_k8s_crd import KUBECTL, kubectl_json, same_json
 from toolkit.cluster.queues import load_queues
 from toolkit.errors import HpcError
 from toolkit.job.rank import RankVar, preview_argv
-from toolkit.job.spec import build_job_spec
+from toolkit.job.spec import TORCHRUN_ENV, build_job_spec
 from toolkit.k8s.kubeyaml import dump_all
 from toolkit.k8s.manifests import EFA, GPU, HUGEPAGES, LAUNCHER_BACKOFF_LIMIT, Storage, render
 from toolkit.k8s.validate import validate_text
@@ -204,7 +204,8 @@ def test_efa_devices_are_all_of_the_instances_and_the_environment_is_the_slurm_o
     limits = _worker_pod(_job(tcp))["containers"][0]["resources"]["limits"]
     assert EFA not in limits and HUGEPAGES not in limits
     env = {e["name"]: e["value"] for e in _worker_pod(_job(tcp))["containers"][0]["env"]}
-    assert env == {**tcp.spec.environ, "OMP_NUM_THREADS": "10"} and env["NCCL_SOCKET_NTHREADS"] == "4"  # TCP set
+    assert env == {**tcp.spec.environ, **dict(TORCHRUN_ENV), "OMP_NUM_THREADS": "10"}
+    assert env["NCCL_SOCKET_NTHREADS"] == "4"  # TCP set
 
 
 @pytest.mark.parametrize("name,itype,nodes,kind", SETUPS)
@@ -358,9 +359,9 @@ def test_slurm_and_kubernetes_forms_agree_on_argv_and_derived_values(tmp_path):
                   "MASTER_PORT": "29500", "TORCHELASTIC_RESTART_COUNT": "2"}
     res = subprocess.run(args, env=worker_env, capture_output=True, text=True, timeout=30)
     assert res.returncode == 0, res.stderr
-    # The worker's store moves to a fresh port per restart attempt (MASTER_PORT + 1 + restart count).
+    # The rendezvous port is torchrun's (a fresh one per round: tests/test_elastic_restart.py).
     expected = preview_argv(slurm.command, {"RANK": "13", "LOCAL_RANK": "5",
-                                            "MASTER_ADDR": "roberta-worker-0", "MASTER_PORT": "29503"})
+                                            "MASTER_ADDR": "roberta-worker-0", "MASTER_PORT": "29500"})
     assert json.loads(res.stdout) == expected[1:]
     assert "--update-freq" in expected and expected[expected.index("--distributed-world-size") + 1] == "64"
     # The same derived values, from the same code. Only these differ by target: Slurm's node-boot rule (pods start
@@ -374,7 +375,7 @@ def test_slurm_and_kubernetes_forms_agree_on_argv_and_derived_values(tmp_path):
             assert f"#   {key} = {value}  (" in k8s.text
     # (but the loader path the Slurm job prepends to the node's: a pod keeps its image's)
     assert {e["name"]: e["value"] for e in container["env"]} == {
-        **{v.name: v.value for v in slurm.env if not v.prepend}, "OMP_NUM_THREADS": "10"}
+        **{v.name: v.value for v in slurm.env if not v.prepend}, **dict(TORCHRUN_ENV), "OMP_NUM_THREADS": "10"}
     spec = _job(k8s)["spec"]
     assert spec["pytorchReplicaSpecs"]["Worker"]["replicas"] * int(spec["nprocPerNode"]) == slurm.world_size
 
@@ -454,7 +455,7 @@ print(f"attempt {attempt} rank {rank} sum {total.item():.0f}", flush=True)
 
 @pytest.mark.training
 def test_a_killed_worker_restarts_the_group_under_the_rendered_command_line(tmp_path):
-    """The container's torchrun arguments (restart-safe store: a fresh port per attempt) around a stand-in worker
+    """The container's torchrun arguments and torchrun's env (a store per round) around a stand-in worker
     that rendezvouses like fairseq (--distributed-init-method tcp://MASTER_ADDR:MASTER_PORT) and is SIGKILLed on
     the first attempt: torchrun's restart must complete. Without the fresh store torch 2.14's restarted workers
     failed or hung here."""
@@ -465,7 +466,8 @@ def test_a_killed_worker_restarts_the_group_under_the_rendered_command_line(tmp_
     worker = tmp_path / "worker.py"
     worker.write_text(STAND_IN_WORKER)
     command = (sys.executable, str(worker), ("tcp://", RankVar.MASTER_ADDR, ":", RankVar.MASTER_PORT))
-    env = dict(os.environ, PET_NNODES="1:1", PET_NPROC_PER_NODE="2", PET_MAX_RESTARTS="1", PET_STANDALONE="1")
+    env = dict(os.environ, **dict(TORCHRUN_ENV), PET_NNODES="1:1", PET_NPROC_PER_NODE="2", PET_MAX_RESTARTS="1",
+               PET_STANDALONE="1")
     torchrun = os.path.join(os.path.dirname(sys.executable), "torchrun")
     res = subprocess.run([torchrun, *torchrun_args(command)], env=env, capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stderr[-3000:]

@@ -276,9 +276,9 @@ def strays(marker: str) -> list[str]:
 def test_plain_torchrun_restarts_hang_on_this_torch(tmp_path):
     """The control: the same kill under plain torchrun (workers on the agent's store) never completes after the
     restart (the workers fail connecting to the old round's peers, or hang in init_process_group): the bug
-    user_main works around (with the fix, the same kill recovers: tests/test_own_code_slurm.py, under hpc run on
-    the local Slurm). When torch fixes it, this fails: then fresh_store_per_round can go. (The run with the fix
-    completes within ~20 s; 90 s here is plenty.)"""
+    toolkit.job.spec.TORCHRUN_ENV avoids (with it, the same kill recovers: tests/test_own_code_slurm.py under hpc
+    run on the local Slurm, tests/test_elastic_restart.py for the pods). When torch fixes it, this fails: then
+    TORCHRUN_ENV can go. (The run with the fix completes within ~20 s; 90 s here is plenty.)"""
     codes, out, _ = run_two_agents([sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node",
                                     "2", "--rdzv-backend", "c10d", "--max-restarts", "1", str(DDP)], tmp_path,
                                    finish_s=90)

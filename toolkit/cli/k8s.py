@@ -10,14 +10,20 @@ import typer
 
 from toolkit.cli.output import JSON_OPTION, emit, info
 
+# A new EKS user who installs Kubeflow today gets Trainer v2 (kubeflow/trainer v2.2+, TrainJob): Kubeflow's
+# installation guide (kubeflow.org docs, components/trainer/operator-guides/installation) installs it, and lists the
+# Training Operator (PyTorchJob) as "Legacy (v1)". v1 stays for clusters that run it.
+DEFAULT_API = "trainer-v2"
+
 app = typer.Typer(help="The recipes as Kubernetes manifests (Amazon EKS): render, validate offline.",
                   no_args_is_help=True, rich_markup_mode=None)
 
 
 def render_command_line(name: str, nodes: int, instance: str, profile, overrides, namespace, image, claim,
-                        storage_class, efa, output) -> str:
+                        storage_class, efa, output, api: str = DEFAULT_API) -> str:
     """The `hpc k8s render` line that reproduces a rendering (recorded in the file's header)."""
     words = ["hpc", "k8s", "render", name, "--nodes", str(nodes), "--instance", instance]
+    words += ["--api", api] if api != DEFAULT_API else []
     words += ["--profile", profile] if profile else []
     for item in overrides:
         words += ["--set", item]
@@ -46,17 +52,23 @@ def render(name: str = typer.Argument(..., help="Recipe name or path to a recipe
                                                             "provisioning) and a claim through it."),
            efa: Optional[bool] = typer.Option(None, "--efa/--no-efa", help="Use the instance's EFA devices "
                                                                            "(default: all of them, if it has any)."),
+           api: str = typer.Option(DEFAULT_API, "--api", help="Kubeflow API: trainer-v2 (TrainJob on Kubeflow "
+                                   "Trainer v2.2+, what a new install gets today) or v1 (PyTorchJob of the Training "
+                                   "Operator v1.9, MPIJob of the MPI Operator, for clusters that run them)."),
            output: Optional[Path] = typer.Option(None, "--output", "-o", help="Write the manifests here."),
            force: bool = typer.Option(False, "--force", help="Overwrite an existing --output file."),
            as_json: bool = JSON_OPTION) -> None:
-    """Render a recipe as Kubernetes manifests: PyTorchJob (training) or MPIJob (nccl-tests), FSx claim."""
+    """Render a recipe as Kubernetes manifests: a Kubeflow Trainer v2 TrainJob (default) or a v1 PyTorchJob
+    (training) / MPIJob (nccl-tests), and the FSx claim."""
     import dataclasses
 
     from toolkit.errors import HpcError, UsageError
-    from toolkit.k8s.manifests import DEFAULT_CLAIM, Storage
+    from toolkit.k8s.manifests import APIS, DEFAULT_CLAIM, Storage
     from toolkit.k8s.manifests import render as render_manifests
     from toolkit.recipes.load import load_recipe
 
+    if api not in APIS:
+        raise UsageError(f"--api {api}: not a Kubeflow API this renders", fix=f"give one of: {', '.join(APIS)}")
     if claim and storage_class:
         raise UsageError("--fsx-claim names an existing claim; --fsx-storage-class makes a new one",
                          fix="give one of them")
@@ -65,9 +77,9 @@ def render(name: str = typer.Argument(..., help="Recipe name or path to a recipe
     recipe = load_recipe(name, profile=profile, overrides=overrides)
     storage = Storage(claim=claim or DEFAULT_CLAIM, storage_class=storage_class)
     line = render_command_line(name, nodes, instance, profile, overrides, namespace, image, claim, storage_class,
-                               efa, output)
+                               efa, output, api)
     rendered = render_manifests(recipe, instance, nodes, profile=profile, namespace=namespace, image=image,
-                                storage=storage, efa=efa, command_line=line)
+                                storage=storage, efa=efa, command_line=line, api=api)
     for note in rendered.notes:
         info(f"note: {note}")
     for warning in rendered.spec.warnings:

@@ -45,8 +45,15 @@ USER_MAIN = Path(__file__).with_name("user_main.py")  # each Python rank's first
 # torchrun with SIGUSR2 ignored: Slurm signals every process of the step before the time limit, and USR2's default
 # action would kill torchrun (and with it the ranks) while they save. Ranks inherit the ignore; a workload that stops
 # on the signal installs its own handler (our trainers), any other resumes from its checkpoint after the requeue.
-TORCHRUN = ("import signal, sys; signal.signal(signal.SIGUSR2, signal.SIG_IGN); "
-            "from torch.distributed.run import main; sys.exit(main())")
+# torchrun's environment on every target (Slurm here, the pods' container env in toolkit.k8s): each rendezvous round
+# gets its own store. By default (torch >= 2.4) the workers share the agent's store, which outlives rounds, and tell
+# restarts apart by TORCHELASTIC_RESTART_COUNT, which only the agent whose worker failed increments: after a failure
+# the nodes' workers disagree and hang (pytorch/pytorch#135712; measured on torch 2.14.1). With the shared store off,
+# rank 0's agent picks a free MASTER_PORT each round and every agent reads it from that round's rendezvous store
+# (torch/distributed/elastic/rendezvous/dynamic_rendezvous.py, next_rendezvous), so all nodes agree.
+TORCHRUN_ENV = (("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1"),)
+TORCHRUN = (f"import os, signal, sys; os.environ.update({dict(TORCHRUN_ENV)!r}); "
+            "signal.signal(signal.SIGUSR2, signal.SIG_IGN); from torch.distributed.run import main; sys.exit(main())")
 # The catalog's accelerator kind decides the device form of a job (GRES GPUs, devices, collective backend).
 DEVICE_OF_ACCELERATOR = {"nvidia": "gpu", "gaudi": "hpu", "none": "cpu"}
 

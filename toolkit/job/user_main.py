@@ -11,7 +11,8 @@ The contract for user scripts (what torchrun gives a script, in both launcher st
     program exports them from srun's task; style `torchrun`: torchrun sets them for its workers.
   - Style torchrun restarts all ranks of every node after a rank fails (up to max_restarts): a script that
     must not start over saves a checkpoint every N steps and, at start, resumes from its newest one
-    (TORCHELASTIC_RESTART_COUNT counts this node's restarts). Each round gets a fresh MASTER_PORT.
+    (TORCHELASTIC_RESTART_COUNT counts this node's restarts only). Each round gets a fresh MASTER_PORT, the same
+    on every node (torchrun runs with toolkit.job.spec.TORCHRUN_ENV).
   - init_process_group must return within RENDEZVOUS_TIMEOUT_S, else the rank exits 1 with a message saying
     so (a script that ignores the variables above waits for peers that never come).
   - SIGUSR2 before the time limit / on preemption: with `stops_on_signal: true` it reaches the ranks, which
@@ -28,33 +29,6 @@ def fail(message):
     sys.stderr.write(f"hpc: error: rank {os.environ.get('RANK', '?')} on {os.uname().nodename}: {message}\n")
     sys.stderr.flush()
     os._exit(1)
-
-
-def fresh_store_per_round(timeout_s):
-    """torchrun: give each rendezvous round its own store, served by rank 0 on a fresh port.
-
-    torch 2.14.1's workers otherwise all use the agent's store, which outlives rounds: after a restart they
-    read the previous round's peer addresses from it and hang in init_process_group. TORCHELASTIC_RESTART_COUNT
-    cannot name the round (each node's agent counts only its own restarts), so the ranks count their own
-    starts in the agent's store (every round starts every rank once), and rank 0 publishes its new store's port
-    there. The store listens before its port is published: the ranks connect at once, as to the agent's store.
-    """
-    env = os.environ
-    if env.get("TORCHELASTIC_USE_AGENT_STORE") != "True":  # not a torchrun worker
-        return
-    import datetime
-
-    from torch.distributed import TCPStore
-
-    timeout = datetime.timedelta(seconds=timeout_s)
-    agent = TCPStore(env["MASTER_ADDR"], int(env["MASTER_PORT"]), is_master=False, timeout=timeout)
-    key = f"hpc/round{agent.add('hpc/starts/rank' + env['RANK'], 1)}/master_port"
-    if env["RANK"] == "0":
-        global ROUND_STORE  # served by this process for its lifetime, like the agent's store
-        ROUND_STORE = TCPStore(env["MASTER_ADDR"], 0, is_master=True, wait_for_workers=False, timeout=timeout)
-        agent.set(key, str(ROUND_STORE.port))
-    # TORCHELASTIC_USE_AGENT_STORE stays True: every rank is a client of the store served at the new port.
-    env["MASTER_PORT"] = agent.get(key).decode()
 
 
 def watch_rendezvous(timeout_s):
@@ -112,7 +86,6 @@ def main(argv):
         script, args = target[0], target[1:]
         if not os.path.isfile(script):
             fail(f"script {script} does not exist on this node (it must be on a shared file system)")
-    fresh_store_per_round(float(timeout_s))
     watch_rendezvous(float(timeout_s))
     if target[0] == "-m":
         sys.argv = [module, *args]

@@ -149,7 +149,9 @@ def replica_templates(obj: dict) -> Iterator[tuple[tuple, str, dict]]:
 
 def operator_violations(obj: dict) -> list[Violation]:
     """What the PyTorchJob webhook or the MPI Operator rejects (schema-valid objects assumed)."""
-    check = {"PyTorchJob": _pytorch_job, "MPIJob": _mpi_job}.get(obj.get("kind"))
+    from toolkit.k8s.trainer_v2 import admission_violations as _train_job
+
+    check = {"PyTorchJob": _pytorch_job, "MPIJob": _mpi_job, "TrainJob": _train_job}.get(obj.get("kind"))
     found = list(check(obj)) if check else []
     for parts, _, replica in replica_templates(obj):
         template = replica.get("template") or {}

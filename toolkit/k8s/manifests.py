@@ -37,6 +37,10 @@ FSX_PROVISIONER = "fsx.csi.aws.com"
 # FSx for Lustre SCRATCH_2/PERSISTENT_2 capacities are 1200 GiB or multiples of 2400 GiB.
 FSX_CAPACITY = "1200Gi"
 DEFAULT_CLAIM = "fsx-claim"
+# The Kubeflow API a job is rendered for: Trainer v2's TrainJob (toolkit.k8s.trainer_v2), or v1's PyTorchJob (Training
+# Operator) and MPIJob (MPI Operator), which existing installations run.
+TRAINER_V2, V1 = "trainer-v2", "v1"
+APIS = (TRAINER_V2, V1)
 # Node daemons (kubelet, VPC CNI, EFA and NVIDIA device plugins, FSx CSI node driver, log/metric agents) and
 # the kubelet's own reservations live beside the job: requests leave this share of the node to them.
 NODE_RESERVE = 0.1
@@ -45,10 +49,6 @@ NODE_RESERVE = 0.1
 SHM_SHARE = 0.25
 # torchrun restarts all workers of a node this many times after a failure before the job fails.
 MAX_RESTARTS = 3
-# torch 2.14 measured: after a worker was killed, restarted workers read the previous attempt's peers from the
-# agent's store and fail or hang; a fresh store per attempt (rank 0 hosts it on the next port) restarts cleanly.
-RESTART_SAFE_STORE = ("export TORCHELASTIC_USE_AGENT_STORE=False "
-                      "MASTER_PORT=$((MASTER_PORT + 1 + ${TORCHELASTIC_RESTART_COUNT:-0}))")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -143,12 +143,20 @@ def torchrun_args(command: tuple[Arg, ...]) -> list[str]:
 
     torchrun reads its other settings (nodes, processes per node, rendezvous, restarts) from the PET_*
     variables the Training Operator sets from the PyTorchJob, and sets the rank contract for its workers: the
-    rank program (toolkit.job.rank) needs to export none of it.
+    rank program (toolkit.job.rank) needs to export none of it. A restart's fresh rendezvous port comes from
+    torchrun itself (TORCHRUN_ENV in the pod's env), the same on every pod.
     """
     from toolkit.job.rank import rank_program
 
     program = rank_program(command, 0, 0, contract=False)
-    return ["--no-python", "bash", "-c", f"{RESTART_SAFE_STORE}; {program.script}", *program.words]
+    return as_written(["--no-python", "bash", "-c", program.script, *program.words])
+
+
+def as_written(words: list[str]) -> list[str]:
+    """Container args and env values as Kubernetes passes them on: the kubelet reads `$(NAME)` in them as a
+    variable reference and replaces it when NAME is in the container's env; `$$(` is a literal `$(`
+    (k8s.io/kubernetes third_party/forked/golang/expansion)."""
+    return [w.replace("$(", "$$(") for w in words]
 
 
 # An MPI binary named by a relative path runs from the image, under this root: AWS's EKS nccl-tests image builds
@@ -183,15 +191,18 @@ def mpirun_args(spec, program: str) -> list[str]:
 def _env(spec) -> list[dict]:
     # Not a path list to prepend (LD_LIBRARY_PATH): a pod's env can only replace the image's value, and the
     # image sets its own library path.
-    return [{"name": var.name, "value": var.value} for var in spec.env if not var.prepend]
+    return [{"name": var.name, "value": as_written([var.value])[0]} for var in spec.env if not var.prepend]
 
 
-def _torchrun_env(spec) -> list[dict]:
-    """The job's variables, plus threads per rank: torchrun would set OMP_NUM_THREADS=1 for every worker,
-    where a Slurm rank keeps its CPUs per task (our trainer reads SLURM_CPUS_PER_TASK, absent here)."""
+def torchrun_env(spec) -> list[dict]:
+    """The job's variables, torchrun's (a rendezvous store per round, as under Slurm: toolkit.job.spec.TORCHRUN_ENV),
+    and threads per rank: torchrun would set OMP_NUM_THREADS=1 for every worker, where a Slurm rank keeps its CPUs
+    per task (our trainer reads SLURM_CPUS_PER_TASK, absent here)."""
+    from toolkit.job.spec import TORCHRUN_ENV
+
     threads = [] if "OMP_NUM_THREADS" in spec.environ else [{"name": "OMP_NUM_THREADS",
                                                                "value": str(spec.cpus_per_task)}]
-    return _env(spec) + threads
+    return _env(spec) + [{"name": name, "value": value} for name, value in TORCHRUN_ENV] + threads
 
 
 def _pod(spec, it: InstanceType, container: dict, claim: str | None, labels: dict, efa: int) -> dict:
@@ -220,7 +231,7 @@ def _metadata(name: str, namespace: str, labels: dict) -> dict:
 def pytorch_job(spec, it: InstanceType, name: str, namespace: str, image: str, claim: str, efa: int) -> dict:
     labels = {"app.kubernetes.io/managed-by": "hpc-toolkit", "hpc-toolkit/recipe": _dns_name(spec.recipe)}
     container = {"name": "pytorch", "image": image, "command": ["torchrun"], "args": torchrun_args(spec.command),
-                 "env": _torchrun_env(spec)}
+                 "env": torchrun_env(spec)}
     return {
         "apiVersion": "kubeflow.org/v1",
         "kind": "PyTorchJob",
@@ -242,7 +253,7 @@ def pytorch_job(spec, it: InstanceType, name: str, namespace: str, image: str, c
 def mpi_job(spec, it: InstanceType, name: str, namespace: str, image: str, claim: str, efa: int,
             program: str) -> dict:
     labels = {"app.kubernetes.io/managed-by": "hpc-toolkit", "hpc-toolkit/recipe": _dns_name(spec.recipe)}
-    launcher = {"name": "launcher", "image": image, "command": ["mpirun"], "args": mpirun_args(spec, program),
+    launcher = {"name": "launcher", "image": image, "command": ["mpirun"], "args": as_written(mpirun_args(spec, program)),
                 "env": _env(spec), "resources": {"requests": {"cpu": "1", "memory": "2Gi"}}}
     worker = {"name": "worker", "image": image, "command": ["/usr/sbin/sshd"], "args": ["-De"]}
     return {
@@ -306,7 +317,7 @@ def to_yaml(documents: list[dict], header: list[str]) -> str:
 
 def render(recipe, instance_type: str, nodes: int, *, profile: str | None = None, namespace: str = "default",
            image: str | None = None, storage: Storage = Storage(), efa: bool | None = None,
-           command_line: str = "") -> Rendered:
+           command_line: str = "", api: str = V1) -> Rendered:
     """The manifests of `recipe` on `nodes` nodes of `instance_type` (all derived values from the JobSpec)."""
     from toolkit.job.spec import job_spec
 
@@ -339,8 +350,14 @@ def render(recipe, instance_type: str, nodes: int, *, profile: str | None = None
         program_note = [f"mpirun runs {program} from the image (built against the image's NCCL, aws-ofi-nccl and "
                         f"Open MPI), not {spec.command[0]}, the Slurm form's build."]
         notes += program_note
-    documents = storage_documents(storage, namespace) + [job]
-    header = [f"{kind} {name}: {recipe.description}",
+    jobs, what = [job], f"{kind} {name}"
+    if api == TRAINER_V2:
+        from toolkit.k8s.trainer_v2 import from_v1
+
+        jobs = from_v1(job)
+        what = f"TrainJob {name} ({'torch-distributed' if kind == 'PyTorchJob' else 'MPI'} runtime)"
+    documents = storage_documents(storage, namespace) + jobs
+    header = [f"{what}: {recipe.description}",
               f"Rendered by `{command_line}` (do not edit: change the recipe and render again)." if command_line
               else "Rendered by hpc k8s render (do not edit: change the recipe and render again).",
               f"{spec.nodes} x {it.name}, {spec.tasks_per_node} ranks per node, world size {spec.world_size}; "
