@@ -223,4 +223,5 @@ def test_kubernetes_pods_keep_their_images_library_path():
     spec = build_job_spec(load_recipe("nccl-tests"), P3DN, 2)
     assert "LD_LIBRARY_PATH" in spec.environ
     assert "LD_LIBRARY_PATH" not in [e["name"] for e in _env(spec)]
-    assert mpirun_args(spec).count("LD_LIBRARY_PATH") == 1  # forwarded once, the launcher's own
+    # forwarded once, the launcher's own
+    assert mpirun_args(spec, "/opt/nccl-tests/build/all_reduce_perf").count("LD_LIBRARY_PATH") == 1
