@@ -328,3 +328,13 @@ def test_operator_rules_beyond_the_crds():
         "spec.mpiReplicaSpecs.Launcher.replicas: must be 1",
         "spec.mpiReplicaSpecs.Worker.template.spec.containers[0].volumeMounts[0].name: not found: no volume named "
         "'fsx' in the pod"]
+
+
+def test_labels_and_annotations_of_another_type_are_schema_errors_not_a_crash():
+    """Found by the any-value property test: labels given as a string crashed the label rules after the schema
+    had already said what was wrong."""
+    job = {"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob",
+           "metadata": {"name": "r", "labels": "app=r", "annotations": ["a", 1]},
+           "spec": {"pytorchReplicaSpecs": {}}}
+    paths = {v.path for v in validate_against_crd(job, crd_named("pytorchjobs.kubeflow.org")) if v.level == "error"}
+    assert {"metadata.labels", "metadata.annotations"} <= paths

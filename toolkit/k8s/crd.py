@@ -155,7 +155,8 @@ def _check(value: Any, schema: dict, parts: tuple, *, embedded: bool = False,
     for rule in schema.get("x-kubernetes-validations") or []:
         if "oldSelf" not in rule.get("rule", ""):  # transition rules apply to updates only
             yield Violation(parts, f"not checked offline: CEL rule `{rule.get('rule')}`"
-                            + (f" ({rule['message']})" if rule.get("message") else ""), level="info")
+                            + (f" ({rule['message']})" if rule.get("message") else ""), level="info",
+                            rule=rule.get("rule"))
     if isinstance(value, dict):
         yield from _check_object(value, schema, parts, embedded=embedded, structural=structural)
     elif isinstance(value, list):
@@ -283,16 +284,19 @@ def _qualified_name(key: str) -> bool:
 
 def label_violations(meta: dict, parts: tuple) -> Iterator[Violation]:
     """ObjectMeta's labels, annotation keys and namespace as the API server checks them (ValidateObjectMeta)."""
-    for key, value in (meta.get("labels") or {}).items():
-        if not _qualified_name(key):
+    # labels/annotations of another type are the ObjectMeta schema's error (reported before this): nothing to read
+    labels, annotations = (value if isinstance(value, dict) else {} for value in (meta.get("labels"),
+                                                                              meta.get("annotations")))
+    for key, value in labels.items():
+        if not _qualified_name(str(key)):
             yield Violation(parts + ("labels", key), "not a valid label key (an optional DNS-subdomain prefix and "
                             "'/', then at most 63 letters, digits, '-', '_' or '.', starting and ending "
                             "alphanumeric)")
         elif isinstance(value, str) and value and (len(value) > 63 or not _NAME_PART.fullmatch(value)):
             yield Violation(parts + ("labels", key), f"{value!r} is not a valid label value (at most 63 letters, "
                             "digits, '-', '_' or '.', starting and ending alphanumeric)")
-    for key in meta.get("annotations") or {}:
-        if not _qualified_name(key.lower()):
+    for key in annotations:
+        if not _qualified_name(str(key).lower()):
             yield Violation(parts + ("annotations", key), "not a valid annotation key (a qualified name, as for "
                             "labels)")
     namespace = meta.get("namespace")
