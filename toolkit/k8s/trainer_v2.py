@@ -127,6 +127,11 @@ def mpi_train_job(mpi_job: dict) -> dict:
     }
 
 
+# The TrainJob CRD's CEL rules that admission_violations evaluates (its name rules): no "not checked" note for them.
+CEL_RULES_CHECKED = frozenset({"self.metadata.name.matches('^[a-z]([-a-z0-9]*[a-z0-9])?$')",
+                               "size(self.metadata.name) <= 63"})
+
+
 def admission_violations(job: dict) -> Iterator[Violation]:
     """What Trainer v2.3.0 rejects in a TrainJob beyond its CRD's schema: the CRD's CEL rules on the name (the
     offline schema check does not run CEL), the jobset plugin's runtimePatches rules

@@ -55,7 +55,9 @@ def _schema_findings(doc: dict, where: str) -> list[Finding]:
                         "kind: PersistentVolumeClaim)", source="schema")]
     crd = find_crd(api_version, kind)
     if crd is not None:
-        found = validate_against_crd(doc, crd)
+        from toolkit.k8s.trainer_v2 import CEL_RULES_CHECKED
+
+        found = [v for v in validate_against_crd(doc, crd) if v.rule not in CEL_RULES_CHECKED]
         if any(v.parts == ("apiVersion",) for v in found):
             return [Finding("error", f"{where}: apiVersion", found[0].message, f"set apiVersion: "
                             f"{crd.api_versions[-1]}", source="crd")]

@@ -37,6 +37,7 @@ class Violation:
     message: str
     level: str = "error"  # "info": a rule not evaluated offline
     fix: str | None = None
+    rule: str | None = None  # the CEL rule an "info" note says was not evaluated
 
     @property
     def path(self) -> str:
