@@ -95,3 +95,4 @@ class RankShard(Dataset):
 
     def __getitem__(self, position: int):
         return self.dataset[self.indices[position]]
+
