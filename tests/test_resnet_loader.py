@@ -89,19 +89,17 @@ def test_crop_and_flip_parameters_are_honoured():
     both outcomes occur over a few seeds. Channels-last output is asked for and given."""
     from torchvision.io import encode_jpeg
 
-    from toolkit.workloads.resnet_loaders import BatchTransform
+    from toolkit.workloads.resnet_loaders import BatchTransform, crop_and_flip
 
     ramp = torch.arange(64, dtype=torch.float32).mul(4).to(torch.uint8)
     image = torch.stack([ramp.expand(48, 64), ramp.expand(48, 64).flip(-1), torch.full((48, 64), 128)]).to(torch.uint8)
-    transform = BatchTransform(SIZE, train=True, crop_scale_min=1.0, device=torch.device("cpu"), channels_last=True)
-    seeds = list(range(8))
-    flips = [transform.crop_and_flip(image, seed)[1] for seed in seeds]
-    assert set(flips) == {True, False}
-    assert all(transform.crop_and_flip(image, seed)[0] == (0, 0, 48, 64) for seed in seeds)
-    images, _ = transform([encode_jpeg(image, quality=100)] * len(seeds), torch.zeros(len(seeds)), seeds)
+    crops = [crop_and_flip(image, seed, crop_scale_min=1.0) for seed in range(8)]
+    assert {flip for _, flip in crops} == {True, False} and {box for box, _ in crops} == {(0, 0, 48, 64)}
+    transform = BatchTransform(SIZE, device=torch.device("cpu"), channels_last=True)
+    images, _ = transform([encode_jpeg(image, quality=100)] * len(crops), torch.zeros(len(crops)), crops)
     assert images.shape == (8, 3, SIZE, SIZE) and images.is_contiguous(memory_format=torch.channels_last)
     red_rises = (images[:, 0, :, -1] - images[:, 0, :, 0]).mean(dim=1) > 0
-    assert red_rises.tolist() == [not flip for flip in flips]
+    assert red_rises.tolist() == [not flip for _, flip in crops]
 
 
 def test_gpu_and_dali_are_refused_clearly_without_their_decoder(monkeypatch):

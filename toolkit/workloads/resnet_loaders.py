@@ -12,6 +12,9 @@ and augmentation run batched on the training device, one batch ahead, on a side 
                    our workers (fn.external_source); DALI draws the crops itself, so they differ from the PIL
                    path's and a resumed run repeats the data order but not the crops.
 
+torchvision 0.29 deprecates its image decoders in favour of TorchCodec (a DeprecationWarning once per
+process); decode() is the one place that calls them.
+
 The side-stream prefetch follows NVIDIA DeepLearningExamples' PrefetchedWrapper, and the DALI graph their
 HybridTrainPipe/HybridValPipe (PyTorch/Classification/ConvNets/image_classification/dataloaders.py).
 """
@@ -19,6 +22,7 @@ HybridTrainPipe/HybridValPipe (PyTorch/Classification/ConvNets/image_classificat
 from __future__ import annotations
 
 import contextlib
+import io
 from collections.abc import Callable, Iterable, Sequence
 
 import torch
@@ -61,32 +65,50 @@ def check_loader(loader: str, device: torch.device) -> None:
                            "or use --loader pil") from None
 
 
-class EncodedFiles(Dataset):
-    """ImageFolder's (path, label) list as raw bytes: `files[key]` -> (uint8 bytes, label, sample seed).
+def crop_and_flip(image, seed: int, crop_scale_min: float) -> tuple[tuple[int, int, int, int], bool]:
+    """(top, left, height, width) and whether to flip, drawn exactly as resnet_data.train_transform's
+    RandomResizedCrop + RandomHorizontalFlip draw them for this sample (same calls, same seed). `image` is
+    anything torchvision reads dimensions from: a PIL image opened for its header only will do."""
+    from torchvision import transforms
 
-    key is (epoch, index) for training (ResumableSampler) or an index for validation (RankShard). The seed
-    is the PIL path's per-sample seed (resnet_data.sample_seed), so the device side draws the same crop.
+    with torch.random.fork_rng(devices=[]):
+        torch.random.default_generator.manual_seed(seed)
+        box = transforms.RandomResizedCrop.get_params(image, [crop_scale_min, 1.0], [3 / 4, 4 / 3])
+        return box, bool(torch.rand(1) < 0.5)
+
+
+class EncodedFiles(Dataset):
+    """ImageFolder's (path, label) list as raw bytes: `files[key]` -> (uint8 bytes, label, crop).
+
+    key is (epoch, index) for training (ResumableSampler) or an index for validation (RankShard). For training
+    the worker also draws the sample's crop box and flip (crop_and_flip, from the PIL path's per-sample seed
+    and the size in the file's header), so the device side only resizes; for validation crop is None.
     """
 
-    def __init__(self, samples: Sequence[tuple[str, int]], seed: int) -> None:
-        self.samples = samples
-        self.seed = seed
+    def __init__(self, samples: Sequence[tuple[str, int]], seed: int, crop_scale_min: float | None) -> None:
+        self.samples, self.seed, self.crop_scale_min = samples, seed, crop_scale_min
 
     def __len__(self) -> int:
         return len(self.samples)
 
     def __getitem__(self, key):
+        from PIL import Image
+
         epoch, index = key if isinstance(key, tuple) else (0, key)
         path, label = self.samples[index]
         with open(path, "rb") as handle:
-            data = torch.frombuffer(bytearray(handle.read()), dtype=torch.uint8)
-        return data, label, sample_seed(self.seed, epoch, index)
+            raw = handle.read()
+        crop = None
+        if self.crop_scale_min is not None:
+            with Image.open(io.BytesIO(raw)) as header:  # reads the header: the size, not the pixels
+                crop = crop_and_flip(header, sample_seed(self.seed, epoch, index), self.crop_scale_min)
+        return torch.frombuffer(bytearray(raw), dtype=torch.uint8), label, crop
 
 
 def collate_encoded(batch):
     """Bytes stay a list (every file has its own length); labels become one tensor as in the PIL path."""
-    data, labels, seeds = zip(*batch)
-    return list(data), torch.tensor(labels), list(seeds)
+    data, labels, crops = zip(*batch)
+    return list(data), torch.tensor(labels), list(crops)
 
 
 def decode(encoded: list[torch.Tensor], device: torch.device) -> list[torch.Tensor]:
@@ -108,41 +130,29 @@ def decode(encoded: list[torch.Tensor], device: torch.device) -> list[torch.Tens
 class BatchTransform:
     """Decoded batch -> normalised float batch (N, 3, size, size) on the device, as the PIL path's transforms.
 
-    Training: RandomResizedCrop(size, scale=(crop_scale_min, 1), ratio=(3/4, 4/3)) + horizontal flip, their
-    parameters drawn by torchvision's own get_params from the sample's seed (resnet_data.train_transform
-    draws the same numbers from the same seed). Validation: resize the short side to size/0.875, center crop.
+    Training: each sample's crop box resized to size x size and flipped as its worker drew them (crop_and_flip:
+    RandomResizedCrop(size, scale=(crop_scale_min, 1), ratio=(3/4, 4/3)) + horizontal flip). Validation:
+    resize the short side to size/0.875, center crop.
     """
 
-    def __init__(self, image_size: int, *, train: bool, crop_scale_min: float, device: torch.device,
-                 channels_last: bool) -> None:
-        self.size, self.train, self.scale = image_size, train, (crop_scale_min, 1.0)
-        self.device, self.channels_last = device, channels_last
+    def __init__(self, image_size: int, *, device: torch.device, channels_last: bool) -> None:
+        self.size, self.device, self.channels_last = image_size, device, channels_last
         self.mean = torch.tensor(IMAGENET_MEAN, device=device).view(1, 3, 1, 1) * 255
         self.std = torch.tensor(IMAGENET_STD, device=device).view(1, 3, 1, 1) * 255
 
-    def crop_and_flip(self, image: torch.Tensor, seed: int) -> tuple[tuple[int, int, int, int], bool]:
-        """(top, left, height, width) and whether to flip, exactly as RandomResizedCrop + RandomHorizontalFlip
-        draw them for this sample in the PIL path."""
-        from torchvision import transforms
-
-        with torch.random.fork_rng(devices=[]):
-            torch.random.default_generator.manual_seed(seed)
-            box = transforms.RandomResizedCrop.get_params(image, list(self.scale), [3 / 4, 4 / 3])
-            return box, bool(torch.rand(1) < 0.5)
-
-    def __call__(self, encoded: list[torch.Tensor], labels: torch.Tensor, seeds: list[int]):
+    def __call__(self, encoded: list[torch.Tensor], labels: torch.Tensor, crops: list):
         from torchvision.transforms.v2 import functional as F
 
         size = self.size
         out = torch.empty((len(encoded), 3, size, size), dtype=torch.uint8, device=self.device)
-        for i, (image, seed) in enumerate(zip(decode(encoded, self.device), seeds)):
-            if self.train:
-                (top, left, height, width), flip = self.crop_and_flip(image, seed)
-                image = F.resized_crop(image, top, left, height, width, [size, size], antialias=True)
-                out[i] = F.horizontal_flip(image) if flip else image
-            else:
+        for i, (image, crop) in enumerate(zip(decode(encoded, self.device), crops)):
+            if crop is None:
                 image = F.resize(image, [round(size / VAL_RESIZE_RATIO)], antialias=True)
                 out[i] = F.center_crop(image, [size, size])
+            else:
+                (top, left, height, width), flip = crop
+                image = F.resized_crop(image, top, left, height, width, [size, size], antialias=True)
+                out[i] = F.horizontal_flip(image) if flip else image
         memory_format = torch.channels_last if self.channels_last else torch.contiguous_format
         images = out.to(memory_format=memory_format).float().sub_(self.mean).div_(self.std)
         return images, labels.to(self.device, non_blocking=True)
@@ -257,8 +267,9 @@ class Loaders:
         if pil:
             train_samples, val_samples, collate = SeededSamples(train, seed), val, None
         else:  # the workers only read bytes; decoding waits for the device
-            train_samples = EncodedFiles(train.samples, seed)
-            val_samples, collate = EncodedFiles(val.samples, seed), collate_encoded
+            # DALI draws its own crops on the device
+            train_samples = EncodedFiles(train.samples, seed, crop_scale_min if loader == "gpu" else None)
+            val_samples, collate = EncodedFiles(val.samples, seed, None), collate_encoded
         options = dict(num_workers=workers, pin_memory=device.type == "cuda", worker_init_fn=worker_init_fn,
                        persistent_workers=workers > 0, collate_fn=collate)
         train_batches = DataLoader(train_samples, batch_size=batch_size, sampler=self.sampler, drop_last=True,
@@ -270,11 +281,6 @@ class Loaders:
             self.train = DaliBatches(train_batches, train=True, **common)
             self.val = DaliBatches(val_batches, train=False, **common)
             return
-        if pil:
-            prepare_train = prepare_val = to_device(device)
-        else:
-            common = dict(crop_scale_min=crop_scale_min, device=device, channels_last=channels_last)
-            prepare_train = BatchTransform(image_size, train=True, **common)
-            prepare_val = BatchTransform(image_size, train=False, **common)
-        self.train = DevicePrefetcher(train_batches, prepare_train, device)
-        self.val = DevicePrefetcher(val_batches, prepare_val, device)
+        prepare = to_device(device) if pil else BatchTransform(image_size, device=device, channels_last=channels_last)
+        self.train = DevicePrefetcher(train_batches, prepare, device)
+        self.val = DevicePrefetcher(val_batches, prepare, device)
