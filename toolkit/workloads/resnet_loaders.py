@@ -266,8 +266,7 @@ class Loaders:
         self.sampler = ResumableSampler(train, world_size, rank, seed)
         if pil:
             train_samples, val_samples, collate = SeededSamples(train, seed), val, None
-        else:  # the workers only read bytes; decoding waits for the device
-            # DALI draws its own crops on the device
+        else:  # the workers read bytes (and draw gpu's crops from the header); DALI draws its own on the device
             train_samples = EncodedFiles(train.samples, seed, crop_scale_min if loader == "gpu" else None)
             val_samples, collate = EncodedFiles(val.samples, seed, None), collate_encoded
         options = dict(num_workers=workers, pin_memory=device.type == "cuda", worker_init_fn=worker_init_fn,
