@@ -216,7 +216,9 @@ class DaliBatches:
 
         self.loader, self.device, self.channels_last = loader, device, channels_last
 
-        @pipeline_def(batch_size=batch_size, num_threads=max(threads, 1), device_id=device.index or 0, seed=seed)
+        # one batch in flight: each run() consumes exactly the batch fed before it (feed_input), in our order
+        @pipeline_def(batch_size=batch_size, num_threads=max(threads, 1), device_id=device.index or 0, seed=seed,
+                      prefetch_queue_depth=1)
         def graph():
             jpegs = fn.external_source(name="jpegs", dtype=types.UINT8)
             if train:
