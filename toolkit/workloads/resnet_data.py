@@ -95,4 +95,3 @@ class RankShard(Dataset):
 
     def __getitem__(self, position: int):
         return self.dataset[self.indices[position]]
-
