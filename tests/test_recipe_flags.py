@@ -36,7 +36,7 @@ ADDED = {
     "transformer": {"--update-freq", "--distributed-backend", "--distributed-world-size", "--distributed-no-spawn",
                     "--distributed-rank", "--device-id", "--distributed-init-method", "--save-dir"},
     "resnet50": {"--lr", "--warmup-epochs", "--device", "--backend", "--data", "--checkpoint-dir", "--log-dir",
-                 "--workers", "--checkpoint-every-steps", "--seed"},
+                 "--workers", "--checkpoint-every-steps", "--seed", "--loader"},
     "nccl-tests": set(),
 }
 ADDED["roberta"] = ADDED["transformer"]

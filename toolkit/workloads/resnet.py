@@ -52,6 +52,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                    help="smallest area fraction RandomResizedCrop keeps (tiny smoke images need more)")
     p.add_argument("--channels-last", action="store_true")
     p.add_argument("--workers", type=int, default=4, help="DataLoader worker processes per rank")
+    p.add_argument("--loader", choices=("pil", "gpu", "dali"), default="pil",
+                   help="where JPEGs are decoded and augmented: pil in the loader workers (any device); gpu "
+                        "batched nvjpeg + crop/flip/normalise on the GPU (same crops as pil); dali NVIDIA DALI "
+                        "(needs nvidia-dali; its own crops). See toolkit.workloads.resnet_loaders")
+    p.add_argument("--compile", action="store_true", help="torch.compile the model (torch >= 2.0)")
     p.add_argument("--checkpoint-dir", help="resume from checkpoint_last.pt here; save here")
     p.add_argument("--checkpoint-every-steps", type=int, default=0, help="0: only at epoch ends and stops")
     p.add_argument("--log-dir", help="rank 0 appends train_log.jsonl here")
@@ -94,6 +99,8 @@ class Trainer:
     def __init__(self, args: argparse.Namespace) -> None:
         import torch
 
+        from toolkit.workloads.resnet_loaders import check_loader
+
         self.args = args
         self.torch = torch
         try:
@@ -119,6 +126,9 @@ class Trainer:
             self.device = torch.device(hpu.DEVICE)
         else:
             self.device = torch.device("cpu")
+        check_loader(args.loader, self.device)
+        if args.compile and not hasattr(torch, "compile"):
+            raise HpcError(f"--compile needs torch >= 2.0 (this is {torch.__version__})", fix="drop --compile")
         self.is_main = self.env.rank == 0
         self.log = TrainLog(args.log_dir, enabled=self.is_main)
         self.stop_flag = StopFlag().install()
@@ -126,9 +136,7 @@ class Trainer:
 
     # -- set-up --------------------------------------------------------------------------------------
     def _data(self):
-        from torch.utils.data import DataLoader
-
-        from toolkit.workloads import resnet_data
+        from toolkit.workloads.resnet_loaders import Loaders
 
         args, env = self.args, self.env
         roots = {split: os.path.join(args.data, split) for split in ("train", "val")}
@@ -138,24 +146,20 @@ class Trainer:
                                fix="point --data at an ImageFolder root holding train/ and val/ "
                                    "(for a smoke run: python -m toolkit.workloads.smoke_data images DIR)")
         try:
-            train = resnet_data.image_folder(roots["train"], resnet_data.train_transform(args.image_size,
-                                                                                         args.crop_scale_min))
-            val = resnet_data.image_folder(roots["val"], resnet_data.val_transform(args.image_size))
+            loaders = Loaders(args.loader, roots, image_size=args.image_size, crop_scale_min=args.crop_scale_min,
+                              seed=args.seed, batch_size=args.batch_size, workers=args.workers, rank=env.rank,
+                              world_size=env.world_size, device=self.device, channels_last=args.channels_last,
+                              worker_init_fn=ignore_stop_signals)
         except (FileNotFoundError, OSError) as exc:
             raise HpcError(f"cannot read the images under --data {args.data}: {exc}",
                            fix="each of train/ and val/ needs one sub-directory of images per class") from None
-        self.num_classes = len(train.classes)
-        self.sampler = resnet_data.ResumableSampler(train, env.world_size, env.rank, args.seed)
+        self.num_classes = len(loaders.classes)
+        self.sampler = loaders.sampler
         self.steps_per_epoch = len(self.sampler) // args.batch_size
         if self.steps_per_epoch == 0:
-            raise HpcError(f"{len(train)} training images make no full batch of {args.batch_size} on each of "
-                           f"{env.world_size} ranks", fix="lower --batch-size or use more data")
-        loader_options = dict(num_workers=args.workers, pin_memory=self.device_type == "cuda",
-                              worker_init_fn=ignore_stop_signals, persistent_workers=args.workers > 0)
-        self.train_loader = DataLoader(resnet_data.SeededSamples(train, args.seed), batch_size=args.batch_size,
-                                       sampler=self.sampler, drop_last=True, **loader_options)
-        self.val_loader = DataLoader(resnet_data.RankShard(val, env.rank, env.world_size),
-                                     batch_size=args.batch_size, **loader_options)
+            raise HpcError(f"{len(self.sampler.dataset)} training images make no full batch of {args.batch_size} "
+                           f"on each of {env.world_size} ranks", fix="lower --batch-size or use more data")
+        self.train_loader, self.val_loader = loaders.train, loaders.val
 
     def _model(self):
         import torchvision
@@ -345,8 +349,11 @@ class Trainer:
               f"master {env.master_addr}:{env.master_port}", flush=True)
         on_gpu = self.device.type == "cuda"
         self.ddp = DistributedDataParallel(self.model, device_ids=[self.device] if on_gpu else None)
+        if args.compile:  # the DDP wrapper, so checkpoints keep the plain model's parameter names
+            self.ddp = torch.compile(self.ddp)
         self.log.write("start", world_size=env.world_size, backend=self.backend, device=self.device.type,
-                       threads=torch.get_num_threads(), amp=self.amp, arch=args.arch, batch_size=args.batch_size,
+                       threads=torch.get_num_threads(), amp=self.amp, arch=args.arch, loader=args.loader,
+                       compiled=args.compile, batch_size=args.batch_size,
                        global_batch_size=args.batch_size * env.world_size, steps_per_epoch=self.steps_per_epoch,
                        total_steps=args.epochs * self.steps_per_epoch, max_steps=args.max_steps,
                        resumed_from_step=self.step)
