@@ -12,6 +12,7 @@ import sys
 import pytest
 
 from tests.conftest import run_hpc
+from tests.jobhelpers import write_cluster
 
 pytestmark = pytest.mark.training
 
@@ -136,3 +137,12 @@ def test_the_recipe_shows_the_loader_choice():
     smoke = run_hpc("recipes", "show", "resnet50", "--profile", "smoke")
     assert smoke.returncode == 0 and " --loader pil " in smoke.stdout
 
+
+
+@pytest.mark.parametrize("queue", ["gaudi", "cpu"])
+def test_a_gpu_loader_on_a_queue_without_cuda_is_refused_at_plan_time(queue, tmp_path):
+    """Said once when planning, not by every rank after the job has started."""
+    res = run_hpc("recipes", "render", "resnet50", "--nodes", "1", "--profile", "gpu-data", "--cluster",
+                  str(write_cluster(tmp_path)), "--queue", queue, "-o", str(tmp_path / "job.sbatch"))
+    assert res.returncode == 1 and "--loader gpu decodes JPEGs on a CUDA GPU" in res.stderr, res.stderr
+    assert "Traceback" not in res.stderr and not (tmp_path / "job.sbatch").exists()

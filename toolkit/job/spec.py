@@ -36,6 +36,7 @@ FAIRSEQ_HALF_PRECISION = ("--fp16", "--bf16", "--memory-efficient-fp16", "--memo
 FAIRSEQ_DISTRIBUTED = ("--distributed-world-size", "--distributed-rank", "--device-id", "--distributed-init-method",
                        "--distributed-backend", "--distributed-no-spawn", "--distributed-port", "--cpu")
 TRAINER_DEVICE = ("--device", "--backend", "--threads")  # our trainers' (toolkit.workloads) device flags
+GPU_LOADERS = ("gpu", "dali")  # the ResNet trainer's --loader values that need CUDA (toolkit.workloads.resnet_loaders)
 
 
 LauncherKind = Literal["fairseq", "python-module", "python-script", "binary", "deepspeed"]
@@ -200,6 +201,11 @@ def _device_forms(flags: Literal["fairseq", "trainer"] | None, args: dict, devic
         put("--distributed-world-size", world, "world size = nodes x ranks per node")
         put("--distributed-no-spawn", True, "srun starts one process per rank; fairseq must not spawn more")
     elif flags == "trainer":
+        loader = args.get("--loader")
+        if loader in GPU_LOADERS and not on_gpu:  # said here, not by every rank at start (resnet_loaders)
+            raise HpcError(f"--loader {loader} decodes JPEGs on a CUDA GPU, which this queue does not have ({why})",
+                           fix="use --loader pil there (--set args.--loader=pil, or leave out --profile gpu-data), "
+                               "or choose a GPU queue")
         if on_gpu:
             put("--device", "cuda", "one GPU per rank (LOCAL_RANK)")
             put("--backend", "nccl", "NCCL between GPUs")
