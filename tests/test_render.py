@@ -13,7 +13,7 @@ from toolkit.cluster.queues import Queue, load_queues
 from toolkit.errors import HpcError
 from toolkit.job.render import render_script
 from toolkit.job.rank import master_port, preview_argv
-from toolkit.job.spec import build_job_spec, time_minutes
+from toolkit.job.spec import GPU_LOADERS, build_job_spec, time_minutes
 from toolkit.recipes.load import list_recipe_files, load_recipe
 
 RECIPES = [p.stem for p in list_recipe_files()]
@@ -27,7 +27,10 @@ def renders():
         for queue in QUEUES:
             if ("gpu" if queue.gpus_per_node else "cpu") in recipe.resources.runs_on:
                 for profile in [None, *recipe.profiles]:
-                    yield name, queue, profile
+                    # a GPU data loader is refused on queues without CUDA (tests/test_resnet_loader.py)
+                    loader = load_recipe(name, profile=profile).args.get("--loader")
+                    if queue.gpus_per_node or loader not in GPU_LOADERS:
+                        yield name, queue, profile
 
 
 @pytest.mark.parametrize("name,queue,profile", list(renders()), ids=lambda v: getattr(v, "name", v))
