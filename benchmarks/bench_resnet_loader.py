@@ -75,23 +75,22 @@ def _write_one(job) -> None:
     Image.fromarray(pixels.clip(0, 255).astype(np.uint8)).save(path, quality=90)
 
 
-def synthetic(torch, sizes, device, compiled: bool) -> float:
+def trainer_step(torch, sizes, device, num_classes: int, compiled: bool = False):
+    """One training step on a batch already on `device`, as the trainer takes it: fp16 autocast, channels-last and
+    loss scaling on CUDA, SGD with momentum."""
     import torchvision
 
-    model = torchvision.models.get_model(sizes["arch"], num_classes=1000).to(device)
+    model = torchvision.models.get_model(sizes["arch"], num_classes=num_classes).to(device)
     on_cuda = device.type == "cuda"
     if on_cuda:
         model = model.to(memory_format=torch.channels_last)
     step_model = torch.compile(model) if compiled else model
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     scaler = torch.amp.GradScaler("cuda", enabled=on_cuda)
-    batch = sizes["batch_size"]
-    images = torch.randn(batch, 3, sizes["image_size"], sizes["image_size"], device=device)
-    if on_cuda:
-        images = images.contiguous(memory_format=torch.channels_last)
-    labels = torch.randint(0, 1000, (batch,), device=device)
 
-    def step():
+    def step(images, labels):
+        if on_cuda:
+            images = images.contiguous(memory_format=torch.channels_last)
         with torch.autocast(device.type, dtype=torch.float16, enabled=on_cuda):
             loss = torch.nn.functional.cross_entropy(step_model(images), labels)
         optimizer.zero_grad(set_to_none=True)
@@ -99,7 +98,15 @@ def synthetic(torch, sizes, device, compiled: bool) -> float:
         scaler.step(optimizer)
         scaler.update()
 
-    return timed_steps(torch, device, step, sizes)
+    return step
+
+
+def synthetic(torch, sizes, device, compiled: bool) -> float:
+    batch = sizes["batch_size"]
+    images = torch.randn(batch, 3, sizes["image_size"], sizes["image_size"], device=device)
+    labels = torch.randint(0, 1000, (batch,), device=device)
+    train = trainer_step(torch, sizes, device, 1000, compiled)
+    return timed_steps(torch, device, lambda: train(images, labels), sizes)
 
 
 def timed_steps(torch, device, step, sizes) -> float:
@@ -126,11 +133,7 @@ def hand_written(torch, sizes, device, data: Path, workers: int) -> float:
     on_cuda = device.type == "cuda"
     loader = torch.utils.data.DataLoader(train, batch_size=sizes["batch_size"], shuffle=True, drop_last=True,
                                          num_workers=workers, pin_memory=on_cuda, persistent_workers=workers > 0)
-    model = torchvision.models.get_model(sizes["arch"], num_classes=len(train.classes)).to(device)
-    if on_cuda:
-        model = model.to(memory_format=torch.channels_last)
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-    scaler = torch.amp.GradScaler("cuda", enabled=on_cuda)
+    train_step = trainer_step(torch, sizes, device, len(train.classes))
     batches = iter(loader)
 
     def step():
@@ -140,15 +143,7 @@ def hand_written(torch, sizes, device, data: Path, workers: int) -> float:
         except StopIteration:
             batches = iter(loader)
             images, labels = next(batches)
-        images, labels = images.to(device, non_blocking=True), labels.to(device, non_blocking=True)
-        if on_cuda:
-            images = images.contiguous(memory_format=torch.channels_last)
-        with torch.autocast(device.type, dtype=torch.float16, enabled=on_cuda):
-            loss = torch.nn.functional.cross_entropy(model(images), labels)
-        optimizer.zero_grad(set_to_none=True)
-        scaler.scale(loss).backward()
-        scaler.step(optimizer)
-        scaler.update()
+        train_step(images.to(device, non_blocking=True), labels.to(device, non_blocking=True))
 
     return timed_steps(torch, device, step, sizes)
 

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
 import re
+import signal
+import subprocess
 from pathlib import Path
 
 import yaml
@@ -121,3 +124,16 @@ def kubelet_expand(text: str, env: dict[str, str]) -> str:
     from the env, $$ a literal $, an unknown $(VAR) left as written."""
     return re.sub(r"\$\$|\$\(([A-Za-z_][A-Za-z0-9_.-]*)\)",
                   lambda m: "$" if m[0] == "$$" else env.get(m[1], m[0]), text)
+
+
+def stop_agents(agents: list[subprocess.Popen], timeout: float) -> None:
+    """torchrun agents still running (hung): SIGTERM makes torchrun stop its workers; SIGKILL its process group
+    (started with start_new_session) if it does not within `timeout` s."""
+    for agent in agents:
+        if agent.poll() is None:
+            agent.terminate()
+            try:
+                agent.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                os.killpg(agent.pid, signal.SIGKILL)
+                agent.wait()

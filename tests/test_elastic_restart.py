@@ -24,7 +24,7 @@ from typing import Callable
 import pytest
 
 from tests.conftest import REPO, free_port
-from tests.jobhelpers import kubelet_expand
+from tests.jobhelpers import kubelet_expand, stop_agents
 from toolkit.k8s.manifests import TRAINER_V2, V1, render
 from toolkit.recipes.load import load_recipe
 
@@ -120,14 +120,7 @@ def kill_and_wait(pods: list[tuple[list[str], dict]], tmp_path: Path, finish_s: 
         codes = [a.poll() for a in agents]
         hung = workers_env(str(ckpt))
     finally:
-        for agent in agents:  # a hung agent: SIGTERM makes torchrun stop its workers; SIGKILL its group if not
-            if agent.poll() is None:
-                agent.terminate()
-                try:
-                    agent.wait(timeout=20)
-                except subprocess.TimeoutExpired:
-                    os.killpg(agent.pid, signal.SIGKILL)
-                    agent.wait()
+        stop_agents(agents, timeout=20)
         for log in logs:
             log.close()
     return codes, "".join((tmp_path / f"pod{i}.log").read_text() for i in range(len(pods))), saved, hung

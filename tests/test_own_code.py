@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from tests.conftest import REPO, free_port, run_hpc
-from tests.jobhelpers import CPU, write_cluster
+from tests.jobhelpers import CPU, stop_agents, write_cluster
 from toolkit.errors import HpcError
 from toolkit.job.spec import build_job_spec
 from toolkit.recipes.load import load_recipe
@@ -245,14 +245,7 @@ def run_two_agents(worker: list[str], tmp_path: Path, kill_rank: int = 3,
             except subprocess.TimeoutExpired:
                 codes.append(None)
     finally:
-        for agent in agents:  # a hung agent: SIGTERM makes torchrun stop its workers, SIGKILL if it does not
-            if agent.poll() is None:
-                agent.terminate()
-                try:
-                    agent.wait(timeout=30)
-                except subprocess.TimeoutExpired:
-                    os.killpg(agent.pid, signal.SIGKILL)
-                    agent.wait()
+        stop_agents(agents, timeout=30)
         for log in logs:
             log.close()
     return codes, "".join((tmp_path / f"agent{i}.log").read_text() for i in range(2)), saved
