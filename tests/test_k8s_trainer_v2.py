@@ -180,33 +180,22 @@ def test_the_cli_renders_trainer_v2_by_default_and_v1_on_request():
     assert bad.returncode == 2 and "give one of: trainer-v2, v1" in bad.stderr
 
 
-def test_the_examples_cover_the_published_setups():
-    assert [p.name for p in EXAMPLES] == ["nccl-tests-2xp4d.yaml", "resnet50-3xp4d.yaml", "roberta-8xp5.yaml"]
-
-
 @pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)
-def test_example_matches_its_recorded_command_and_the_models(path, tmp_path):
+def test_the_v2_examples_are_the_default_form_and_survive_trainers_models_and_kubectl(path):
+    """tests/test_k8s_examples.py re-renders and validates every reviewed render; here what only the TrainJob form
+    has: it is what `hpc k8s render` gives without --api, Trainer's models keep it whole, kubectl reads it as is."""
     import yaml
 
     text = path.read_text()
     command = shlex.split(re.search(r"^# Rendered by `([^`]+)`", text, re.M)[1])
     assert command[:3] == ["hpc", "k8s", "render"] and "--api" not in command
-    out = tmp_path / path.name
-    words = command[1:]
-    words[words.index("-o") + 1] = str(out)
-    res = run_hpc(*words)
-    assert res.returncode == 0, res.stderr
-    recorded = f"jobs/k8s/trainer-v2/{path.name}"
-    assert out.read_text().replace(str(out), recorded) == text, f"{path} is stale: run `make k8s-jobs`"
     docs = list(yaml.safe_load_all(text))
+    assert any(doc["kind"] == "TrainJob" for doc in docs)
     for doc in docs:
         if doc["apiVersion"].startswith("trainer."):
             kept_whole(doc)
     if KUBECTL:  # kubectl itself sends exactly what was rendered, type for type
         assert same_json(kubectl_json(text), docs)
-    res = run_hpc("k8s", "validate", str(path), "--json")
-    assert res.returncode == 0, res.stdout
-    assert any("(TrainJob/" in d for d in json.loads(res.stdout)["documents"])
 
 
 def test_the_crds_catch_what_trainer_v2_would_refuse():
