@@ -133,7 +133,8 @@ def _names(names: list, parts: tuple, what: str) -> Iterator[Violation]:
         seen.add(name)
 
 
-def _dns1035(name: str) -> bool:
+def dns1035_label(name: str) -> bool:
+    """An RFC 1035 label as Kubernetes checks one (IsDNS1035Label): Services' and TrainJobs' names."""
     return len(name) <= 63 and bool(_DNS1035_LABEL.fullmatch(name))
 
 
@@ -163,7 +164,7 @@ def operator_violations(obj: dict) -> list[Violation]:
 
 def _pytorch_job(obj: dict) -> Iterator[Violation]:
     name = (obj.get("metadata") or {}).get("name") or ""
-    if not _dns1035(name):
+    if not dns1035_label(name):
         yield Violation(("metadata", "name"), f"{name!r} should match a DNS-1035 label (lower-case letters, digits "
                         "and '-', starting with a letter, at most 63): the PyTorchJob webhook rejects it")
     spec = obj.get("spec") or {}
@@ -198,7 +199,7 @@ def _mpi_job(obj: dict) -> Iterator[Violation]:
     worker = replicas.get("Worker") or {}
     count = worker.get("replicas") or 1
     host = f"{(obj.get('metadata') or {}).get('name') or ''}-worker-{max(count, 1) - 1}"
-    if not _dns1035(host):
+    if not dns1035_label(host):
         yield Violation(("metadata", "name"), f"the last worker's host name {host!r} is not a DNS-1035 label: the "
                         "operator cannot create its pod and service")
     if (spec.get("slotsPerWorker") or 0) < 0:

@@ -40,7 +40,7 @@ _DATE_TIME = re.compile(r"\d{4}-\d{2}-\d{2}[Tt ]\d{2}:\d{2}:\d{2}(\.\d+)?([Zz]|[
 # k8s.io/apimachinery pkg/util/validation: IsDNS1123Label, IsDNS1123Subdomain, IsQualifiedName,
 # IsValidLabelValue
 DNS1123_LABEL = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"
-_DNS1123_SUBDOMAIN = re.compile(rf"{DNS1123_LABEL}(\.{DNS1123_LABEL})*")
+DNS1123_SUBDOMAIN = re.compile(rf"{DNS1123_LABEL}(\.{DNS1123_LABEL})*")
 _NAME_PART = re.compile(r"([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]")
 
 
@@ -279,7 +279,7 @@ def _check_list(value: list, schema: dict, parts: tuple, *, structural: bool) ->
 def _qualified_name(key: str) -> bool:
     prefix, slash, name = key.rpartition("/")
     return (len(name) <= 63 and bool(_NAME_PART.fullmatch(name))
-            and (not slash or len(prefix) <= 253 and bool(_DNS1123_SUBDOMAIN.fullmatch(prefix))))
+            and (not slash or len(prefix) <= 253 and bool(DNS1123_SUBDOMAIN.fullmatch(prefix))))
 
 
 def label_violations(meta: dict, parts: tuple) -> Iterator[Violation]:
@@ -322,6 +322,6 @@ def _metadata(meta: Any, parts: tuple, *, root: bool) -> Iterator[Violation]:
         return
     if not name and not meta.get("generateName"):
         yield Violation(parts + ("name",), "required: a name (or generateName)")
-    elif isinstance(name, str) and name and (len(name) > 253 or not _DNS1123_SUBDOMAIN.fullmatch(name)):
+    elif isinstance(name, str) and name and (len(name) > 253 or not DNS1123_SUBDOMAIN.fullmatch(name)):
         yield Violation(parts + ("name",), f"{name!r} is not a DNS subdomain (lower-case letters, digits, '-' "
                         "and '.', starting and ending with a letter or digit, at most 253 characters)")

@@ -29,6 +29,8 @@ import copy
 import re
 from typing import Iterator
 
+from toolkit.k8s.admission import dns1035_label
+from toolkit.k8s.crd import DNS1123_SUBDOMAIN
 from toolkit.k8s.violations import Violation
 
 API_VERSION = "trainer.kubeflow.org/v1alpha1"
@@ -138,14 +140,14 @@ def admission_violations(job: dict) -> Iterator[Violation]:
     (pkg/runtime/framework/plugins/jobset/jobset.go Validate) and, on the default torch-distributed runtime, the
     torch plugin's reserved env (plugins/torch/torch.go Validate)."""
     name = (job.get("metadata") or {}).get("name") or ""
-    if len(name) > 63 or not re.fullmatch(r"[a-z]([-a-z0-9]*[a-z0-9])?", name):
+    if not dns1035_label(name):
         yield Violation(("metadata", "name"), f"{name!r}: metadata.name must match RFC 1035 DNS label format (lower-"
                         "case letters, digits and '-', starting with a letter, at most 63 characters)")
     spec = job.get("spec") or {}
     for p, patch in enumerate(spec.get("runtimePatches") or []):
         manager = patch.get("manager") or ""
         host, _, path = manager.partition("/")
-        if not (path and re.fullmatch(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*", host)
+        if not (path and DNS1123_SUBDOMAIN.fullmatch(host)
                 and re.fullmatch(r"[A-Za-z0-9/\-._~%!$&'()*+,;=:]+", path)):
             yield Violation(("spec", "runtimePatches", p, "manager"), f"{manager!r}: must be a domain-prefixed path "
                             "(such as \"acme.io/foo\")")
