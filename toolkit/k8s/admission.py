@@ -24,11 +24,10 @@ import re
 from fractions import Fraction
 from typing import Any, Iterator
 
-from toolkit.k8s.crd import DNS1123_LABEL, label_violations
+from toolkit.k8s.crd import DNS1123_LABEL, dns1035_label, label_violations
 from toolkit.k8s.violations import Violation
 
 _DNS1123_LABEL = re.compile(DNS1123_LABEL)
-_DNS1035_LABEL = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?")  # k8s.io/apimachinery pkg/util/validation
 _ENV_VAR_NAME = re.compile(r"[-._a-zA-Z][-._a-zA-Z0-9]*")  # IsEnvVarName
 # k8s.io/apimachinery pkg/api/resource: quantity suffixes
 _BINARY = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60}
@@ -131,11 +130,6 @@ def _names(names: list, parts: tuple, what: str) -> Iterator[Violation]:
         elif name in seen:
             yield Violation(parts + (i, "name"), f"duplicate {what} name {name!r}")
         seen.add(name)
-
-
-def dns1035_label(name: str) -> bool:
-    """An RFC 1035 label as Kubernetes checks one (IsDNS1035Label): Services' and TrainJobs' names."""
-    return len(name) <= 63 and bool(_DNS1035_LABEL.fullmatch(name))
 
 
 def replica_templates(obj: dict) -> Iterator[tuple[tuple, str, dict]]:

@@ -41,6 +41,7 @@ _DATE_TIME = re.compile(r"\d{4}-\d{2}-\d{2}[Tt ]\d{2}:\d{2}:\d{2}(\.\d+)?([Zz]|[
 # IsValidLabelValue
 DNS1123_LABEL = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"
 DNS1123_SUBDOMAIN = re.compile(rf"{DNS1123_LABEL}(\.{DNS1123_LABEL})*")
+_DNS1035_LABEL = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?")  # k8s.io/apimachinery pkg/util/validation
 _NAME_PART = re.compile(r"([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]")
 
 
@@ -280,6 +281,11 @@ def _qualified_name(key: str) -> bool:
     prefix, slash, name = key.rpartition("/")
     return (len(name) <= 63 and bool(_NAME_PART.fullmatch(name))
             and (not slash or len(prefix) <= 253 and bool(DNS1123_SUBDOMAIN.fullmatch(prefix))))
+
+
+def dns1035_label(name: str) -> bool:
+    """An RFC 1035 label as Kubernetes checks one (IsDNS1035Label): Services' and TrainJobs' names."""
+    return len(name) <= 63 and bool(_DNS1035_LABEL.fullmatch(name))
 
 
 def label_violations(meta: dict, parts: tuple) -> Iterator[Violation]:

@@ -29,8 +29,7 @@ import copy
 import re
 from typing import Iterator
 
-from toolkit.k8s.admission import dns1035_label
-from toolkit.k8s.crd import DNS1123_SUBDOMAIN
+from toolkit.k8s.crd import DNS1123_SUBDOMAIN, dns1035_label
 from toolkit.k8s.violations import Violation
 
 API_VERSION = "trainer.kubeflow.org/v1alpha1"
