@@ -111,11 +111,16 @@ def run_hpc_process(*args: str, env: dict[str, str] | None = None, cwd: str | Pa
                           env=full_env, cwd=cwd or REPO, timeout=timeout, input=input)
 
 
+def cli_json(res: subprocess.CompletedProcess):
+    """What a command printed with `--json`: the one place tests read the JSON output's shape."""
+    return json.loads(res.stdout)
+
+
 def submit_json(*args: str, env: dict[str, str], cwd: str | Path | None = None, timeout: float = 900) -> dict:
     """`hpc recipes submit ARGS --json` as users run it; asserts it succeeded and returns its JSON."""
     res = run_hpc("recipes", "submit", *args, "--json", env=env, cwd=cwd, timeout=timeout)
     assert res.returncode == 0, res.stdout + res.stderr
-    return json.loads(res.stdout)
+    return cli_json(res)
 
 
 def wait_until(predicate, timeout: float, what: str, poll_s: float = 0.3):
