@@ -17,7 +17,7 @@ from typing import Any
 
 from toolkit.rundir import Executor
 
-VERBOSE_HINT = "the scripts and submitit's parameters: add --verbose (or --json)"
+VERBOSE_HINT = "the full plan and its scripts: add --verbose (or --json)"
 DEVICE_UNITS = {"gpu": "GPUs", "hpu": "HPUs", "cpu": "CPUs"}
 HOW = {Executor.SLURM: "submitit, to Slurm", Executor.LOCAL: "submitit's local executor, on this machine",
        Executor.SBATCH: "sbatch, the rendered script"}
@@ -145,7 +145,7 @@ def lines(s: dict[str, Any]) -> list[str]:
            "--cluster FILE picks another",
            f"time limit:  {s['time_limit']}",
            f"submit with: {HOW[Executor(s['executor'])]}",
-           f"{'sweep dir' if 'sweep' in s else 'run dir'}:{' ' * (3 if 'sweep' in s else 5)}{s['run_dir']}"]
+           f"{'sweep dir:' if 'sweep' in s else 'run dir:':13}{s['run_dir']}"]
     env = [_env_line(v) for v in s["env"]] or ["(none set by the job)"]
     out += [f"environment: {env[0]}", *(f"             {line}" for line in env[1:])]
     out.append(f"rank 0 runs: {readable_argv(s['rank0_argv'])}" + (" (point 0)" if "sweep" in s else ""))
