@@ -121,6 +121,30 @@ class Result:
 class Outcome:
     results: list[Result]
     not_checked: dict[str, str]  # suppressed validator -> what it would have checked
+    logged: list[str] = dataclasses.field(default_factory=list)  # pcluster's own log records (pcluster_logs)
+
+
+@contextlib.contextmanager
+def pcluster_logs() -> Iterator[list[str]]:
+    """Collects the log records pcluster writes while it runs in here (warnings and worse), instead of letting them
+    reach stderr: pcluster calls the root logger (`logging.warning(...)` in pcluster/config/cluster_config.py), which
+    with no handler set up runs logging.basicConfig and prints raw `WARNING:root:...` lines. A handler on the root
+    logger for the duration keeps basicConfig from running and takes pcluster's own loggers' records too."""
+    import logging
+
+    messages: list[str] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            messages.append(record.getMessage())
+
+    root = logging.getLogger()
+    handler = Keep(logging.WARNING)
+    root.addHandler(handler)
+    try:
+        yield messages
+    finally:
+        root.removeHandler(handler)
 
 
 def instance_types_data() -> dict[str, dict]:
@@ -542,8 +566,8 @@ def _public_subnet_risk(loaded: Any, ec2: Any) -> tuple[list[Result], dict[str, 
         if head_subnet in subnets:
             risks.append(Result(
                 "warning", f"queue {queue.name} uses the head node's subnet {head_subnet}; if that subnet maps "
-                f"public IPs on launch (a head node reached over SSH usually sits in one), pcluster "
-                f"create-cluster fails: " + str(failures[0].message), "MultiNetworkInterfacesInstancesValidator",
+                f"public IPs on launch (a head node reached over SSH sits in one in AWS's samples), pcluster "
+                f"create-cluster and update-cluster fail: " + str(failures[0].message), "MultiNetworkInterfacesInstancesValidator",
                 f"Scheduling/SlurmQueues[{queue.name}]/Networking/SubnetIds"))
         else:
             unchecked.append(f"{queue.name} ({', '.join(subnets)})")
@@ -554,9 +578,16 @@ def _public_subnet_risk(loaded: Any, ec2: Any) -> tuple[list[Result], dict[str, 
 
 
 def validate(config: dict, semantic: bool = True, cluster_name: str = "hpc-offline") -> Outcome:
-    """pcluster's schema, then (when it loads and `semantic`) its semantic validators, offline.
-    Raises OfflineAccessError when pcluster needs AWS outside a validator (nothing was sent: the call was
-    refused before any I/O)."""
+    """pcluster's schema, then (when it loads and `semantic`) its semantic validators, offline; what pcluster logged
+    meanwhile in Outcome.logged. Raises OfflineAccessError when pcluster needs AWS outside a validator (nothing
+    was sent: the call was refused before any I/O)."""
+    with pcluster_logs() as logged:
+        outcome = _validate(config, semantic, cluster_name)
+    outcome.logged = list(dict.fromkeys(logged))
+    return outcome
+
+
+def _validate(config: dict, semantic: bool, cluster_name: str) -> Outcome:
     from marshmallow import ValidationError
     from pcluster.config.common import ValidatorContext
     from pcluster.schemas.cluster_schema import ClusterSchema

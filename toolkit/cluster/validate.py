@@ -25,7 +25,8 @@ _FIXES = [
     ("MultiNetworkInterfacesInstancesValidator", r"AssignPublicIp", "set Networking/AssignPublicIp: false and "
      "use a private subnet with a NAT gateway"),
     ("MultiNetworkInterfacesInstancesValidator", r"", "give the queue a private subnet with a NAT gateway "
-     "(`hpc cluster config --compute-subnet`), or make sure the subnet does not auto-assign public IPs"),
+     "(`hpc cluster queue set FILE QUEUE --subnet SUBNET_ID`; in a new config `hpc cluster config --compute-subnet`), "
+     "or make sure the subnet does not auto-assign public IPs"),
     ("RegionValidator", r"", "write a region ParallelCluster supports, e.g. us-east-1; a ${VARIABLE} must be "
      "substituted first (e.g. envsubst < template.yaml > cluster.yaml)"),
     ("schema", r"Unknown field", "remove the key, or fix its spelling/indentation (see the ParallelCluster v3 "
@@ -129,6 +130,10 @@ def _pcluster_findings(config: dict) -> tuple[list[Finding], dict[str, str]]:
                         source="pcluster")], {}
     found = [Finding(r.level, r.path, r.message, _fix_for(r.source, r.message, r.path), source=r.source)
              for r in outcome.results]
+    found += [Finding("warning", "", f"pcluster logged while checking this config offline: {message}",
+                      "nothing to change for this alone: offline, pcluster cannot ask AWS, and what it would have "
+                      "asked is listed under 'not checked offline'" if "Unable to" in message else None,
+                      source="pcluster log") for message in outcome.logged]
     return found, outcome.not_checked
 
 
