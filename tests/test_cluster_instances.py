@@ -194,3 +194,18 @@ def test_pcluster_log_records_become_our_warnings_not_raw_stderr(tmp_path):
     assert res.returncode == 0 and "WARNING:root" not in res.stderr and "WARNING" not in res.stderr, res.stderr
     findings = cli_json(run_hpc("cluster", "validate", str(path), "--json"))["findings"]
     assert [f["level"] for f in findings if "pcluster logged" in f["message"]] == ["warning"]
+
+
+def test_a_job_can_use_a_queue_beside_one_of_an_uncatalogued_type(tmp_path):
+    """The job side reads every queue of the cluster's config; a queue of a type outside the catalog stops only the
+    jobs that need its facts."""
+    from toolkit.cluster.queues import queues_from_config
+    from toolkit.errors import HpcError
+
+    config = yaml.safe_load(AWS_STYLE.read_text())
+    config["Scheduling"]["SlurmQueues"][1]["ComputeResources"][0]["InstanceType"] = "p4d.24xlarg"  # an EFA queue
+    queues = queues_from_config(config)
+    assert queues["cpu"].cpus_per_node == 72
+    with pytest.raises(HpcError) as err:
+        queues["train"].gpus_per_node
+    assert "did you mean p4d.24xlarge?" in err.value.fix
