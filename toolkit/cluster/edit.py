@@ -255,15 +255,12 @@ def _edit(path: str | Path, action: str, queue: str, splice: Callable, dry_run: 
                         "`hpc cluster validate`")
     # what `hpc cluster validate` warns about that this edit brought in (e.g. an EFA queue on the head node's
     # subnet), and what it could not check offline about the edited queue
-    from toolkit.cluster.pcluster_offline import PUBLIC_IP_CHECK  # (validate_config has imported it)
-
     known = {(f.path, f.message) for f in old_findings}
     warnings += [f"{f.path}: {f.message}" + (f" (fix: {f.fix})" if f.fix else "") for f in report.findings
                  if f.level == "warning" and (f.path, f.message) not in known]
-    unchecked = report.not_checked.get(PUBLIC_IP_CHECK, "").split(": ", 1)[-1].split("; ")  # "QUEUE (SUBNETS)"
-    notes = [f"not checked offline: whether subnet {part[len(queue) + 2:-1]} of queue {queue} auto-assigns public "
-             f"IPs; its nodes get several network interfaces (EFA), so it must be a private subnet with a NAT gateway, "
-             "or `pcluster update-cluster` fails" for part in unchecked if part.startswith(f"{queue} (")]
+    notes = [f"not checked offline: whether subnet {', '.join(report.subnets_unchecked[queue])} of queue {queue} "
+             "auto-assigns public IPs; its nodes get several network interfaces (EFA), so it must be a private subnet "
+             "with a NAT gateway, or `pcluster update-cluster` fails"] if queue in report.subnets_unchecked else []
     diff = "".join(difflib.unified_diff(text.splitlines(keepends=True), new_text.splitlines(keepends=True),
                                         f"a/{path}", f"b/{path}"))
     if not dry_run:
