@@ -26,7 +26,6 @@ FSX_DEPLOYMENTS = ("SCRATCH_2", "PERSISTENT_2")
 OSES = ("alinux2023", "ubuntu2204", "ubuntu2404", "rhel8", "rocky8", "rhel9", "rocky9")  # pcluster 3.16
 CLUSTER_NAME = re.compile(r"^[a-zA-Z][a-zA-Z0-9-]{0,59}$")
 REGION = re.compile(r"^[a-z]{2}(-[a-z]+)+-\d$")
-RESERVATION = re.compile(r"^cr-[0-9a-f]{8,17}$")
 FSX_MOUNT = "/fsx"
 # FSx for Lustre baseline throughput per TiB of storage (AWS, FSx for Lustre User Guide, "Amazon FSx for Lustre
 # performance" / ssd-storage): SCRATCH_2 200 MB/s/TiB (bursts to 1300 on credits); PERSISTENT_2 the chosen
@@ -152,15 +151,11 @@ def _check_spec(spec: ClusterSpec) -> dict[str, InstanceType]:
             raise UsageError(f"queue {queue.name!r}: MAX_NODES must be at least 1", fix="e.g. p3dn=p3dn.24xlarge:4")
     if spec.fsx:
         _check_fsx(spec.fsx)
-    for option, subnet in (("--head-subnet", spec.head_subnet), ("--compute-subnet", spec.compute_subnet)):
-        flags.subnet_id(subnet, "--subnet" if spec.head_subnet == spec.compute_subnet else option)
     _check_ssh_allowed_ips(spec.ssh_allowed_ips)
-    if spec.capacity_reservation and not RESERVATION.match(spec.capacity_reservation):
-        raise UsageError(f"--capacity-reservation {spec.capacity_reservation!r} is not a reservation id",
-                         fix="give the id of a targeted On-Demand Capacity Reservation, e.g. cr-0123456789abcdef0")
-    if spec.capacity_block and not RESERVATION.match(spec.capacity_block):
-        raise UsageError(f"--capacity-block {spec.capacity_block!r} is not a reservation id",
-                         fix="give the reservation id of the Capacity Block you bought, e.g. cr-0123456789abcdef0")
+    if spec.capacity_reservation:
+        flags.reservation_id(spec.capacity_reservation, "--capacity-reservation")
+    if spec.capacity_block:
+        flags.reservation_id(spec.capacity_block, "--capacity-block")
     types = {q.name: flags.instance_type(q.instance_type, "--queue", f"{q.name}={q.instance_type}:{q.max_nodes}")
              for q in spec.queues}
     for queue in spec.queues:
@@ -514,6 +509,9 @@ def write_config(spec: ClusterSpec, path: str | Path, force: bool = False) -> li
     if path.exists() and not force:
         raise HpcError(f"{path} already exists", fix="pass --force to overwrite it, or choose another -o FILE")
     doc, warnings = build_config(spec, output=str(path))
+    # subnet ids as flag values (queue add/set check theirs alike); build_config itself writes any text faithfully
+    for option, subnet in (("--head-subnet", spec.head_subnet), ("--compute-subnet", spec.compute_subnet)):
+        flags.subnet_id(subnet, "--subnet" if spec.head_subnet == spec.compute_subnet else option)
     text = render(doc)
     warnings += _validated(text, str(path), warnings)
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -19,7 +19,7 @@ from typing import Any, Callable
 
 from toolkit.catalog import instance
 from toolkit.cluster import flags, yamlsource
-from toolkit.cluster.build import RESERVATION, QueueSpec, parse_queue
+from toolkit.cluster.build import QueueSpec, parse_queue
 from toolkit.cluster.configfile import read_config
 from toolkit.cluster.queues import TAG_EFA_STACK, TAG_RANKS_PER_NODE
 from toolkit.errors import HpcError, UsageError
@@ -281,9 +281,8 @@ def add_queue(path: str | Path, queue: str, min_nodes: int | None = None, capaci
     spec = parse_queue(queue)
     if subnet is not None:
         flags.subnet_id(subnet, "--subnet")
-    if capacity_block is not None and not RESERVATION.match(capacity_block):
-        raise UsageError(f"--capacity-block {capacity_block!r} is not a capacity reservation id",
-                         fix="give the Capacity Block's reservation id, e.g. cr-0123456789abcdef0")
+    if capacity_block is not None:
+        flags.reservation_id(capacity_block, "--capacity-block")
 
     def splice(lines, doc, expected, nl):
         queues = expected["Scheduling"]["SlurmQueues"]

@@ -17,6 +17,7 @@ from toolkit.errors import UsageError
 QUEUE_NAME = re.compile(r"^[a-z][a-z0-9-]{0,24}$")
 # ParallelCluster's schema pattern for subnet ids (pcluster/schemas/common_schema.py, "subnet_id").
 SUBNET_ID = re.compile(r"^subnet-[0-9a-z]{8}$|^subnet-[0-9a-z]{17}$")
+RESERVATION = re.compile(r"^cr-[0-9a-f]{8,17}$")  # a capacity reservation id, Capacity Blocks' too
 
 
 def instance_type(value: str, option: str, given: str | None = None) -> InstanceType:
@@ -47,4 +48,13 @@ def subnet_id(value: str, option: str) -> str:
         raise UsageError(f"{option} {value!r} is not a subnet id ('subnet-' and 8 or 17 lower-case letters or "
                          "digits)", fix=f"give the id the VPC console or `aws ec2 describe-subnets` shows, e.g. "
                          f"{option} subnet-0123456789abcdef0")
+    return value
+
+
+def reservation_id(value: str, option: str) -> str:
+    if not RESERVATION.match(value):
+        what = "the Capacity Block you bought" if option == "--capacity-block" else \
+            "a targeted On-Demand Capacity Reservation"
+        raise UsageError(f"{option} {value!r} is not a capacity reservation id",
+                         fix=f"give the reservation id of {what}, e.g. {option} cr-0123456789abcdef0")
     return value
