@@ -1,5 +1,6 @@
-"""A requeued fairseq job resumes from a whole checkpoint_last.pt: the set-up lines of toolkit.job.resume, run by bash
-on checkpoints torch really wrote, the way fairseq 0.12 leaves them when a job is stopped during its copy."""
+"""A requeued fairseq job resumes from a whole checkpoint_last.pt: the line toolkit.job.resume puts in the rank
+program, run by bash on checkpoints torch really wrote, the way fairseq 0.12 leaves them when a job is stopped during
+its copy."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from toolkit.job.resume import checkpoint_repair_lines
+from toolkit.job.rank import rank_program
+from toolkit.job.resume import checkpoint_repair_script
 
 torch = pytest.importorskip("torch")
 
@@ -20,12 +22,20 @@ def save(path: Path, step: int, mtime: float) -> None:
     os.utime(path, (mtime, mtime))
 
 
-def set_up(checkpoint_dir: Path) -> str:
-    """The lines as the job's batch shell runs them (with the script's own strict mode); its output."""
-    script = "\n".join(["set -euo pipefail", *checkpoint_repair_lines("fairseq", str(checkpoint_dir))])
-    res = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=30)
-    assert res.returncode == 0, res.stderr
-    return res.stdout
+def rank_start(checkpoint_dir: Path, ranks: int = 1) -> str:
+    """What `ranks` ranks of a fairseq job run before fairseq, all at once, as their rank program's bash runs it
+    (then `exec "$0"`: here `true`); what they said."""
+    program = rank_program(("true",), ranks, ranks, contract=True,
+                           before=checkpoint_repair_script("fairseq", str(checkpoint_dir)))
+    env = {"PATH": "/usr/bin:/bin", "SLURM_LOCALID": "0", "SLURM_NODEID": "0"}
+    procs = [subprocess.Popen(program.argv, env={**env, "SLURM_PROCID": str(r)}, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for r in range(ranks)]
+    said = ""
+    for proc in procs:
+        out, err = proc.communicate(timeout=30)
+        assert proc.returncode == 0, err
+        said += out + err
+    return said
 
 
 @pytest.fixture
@@ -47,7 +57,7 @@ def test_a_checkpoint_last_cut_short_during_the_copy_is_replaced_by_the_newest_w
     with pytest.raises(Exception):
         torch.load(last)  # what the requeued job would have hit
 
-    out = set_up(checkpoints)
+    out = rank_start(checkpoints)
 
     assert torch.load(last)["step"] == 30
     assert "resuming from" in out and "checkpoint_1_30.pt" in out
@@ -59,7 +69,7 @@ def test_an_empty_checkpoint_last_is_replaced_even_when_the_newest_file_is_itsel
     last.write_bytes(b"")
     newest = checkpoints / "checkpoint_1_40.pt"
     newest.write_bytes((checkpoints / "checkpoint_1_30.pt").read_bytes()[:100])  # not whole: not chosen
-    set_up(checkpoints)
+    rank_start(checkpoints)
     assert torch.load(last)["step"] == 30
 
 
@@ -67,22 +77,42 @@ def test_a_whole_checkpoint_last_is_left_alone_even_when_older_files_are_newer_o
     last = checkpoints / "checkpoint_last.pt"
     save(last, 35, time.time() - 500)  # the primary file of an end-of-epoch save: whole, whatever its mtime
     before = last.read_bytes()
-    assert set_up(checkpoints) == ""
+    assert rank_start(checkpoints) == ""
     assert last.read_bytes() == before
 
 
 def test_with_nothing_whole_left_the_cut_file_is_moved_aside_and_training_starts_over(tmp_path):
     last = tmp_path / "checkpoint_last.pt"
     last.write_bytes(b"PK\x03\x04 cut")
-    out = set_up(tmp_path)
+    out = rank_start(tmp_path)
     assert not last.exists() and (tmp_path / "checkpoint_last.pt.incomplete").read_bytes() == b"PK\x03\x04 cut"
     assert "starts over" in out
 
 
 def test_a_fresh_job_with_no_checkpoint_runs_the_lines_quietly(tmp_path):
-    assert set_up(tmp_path / "not-made-yet") == ""
+    assert rank_start(tmp_path / "not-made-yet") == ""
 
 
-def test_only_fairseq_jobs_with_a_checkpoint_dir_get_the_lines():
-    assert checkpoint_repair_lines("python-module", "/ck") == []
-    assert checkpoint_repair_lines("fairseq", None) == []
+def test_eight_ranks_repairing_at_once_leave_one_whole_file_and_no_temporary_ones(checkpoints):
+    last = checkpoints / "checkpoint_last.pt"
+    last.write_bytes(b"")
+    rank_start(checkpoints, ranks=8)
+    assert torch.load(last)["step"] == 30
+    assert sorted(p.name for p in checkpoints.iterdir()) == [
+        "checkpoint_1_10.pt", "checkpoint_1_20.pt", "checkpoint_1_30.pt", "checkpoint_last.pt"]
+
+
+def test_only_fairseq_jobs_with_a_checkpoint_dir_get_the_line():
+    assert checkpoint_repair_script("python-module", "/ck") == ""
+    assert checkpoint_repair_script("fairseq", None) == ""
+
+
+def test_the_fairseq_recipes_rank_program_repairs_its_own_checkpoint_dir_before_fairseq_starts():
+    from toolkit.recipes.load import load_recipe
+    from toolkit.cluster.queues import default_queue
+    from toolkit.job.spec import build_job_spec
+
+    spec = build_job_spec(load_recipe("roberta", profile="smoke"), default_queue(), 1, run_dir="/fsx/runs/r1")
+    script = spec.program.script
+    assert checkpoint_repair_script("fairseq", spec.dirs["checkpoints"]) in script
+    assert script.index("checkpoint_last.pt") < script.index('exec "$0"')

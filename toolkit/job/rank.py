@@ -67,8 +67,10 @@ class RankProgram:
         return ("bash", "-c", self.script, *self.words)
 
 
-def rank_program(command: tuple[Arg, ...], world_size: int, local_world_size: int, contract: bool) -> RankProgram:
-    """The rank program of a command. `contract`: export the rank contract (False under torchrun, which sets it)."""
+def rank_program(command: tuple[Arg, ...], world_size: int, local_world_size: int, contract: bool,
+                 before: str = "") -> RankProgram:
+    """The rank program of a command. `contract`: export the rank contract (False under torchrun, which sets it);
+    `before`: a bash line each rank runs first (toolkit.job.resume)."""
     head, tail = split_command(command)
     exports = []
     if contract:
@@ -77,7 +79,7 @@ def rank_program(command: tuple[Arg, ...], world_size: int, local_world_size: in
     script = " ".join(['exec "$0" "$@"', *(shell_word(arg) for arg in tail)])
     if exports:
         script = f"export {' '.join(exports)}; {script}"
-    return RankProgram(script, head)
+    return RankProgram(f"{before} {script}" if before else script, head)
 
 
 def shell_word(arg: Arg) -> str:

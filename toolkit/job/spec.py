@@ -25,6 +25,7 @@ from toolkit.errors import HpcError
 from toolkit.job.advice import advise
 from toolkit.job.env import EnvVar, job_env
 from toolkit.job.rank import Arg, RankProgram, RankVar, rank_program
+from toolkit.job.resume import checkpoint_repair_script
 from toolkit.job.scaling import Derived, apply_scaling
 from toolkit.recipes.schema import Recipe, flag_words
 
@@ -130,7 +131,8 @@ class JobSpec:
     @property
     def program(self) -> RankProgram:
         """What srun starts on every Slurm task, on every submission path (toolkit.job.rank)."""
-        return rank_program(self.command, self.world_size, self.tasks_per_node, contract=self.style == "script")
+        return rank_program(self.command, self.world_size, self.tasks_per_node, contract=self.style == "script",
+                            before=checkpoint_repair_script(self.launcher, self.dirs.get("checkpoints")))
 
     @property
     def environ(self) -> dict[str, str]:
