@@ -80,7 +80,8 @@ def test_a_flag_from_the_recipe_file_gets_a_rename_fix(tmp_path):
     data = load_recipe("collectives").model_dump(mode="json", exclude_defaults=True)
     data["args"]["--opps"] = "all_reduce"
     with pytest.raises(HpcError) as err:
-        plan_job(SubmitRequest(str(write_recipe(tmp_path, data))))
+        plan_job(SubmitRequest(str(write_recipe(tmp_path, data)), overrides=("args.-n=3",)))
+    # the file's flag, not the --set beside it
     assert "unknown argument --opps (args.--opps of recipe collectives)" in err.value.message
     assert err.value.fix == ("rename --opps to --ops in the recipe's args, or override it: --set args.--opps=null "
                              "--set args.--ops=all_reduce")

@@ -166,8 +166,10 @@ def _check_argparse(recipe, program: Program, parser: argparse.ArgumentParser, a
     except _ParserError as exc:
         raise _refusal(recipe, program, parser, argv, str(exc)) from None
     except (ValueError, RuntimeError) as exc:  # fairseq's post-checks (e.g. "Cannot combine --fp16 and --tpu")
-        raise HpcError(f"{program} refuses the job's arguments: {exc}",
-                       fix=f"change the flags it names (see `{program.help_command}`)") from None
+        given = [origin for flag in recipe.args if (origin := recipe.origin(("args", flag)))]
+        raise HpcError(f"{program} refuses the job's arguments: {exc}"
+                       + (f" (with {', '.join(dict.fromkeys(given))})" if given else ""),
+                       fix=f"change or remove the flags it names (see `{program.help_command}`)") from None
     if extra:
         raise _extra_word(recipe, program, parser, argv, extra)
 

@@ -141,10 +141,11 @@ def merge(base: dict[str, Any], overlay: dict[str, Any], origin: str, origins: O
     merged = dict(base)
     for key, value in overlay.items():
         path = prefix + (str(key),)
+        if isinstance(value, dict) and isinstance(merged.get(key), dict):  # the keys below record their origin
+            merged[key] = merge(merged[key], value, origin, origins, path)
+            continue
         if value is None:
             merged.pop(key, None)
-        elif isinstance(value, dict) and isinstance(merged.get(key), dict):
-            merged[key] = merge(merged[key], value, origin, origins, path)
         else:
             merged[key] = value
         origins[path] = origin
