@@ -226,6 +226,12 @@ def _yaml_text(value: Any) -> str:
     return format_value(value) if value is not None else "VALUE"
 
 
+def _option(recipe, flag: str | None) -> str:
+    """The option the user set the flag with (--sweep for a sweep point's), for fixes; --set otherwise."""
+    origin = recipe.origin(("args", flag)) if flag else None
+    return "--sweep" if origin and origin.startswith("--sweep ") else "--set"
+
+
 def _key(recipe, flag: str | None) -> tuple[str, str]:
     """(args.FLAG, " (from ...)") for messages: the recipe key and where its value came from."""
     key = f"args.{flag}"
@@ -257,21 +263,22 @@ def _refusal(recipe, program: Program, parser, argv: list[str], message: str) ->
     flag = next((o for o in (action.option_strings if action else []) if o in argv), match["names"].split("/")[0])
     value = argv[argv.index(flag) + 1] if flag in argv and argv.index(flag) + 1 < len(argv) else None
     key, origin = _key(recipe, flag)
+    option = _option(recipe, flag)
     problem = match["problem"]
     if action is None:
         return HpcError(f"{flag}{origin}: {program}: {problem}", fix=f"see `{program.help_command}`")
     if problem.startswith("expected"):  # a switch-style `true` for a flag that takes a value
         return HpcError(f"{flag}{origin} needs a value: {program} wants {_form(action)}",
-                        fix=f"give it one: --set {key}={_example(action)}")
+                        fix=f"give it one: {option} {key}={_example(action, value)}")
     if action.choices is not None:
         choices = [str(c) for c in action.choices]
         close = difflib.get_close_matches(str(value), choices, n=1)
-        listed = ", ".join(choices) if len(choices) <= 12 else f"{len(choices)} names (`{program.help_command}`)"
+        listed = ", ".join(choices) if len(choices) <= 12 else f"{len(choices)} names (`{program.name} --help`)"
         return HpcError(f"{flag} {value!s}{origin}: {program} accepts one of {listed}"
                         + (f"; did you mean {close[0]}?" if close else ""),
-                        fix=f"--set {key}={close[0] if close else choices[0]}")
+                        fix=f"{option} {key}={close[0] if close else choices[0]}")
     return HpcError(f"{flag} {value!s}{origin} is not a value {program} accepts: it wants {_form(action)}",
-                    fix=f"--set {key}={_example(action)}")
+                    fix=f"{option} {key}={_example(action, value)}")
 
 
 def _form(action: argparse.Action) -> str:
@@ -296,8 +303,11 @@ def _accepts(action: argparse.Action, text: str) -> bool:
     return True
 
 
-def _example(action: argparse.Action) -> str:
-    """A value the option accepts: its default where it has one, else a sample its type takes."""
+def _example(action: argparse.Action, given: str | None = None) -> str:
+    """A value the option accepts: the given number made whole for a whole-number option, the option's default
+    where it has one, else a sample its type takes."""
+    if action.type is int and given is not None and _is_number(given):
+        return str(int(float(given)))
     default = action.default
     if default not in (None, argparse.SUPPRESS) and not isinstance(default, bool):
         return ",".join(str(d) for d in default) if isinstance(default, (list, tuple)) else str(default)

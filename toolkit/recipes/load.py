@@ -202,8 +202,8 @@ def _refuse_derived(data: dict[str, Any], path: tuple[str, ...], given: str) -> 
                    "linear": f"--set scaling.{flag}.base={text} (the value per {rule.get('per')} "
                              f"{rule.get('unit', 'samples')} of global batch, scaled with the world size)",
                    "cpus-per-rank": f"--set scaling.{flag}.reserve=N (CPUs kept for the rank itself)"}[rule["rule"]]
-        raise HpcError(f"{given}: {flag} is derived by the recipe's scaling rule scaling.{flag}, a "
-                       f"{rule['rule']} rule: {' '.join(str(rule.get('why', '')).split())}",
+        raise HpcError(f"{given}: {flag} is derived by the recipe's scaling rule scaling.{flag} ({rule['rule']}): "
+                       f"{' '.join(str(rule.get('why', '')).split())}",
                        fix=f"set the rule's input instead: {instead}; or drop the rule and set {flag} yourself: "
                            f"--set scaling.{flag}=null --set args.{flag}={text}")
     derived_batch = ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps")
