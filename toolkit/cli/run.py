@@ -12,7 +12,7 @@ from typing import Optional
 import typer
 
 from toolkit.cli.output import JSON_OPTION
-from toolkit.cli.recipes import CLUSTER, QUEUE
+from toolkit.cli.recipes import CLUSTER, QUEUE, VERBOSE
 
 LAUNCHER = typer.Option("script", "--launcher", help="script: srun starts one process per rank; torchrun: one "
                                                      "torchrun per node starts its ranks (restarts: --max-restarts).")
@@ -37,6 +37,7 @@ def run(target: str = typer.Argument(..., metavar="SCRIPT_OR_MODULE",
                                                                         "local only where no Slurm is installed)."),
         dry_run: bool = typer.Option(False, "--dry-run", help="Print the plan that would be submitted; submit "
                                                               "nothing."),
+        verbose: bool = VERBOSE,
         wait: bool = typer.Option(False, "--wait", help="Show progress until the job ends; exit 1 if it fails."),
         as_json: bool = JSON_OPTION) -> None:
     """Run your own Python script or module on N nodes: `hpc run train.py --nodes 2 -- --epochs 3`.
@@ -53,4 +54,4 @@ def run(target: str = typer.Argument(..., metavar="SCRIPT_OR_MODULE",
                        rendezvous_timeout_s=rendezvous_timeout)
     request = SubmitRequest(data["name"], nodes, str(cluster) if cluster else None, queue, executor=executor,
                             recipe_data=data)
-    submit_request(request, dry_run, wait, as_json)
+    submit_request(request, dry_run, wait, as_json, verbose)
