@@ -201,3 +201,11 @@ def test_did_you_mean_for_recipe_names_keys_and_profiles(tmp_path):
         load_recipe(write_recipe(tmp_path, data))
     assert "resources.tme: unknown key; did you mean resources.time?" in err.value.message
     assert "Input should" not in err.value.message and err.value.fix.startswith("write resources.tme as resources.time")
+
+
+@pytest.mark.parametrize("module, words", [("toolkit.workloads.nope", "does not import where hpc runs"),
+                                           ("toolkit.workloads.smoke_data", "exposes no parser()")])
+def test_a_toolkit_module_without_a_parser_here_is_said_not_checked(module, words):
+    notes = plan_job(SubmitRequest("resnet50", overrides=(f"launcher.module={module}",)))[4]
+    [said] = [n for n in notes if n.startswith(NOT_CHECKED)]
+    assert module in said and words in said

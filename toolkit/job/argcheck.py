@@ -128,7 +128,10 @@ def _fairseq_help(argv: list[str]) -> str:
 def _check_own_module(recipe, module: str, argv: list[str]) -> list[str]:
     import importlib
 
-    workload = importlib.import_module(module)
+    try:
+        workload = importlib.import_module(module)
+    except ImportError as exc:  # the nodes' toolkit may have it; this one does not
+        return [f"arguments: not checked: {module} does not import where hpc runs ({exc})"]
     if not hasattr(workload, "parser"):
         return [f"arguments: not checked: {module} exposes no parser() for hpc to check them against"]
     program = Program(f"python -m {module}", f"python -m {module} --help", None)
