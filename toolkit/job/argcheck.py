@@ -7,8 +7,8 @@ parser accepts, a command that works).
   of the chosen --task, --arch, --optimizer, --lr-scheduler, --criterion... in between, and post-checks a few
   combinations). Importing fairseq costs seconds: it happens only here, once per process.
 - our trainers and benchmarks (toolkit.workloads.*): the module's parser() (and check_values(), where it has one).
-- DeepSpeed: the generated config through DeepSpeed's own DeepSpeedConfig (deepspeed/runtime/config.py), where
-  DeepSpeed loads; the training script's own flags (e.g. HabanaAI/Model-References) have no parser here.
+- DeepSpeed: the generated config through DeepSpeed's own DeepSpeedConfig (microsoft/DeepSpeed
+  deepspeed/runtime/config.py and its pydantic section models), where DeepSpeed loads; the training script's own flags (e.g. HabanaAI/Model-References) have no parser here.
 - anything else (a binary, a researcher's script): not checked, and the plan says so once.
 
 check_arguments() refuses with toolkit.errors.HpcError and returns the notes the plan prints once.
@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import difflib
 import functools
 import io
@@ -147,11 +148,13 @@ def _check_own_module(recipe, module: str, argv: list[str]) -> list[str]:
     return []
 
 
+@dataclasses.dataclass(frozen=True)
 class Program:
     """The program whose parser answers: its name, the command that lists its flags, its version."""
 
-    def __init__(self, name: str, help_command: str, version: str | None):
-        self.name, self.help_command, self.version = name, help_command, version
+    name: str
+    help_command: str
+    version: str | None
 
     def __str__(self) -> str:
         return self.name + (f" ({self.version})" if self.version else "")
