@@ -86,6 +86,35 @@ CONFIG = ("cluster", "config", "--name", "c1", "--region", "us-east-1", "--subne
           "--key-name", "k")
 
 CASES = [
+    # issue 20: training arguments, sweeps, --set
+    case("set", "fairseq-unknown-flag", ["recipes", "submit", "roberta", "--set", "args.--lrr=0.1"], 1,
+         r"unknown argument --lrr \(from --set args\.--lrr=0\.1\): fairseq-train .*did you mean --lr\?\n"
+         r"  fix: --set args\.--lr=0\.1 "),
+    case("set", "fairseq-bad-value", ["recipes", "submit", "roberta", "--set", "args.--lr=abc"], 1,
+         r"--lr abc \(from --set args\.--lr=abc\) is not a value fairseq-train .* accepts: it wants values like 1 "
+         r".*\n  fix: --set args\.--lr=0\.25"),
+    case("set", "trainer-unknown-flag", ["recipes", "submit", "resnet50", "--set", "args.--batch-sizee=128"], 1,
+         r"unknown argument --batch-sizee .*did you mean --batch-size\?\n  fix: --set args\.--batch-size=128 "),
+    case("set", "trainer-switch-with-value", ["recipes", "submit", "resnet50", "--set", "args.--amp=1"], 1,
+         r"--amp is a switch and takes no value, got '1'.*\n  fix: .*--set args\.--amp=true"),
+    case("set", "derived-key", ["recipes", "submit", "resnet50", "--set", "args.--lr=0.2"], 1,
+         r"--set args\.--lr=0\.2: --lr is derived by the recipe's scaling rule scaling\.--lr.*\n"
+         r"  fix: .*--set scaling\.--lr\.base=0\.2"),
+    case("set", "deepspeed-config-key", ["recipes", "submit", "bert-5b", "--cluster", str(REPO / "jobs" / "dl1-cluster.yaml"),
+                                         "--set", "deepspeed.config.bf16.enabld=true"], 1,
+         r"deepspeed\.config\.bf16\.enabld: DeepSpeed \S+ has no such key .*did you mean enabled\?"),
+    case("set", "unknown-key-did-you-mean", [*SUBMIT, "--set", "resources.nodez=2"], 1,
+         r"resources\.nodez: unknown key; did you mean resources\.nodes\?.*\n  fix: --set resources\.nodes=2"),
+    case("set", "nodes-twice", [*SUBMIT, "--nodes", "1", "--set", "resources.nodes=2"], 2,
+         r"--nodes 1 and --set resources\.nodes=2 both set the node count"),
+    case("recipes", "name-did-you-mean", ["recipes", "submit", "robera"], 1, r"no recipe named 'robera'; did you mean roberta\?"),
+    case("recipes", "profile-did-you-mean", [*SUBMIT[:3], "--profile", "smok", *SUBMIT[3:]], 1, r"has no profile 'smok'"),
+    case("sweeps", "nodes-and-node-sweep", [*SUBMIT, "--nodes", "2", "--sweep", "resources.nodes=1,2"], 2,
+         r"--nodes 2 and --sweep resources\.nodes=1,2 both set the node count"),
+    case("sweeps", "range-without-step", [*SUBMIT, "--sweep", "args.--lr=0.1..0.4"], 2,
+         r"the range 0\.1\.\.0\.4 has no step.*\n  fix: give the step: 0\.1\.\.0\.4:STEP \(e\.g\. 0\.1\.\.0\.4:0\.1\)"),
+    case("sweeps", "point-args-checked", ["recipes", "submit", "resnet50", "--sweep", "args.--batch-sizee=1,2"], 1,
+         r"sweep point 0 \(args\.--batch-sizee=1\): unknown argument --batch-sizee .*did you mean --batch-size\?"),
     # recipes
     case("recipes", "invalid-yaml", ["recipes", "submit", "{ws}/recipes/broken.yaml"], 1, r"line \d+.*not valid YAML"),
     case("recipes", "not-a-mapping", ["recipes", "submit", "{ws}/recipes/list.yaml"], 1, r"a recipe is a YAML mapping"),

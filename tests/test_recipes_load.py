@@ -54,7 +54,7 @@ def test_unknown_profile_lists_the_known_ones(tmp_path):
 def test_an_error_names_the_set_that_supplied_the_value(tmp_path):
     with pytest.raises(HpcError) as err:
         load_recipe(write_recipe(tmp_path, MINIMAL_RECIPE), overrides=["resources.nodes=0"])
-    assert "resources.nodes: Input should be greater than 0 (value from --set resources.nodes=0)" in err.value.message
+    assert "resources.nodes: must be above 0, got 0 (value from --set resources.nodes=0)" in err.value.message
 
 
 def mutate(path, value):
@@ -71,22 +71,22 @@ def mutate(path, value):
 
 
 BAD = [
-    (("nodes",), 4, "nodes: unknown key; allowed here: args, deepspeed, description, dirs, env, launcher"),
+    (("nodes",), 4, "nodes: unknown key; did you mean resources.nodes? (allowed here: args, deepspeed, description, dirs, env,"),
     (("launcher", "kind"), "torchrun",
-     "launcher.kind: Input should be 'fairseq', 'python-module', 'python-script', 'binary' or 'deepspeed'"),
+     "launcher.kind: 'torchrun' is not one of 'fairseq', 'python-module', 'python-script', 'binary', 'deepspeed'"),
     (("launcher",), {"kind": "python-module"}, "launcher: launcher kind python-module needs `module`"),
     (("args", "--lr; rm -rf /"), 1, "args.--lr; rm -rf /: bad key '--lr; rm -rf /'"),
     (("args", "--fp16"), False, "args.--fp16: `false` is not a flag value: use null"),
     (("args", "--lr"), {"a": 1}, "args.--lr: must be a string, a number, true"),
-    (("resources", "nodes"), 0, "resources.nodes: Input should be greater than 0"),
+    (("resources", "nodes"), 0, "resources.nodes: must be above 0, got 0"),
     (("resources", "time"), "forever", "resources.time: 'forever' does not match"),
-    (("resources", "runs_on"), ["tpu"], "resources.runs_on.0: Input should be 'gpu', 'hpu' or 'cpu'"),
+    (("resources", "runs_on"), ["tpu"], "resources.runs_on.0: 'tpu' is not one of 'gpu', 'hpu', 'cpu'"),
     (("env", "1BAD"), "x", "env.1BAD: bad key '1BAD'"),
     (("dirs", "data", "arg"), "data", "dirs.data.arg: 'data' does not match"),
-    (("dirs", "data", "bogus"), 1, "dirs.data.bogus: unknown key; allowed here: arg, dir"),
+    (("dirs", "data", "bogus"), 1, "dirs.data.bogus: unknown key (allowed here: arg, dir, under)"),
     (("scaling", "--update-freq", "per_rank_arg"), "--batch-size",
      "scaling.--update-freq.per_rank_arg --batch-size is not in args"),
-    (("scaling", "--update-freq", "rule"), "cubic", "scaling.--update-freq.rule: Input should be 'accumulate'"),
+    (("scaling", "--update-freq", "rule"), "cubic", "scaling.--update-freq.rule: 'cubic' is not one of 'accumulate', 'linear'"),
     (("name",), KeyError, "name: required key is missing"),
     (("name",), "Bad Name", "name: 'Bad Name' does not match"),
 ]

@@ -13,6 +13,7 @@ Every fault becomes one line naming the file, the key path, what is allowed, and
 
 from __future__ import annotations
 
+import difflib
 import os
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
@@ -22,6 +23,34 @@ from toolkit.textfile import read_text
 
 RECIPES_DIR_ENV = "HPC_RECIPES_DIR"
 Origins = dict[tuple[str, ...], str]
+# pydantic's error types in plain words (the rest keep pydantic's message, without its "Input should" phrasing)
+PLAIN = {"int_parsing": "must be a whole number", "int_from_float": "must be a whole number",
+         "float_parsing": "must be a number", "bool_parsing": "must be true or false",
+         "string_type": "must be a string", "dict_type": "must be a mapping (key: value)", "list_type": "must be a list",
+         "int_type": "must be a whole number", "float_type": "must be a number", "bool_type": "must be true or false"}
+
+
+class Override(str):
+    """A KEY.PATH=VALUE override, and the option the user gave it with (--set, or --sweep for a sweep point's):
+    messages name that option."""
+
+    option = "--set"
+
+    def __new__(cls, item: str, option: str = "--set") -> Override:
+        self = super().__new__(cls, item)
+        self.option = option
+        return self
+
+
+def option_of(item: str) -> str:
+    """The option an override came with: --set unless it is a sweep point's."""
+    return getattr(item, "option", "--set")
+
+
+def did_you_mean(word: str, choices: Iterable[str]) -> str:
+    """"; did you mean X?" for the closest choice (difflib), or ""."""
+    close = difflib.get_close_matches(word, list(choices), n=1)
+    return f"; did you mean {close[0]}?" if close else ""
 
 
 def builtin_recipes() -> Path:
@@ -66,8 +95,9 @@ def find_recipe(name_or_path: str | Path) -> Path:
     for d in recipe_dirs():
         if (d / f"{text}.yaml").is_file():
             return d / f"{text}.yaml"
-    known = ", ".join(p.stem for p in list_recipe_files()) or "none"
-    raise HpcError(f"no recipe named {text!r}", fix=f"use one of: {known} (see `hpc recipes list`), or a file path")
+    names = [p.stem for p in list_recipe_files()]
+    raise HpcError(f"no recipe named {text!r}{did_you_mean(text, names)}",
+                   fix=f"use one of: {', '.join(names) or 'none'} (see `hpc recipes list`), or a file path")
 
 
 def read_yaml(path: Path) -> dict[str, Any]:
@@ -111,10 +141,11 @@ def merge(base: dict[str, Any], overlay: dict[str, Any], origin: str, origins: O
     merged = dict(base)
     for key, value in overlay.items():
         path = prefix + (str(key),)
+        if isinstance(value, dict) and isinstance(merged.get(key), dict):  # the keys below record their origin
+            merged[key] = merge(merged[key], value, origin, origins, path)
+            continue
         if value is None:
             merged.pop(key, None)
-        elif isinstance(value, dict) and isinstance(merged.get(key), dict):
-            merged[key] = merge(merged[key], value, origin, origins, path)
         else:
             merged[key] = value
         origins[path] = origin
@@ -134,7 +165,9 @@ def apply_overlays(data: dict[str, Any], profile: str | None, overrides: Sequenc
     if profile is not None:
         if not isinstance(profiles, dict) or profile not in profiles:
             known = ", ".join(profiles) if isinstance(profiles, dict) and profiles else "none"
-            raise HpcError(f"{source}: recipe has no profile {profile!r}", fix=f"use one of: {known}")
+            raise HpcError(f"{source}: recipe has no profile {profile!r}"
+                           f"{did_you_mean(profile, profiles if isinstance(profiles, dict) else [])}",
+                           fix=f"use one of: {known}")
         overlay = profiles[profile]
         if not isinstance(overlay, dict) or {"name", "profiles"} & set(overlay):
             raise HpcError(f"{source}: profiles.{profile} must be a mapping of recipe keys other than name/profiles",
@@ -142,13 +175,42 @@ def apply_overlays(data: dict[str, Any], profile: str | None, overrides: Sequenc
         data = merge(data, overlay, f"profile {profile}", origins)
     for item in overrides:
         path, value = parse_override(item)
+        option = option_of(item)
         if path[0] in ("name", "profiles"):
-            raise UsageError(f"--set {item!r}: {path[0]} cannot be overridden", fix="copy the recipe file instead")
+            raise UsageError(f"{option} {item!r}: {path[0]} cannot be overridden", fix="copy the recipe file instead")
         try:
-            data = merge(data, nested(path, value), f"--set {item}", origins)
+            data = merge(data, nested(path, value), f"{option} {item}", origins)
         except AttributeError:
-            raise HpcError(f"--set {item!r}: {'.'.join(path[:-1])} is not a mapping", fix="check the key path") from None
+            raise HpcError(f"{option} {item!r}: {'.'.join(path[:-1])} is not a mapping", fix="check the key path") from None
+    for item in overrides:  # once all are applied: `--set scaling.--lr=null --set args.--lr=0.2` in any order
+        _refuse_derived(data, parse_override(item)[0], f"{option_of(item)} {item}")
     return data, origins
+
+
+def _refuse_derived(data: dict[str, Any], path: tuple[str, ...], given: str) -> None:
+    """An override of a value the recipe derives (a scaling rule's flag, DeepSpeed's batch keys): name the key
+    that sets it instead."""
+    scaling, args = data.get("scaling"), data.get("args")
+    if len(path) == 2 and path[0] == "args" and isinstance(scaling, dict) and isinstance(args, dict) \
+            and path[1] in args:
+        flag, rule = path[1], scaling.get(path[1])
+        if not isinstance(rule, dict) or rule.get("rule") in (None, "gpu-memory-cap"):
+            return
+        text = given.split("=", 1)[1]
+        instead = {"accumulate": f"--set scaling.{flag}.global_batch=N (the {rule.get('unit', 'samples')} per "
+                                 f"update it keeps) or --set args.{rule.get('per_rank_arg')}=N",
+                   "linear": f"--set scaling.{flag}.base={text} (the value per {rule.get('per')} "
+                             f"{rule.get('unit', 'samples')} of global batch, scaled with the world size)",
+                   "cpus-per-rank": f"--set scaling.{flag}.reserve=N (CPUs kept for the rank itself)"}[rule["rule"]]
+        raise HpcError(f"{given}: {flag} is derived by the recipe's scaling rule scaling.{flag} ({rule['rule']}): "
+                       f"{' '.join(str(rule.get('why', '')).split())}",
+                       fix=f"set the rule's input instead: {instead}; or drop the rule and set {flag} yourself: "
+                           f"--set scaling.{flag}=null --set args.{flag}={text}")
+    derived_batch = ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps")
+    if path[:2] == ("deepspeed", "config") and len(path) == 3 and path[2] in derived_batch:
+        raise HpcError(f"{given}: {path[2]} is derived for each job from deepspeed.global_batch and "
+                       "deepspeed.micro_batch (accumulation = global / (micro x world size))",
+                       fix="--set deepspeed.global_batch=N or --set deepspeed.micro_batch=N")
 
 
 def load_recipe(source: str | Path, profile: str | None = None, overrides: Sequence[str] = (),
@@ -166,13 +228,18 @@ def load_recipe(source: str | Path, profile: str | None = None, overrides: Seque
     path = find_recipe(source) if data is None else Path(str(source))
     data, origins = apply_overlays(read_yaml(path) if data is None else dict(data), profile, overrides, path)
     try:
-        return Recipe.model_validate(data)
+        recipe = Recipe.model_validate(data)
     except ValidationError as exc:
         faults = list(_faults(exc, origins))
+        renames = [f.rename for f in faults if f.rename]
+        check = f"`hpc recipes validate {path}`"
+        fix = (f"{renames[0]}" + ("" if renames[0].startswith("--") else f", then run {check}")
+               if len(faults) == 1 and renames else
+               f"edit the named keys (or the profile / --set that supplied them), then run {check}")
         raise HpcError(f"{path}: invalid recipe ({len(faults)} fault{'s' if len(faults) > 1 else ''}):\n"
-                       + "\n".join(f"  {f}" for f in faults),
-                       fix=f"edit the named keys (or the profile / --set that supplied them), then run "
-                           f"`hpc recipes validate {path}`") from None
+                       + "\n".join(f"  {f}" for f in faults), fix=fix) from None
+    recipe._origins = origins
+    return recipe
 
 
 def validate_recipe_file(path: str | Path) -> list[str]:
@@ -183,39 +250,71 @@ def validate_recipe_file(path: str | Path) -> list[str]:
     return list(recipe.profiles)
 
 
-def _faults(exc, origins: Origins) -> Iterable[str]:
+class Fault(str):
+    """One line of a validation error; `rename`: the fix when the fault is a misspelt key."""
+
+    rename: str | None = None
+
+
+def _faults(exc, origins: Origins) -> Iterable[Fault]:
     from toolkit.recipes.schema import Recipe
 
     for err in exc.errors():
         loc = tuple(str(part) for part in err["loc"] if part != "[key]")
         key = ".".join(loc) or "(top level)"
-        message = err["msg"].removeprefix("Value error, ")
+        message = plain_error(err)
+        came_from = next((origins[loc[:i]] for i in range(len(loc), 0, -1) if loc[:i] in origins), None)
+        rename = None
         if err["type"] == "extra_forbidden":
             allowed = _allowed_keys(Recipe, loc[:-1])
-            message = f"unknown key; allowed here: {', '.join(allowed)}"
-        elif err["type"] == "missing":
-            message = "required key is missing"
-        elif err["type"] == "string_pattern_mismatch":
-            message = f"{err['input']!r} does not match {err['ctx']['pattern']}"
+            right = _suggest(Recipe, loc, allowed)
+            message = f"unknown key{f'; did you mean {right}?' if right else ''} (allowed here: {', '.join(allowed)})"
+            given = came_from or ""
+            if right and given.startswith(("--set ", "--sweep ")) and "=" in given:
+                rename = f"{given.split(' ', 1)[0]} {right}={given.split('=', 1)[1]}"
+            elif right:
+                rename = f"write {key} as {right}" + (f" (in {came_from})" if came_from else "")
         if "[key]" in [str(p) for p in err["loc"]]:
             message = f"bad key {loc[-1]!r}: {message}"
-        came_from = next((origins[loc[:i]] for i in range(len(loc), 0, -1) if loc[:i] in origins), None)
-        yield f"{key}: {message}" + (f" (value from {came_from})" if came_from else "")
+        fault = Fault(f"{key}: {message}" + (f" (value from {came_from})" if came_from else ""))
+        fault.rename = rename
+        yield fault
 
 
-def _allowed_keys(model, loc: tuple[str, ...]) -> list[str]:
-    """The field names of the model found at `loc` (walking models, dict values and optionals)."""
+def plain_error(err: dict[str, Any]) -> str:
+    """pydantic's error as a sentence about the value, without pydantic's phrasing."""
+    kind, ctx = err["type"], err.get("ctx") or {}
+    if kind == "missing":
+        return "required key is missing"
+    if kind == "string_pattern_mismatch":
+        return f"{err['input']!r} does not match {ctx['pattern']}"
+    if kind == "literal_error":
+        return f"{err['input']!r} is not one of {ctx.get('expected', '').replace(' or ', ', ')}"
+    if kind in PLAIN:
+        return f"{PLAIN[kind]}, got {err['input']!r}"
+    if kind in ("greater_than", "greater_than_equal", "less_than", "less_than_equal"):
+        bound = next(iter(ctx.values()))
+        words = {"greater_than": "above", "greater_than_equal": "at least", "less_than": "below",
+                 "less_than_equal": "at most"}[kind]
+        return f"must be {words} {bound}, got {err['input']!r}"
+    return err["msg"].removeprefix("Value error, ")
+
+
+def _model_of(tp):
+    """The pydantic model inside an annotation (Optional[M], dict[str, M], M), or None."""
     import typing
 
     from pydantic import BaseModel
 
-    def unwrap(tp):
-        for arg in typing.get_args(tp) or ():
-            found = unwrap(arg)
-            if found is not None:
-                return found
-        return tp if isinstance(tp, type) and issubclass(tp, BaseModel) else None
+    for arg in typing.get_args(tp) or ():
+        found = _model_of(arg)
+        if found is not None:
+            return found
+    return tp if isinstance(tp, type) and issubclass(tp, BaseModel) else None
 
+
+def _allowed_keys(model, loc: tuple[str, ...]) -> list[str]:
+    """The field names of the model found at `loc` (walking models, dict values and optionals)."""
     current = model
     for part in loc:
         if current is None:
@@ -223,5 +322,39 @@ def _allowed_keys(model, loc: tuple[str, ...]) -> list[str]:
         field = current.model_fields.get(part)
         if field is None:  # a dict key (a flag name, a profile name): the value type is the dict's
             continue
-        current = unwrap(field.annotation)
+        current = _model_of(field.annotation)
     return sorted(current.model_fields) if current else []
+
+
+def _key_elsewhere(model, key: str, prefix: tuple[str, ...] = ()) -> tuple[str, ...] | None:
+    """The path of a field named `key` deeper in the schema (`nodes` at the top is resources.nodes)."""
+    for name, field in model.model_fields.items():
+        if name == key and prefix:
+            return (*prefix, name)
+        inner = _model_of(field.annotation)
+        if inner is not None and inner is not model and (found := _key_elsewhere(inner, key, (*prefix, name))):
+            return found
+    return None
+
+
+def _suggest(model, loc: tuple[str, ...], allowed: list[str]) -> str | None:
+    """The key a misplaced or misspelt `loc` most likely meant: the same name one level down from where it was
+    written (`nodes` -> resources.nodes), else the closest name allowed there (difflib)."""
+    inner = {name: _model_of(_field_at(model, (*loc[:-1], name))) for name in allowed}
+    below = next((found for name, m in inner.items() if m is not None
+                  and (found := _key_elsewhere(m, loc[-1], (name,)))), None)
+    if below is not None:
+        return ".".join((*loc[:-1], *below))
+    close = difflib.get_close_matches(loc[-1], allowed, n=1)
+    return ".".join((*loc[:-1], close[0])) if close else None
+
+
+def _field_at(model, loc: tuple[str, ...]):
+    """The annotation of the field at `loc` (None where loc leaves the models)."""
+    current, annotation = model, None
+    for part in loc:
+        if current is None or part not in current.model_fields:
+            return None
+        annotation = current.model_fields[part].annotation
+        current = _model_of(annotation)
+    return annotation

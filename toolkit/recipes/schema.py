@@ -18,7 +18,8 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PositiveInt, field_validator, model_validator
+from pydantic import (AfterValidator, BaseModel, ConfigDict, Field, PositiveInt, PrivateAttr, field_validator,
+                      model_validator)
 
 FLAG_PATTERN = r"^--?[A-Za-z0-9][A-Za-z0-9_-]*$"
 NAME_PATTERN = r"^[a-z0-9][a-z0-9_-]*$"
@@ -257,6 +258,13 @@ class Recipe(StrictModel):
     scaling: dict[Flag, ScalingRule] = {}
     deepspeed: DeepSpeed | None = None
     profiles: dict[Annotated[str, Field(pattern=NAME_PATTERN)], dict[str, Any]] = {}
+    # Where each overlaid value came from (key path -> "profile smoke", "--set args.--lr=0.1"), set by
+    # toolkit.recipes.load: later checks (toolkit.job.argcheck) name what the user typed.
+    _origins: dict[tuple[str, ...], str] = PrivateAttr(default_factory=dict)
+
+    def origin(self, path: tuple[str, ...]) -> str | None:
+        """The profile or override that set the value at `path` (or a mapping above it); None: the recipe file."""
+        return next((self._origins[path[:i]] for i in range(len(path), 0, -1) if path[:i] in self._origins), None)
 
     @model_validator(mode="after")
     def _deepspeed_fits_launcher(self) -> Recipe:

@@ -81,9 +81,11 @@ def plan_job(request: SubmitRequest, run_dir: Path | None = None,
     """The job of a plan: (recipe, queue, spec, run dir, notes), all the views share (`hpc recipes show`,
     `render`, `submit --dry-run`). `run_dir`: default a fresh path under the runs root. `queue`: already
     resolved (a task of a sweep), else resolved from the request with a note saying how."""
+    from toolkit.job.argcheck import check_arguments
     from toolkit.job.spec import build_job_spec
     from toolkit.recipes.load import load_recipe
 
+    refuse_conflicts(request)
     notes: list[str] = []
     if queue is None:
         from toolkit.cluster.queues import resolve_queue
@@ -95,7 +97,23 @@ def plan_job(request: SubmitRequest, run_dir: Path | None = None,
                          data=request.recipe_data)
     spec = build_job_spec(recipe, queue, request.nodes, profile=request.profile,
                           slurm_options=request.slurm_options, run_dir=str(run_dir))
+    notes += check_arguments(recipe, spec)
     return recipe, queue, spec, run_dir, notes
+
+
+def refuse_conflicts(request: SubmitRequest) -> None:
+    """Two options that set one value: --nodes and an override (--set, or a --sweep point) of resources.nodes."""
+    from toolkit.errors import UsageError
+    from toolkit.recipes.load import option_of
+
+    for item in request.overrides:
+        if request.nodes is not None and item.partition("=")[0] == "resources.nodes":
+            option = option_of(item)
+            raise UsageError(
+                f"--nodes {request.nodes} and {option} {item} both set the node count",
+                fix="a sweep's tasks share one node count: submit one sweep per count (--nodes 1, then --nodes 2, "
+                    "...) without sweeping resources.nodes" if option == "--sweep" else
+                    f"give one of them: --nodes {request.nodes}, or --set {item}")
 
 
 def plan(request: SubmitRequest, run_dir: Path | None = None, *, task_of: Plan | None = None) -> Plan:

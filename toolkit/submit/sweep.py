@@ -1,7 +1,10 @@
 """Sweeps: one recipe over a grid of values, submitted as Slurm job arrays (submitit's batch submission).
 
-`--sweep KEY.PATH=V1,V2,...` takes the `--set` key syntax; each value is read like a `--set` value. `A..B`
-(integers) stands for every integer from A to B; `\\,` is a comma inside a value, `\\\\` a backslash. Several
+`--sweep KEY.PATH=V1,V2,...` takes the `--set` key syntax; each value is read like a `--set` value. Ranges:
+`A..B` (integers) stands for every integer from A to B, `A..B:STEP` for A, A+STEP, ... up to B (decimals too:
+`0.1..0.4:0.1` is 0.1, 0.2, 0.3, 0.4, computed in exact decimals); a range of decimals without a step, or
+anything else number-like around `..`, is refused with these forms rather than swept as one literal value.
+`\\,` is a comma inside a value, `\\\\` a backslash. Several
 --sweep options make the cartesian product (the first varies slowest). Every grid point is validated, and its
 job built, before anything is submitted; a point whose job differs from the others' in anything but the
 command (nodes, environment, time: what the one batch script of an array fixes) is refused.
@@ -33,13 +36,19 @@ from typing import Any, Sequence
 
 from toolkit import rundir
 from toolkit.errors import HpcError, UsageError
+from toolkit.recipes.load import Override
 from toolkit.rundir import SWEEP, SWEEP_TASK, Array, Executor, Metadata, RunDir
 
-RANGE = re.compile(r"^(-?\d+)\.\.(-?\d+)$")
+NUMBER = r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?"
+RANGE = re.compile(rf"^(?P<first>{NUMBER})\.\.(?P<last>{NUMBER})(?::(?P<step>{NUMBER}))?$")
+RANGE_LIKE = re.compile(r"^[-+]?[\d.]*\d[\d.eE+-]*\.\.")  # a value meant as a range (not a path like ../x)
+RANGE_FORMS = "A..B (every integer from A to B) or A..B:STEP (e.g. 0.1..0.4:0.1, 1e-4..5e-4:1e-4)"
+MAX_RANGE_POINTS = 10_000
 SLURM_DEFAULT_MAX_ARRAY_SIZE = 1001  # slurm.conf(5)'s default: ParallelCluster's, or where scontrol does not answer
 MAX_ARRAY_SIZE_ENV = "HPC_MAX_ARRAY_SIZE"
 OUTPUT_DIRS = ("checkpoints", "logs")  # the recipe dirs a run writes (data is read, and made once if missing)
-SWEEP_FIX = "write --sweep KEY.PATH=V1,V2,... (e.g. --sweep args.--lr=0.1,0.2 or --sweep args.--seed=1..8)"
+SWEEP_FIX = ("write --sweep KEY.PATH=V1,V2,... (e.g. --sweep args.--lr=0.1,0.2, --sweep args.--seed=1..8 or "
+             "--sweep args.--lr=0.1..0.4:0.1)")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -81,15 +90,38 @@ def parse_sweep(item: str) -> tuple[str, list[str]]:
         if raw == "":
             raise UsageError(f"--sweep {item!r}: value {position} is empty",
                              fix="remove the extra comma (an empty string is not a sweep value)")
-        match = RANGE.match(raw)
-        if match is None:
+        if RANGE_LIKE.match(raw) is None:
             values.append(raw)
             continue
-        first, last = int(match.group(1)), int(match.group(2))
-        if last < first:
-            raise UsageError(f"--sweep {item!r}: the range {raw} is empty", fix=f"write the smaller number first: {last}..{first}")
-        values += [str(i) for i in range(first, last + 1)]
+        values += range_values(item, raw)
     return key, values
+
+
+def range_values(item: str, raw: str) -> list[str]:
+    """`A..B` (integers) or `A..B:STEP` -> the values, in exact decimal arithmetic (0.1 + 0.2 is 0.3)."""
+    from decimal import Decimal
+
+    match = RANGE.match(raw)
+    if match is None:
+        raise UsageError(f"--sweep {item!r}: {raw} is not a range", fix=f"write a range as {RANGE_FORMS}")
+    first, last = Decimal(match["first"]), Decimal(match["last"])
+    step = Decimal(match["step"]) if match["step"] else None
+    if step is None and not all(re.fullmatch(r"[-+]?\d+", match[end]) for end in ("first", "last")):
+        example = format(((last - first) / 3).normalize(), "f") if last > first else "STEP"
+        raise UsageError(f"--sweep {item!r}: the range {raw} has no step, and only integer ranges step by 1",
+                         fix=f"give the step: {raw}:STEP (e.g. {raw}:{example}), or list the values: V1,V2,...")
+    if last < first:
+        raise UsageError(f"--sweep {item!r}: the range {raw} is empty",
+                         fix=f"write the smaller number first: {match['last']}..{match['first']}"
+                             + (f":{match['step']}" if match["step"] else ""))
+    step = step if step is not None else Decimal(1)
+    if step <= 0:
+        raise UsageError(f"--sweep {item!r}: the step of {raw} must be above 0", fix=f"write a range as {RANGE_FORMS}")
+    count = int((last - first) / step) + 1
+    if count > MAX_RANGE_POINTS:
+        raise UsageError(f"--sweep {item!r}: the range {raw} has {count} values (at most {MAX_RANGE_POINTS})",
+                         fix=f"use a larger step or a narrower range: {RANGE_FORMS}")
+    return [format((first + i * step).normalize(), "f") for i in range(count)]
 
 
 def grid(sweeps: Sequence[str]) -> list[Point]:
@@ -104,7 +136,7 @@ def grid(sweeps: Sequence[str]) -> list[Point]:
             raise UsageError(f"--sweep {key}: {', '.join(twice)} given more than once",
                              fix="list each value once (a duplicate would run the same task twice)")
         axes[key] = values
-    combos = itertools.product(*([f"{key}={v}" for v in values] for key, values in axes.items()))
+    combos = itertools.product(*([Override(f"{key}={v}", "--sweep") for v in values] for key, values in axes.items()))
     return [Point(i, tuple(combo)) for i, combo in enumerate(combos)]
 
 
@@ -150,6 +182,7 @@ def plan(request, sweeps: Sequence[str], parallelism: int | None = None,
     from toolkit.submit.executor import submitit_batch_script
 
     points = grid(sweeps)
+    plans.refuse_conflicts(dataclasses.replace(request, overrides=tuple(Override(s, "--sweep") for s in sweeps)))
     sweep_dir = sweep_dir or new_sweep_dir(request)
     own_dirs = _own_output_dirs(request)
     tasks: list[plans.Plan] = []

@@ -276,7 +276,8 @@ def _emit_devices(emit, device, torch, dist) -> None:
         emit("#  Rank %2d Group  0 Pid %6d on %10s device %2d [%s] %s" % (r, pid, host, dev, bus, name))
 
 
-def _arguments(argv: list[str] | None) -> argparse.Namespace:
+def parser() -> argparse.ArgumentParser:
+    """The benchmark's flags (also what `hpc` checks a recipe's args against when it plans a job: toolkit.job.argcheck)."""
     p = argparse.ArgumentParser(prog="python -m toolkit.workloads.collectives", description=__doc__.split("\n\n")[0])
     p.add_argument("--ops", default="all_reduce", help=f"comma-separated: {','.join(OPS)}")
     p.add_argument("-b", "--minbytes", default="8", help="smallest size (e.g. 8, 64K, 4M)")
@@ -294,11 +295,11 @@ def _arguments(argv: list[str] | None) -> argparse.Namespace:
                    help="auto: cuda if available, else cpu; hpu needs the Habana PyTorch bridge")
     p.add_argument("--threads", type=int, default=None, help="torch intra-op threads (CPU: the CPUs given per rank)")
     p.add_argument("--timeout-min", type=float, default=10.0, help="process-group timeout in minutes")
-    return p.parse_args(argv)
+    return p
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = _arguments(argv)
+    args = parser().parse_args(argv)
     try:
         ops = [o.strip() for o in args.ops.split(",") if o.strip()]
         unknown = [o for o in ops if o not in OPS]

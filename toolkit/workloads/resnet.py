@@ -30,7 +30,8 @@ RESNETS = ("resnet18", "resnet34", "resnet50", "resnet101", "resnet152", "resnex
            "resnext101_32x8d", "resnext101_64x4d", "wide_resnet50_2", "wide_resnet101_2")
 
 
-def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+def parser() -> argparse.ArgumentParser:
+    """The trainer's flags (also what `hpc` checks a recipe's args against when it plans a job: toolkit.job.argcheck)."""
     p = argparse.ArgumentParser(prog="python -m toolkit.workloads.resnet", description=__doc__.split("\n")[0])
     p.add_argument("--data", required=True, help="ImageFolder root with train/ and val/")
     p.add_argument("--arch", default="resnet50", choices=RESNETS)
@@ -67,7 +68,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                    help="default: cuda if available; hpu (Habana Gaudi) needs the Habana PyTorch bridge")
     p.add_argument("--backend", choices=("gloo", "nccl", "hccl"), help="default: nccl on cuda, hccl on hpu, gloo on cpu")
     p.add_argument("--threads", type=int, help="torch/OpenMP threads per rank (default: SLURM_CPUS_PER_TASK)")
-    args = p.parse_args(argv)
+    return p
+
+
+def check_values(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """What argparse's types cannot say (p.error exits 2 with the message, as argparse does)."""
     for name in ("epochs", "batch_size", "image_size", "log_every_steps"):
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be at least 1")
@@ -75,6 +80,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         p.error("--crop-scale-min must be in (0, 1]")
     if args.threads is not None and args.threads < 1:
         p.error("--threads must be at least 1")
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    p = parser()
+    args = p.parse_args(argv)
+    check_values(p, args)
     return args
 
 
