@@ -108,7 +108,7 @@ class ClusterSpec:
 
 def parse_queue(text: str) -> QueueSpec:
     """`NAME=INSTANCE_TYPE:MAX_NODES[,efa-stack=modern|legacy|none][,ranks-per-node=N]` -> QueueSpec."""
-    usage = "write --queue NAME=INSTANCE_TYPE:MAX_NODES, e.g. --queue p3dn=p3dn.24xlarge:4"
+    usage = "write --queue-spec NAME=INSTANCE_TYPE:MAX_NODES, e.g. --queue-spec p3dn=p3dn.24xlarge:4"
     head, *options = text.split(",")
     match = re.fullmatch(r"([^=]+)=([^:]+):(\d+)", head.strip())
     if not match:
@@ -138,7 +138,7 @@ def _check_spec(spec: ClusterSpec) -> dict[str, InstanceType]:
         raise UsageError(f"--os {spec.os!r} is not supported by ParallelCluster 3.16",
                          fix=f"use one of: {', '.join(OSES)} (alinux2 is gone since 3.16)")
     if not spec.queues:
-        raise UsageError("no --queue given", fix="add --queue NAME=INSTANCE_TYPE:MAX_NODES")
+        raise UsageError("no --queue-spec given", fix="add --queue-spec NAME=INSTANCE_TYPE:MAX_NODES")
     names = [q.name for q in spec.queues]
     for queue in spec.queues:
         if not QUEUE_NAME.match(queue.name):
@@ -360,7 +360,7 @@ def command_line(spec: ClusterSpec, output: str) -> str:
     for q in spec.queues:
         options = ([f"efa-stack={q.efa_stack}"] if q.efa_stack else []) + (
             [f"ranks-per-node={q.ranks_per_node}"] if q.ranks_per_node else [])
-        args += ["--queue", ",".join([f"{q.name}={q.instance_type}:{q.max_nodes}", *options])]
+        args += ["--queue-spec", ",".join([f"{q.name}={q.instance_type}:{q.max_nodes}", *options])]
     args += ["--head-node", spec.head_node, "--os", spec.os]
     if spec.custom_ami:
         args += ["--custom-ami", spec.custom_ami]
@@ -500,14 +500,19 @@ def _validated(text: str, path: str, known: list[str]) -> list[str]:
     return [f"{f.path}: {f.message}" for f in report.findings if f.level == "warning" and f.message not in known]
 
 
+def config_text(spec: ClusterSpec, output: str) -> tuple[str, list[str]]:
+    """The validated config text (its header names `output`) and its warnings; nothing written."""
+    doc, warnings = build_config(spec, output=output)
+    text = render(doc)
+    return text, warnings + _validated(text, output, warnings)
+
+
 def write_config(spec: ClusterSpec, path: str | Path, force: bool = False) -> list[str]:
     """Write the config to `path` (never over an existing file unless force); returns the warnings."""
     path = Path(path)
     if path.exists() and not force:
         raise HpcError(f"{path} already exists", fix="pass --force to overwrite it, or choose another -o FILE")
-    doc, warnings = build_config(spec, output=str(path))
-    text = render(doc)
-    warnings += _validated(text, str(path), warnings)
+    text, warnings = config_text(spec, str(path))
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp")
     tmp.write_text(text, encoding="utf-8")
