@@ -184,3 +184,17 @@ def test_output_into_a_directory_or_stdout(tmp_path):
     assert run_hpc(*config, "-o", str(into)).returncode == 0 and (into / "demo.yaml").is_file()
     shown = run_hpc(*config, "-o", "-")
     assert shown.returncode == 0 and "SlurmQueues" in shown.stdout
+
+
+def test_the_readme_cli_reference_lists_every_command_and_option():
+    import re
+
+    text = (REPO / "README.md").read_text().split("## CLI reference", 1)[1]
+    rows = {}
+    for line in text.splitlines():
+        found = re.match(r"\| `hpc ([a-z0-9 -]+?)(?: [A-Z\[].*?)?` \| (.*) \|$", line)
+        if found:
+            rows[tuple(found.group(1).split())] = set(re.findall(r"(?<![\w-])(--?[a-zA-Z][\w-]*)", found.group(2)))
+    live = {path: {name for p in cmd.params if p.param_type_name == "option" for name in (*p.opts, *p.secondary_opts)}
+            for path, cmd in _commands().items()}
+    assert rows == live
