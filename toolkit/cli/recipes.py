@@ -140,6 +140,8 @@ def new(name: str = typer.Argument(..., help="Recipe name ([a-z0-9_-]); the file
         raise UsageError(f"--script {script} does not exist", fix="give the path of an existing .py file")
     data, _ = apply_overlays(data, None, overrides, Path(f"recipes/{name}.yaml"))
     load_recipe(name, data=data)  # validated before anything is written
+    if output is None:  # the default, recipes/NAME.yaml here: the directory is made as needed
+        Path("recipes").mkdir(exist_ok=True)
     path = output_target(output if output is not None else "recipes/", f"{name}.yaml")
     text = (f"# Written by `hpc recipes new {name}`: edit freely, check with `hpc recipes validate "
             f"{path or name + '.yaml'}`.\n" + yaml.safe_dump(data, sort_keys=False))
