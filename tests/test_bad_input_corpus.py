@@ -152,7 +152,7 @@ CASES = [
     # CLI arguments
     case("cli", "unknown-option", [*SUBMIT, "--bogus"], 2, r"No such option: --bogus"),
     case("cli", "missing-argument", ["recipes", "submit"], 2, r"Missing argument"),
-    case("cli", "nodes-not-an-int", [*SUBMIT, "--nodes", "two"], 2, r"Invalid value for '--nodes'"),
+    case("cli", "nodes-not-an-int", [*SUBMIT, "--nodes", "two"], 2, r"--nodes 'two' is not a whole number"),
     case("cli", "nodes-zero", [*SUBMIT, "--nodes", "0"], 2, r"--nodes"),
     case("cli", "more-nodes-than-the-queue", [*SUBMIT, "--nodes", "3"], 1, r"3 nodes requested; queue cpu has at most 2"),
     case("cli", "unknown-executor", [*SUBMIT, "--executor", "cloud"], 2, r"--executor 'cloud'"),

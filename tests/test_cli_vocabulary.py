@@ -156,6 +156,9 @@ def test_every_missing_required_option_is_reported_at_once():
     (["recipes", "render", "resnet50", "-N", "1", "--venv", "/nonexistent"], 2, "--venv /nonexistent has no"),
     (["k8s", "render", "resnet50", "-N", "1", "--instance", "p4d.24xlarge", "--api", "v3"], 2,
      "--api 'v3' is not one of trainer-v2, v1"),
+    (["recipes", "render", "resnet50", "-N", "two"], 2, "-N 'two' is not a whole number"),
+    (["run", "s.py", "--rendezvous-timeout=0"], 2, "--rendezvous-timeout 0: the least it takes is 1"),
+    (["recipes", "new", "Bad Name", "--script", "s.py"], 2, "recipe name 'Bad Name' is not lowercase letters"),
     (["cluster", "diff", "a.yaml", "b.yaml", "--head-node-state", "paused"], 2,
      "--head-node-state 'paused' is not one of running, stopped"),
 ])

@@ -108,17 +108,33 @@ def _missing_options(exc, argv: list[str]) -> tuple[str, str] | None:
     return f"missing option{'s' if len(missing) > 1 else ''} {names}", f"add {example} (see `{ctx.command_path} --help`)"
 
 
-def _not_a_choice(exc, argv: list[str]) -> tuple[str, str] | None:
-    """A value that is not one of an option's choices, said as `--os 'alinux2' is not one of ...` with the
-    choices to use (Typer's own message carries pydantic's "Value error," and Python quoting)."""
+def _bad_value(exc, argv: list[str]) -> tuple[str, str] | None:
+    """A flag's value Typer refused, said in words with the flag as typed, the value and what works: not one of
+    the choices, not a whole number, out of range (Typer's own message carries pydantic's wording)."""
     param = getattr(exc, "param", None)
-    if param is None or not param.type_descriptor.is_choice or param.param_type_name != "option":
+    if param is None or param.param_type_name != "option" or type(exc).__name__ != "BadParameter":
         return None
-    words = _own_words(argv)
+    words, desc = _own_words(argv), param.type_descriptor
     given = next((w.split("=", 1)[1] for w in words for o in param.opts if w.startswith(o + "=")), None)
-    given = given or next((words[i + 1] for i, w in enumerate(words[:-1]) if w in param.opts), "")
-    choices = ", ".join(c.value for c in param.type_descriptor.choices)
-    return f"{param.opts[0]} {given!r} is not one of {choices}", f"use one of: {choices}"
+    given = given if given is not None else next((words[i + 1] for i, w in enumerate(words[:-1]) if w in param.opts),
+                                                 "")
+    flag = next((w.split("=", 1)[0] for w in words if w.split("=", 1)[0] in param.opts), param.opts[0])
+    if desc.is_choice:
+        choices = ", ".join(c.value for c in desc.choices)
+        return f"{flag} {given!r} is not one of {choices}", f"use one of: {choices}"
+    info, kind = desc.parameter_info, desc.annotation
+    if kind in (int, float):
+        low, high = info.min, info.max
+        example = f"e.g. {flag} {low if low is not None else 1}"
+        try:
+            number = kind(given)
+        except ValueError:
+            return f"{flag} {given!r} is not a {'whole number' if kind is int else 'number'}", example
+        if low is not None and number < low:
+            return f"{flag} {given}: the least it takes is {low}", example
+        if high is not None and number > high:
+            return f"{flag} {given}: the most it takes is {high}", f"e.g. {flag} {high}"
+    return None
 
 
 def _end(argv: list[str], code: int, message: str | None = None, fix: str | None = None) -> None:
@@ -149,7 +165,7 @@ def main(argv: list[str] | None = None) -> None:
         if type(exc).__name__ == "NoArgsIsHelpError":  # a bare command group: its help is the answer
             exc.show()
             _end(argv, exc.exit_code)
-        message, fix = _missing_options(exc, argv) or _not_a_choice(exc, argv) or (
+        message, fix = _missing_options(exc, argv) or _bad_value(exc, argv) or (
             exc.format_message(), f"see `{ctx.command_path if ctx else 'hpc'} --help`")
         _end(argv, exc.exit_code, message, fix)
     except typer.Abort:

@@ -116,17 +116,23 @@ def new(name: str = typer.Argument(..., help="Recipe name ([a-z0-9_-]); the file
                                                   "NAME.yaml in it; -: stdout)."),
         force: bool = o.FORCE, as_json: bool = JSON_OPTION) -> None:
     """Write a recipe for your own script or module, from the same choices as `hpc run` (then edit the YAML)."""
+    import re
+
     import yaml
 
     from toolkit.errors import UsageError
     from toolkit.recipes.load import apply_overlays, load_recipe
-    from toolkit.recipes.user import parse_env, user_recipe
+    from toolkit.recipes.schema import NAME_PATTERN
+    from toolkit.recipes.user import parse_env, recipe_name, user_recipe
 
     job = JobOptions(overrides, sweeps, profile, time, env, venv, account, qos, reservation, dependency)
     job.refuse("hpc recipes new", "a new recipe has no profiles yet", "profile")
     job.refuse("hpc recipes new", "a recipe is one job", "sweeps")
     job.refuse("hpc recipes new", "a recipe file holds no sbatch options", "account", "qos", "reservation",
                "dependency")
+    if not re.match(NAME_PATTERN, name):
+        raise UsageError(f"recipe name {name!r} is not lowercase letters, digits, - and _ (starting with a letter "
+                         "or digit)", fix=f"e.g. hpc recipes new {recipe_name(name)} ...")
     if (script is None) == (module is None):
         raise UsageError("give exactly one of --script FILE.py and --module PKG.MODULE",
                          fix="e.g. hpc recipes new mytrain --script train.py")
@@ -138,8 +144,8 @@ def new(name: str = typer.Argument(..., help="Recipe name ([a-z0-9_-]); the file
                        max_restarts=max_restarts, venv=str(venv) if venv else None, env=parse_env(env))
     if script is not None and not Path(script).is_file():
         raise UsageError(f"--script {script} does not exist", fix="give the path of an existing .py file")
-    data, _ = apply_overlays(data, None, overrides, Path(f"recipes/{name}.yaml"))
-    load_recipe(name, data=data)  # validated before anything is written
+    load_recipe(name, overrides=overrides, data=data)  # validated before anything is written, --set named
+    data, _ = apply_overlays(data, None, overrides, Path(name))
     if output is None:  # the default, recipes/NAME.yaml here: the directory is made as needed
         Path("recipes").mkdir(exist_ok=True)
     path = output_target(output if output is not None else "recipes/", f"{name}.yaml")

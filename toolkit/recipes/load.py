@@ -183,9 +183,24 @@ def validate_recipe_file(path: str | Path) -> list[str]:
     return list(recipe.profiles)
 
 
+def _pattern_words() -> dict[str, str]:
+    from toolkit.recipes import schema
+
+    return {schema.TIME_PATTERN: "a Slurm time limit (MINUTES, HOURS:MINUTES:SECONDS, DAYS-HOURS:MINUTES, e.g. "
+                                 "01:30:00)",
+            schema.NAME_PATTERN: "a name of lowercase letters, digits, - and _ (starting with a letter or digit)",
+            schema.ENV_NAME_PATTERN: "a variable name (letters, digits and _, not starting with a digit)",
+            schema.FLAG_PATTERN: "a flag (--name or -n)",
+            schema.FLAG_PATTERN + "|^positional$": "a flag (--name or -n) or positional"}
+
+
+TYPE_WORDS = {"int_parsing": "a whole number", "float_parsing": "a number", "bool_parsing": "true or false"}
+
+
 def _faults(exc, origins: Origins) -> Iterable[str]:
     from toolkit.recipes.schema import Recipe
 
+    PATTERN_WORDS = _pattern_words()
     for err in exc.errors():
         loc = tuple(str(part) for part in err["loc"] if part != "[key]")
         key = ".".join(loc) or "(top level)"
@@ -195,8 +210,10 @@ def _faults(exc, origins: Origins) -> Iterable[str]:
             message = f"unknown key; allowed here: {', '.join(allowed)}"
         elif err["type"] == "missing":
             message = "required key is missing"
-        elif err["type"] == "string_pattern_mismatch":
-            message = f"{err['input']!r} does not match {err['ctx']['pattern']}"
+        elif err["type"] == "string_pattern_mismatch":  # the accepted forms in words, not the pattern
+            message = f"{err['input']!r} is not {PATTERN_WORDS.get(err['ctx']['pattern'], err['ctx']['pattern'])}"
+        elif err["type"] in ("int_parsing", "float_parsing", "bool_parsing"):
+            message = f"{err['input']!r} is not {TYPE_WORDS[err['type']]}"
         if "[key]" in [str(p) for p in err["loc"]]:
             message = f"bad key {loc[-1]!r}: {message}"
         came_from = next((origins[loc[:i]] for i in range(len(loc), 0, -1) if loc[:i] in origins), None)
