@@ -29,6 +29,8 @@ def test_the_sbatch_executors_log_is_the_jobs_log_and_the_failed_ranks(slurm_san
     assert "pmix" in text  # what srun said, in the job's own log
     logs = run_hpc("jobs", "logs", result["job_id"], env=env)
     assert (logs.returncode, logs.stdout) == (0, text), logs.stderr
+    as_json = cli_json(run_hpc("jobs", "logs", result["job_id"], "--json", env=env))  # the same lines, one envelope
+    assert (as_json["rank"], as_json["stream"], as_json["lines"]) == (0, "out", text.splitlines())
     # one log holds every rank's stdout and stderr
     assert run_hpc("jobs", "logs", result["job_id"], "--rank", "3", "--stderr", env=env).stdout == text
 
