@@ -7,7 +7,6 @@ completion answers; every command's --json is one envelope; exit codes follow on
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
 import pytest
 
