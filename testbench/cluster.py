@@ -22,6 +22,9 @@ from testbench import chroot, install, procs, rootfs
 from testbench.layout import CLUSTER_NAME, DEFAULT_QUEUE, FAKE_GPUS_PER_NODE, Layout, Node
 
 MIN_JOB_AGE = 30  # seconds a finished job stays in squeue/scontrol (sacct keeps it for good)
+# Below Slurm's default 1001, as many sites set it: a sweep of a few hundred tasks is split into arrays. Both the
+# slurm.conf and the cluster config say it, as ParallelCluster writes CustomSlurmSettings into its slurm.conf.
+MAX_ARRAY_SIZE = 101
 START_TIMEOUT = 60.0
 SLURM_TIMEOUT = 20  # every Slurm command gets one
 # What a chroot lane's root file system holds (its Python runs payloads that need only the standard library).
@@ -63,8 +66,9 @@ def render_configs(layout: Layout) -> dict[Path, str]:
                              keep_trailing_newline=True)
     lane = layout.lane
     values = dict(layout=layout, cluster_name=CLUSTER_NAME, slurmctld_port=lane.slurmctld_port,
-                  slurmdbd_port=lane.slurmdbd_port, min_job_age=MIN_JOB_AGE, cpu_nodes=lane.cpu_nodes,
-                  p3dn_nodes=lane.p3dn_nodes, gpus_per_node=FAKE_GPUS_PER_NODE, accounting=lane.accounting,
+                  slurmdbd_port=lane.slurmdbd_port, min_job_age=MIN_JOB_AGE, max_array_size=MAX_ARRAY_SIZE,
+                  cpu_nodes=lane.cpu_nodes, p3dn_nodes=lane.p3dn_nodes, gpus_per_node=FAKE_GPUS_PER_NODE,
+                  accounting=lane.accounting,
                   first_job_id=lane.first_job_id)
     configs = {
         layout.slurm_conf: env.get_template("slurm.conf.j2").render(values),

@@ -199,4 +199,7 @@ def test_the_readme_cli_reference_lists_every_command_and_option():
             rows[tuple(found.group(1).split())] = set(re.findall(r"(?<![\w-])(--?[a-zA-Z][\w-]*)", found.group(2)))
     live = {path: {name for p in cmd.params if p.param_type_name == "option" for name in (*p.opts, *p.secondary_opts)}
             for path, cmd in _commands().items()}
-    assert rows == live
+    differ = {" ".join(path): {"missing": sorted(live.get(path, set()) - rows.get(path, set())),
+                               "extra": sorted(rows.get(path, set()) - live.get(path, set()))}
+              for path in {*rows, *live} if rows.get(path) != live.get(path)}
+    assert not differ, f"README.md's CLI reference table differs from the CLI (add a row/flag): {differ}"

@@ -42,6 +42,18 @@ def test_slurm_conf_has_the_fast_and_fake_hardware_settings(rendered):
     assert all(str(layout.root) in settings[k] for k in ("StateSaveLocation", "SlurmctldPidFile", "SlurmctldLogFile"))
 
 
+def test_the_cluster_config_declares_the_array_limit_the_slurm_conf_sets(rendered):
+    """Sweeps planned with --cluster read MaxArraySize from the config's CustomSlurmSettings, as ParallelCluster
+    writes them into its slurm.conf: the two files must agree."""
+    from toolkit.submit.sweep import array_limit
+
+    layout, files = rendered
+    settings = {k: v for row in conf_lines(files[layout.slurm_conf]) if len(row) == 1 for k, v in row.items()}
+    layout.cluster_config.parent.mkdir(parents=True)
+    layout.cluster_config.write_text(files[layout.cluster_config])
+    assert array_limit(str(layout.cluster_config))[0] == int(settings["MaxArraySize"]) < 1001
+
+
 def test_slurm_conf_declares_both_partitions(rendered):
     layout, files = rendered
     rows = conf_lines(files[layout.slurm_conf])

@@ -192,11 +192,11 @@ def test_chunks_keep_every_array_below_max_array_size_for_10000_tasks():
 def test_the_limit_is_the_clusters_capped_by_the_environment(monkeypatch):
     calls = _recording_slurm(monkeypatch, scontrol="MaxArraySize            = 101\nMaxJobCount = 10000\n")
     monkeypatch.delenv(sweep.MAX_ARRAY_SIZE_ENV, raising=False)
-    assert sweep.array_limit() == 101 and calls == [["scontrol", "show", "config"]]
+    assert sweep.array_limit()[0] == 101 and calls == [["scontrol", "show", "config"]]
     monkeypatch.setenv(sweep.MAX_ARRAY_SIZE_ENV, "40")
-    assert sweep.array_limit() == 40
+    assert sweep.array_limit()[0] == 40
     monkeypatch.setenv(sweep.MAX_ARRAY_SIZE_ENV, "500")
-    assert sweep.array_limit() == 101  # the cap never raises the cluster's limit
+    assert sweep.array_limit()[0] == 101  # the cap never raises the cluster's limit
     monkeypatch.setenv(sweep.MAX_ARRAY_SIZE_ENV, "ten")
     with pytest.raises(HpcError, match="HPC_MAX_ARRAY_SIZE='ten'") as err:
         sweep.array_limit()
@@ -206,11 +206,10 @@ def test_the_limit_is_the_clusters_capped_by_the_environment(monkeypatch):
         raise HpcError("Slurm's `scontrol` is not installed here", fix="x")
     monkeypatch.setattr("toolkit.slurm.commands.run", no_slurm)
     monkeypatch.delenv(sweep.MAX_ARRAY_SIZE_ENV)
-    assert sweep.array_limit() == sweep.SLURM_DEFAULT_MAX_ARRAY_SIZE  # a dry run away from Slurm
+    assert sweep.array_limit()[0] == sweep.SLURM_DEFAULT_MAX_ARRAY_SIZE  # a dry run away from Slurm
 
 
 def test_the_plan_shows_the_chunking(tmp_path, monkeypatch):
-    monkeypatch.setattr(sweep, "max_array_size", lambda: 1001)
     monkeypatch.setenv(sweep.MAX_ARRAY_SIZE_ENV, "2")
     sp = sweep.plan(_request(tmp_path), ["args.--count=1..5"], sweep_dir=tmp_path / "sweep")
     data = sp.to_json()
@@ -234,7 +233,7 @@ def _stub_submission(monkeypatch, refuse_at: int | None = None) -> list[list[str
 
 
 def test_execute_records_every_array_and_each_tasks_place_in_it(tmp_path, monkeypatch):
-    monkeypatch.setattr(sweep, "max_array_size", lambda: 3)
+    monkeypatch.setenv(sweep.MAX_ARRAY_SIZE_ENV, "3")
     sp = sweep.plan(_request(tmp_path), ["args.--count=1..7"], sweep_dir=tmp_path / "sweep")
     _stub_submission(monkeypatch)
     assert sweep.execute(sp) == "500"
@@ -254,7 +253,7 @@ def test_execute_records_every_array_and_each_tasks_place_in_it(tmp_path, monkey
 
 
 def test_a_refused_later_array_cancels_the_earlier_ones_and_leaves_nothing(tmp_path, monkeypatch):
-    monkeypatch.setattr(sweep, "max_array_size", lambda: 2)
+    monkeypatch.setenv(sweep.MAX_ARRAY_SIZE_ENV, "2")
     sp = sweep.plan(_request(tmp_path), ["args.--count=1..5"], sweep_dir=tmp_path / "sweep")
     calls = _stub_submission(monkeypatch, refuse_at=2)
     with pytest.raises(HpcError, match="QOSMaxSubmitJobPerUserLimit"):

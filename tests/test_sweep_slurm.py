@@ -88,7 +88,8 @@ def test_a_sweep_over_the_array_limit_is_arrays_with_every_task_once_and_one_slu
     dry = run_hpc("recipes", "submit", str(recipe), "--cluster", str(cluster), "--queue", "cpu",
                   "--sweep", f"args.--count=1..{tasks}", "--dry-run", env=env, cwd=tmp_path)
     assert dry.returncode == 0, dry.stderr
-    assert f"would submit {tasks} tasks as 3 job arrays (tasks 0-1, 2-3, 4-5)" in dry.stdout
+    assert f"{tasks} points as 3 job arrays (tasks 0-1, 2-3, 4-5), at most 2 tasks per array: $HPC_MAX_ARRAY_SIZE" \
+        in dry.stdout
     res = run_hpc("recipes", "submit", str(recipe), "--cluster", str(cluster), "--queue", "cpu",
                   "--sweep", f"args.--count=1..{tasks}", "--wait", "--json", env=env, cwd=tmp_path)
     assert res.returncode == 0, res.stderr

@@ -113,6 +113,8 @@ DEPENDENCY = typer.Option(None, "--dependency", "-d", metavar="WHEN:JOB_ID",
 EXECUTOR = typer.Option(None, "--executor", help="slurm (default), local (only where no Slurm is installed) or "
                                                  "sbatch (the rendered script itself, as MPI binaries always go).")
 DRY_RUN = typer.Option(False, "--dry-run", help="Print what would be submitted; submit nothing.")
+VERBOSE = typer.Option(False, "--verbose", help="With --dry-run: the scripts and submitit's parameters in full "
+                                                "after the summary.")
 WAIT = typer.Option(False, "--wait", help="Show progress until the job ends; exit 1 if it fails.")
 FORCE = typer.Option(False, "--force", help="Overwrite an existing -o file.")
 

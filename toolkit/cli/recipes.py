@@ -193,40 +193,45 @@ def submit(name: str = o.RECIPE, nodes: Optional[int] = o.NODES, cluster: Option
            time: Optional[str] = o.TIME, env: list[str] = o.ENV, venv: Optional[Path] = o.VENV,
            account: Optional[str] = o.ACCOUNT, qos: Optional[str] = o.QOS, reservation: Optional[str] = o.RESERVATION,
            dependency: Optional[str] = o.DEPENDENCY, executor: Optional[o.Executor] = o.EXECUTOR,
-           dry_run: bool = o.DRY_RUN, wait: bool = o.WAIT, as_json: bool = JSON_OPTION) -> None:
+           dry_run: bool = o.DRY_RUN, verbose: bool = o.VERBOSE, wait: bool = o.WAIT,
+           as_json: bool = JSON_OPTION) -> None:
     """Submit a recipe through submitit (srun starts one rank per GPU, or per declared CPU rank)."""
     from toolkit.submit import plan as plans
 
     job = JobOptions(overrides, sweeps, profile, time, env, venv, account, qos, reservation, dependency)
     request = plans.SubmitRequest(name, nodes, str(cluster) if cluster else None, queue, profile,
                                   job.recipe_overrides(), job.slurm_options(), o.value(executor))
-    submit_any(request, sweeps, array_parallelism, dry_run, wait, as_json)
+    submit_any(request, sweeps, array_parallelism, dry_run, wait, as_json, verbose)
 
 
-def submit_any(request, sweeps, array_parallelism, dry_run: bool, wait: bool, as_json: bool) -> None:
+def submit_any(request, sweeps, array_parallelism, dry_run: bool, wait: bool, as_json: bool,
+               verbose: bool = False) -> None:
     """One job, or with --sweep one job array: `hpc recipes submit` and `hpc run` both come here."""
     from toolkit.errors import UsageError
 
     if sweeps:
-        _submit_sweep(request, sweeps, array_parallelism, dry_run, wait, as_json)
+        _submit_sweep(request, sweeps, array_parallelism, dry_run, wait, as_json, verbose)
         return
     if array_parallelism is not None:
         raise UsageError("--array-parallelism limits a sweep's job array", fix="add --sweep KEY.PATH=V1,V2,...")
-    submit_request(request, dry_run, wait, as_json)
+    submit_request(request, dry_run, wait, as_json, verbose)
 
 
-def submit_request(request, dry_run: bool, wait: bool, as_json: bool) -> None:
+def submit_request(request, dry_run: bool, wait: bool, as_json: bool, verbose: bool = False) -> None:
     """Plan a request; print the plan (--dry-run) or execute it, and with --wait follow it (exit 1 unless it
     completes). `hpc recipes submit` and `hpc run` both end here."""
     from toolkit.slurm.status import State
     from toolkit.submit import plan as plans, submission
 
+    _verbose_needs_dry_run(verbose, dry_run)
     if dry_run:
+        from toolkit.submit import summary
+
         plan = plans.plan(request)
         for note in plan.notes:
             info(note)
         _warn(plan.warnings)
-        emit(plan.to_json(), as_json, lambda _p: plans.describe(plan))
+        emit(summary.dry_run_json(plan), as_json, lambda _d: summary.dry_run_text(plan, verbose))
         return
     result = submission.submit(request, progress=info)
     result["follow"] = f"{hpc_program()} jobs logs {result['job_id']} --follow"
@@ -249,23 +254,28 @@ def submit_request(request, dry_run: bool, wait: bool, as_json: bool) -> None:
         raise fail(message)
 
 
-def _submit_sweep(request, sweeps: list[str], parallelism, dry_run: bool, wait: bool, as_json: bool) -> None:
+def _verbose_needs_dry_run(verbose: bool, dry_run: bool) -> None:
+    if verbose and not dry_run:
+        from toolkit.errors import UsageError
+
+        raise UsageError("--verbose shows a dry run in full; a submitted job's scripts are in its run dir",
+                         fix="add --dry-run to see what would be submitted, or leave out --verbose")
+
+
+def _submit_sweep(request, sweeps: list[str], parallelism, dry_run: bool, wait: bool, as_json: bool,
+                  verbose: bool) -> None:
     from toolkit.slurm.status import State
     from toolkit.rundir import RunDir
-    from toolkit.submit import runs, submission, sweep
+    from toolkit.submit import runs, submission, summary, sweep
 
+    _verbose_needs_dry_run(verbose, dry_run)
     plan = sweep.plan(request, sweeps, parallelism)
     for note in plan.tasks[0].notes:
         info(note)
     data = plan.to_json()
     _warn(data["warnings"])
     if dry_run:
-        emit(data, as_json, lambda p: "\n".join(
-            [f"would submit {p['tasks']} tasks as {_arrays(p['arrays'])} to queue {p['queue']} (at most "
-             f"{p['max_array_size']} tasks per array; sweep dir {p['run_dir']}), each task:"]
-            + [f"  {k}: {v}" for k, v in p["parameters"].items() if k != "setup"]
-            + ["points:"] + [f"  {i}: {' '.join(point)}" for i, point in enumerate(p["points"])]
-            + ["", "batch script submitit sends to sbatch:", p["batch_script"]]))
+        emit(summary.dry_run_json(plan), as_json, lambda _d: summary.dry_run_text(plan, verbose))
         return
     array_id = sweep.execute(plan)
     first = plan.tasks[0]
@@ -275,8 +285,8 @@ def _submit_sweep(request, sweeps: list[str], parallelism, dry_run: bool, wait: 
               "executor": first.executor.value, "queue": first.queue.name, "nodes": first.spec.nodes,
               "ranks": first.spec.world_size, "warnings": data["warnings"],
               "follow": f"{hpc_program()} jobs status {array_id}"}
-    info(f"submitted {_arrays(arrays)} {', '.join(a['job_id'] for a in arrays)} ({result['tasks']} tasks of "
-         f"{result['nodes']} nodes, {result['ranks']} ranks) to queue {result['queue']}\n"
+    info(f"submitted {summary.arrays_text(arrays)} {', '.join(a['job_id'] for a in arrays)} ({result['tasks']} "
+         f"tasks of {result['nodes']} nodes, {result['ranks']} ranks) to queue {result['queue']}\n"
          f"  sweep dir: {result['run_dir']}\n"
          f"  follow:    {result['follow']}")
     if wait:
@@ -290,14 +300,6 @@ def _submit_sweep(request, sweeps: list[str], parallelism, dry_run: bool, wait: 
         for task in result["failed_tasks"]:
             info(f"task {task['job_id']} ended {task['state']}" + (f": see {task['log']}" if task["log"] else ""))
         raise fail(f"sweep {result['job_id']} ended {result['state']}: {len(result['failed_tasks'])} task(s) failed")
-
-
-def _arrays(arrays: list[dict]) -> str:
-    """"one job array", or "3 job arrays (tasks 0-100, 101-201, 202-249)"."""
-    if len(arrays) == 1:
-        return "one job array"
-    spans = ", ".join(f"{a['first']}-{a['first'] + a['count'] - 1}" for a in arrays)
-    return f"{len(arrays)} job arrays (tasks {spans})"
 
 
 def _print_outcome(result: dict) -> None:

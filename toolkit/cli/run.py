@@ -37,7 +37,8 @@ def run(target: str = typer.Argument(..., metavar="SCRIPT_OR_MODULE",
         time: Optional[str] = o.TIME, env: list[str] = o.ENV, venv: Optional[Path] = o.VENV,
         account: Optional[str] = o.ACCOUNT, qos: Optional[str] = o.QOS, reservation: Optional[str] = o.RESERVATION,
         dependency: Optional[str] = o.DEPENDENCY, executor: Optional[o.Executor] = o.EXECUTOR,
-        dry_run: bool = o.DRY_RUN, wait: bool = o.WAIT, as_json: bool = JSON_OPTION) -> None:
+        dry_run: bool = o.DRY_RUN, verbose: bool = o.VERBOSE, wait: bool = o.WAIT,
+        as_json: bool = JSON_OPTION) -> None:
     """Run your own Python script or module on N nodes: `hpc run train.py --nodes 2 -- --epochs 3`.
 
     Every rank gets RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR and MASTER_PORT,
@@ -56,4 +57,4 @@ def run(target: str = typer.Argument(..., metavar="SCRIPT_OR_MODULE",
     request = SubmitRequest(data["name"], nodes, str(cluster) if cluster else None, queue,
                             overrides=tuple(overrides), slurm_options=job.slurm_options(),
                             executor=o.value(executor), recipe_data=data)
-    submit_any(request, sweeps, array_parallelism, dry_run, wait, as_json)
+    submit_any(request, sweeps, array_parallelism, dry_run, wait, as_json, verbose)

@@ -12,6 +12,7 @@ import shlex
 
 from toolkit.job.env import COMMUNICATION_PREFIXES, EnvVar, submit_env_allowlist
 from toolkit.job.rank import MASTER_PORT_BASE, MASTER_PORT_SPAN
+from toolkit.job.resume import checkpoint_repair_lines
 from toolkit.job.spec import JobSpec
 
 
@@ -80,12 +81,13 @@ def environment_lines(spec: JobSpec) -> list[str]:
 
 
 def setup_lines(spec: JobSpec) -> list[str]:
-    """The job's environment, then the files its set-up writes (also submitit's setup)."""
+    """The job's environment, the files its set-up writes, then what a resumed job needs whole (also submitit's
+    setup)."""
     lines = environment_lines(spec)
     for file in spec.files:
         lines += [f"# {file.doc}", f"mkdir -p {shlex.quote(os.path.dirname(file.path))}",
                   f"printf '%s\\n' {shlex.quote(file.text)} > {shlex.quote(file.path)}"]
-    return lines
+    return lines + checkpoint_repair_lines(spec.launcher, spec.dirs.get("checkpoints"))
 
 
 def array_lines(words: tuple[str, ...]) -> list[str]:

@@ -11,9 +11,10 @@ they find, so points sharing one dir would continue each other's runs. A recipe'
 therefore go under each task's run dir (dirs.<name>.under=run), and a sweep whose points would still share one
 (an absolute dir) is refused.
 
-Slurm refuses an array whose task indices reach MaxArraySize (`scontrol show config`; default 1001, often
-lower), and submitit numbers a batch of N as `--array=0-(N-1)`: a larger sweep is split into consecutive
-chunks of at most MaxArraySize tasks, one array each (HPC_MAX_ARRAY_SIZE caps the chunk lower still).
+Slurm refuses an array whose task indices reach MaxArraySize (the target cluster's: a --cluster config's, else
+`scontrol show config`; default 1001, often lower: array_limit), and submitit numbers a batch of N as
+`--array=0-(N-1)`: a larger sweep is split into consecutive chunks of at most MaxArraySize tasks, one array each
+(HPC_MAX_ARRAY_SIZE caps the chunk lower still).
 
     <runs root>/<recipe>-sweep-<UTC time>-<nonce>/
         metadata.json   kind "sweep": the arrays (job id, first task, task count), the grid, the parallelism
@@ -35,7 +36,7 @@ from toolkit.errors import HpcError, UsageError
 from toolkit.rundir import SWEEP, SWEEP_TASK, Array, Executor, Metadata, RunDir
 
 RANGE = re.compile(r"^(-?\d+)\.\.(-?\d+)$")
-SLURM_DEFAULT_MAX_ARRAY_SIZE = 1001  # used when the cluster's cannot be read (a dry run away from Slurm)
+SLURM_DEFAULT_MAX_ARRAY_SIZE = 1001  # slurm.conf(5)'s default: ParallelCluster's, or where scontrol does not answer
 MAX_ARRAY_SIZE_ENV = "HPC_MAX_ARRAY_SIZE"
 OUTPUT_DIRS = ("checkpoints", "logs")  # the recipe dirs a run writes (data is read, and made once if missing)
 SWEEP_FIX = "write --sweep KEY.PATH=V1,V2,... (e.g. --sweep args.--lr=0.1,0.2 or --sweep args.--seed=1..8)"
@@ -119,6 +120,7 @@ class SweepPlan:
     parallelism: int | None
     parameters: dict[str, Any]  # each array's submitit parameters (every task's, plus the parallelism limit)
     max_array_size: int  # tasks per array at most (see array_limit)
+    max_array_size_source: str  # where that limit comes from, in words
     chunks: tuple[range, ...]  # the sweep's task indices each array holds, in submission order
     batch_script: str  # the first array's batch script, as submitit will send it
     metadata: Metadata  # the sweep dir's, before its arrays are submitted
@@ -129,7 +131,7 @@ class SweepPlan:
                 "queue": first.queue.name, "tasks": len(self.tasks), "nodes": first.spec.nodes,
                 "ranks": first.spec.world_size, "python": first.python, "parameters": self.parameters,
                 "notes": list(first.notes), "warnings": sorted({w for t in self.tasks for w in t.warnings}),
-                "max_array_size": self.max_array_size,
+                "max_array_size": self.max_array_size, "max_array_size_source": self.max_array_size_source,
                 "arrays": [{"first": c.start, "count": len(c)} for c in self.chunks],
                 "points": [list(p.overrides) for p in self.points],
                 "task_run_dirs": [str(t.run_dir) for t in self.tasks],
@@ -177,13 +179,14 @@ def plan(request, sweeps: Sequence[str], parallelism: int | None = None,
                            fix="sweep only values that reach the command (args.*, dirs.*, launcher.*); submit "
                                "other variations as separate jobs")
     parameters = {**first.parameters, **({"array_parallelism": parallelism} if parallelism else {})}
-    limit = array_limit()
+    limit, limit_source = array_limit(request.cluster)
     parts = chunks(len(tasks), limit)
     meta = dataclasses.replace(Metadata.from_json(first.metadata), kind=SWEEP, overrides=list(request.overrides),
                                sweeps=list(sweeps), tasks=len(tasks), array_parallelism=parallelism,
                                max_array_size=limit, arrays=[], job_ids=[])
     return SweepPlan(request=request, sweeps=tuple(sweeps), sweep_dir=sweep_dir, points=tuple(points),
                      tasks=tuple(tasks), parallelism=parallelism, parameters=parameters, max_array_size=limit,
+                     max_array_size_source=limit_source,
                      chunks=parts, batch_script=submitit_batch_script(first.spec, sweep_dir / "submitit",
                                                                       len(parts[0]), parallelism),
                      metadata=meta)
@@ -240,19 +243,53 @@ def max_array_size() -> int | None:
     return int(match.group(1)) if match else None
 
 
-def array_limit() -> int:
-    """Tasks per array: the cluster's MaxArraySize (Slurm's default where it cannot be read), capped by
-    $HPC_MAX_ARRAY_SIZE (a site that wants smaller arrays; tests that split a sweep on any cluster)."""
+def config_max_array_size(path: str) -> tuple[int, str]:
+    """The MaxArraySize of the cluster a ParallelCluster config describes, and where it comes from: its
+    Scheduling/SlurmSettings/CustomSlurmSettings (names are case-insensitive there: aws-parallelcluster
+    pcluster/validators/slurm_settings_validator.py), else Slurm's default, which ParallelCluster keeps (its
+    slurm.conf sets none: aws-parallelcluster-cookbook cookbooks/aws-parallelcluster-slurm/templates/default/slurm/
+    slurm.conf.erb and files/default/head_node_slurm/slurm/templates/slurm_parallelcluster.conf)."""
+    from toolkit.cluster.configfile import read_config
+
+    settings = (read_config(path)[1].get("Scheduling") or {}).get("SlurmSettings") or {}
+    value = next((v for entry in settings.get("CustomSlurmSettings") or [] if isinstance(entry, dict)
+                  for k, v in entry.items() if str(k).lower() == "maxarraysize"), None)
+    if value is None:
+        unread = (", and its CustomSlurmSettingsIncludeFile was not read: set HPC_MAX_ARRAY_SIZE if that sets one"
+                  if settings.get("CustomSlurmSettingsIncludeFile") else "")
+        return SLURM_DEFAULT_MAX_ARRAY_SIZE, (f"Slurm's default (neither the CustomSlurmSettings of {path} nor "
+                                              f"ParallelCluster sets it{unread})")
+    if not str(value).isdigit():
+        raise HpcError(f"{path}: Scheduling/SlurmSettings/CustomSlurmSettings MaxArraySize={value!r} is not a whole "
+                       "number", fix="set it to the most tasks plus one a job array may hold (Slurm's default is "
+                                     "1001), or remove it")
+    return int(value), f"from the CustomSlurmSettings of {path}"
+
+
+def array_limit(cluster: str | None = None) -> tuple[int, str]:
+    """Tasks per array, and where that number comes from in words: the target cluster's MaxArraySize (with
+    --cluster FILE that config's, else this cluster's `scontrol show config`, Slurm's default where it does not
+    answer), capped by $HPC_MAX_ARRAY_SIZE (a site that wants smaller arrays; tests that split a sweep on any
+    cluster). MaxArraySize 0 disables job arrays (SchedMD/slurm doc/man/man5/slurm.conf.5): refused."""
     import os
 
-    limit = max_array_size() or SLURM_DEFAULT_MAX_ARRAY_SIZE
+    if cluster is not None:
+        limit, source = config_max_array_size(cluster)
+    else:
+        scontrol = max_array_size()
+        limit, source = ((scontrol, "from `scontrol show config` on this cluster") if scontrol is not None else
+                         (SLURM_DEFAULT_MAX_ARRAY_SIZE, "Slurm's default (`scontrol show config` did not answer)"))
+    if limit == 0:
+        raise HpcError(f"MaxArraySize is 0, {source}: that cluster has job arrays disabled, and a sweep is one",
+                       fix="submit each point as its own job (hpc recipes submit --set KEY.PATH=VALUE), or ask the "
+                           "cluster's admin for MaxArraySize (CustomSlurmSettings in its config)")
     cap = os.environ.get(MAX_ARRAY_SIZE_ENV)
-    if cap is None:
-        return limit
-    if not cap.isdigit() or int(cap) < 1:
+    if cap is not None and (not cap.isdigit() or int(cap) < 1):
         raise HpcError(f"{MAX_ARRAY_SIZE_ENV}={cap!r} is not a positive whole number",
                        fix="set it to the most tasks one job array may hold (e.g. 100), or unset it")
-    return min(limit, int(cap))
+    if cap is not None and int(cap) < limit:
+        return int(cap), f"${MAX_ARRAY_SIZE_ENV}, below MaxArraySize {limit}, {source}"
+    return limit, f"MaxArraySize, {source}"
 
 
 def execute(sp: SweepPlan) -> str:
