@@ -128,7 +128,7 @@ def test_torchrun_restarts_a_killed_worker_and_resumes_from_the_checkpoint(slurm
         if proc.poll() is None:
             proc.kill()
     assert proc.returncode == 0, err
-    result = json.loads(out)
+    result = cli_json(subprocess.CompletedProcess(proc.args, proc.returncode, out, err))
     assert result["state"] == "COMPLETED"
     seen = records(Path(result["run_dir"]))
     resumed = [r["step"] for r in seen if r["event"] == "resumed"]
