@@ -82,7 +82,8 @@ def case(category, name, args, code, pattern, report=False, slurm=False, **env) 
 
 
 SUBMIT = ("recipes", "submit", "probe", "--cluster", "{ws}/cluster.yaml", "--queue", "cpu")
-CONFIG = ("cluster", "config", "--name", "c1", "--region", "us-east-1", "--subnet", "subnet-1", "--key-name", "k")
+CONFIG = ("cluster", "config", "--name", "c1", "--region", "us-east-1", "--subnet", "subnet-0123456789abcdef0",
+          "--key-name", "k")
 
 CASES = [
     # recipes
@@ -143,8 +144,8 @@ CASES = [
          r"MaxCount\s+Max count must be greater than or equal to min count", report=True),
     case("cluster", "config-bad-queue-name", [*CONFIG, "--queue-spec", "Bad_Q=m5.xlarge:2", "-o", "{ws}/new.yaml"], 2,
          r"queue name 'Bad_Q'"),
-    case("cluster", "config-unknown-instance", [*CONFIG, "--queue-spec", "q=x9.huge:2", "-o", "{ws}/new.yaml"], 1,
-         r"x9\.huge"),
+    case("cluster", "config-unknown-instance", [*CONFIG, "--queue-spec", "q=x9.huge:2", "-o", "{ws}/new.yaml"], 2,
+         r"--queue-spec 'q=x9\.huge:2': instance type 'x9\.huge' is not in the toolkit's catalog.*instances\.yaml"),
     case("cluster", "config-over-existing-file", [*CONFIG, "--queue-spec", "q=m5.xlarge:2", "-o", "{ws}/cluster.yaml"], 1,
          r"already exists"),
     case("cluster", "config-bad-region", [*CONFIG[:4], "--region", "mars", *CONFIG[6:], "--queue-spec", "q=m5.xlarge:2",
@@ -211,6 +212,29 @@ CASES = [
     case("sbatch", "sweep-too-many-nodes", ["recipes", "submit", "probe", "--cluster", "{ws}/cluster-big.yaml",
                                             "--nodes", "3", "--sweep", "args.--count=1,2"], 1,
          r"Slurm refused the job: .*node configuration is not available"),
+    # issue 20: instance checks and queue edits
+    case("cluster", "queue-set-instance-typo", ["cluster", "queue", "set", "{ws}/cluster.yaml", "cpu", "--instance",
+                                                "m5.xlarg"], 2,
+         r"--instance 'm5\.xlarg': instance type .* not in the toolkit's catalog.*did you mean --instance m5\.xlarge\?"),
+    case("cluster", "queue-add-instance-typo", ["cluster", "queue", "add", "{ws}/cluster.yaml", "--queue-spec",
+                                                "x=p4d.24xlarg:2"], 2,
+         r"--queue-spec 'x=p4d\.24xlarg:2'.*did you mean --queue-spec x=p4d\.24xlarge:2\?"),
+    case("cluster", "config-instance-typo", [*CONFIG, "--queue-spec", "q=p4d.24xlarg:2", "-o", "{ws}/new.yaml"], 2,
+         r"--queue-spec 'q=p4d\.24xlarg:2'.*did you mean --queue-spec q=p4d\.24xlarge:2\?"),
+    case("cluster", "queue-add-capital-name", ["cluster", "queue", "add", "{ws}/cluster.yaml", "--queue-spec",
+                                               "Gpu=m5.xlarge:2"], 2, r"queue name 'Gpu'.*fix: e\.g\. --queue-spec gpu=m5\.xlarge:2"),
+    case("cluster", "queue-add-bad-subnet", ["cluster", "queue", "add", "{ws}/cluster.yaml", "--queue-spec",
+                                             "x=m5.xlarge:2", "--subnet", "subnet-1"], 2,
+         r"--subnet 'subnet-1' is not a subnet id.*--subnet subnet-0123456789abcdef0"),
+    case("cluster", "config-bad-subnet", [*CONFIG[:6], "--subnet", "sn-1", *CONFIG[8:], "--queue-spec", "q=m5.xlarge:2",
+                                          "-o", "{ws}/new.yaml"], 2, r"--subnet 'sn-1' is not a subnet id"),
+    case("cluster", "instance-facts-missing", ["cluster", "queue", "add", "{ws}/cluster.yaml", "--queue-spec",
+                                               "x=m5.xlarge:2"], 1, r"HPC_INSTANCE_FACTS names .*nope\.yaml",
+         HPC_INSTANCE_FACTS="{ws}/nope.yaml"),
+    case("cluster", "instance-facts-not-a-catalog", ["cluster", "queue", "add", "{ws}/cluster.yaml", "--queue-spec",
+                                                     "x=m5.xlarge:2"], 1,
+         r"list\.yaml: an instance facts file is a mapping with an `instances:` mapping",
+         HPC_INSTANCE_FACTS="{ws}/recipes/list.yaml"),
 ]
 
 

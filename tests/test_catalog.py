@@ -6,7 +6,7 @@ from tests.conftest import REPO
 from toolkit.catalog import catalog, instance, nccl_floors
 from toolkit.errors import HpcError
 
-INSTANCE_NAME = re.compile(r"\b[a-z]+\d+[a-z]*\.(?:\d*xlarge|large|medium|metal)\b")
+INSTANCE_NAME = re.compile(r"(?<![\w-])[a-z]+\d+[a-z]*(?:-[a-z0-9]+)?\.(?:\d*xlarge|large|medium|metal)\b")
 
 
 def test_every_instance_type_the_project_names_is_in_the_catalog():

@@ -113,7 +113,6 @@ def test_a_missing_subnet_is_a_usage_error(tmp_path):
 
 
 @pytest.mark.parametrize("option,value,path", [
-    ("--subnet", "subnet-0123", "HeadNode/Networking/SubnetId"),
     ("--custom-ami", "ami-0123", "Image/CustomAmi"),
     ("--region", "us-east-9", "Region"),
 ])

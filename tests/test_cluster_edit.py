@@ -168,12 +168,14 @@ def test_json_output_of_a_real_edit(tmp_path):
     # an EFA compute resource cannot run on a type without EFA: pcluster's EfaValidator, offline
     (["set", "{f}", "train", "--compute-resource", "p4d", "--instance", "m5.8xlarge"], 1, "does not support EFA"),
     (["set", "{f}", "cpu", "--min", "20"], 2, "MinCount 20 would be above MaxCount 16"),
-    (["set", "{f}", "cpu", "--max", "16"], 1, "already has these values"),
     (["set", "{f}", "train", "--max", "3"], 2, "--compute-resource (p4d, p4de)"),
     (["set", "{f}", "nope", "--max", "3"], 1, "queues in this file: cpu, train"),
-    (["set", "{f}", "cpu"], 2, "give --max N, --min N or --instance TYPE"),
+    (["set", "{f}", "cpu"], 2, "give --max N, --min N, --instance TYPE or --subnet SUBNET_ID"),
     (["add", "{f}", "--queue-spec", "cpu=m5.8xlarge:2"], 1, "already exists"),
-    (["add", "{f}", "--queue-spec", "Bad_Name=m5.8xlarge:2"], 1, "Name"),
+    (["add", "{f}", "--queue-spec", "Bad_Name=m5.8xlarge:2"], 2, "queue name 'Bad_Name' is not allowed"),
+    # the instance checks `hpc cluster config` makes: a typo is a bad flag value, with the type meant
+    (["add", "{f}", "--queue-spec", "x=p4d.24xlarg:2"], 2, "did you mean --queue-spec x=p4d.24xlarge:2?"),
+    (["set", "{f}", "cpu", "--instance", "c5.18xlarg"], 2, "did you mean --instance c5.18xlarge?"),
     (["add", "{f}", "--queue-spec", "gpu=p5.48xlarge"], 2, "NAME=INSTANCE_TYPE:MAX_NODES"),
     (["add", "{f}", "--queue-spec", "cb=p5.48xlarge:2", "--capacity-block", "cr-12"], 2, "reservation id"),
     (["add", "{f}", "--queue-spec", "cb=p5.48xlarge:2", "--capacity-block", "cr-0123456789abcdef0", "--min", "1"], 2,

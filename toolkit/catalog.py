@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import functools
+import os
+import re
 from importlib import resources
-from typing import Literal
+from pathlib import Path
+from typing import Any, Literal
 
 from toolkit.errors import HpcError
 
@@ -63,6 +67,14 @@ class NcclFloor:
         return self.min_nodes <= nodes and (self.max_nodes is None or nodes <= self.max_nodes)
 
 
+# A type the packaged catalog lacks is added by the user, never by editing the installed package: a YAML file with
+# the catalog's own layout (`instances: {TYPE: {field: value}}`), named by $HPC_INSTANCE_FACTS, else
+# ~/.config/hpc/instances.yaml ($XDG_CONFIG_HOME/hpc/instances.yaml) when it exists.
+FACTS_ENV = "HPC_INSTANCE_FACTS"
+TYPE_NAME = re.compile(r"^[a-z][a-z0-9-]*\.[a-z0-9-]+$")  # EC2's form: family[-variant].size, e.g. p6-b200.48xlarge
+_CHOICES = {"accelerator": ("nvidia", "gaudi", "neuron", "none"), "architecture": ("x86_64", "arm64")}
+
+
 @functools.cache
 def _catalog_data() -> dict:
     import yaml
@@ -70,10 +82,117 @@ def _catalog_data() -> dict:
     return yaml.safe_load(resources.files("toolkit").joinpath("catalog.yaml").read_text())
 
 
+def user_facts_file() -> Path | None:
+    """The user's instance facts file: $HPC_INSTANCE_FACTS (which must exist), else the default file if it exists."""
+    named = os.environ.get(FACTS_ENV)
+    if named:
+        return Path(named)
+    default = Path(os.environ.get("XDG_CONFIG_HOME") or Path.home() / ".config") / "hpc" / "instances.yaml"
+    return default if default.is_file() else None
+
+
+def facts_hint() -> str:
+    where = user_facts_file()
+    return (f"add the type's facts to {where}" if where else
+            f"put the type's facts in ~/.config/hpc/instances.yaml (or a file named by ${FACTS_ENV})") + \
+        " under `instances:`, with the fields of toolkit/catalog.yaml's entries (from the EC2 instance type pages)"
+
+
+def _field_types() -> dict[str, tuple[type, bool]]:
+    """Each InstanceType field (but name) -> (its value type, required)."""
+    kinds = {"int": int, "bool": bool, "str": str}
+    found = {}
+    for field in dataclasses.fields(InstanceType):
+        if field.name == "name":
+            continue
+        text = str(field.type)
+        kind = next((k for k in kinds if text.startswith(k)), "str")  # Literal[...] and str | None are text
+        found[field.name] = (kinds[kind], field.default is dataclasses.MISSING)
+    return found
+
+
+def _entry_problem(name: Any, facts: Any) -> str | None:
+    """What is wrong with one catalog entry, in words, or None."""
+    if not isinstance(name, str) or not TYPE_NAME.match(name):
+        return f"{name!r} is not an EC2 instance type name (family.size, lower case, e.g. p6-b200.48xlarge)"
+    if not isinstance(facts, dict):
+        return f"{name}: its facts must be a mapping of field: value"
+    fields = _field_types()
+    for key, value in facts.items():
+        if key not in fields:
+            close = difflib.get_close_matches(str(key), list(fields), n=1)
+            return f"{name}: unknown field {key!r}" + (f" (did you mean {close[0]}?)" if close else "")
+        kind, _ = fields[key]
+        if value is None and key in ("gpu_model", "gpu_memory_gib", "network_interfaces"):
+            continue
+        if kind is int and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+            return f"{name}: {key} must be a whole number, 0 or more (got {value!r})"
+        if kind is bool and not isinstance(value, bool):
+            return f"{name}: {key} must be true or false (got {value!r})"
+        if kind is str and not isinstance(value, str):
+            return f"{name}: {key} must be text (got {value!r})"
+        if key in _CHOICES and value not in _CHOICES[key]:
+            return f"{name}: {key} must be one of {', '.join(_CHOICES[key])} (got {value!r})"
+    missing = [key for key, (_, required) in fields.items() if required and key not in facts]
+    if missing:
+        return f"{name}: missing field(s) {', '.join(missing)}"
+    if facts["cores"] < 1 or facts["vcpus"] % facts["cores"]:
+        return f"{name}: vcpus ({facts['vcpus']}) must be a whole multiple of cores ({facts['cores']})"
+    if (facts["gpus"] > 0) != (facts["accelerator"] != "none"):
+        return f"{name}: gpus ({facts['gpus']}) and accelerator ({facts['accelerator']}) disagree"
+    return None
+
+
+def _entries(data: Any, source: str) -> dict[str, InstanceType]:
+    """The instance types of a catalog document (`instances: {...}`), each entry checked; HpcError on the first
+    problem, naming the file and the entry."""
+    fix = "write it like toolkit/catalog.yaml's entries: `instances:` then TYPE: {accelerator, gpus, vcpus, ...}"
+    if not isinstance(data, dict) or not isinstance(data.get("instances"), dict):
+        raise HpcError(f"{source}: an instance facts file is a mapping with an `instances:` mapping of types", fix=fix)
+    for name, facts in data["instances"].items():
+        problem = _entry_problem(name, facts)
+        if problem:
+            raise HpcError(f"{source}: instances/{problem}", fix=fix)
+    return {name: InstanceType(name=name, **facts) for name, facts in data["instances"].items()}
+
+
 @functools.cache
+def _packaged() -> dict[str, InstanceType]:
+    return _entries(_catalog_data(), "toolkit/catalog.yaml")
+
+
+@functools.lru_cache(maxsize=4)
+def _user_entries(path: str, stamp: tuple[int, int]) -> dict[str, InstanceType]:
+    import yaml
+
+    from toolkit.textfile import read_text
+
+    text = read_text(Path(path), "instance facts file", fix=f"point ${FACTS_ENV} at your instance facts file, "
+                     "or unset it")
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        raise HpcError(f"{path}{f':{mark.line + 1}' if mark else ''}: not valid YAML",
+                       fix="fix the YAML at that line (indentation, a missing ':')") from None
+    entries = _entries(data, path)
+    clash = sorted(set(entries) & set(_packaged()))
+    if clash:
+        raise HpcError(f"{path}: {', '.join(clash)} is already in the toolkit's catalog",
+                       fix="remove it from your file (the packaged facts are used); if they are wrong, report it")
+    return entries
+
+
 def catalog() -> dict[str, InstanceType]:
-    entries = _catalog_data()["instances"]
-    return {name: InstanceType(name=name, **facts) for name, facts in entries.items()}
+    """Every known instance type: the packaged catalog, then the user's facts file (see user_facts_file)."""
+    path = user_facts_file()
+    if path is None:
+        return _packaged()
+    if not path.is_file():
+        raise HpcError(f"${FACTS_ENV} names {path}, which is not a file",
+                       fix=f"point ${FACTS_ENV} at your instance facts file, or unset it")
+    stat = path.stat()
+    return _packaged() | _user_entries(str(path), (stat.st_mtime_ns, stat.st_size))
 
 
 @functools.cache
@@ -92,13 +211,22 @@ def nccl_floor(instance_type: str, transport: str, nodes: int) -> NcclFloor | No
     return next((f for f in nccl_floors_for(instance_type, transport) if f.covers(nodes)), None)
 
 
+def suggestion(name: str) -> str | None:
+    """The catalog type the user probably meant: the same name in another case, else the closest spelling."""
+    known = catalog()
+    same = [k for k in known if k.lower() == name.lower()]
+    if same:
+        return same[0]
+    close = difflib.get_close_matches(name.lower(), list(known), n=1, cutoff=0.8)
+    return close[0] if close else None
+
+
 def instance(name: str) -> InstanceType:
-    """The catalog entry for an instance type, or an error that lists the known ones."""
+    """The catalog entry for an instance type, or an error with the type the user probably meant."""
     try:
         return catalog()[name]
     except KeyError:
-        known = ", ".join(sorted(catalog()))
-        raise HpcError(
-            f"instance type {name!r} is not in the toolkit's catalog",
-            fix=f"use one of: {known} (or add its facts to toolkit/catalog.yaml)",
-        ) from None
+        guess = suggestion(name)
+        hint = f"if {name} is a real EC2 instance type the catalog lacks, {facts_hint()}"
+        fix = f"did you mean {guess}? ({hint})" if guess else f"use one of: {', '.join(sorted(catalog()))}; or, {hint}"
+        raise HpcError(f"instance type {name!r} is not in the toolkit's catalog", fix=fix) from None

@@ -130,15 +130,23 @@ def show(
     as_json: bool = JSON_OPTION,
 ) -> None:
     """The queues a researcher can pick: instance type, GPUs per node, EFA, max nodes, FSx mount."""
+    from toolkit.catalog import facts_hint
     from toolkit.cluster.queues import queue_summaries, this_cluster_config
 
     path = file or this_cluster_config()
     rows = queue_summaries(path)
+
+    def facts(r: dict) -> list:
+        if not r["known"]:
+            return ["unknown"] * 3
+        return [f"{r['gpus_per_node']} x {r['gpu_model']}" if r["gpus_per_node"] else "0",
+                f"{r['cpus_per_node']}{' (SMT off)' if r['smt_off'] else ''}", r["efa_interfaces"]]
     emit(rows, as_json, lambda rs: table(
-        [[r["queue"], r["instance_type"], f"{r['gpus_per_node']} x {r['gpu_model']}" if r["gpus_per_node"] else "0",
-          f"{r['cpus_per_node']}{' (SMT off)' if r['smt_off'] else ''}", r["efa_interfaces"], r["max_nodes"],
+        [[r["queue"], r["compute_resource"], r["instance_type"], *facts(r), f"{r['min_nodes']}-{r['max_nodes']}",
           r["fsx_mount"] or "-"] for r in rs],
-        ["QUEUE", "INSTANCE TYPE", "GPUS/NODE", "CPUS/NODE", "EFA", "MAX NODES", "FSX"]))
+        ["QUEUE", "COMPUTE RESOURCE", "INSTANCE TYPE", "GPUS/NODE", "CPUS/NODE", "EFA", "NODES", "FSX"]))
+    if not as_json and any(not r["known"] for r in rows):
+        info(f"unknown: instance types outside the toolkit's catalog; {facts_hint()}")
     if not as_json and file is None:
         info(f"(from {path})")
 
@@ -267,6 +275,9 @@ def _edit_output(result, as_json: bool) -> None:
     def text(data: dict) -> str:
         lines = [data["diff"].rstrip("\n")] if data["diff"] and not data["written"] else []
         lines += [f"{data['file']}: {change}" for change in data["changes"]]
+        lines += [f"{data['file']}: {note}" for note in data["notes"]]
+        if not data["changes"]:
+            return "\n".join(lines)
         lines.append("validated offline; " + ("file updated" if data["written"] else "dry run: file not changed"))
         lines.append(f"next: `hpc cluster diff OLD {data['file']}` shows what `pcluster update-cluster` would say")
         return "\n".join(lines)
@@ -281,13 +292,16 @@ def queue_add(
                                                  "Capacity Block for ML (MinCount = MaxCount, no placement group)."),
     min_nodes: Optional[int] = typer.Option(None, "--min", min=0, help="MinCount (default 0; MAX with "
                                             "--capacity-block)."),
+    subnet: Optional[str] = typer.Option(None, "--subnet", help="Subnet id for the queue (default: the first "
+                                         "queue's); an EFA queue needs a private one, with a NAT gateway."),
     dry_run: bool = DRY_RUN_OPTION,
     as_json: bool = JSON_OPTION,
 ) -> None:
-    """Add a queue after the last one (subnets from the first queue; EFA and placement group from the catalog)."""
+    """Add a queue after the last one (subnets from the first queue unless --subnet; EFA and placement group from
+    the catalog)."""
     from toolkit.cluster.edit import add_queue
 
-    _edit_output(add_queue(file, queue, min_nodes, capacity_block, dry_run), as_json)
+    _edit_output(add_queue(file, queue, min_nodes, capacity_block, dry_run, subnet), as_json)
 
 
 @queue_app.command("set")
@@ -299,13 +313,15 @@ def queue_set(
     instance: Optional[str] = typer.Option(None, "--instance", metavar="INSTANCE_TYPE", help="New instance type."),
     compute_resource: Optional[str] = typer.Option(None, "--compute-resource", help="Which compute resource "
                                                    "(needed when the queue has several)."),
+    subnet: Optional[str] = typer.Option(None, "--subnet", help="New subnet id for the queue; an EFA queue needs "
+                                         "a private one, with a NAT gateway."),
     dry_run: bool = DRY_RUN_OPTION,
     as_json: bool = JSON_OPTION,
 ) -> None:
-    """Change a queue's node counts or instance type in place."""
+    """Change a queue's node counts, instance type or subnet in place (no change: exit 0, file untouched)."""
     from toolkit.cluster.edit import set_queue
 
-    _edit_output(set_queue(file, name, max_nodes, min_nodes, instance, compute_resource, dry_run), as_json)
+    _edit_output(set_queue(file, name, max_nodes, min_nodes, instance, compute_resource, dry_run, subnet), as_json)
 
 
 @queue_app.command("remove")

@@ -16,18 +16,16 @@ import textwrap
 from pathlib import Path
 from typing import Any, Literal
 
-from toolkit.catalog import InstanceType, instance
-from toolkit.cluster import checks
+from toolkit.catalog import InstanceType
+from toolkit.cluster import checks, flags
 from toolkit.cluster.queues import EFA_STACKS, TAG_EFA_STACK, TAG_RANKS_PER_NODE
 from toolkit.errors import HpcError, UsageError
 
 FsxDeployment = Literal["SCRATCH_2", "PERSISTENT_2"]
 FSX_DEPLOYMENTS = ("SCRATCH_2", "PERSISTENT_2")
 OSES = ("alinux2023", "ubuntu2204", "ubuntu2404", "rhel8", "rocky8", "rhel9", "rocky9")  # pcluster 3.16
-QUEUE_NAME = re.compile(r"^[a-z][a-z0-9-]{0,24}$")  # pcluster: lower case, digits, '-', at most 25
 CLUSTER_NAME = re.compile(r"^[a-zA-Z][a-zA-Z0-9-]{0,59}$")
 REGION = re.compile(r"^[a-z]{2}(-[a-z]+)+-\d$")
-RESERVATION = re.compile(r"^cr-[0-9a-f]{8,17}$")
 FSX_MOUNT = "/fsx"
 # FSx for Lustre baseline throughput per TiB of storage (AWS, FSx for Lustre User Guide, "Amazon FSx for Lustre
 # performance" / ssd-storage): SCRATCH_2 200 MB/s/TiB (bursts to 1300 on credits); PERSISTENT_2 the chosen
@@ -106,23 +104,28 @@ class ClusterSpec:
     ssh_allowed_ips: str = SSH_ALLOWED_IPS  # a CIDR or a prefix list id (pl-...)
 
 
-def parse_queue(text: str) -> QueueSpec:
-    """`NAME=INSTANCE_TYPE:MAX_NODES[,efa-stack=modern|legacy|none][,ranks-per-node=N]` -> QueueSpec."""
-    usage = "write --queue-spec NAME=INSTANCE_TYPE:MAX_NODES, e.g. --queue-spec p3dn=p3dn.24xlarge:4"
+def parse_queue(text: str, option: str = "--queue-spec") -> QueueSpec:
+    """`NAME=INSTANCE_TYPE:MAX_NODES[,efa-stack=modern|legacy|none][,ranks-per-node=N]` -> QueueSpec, its name and
+    instance type checked (flags.py: the one set of checks `cluster config` and `queue add` share)."""
+    usage = f"write {option} NAME=INSTANCE_TYPE:MAX_NODES, e.g. {option} p3dn=p3dn.24xlarge:4"
     head, *options = text.split(",")
     match = re.fullmatch(r"([^=]+)=([^:]+):(\d+)", head.strip())
     if not match:
-        raise UsageError(f"--queue {text!r} is not NAME=INSTANCE_TYPE:MAX_NODES", fix=usage)
+        raise UsageError(f"{option} {text!r} is not NAME=INSTANCE_TYPE:MAX_NODES", fix=usage)
     name, itype, max_nodes = match.group(1), match.group(2), int(match.group(3))
+    flags.queue_name(name, option, text)
+    if max_nodes < 1:
+        raise UsageError(f"{option} {text!r}: MAX_NODES must be at least 1", fix=f"e.g. {option} {name}={itype}:4")
+    itype = flags.instance_type(itype, option, text).name
     extra: dict[str, Any] = {}
-    for option in options:
-        key, _, value = option.partition("=")
+    for item in options:
+        key, _, value = item.partition("=")
         if key == "efa-stack" and value in EFA_STACKS:
             extra["efa_stack"] = value
         elif key == "ranks-per-node" and value.isdigit() and int(value) > 0:
             extra["ranks_per_node"] = int(value)
         else:
-            raise UsageError(f"--queue {text!r}: unknown option {option!r}",
+            raise UsageError(f"{option} {text!r}: unknown option {item!r}",
                              fix=f"options are efa-stack={'|'.join(EFA_STACKS)} and ranks-per-node=N")
     return QueueSpec(name, itype, max_nodes, **extra)
 
@@ -140,10 +143,8 @@ def _check_spec(spec: ClusterSpec) -> dict[str, InstanceType]:
     if not spec.queues:
         raise UsageError("no --queue-spec given", fix="add --queue-spec NAME=INSTANCE_TYPE:MAX_NODES")
     names = [q.name for q in spec.queues]
-    for queue in spec.queues:
-        if not QUEUE_NAME.match(queue.name):
-            raise UsageError(f"queue name {queue.name!r} is not allowed by ParallelCluster",
-                             fix="start with a lower-case letter; lower-case letters, digits and '-'; at most 25")
+    for queue in spec.queues:  # each one as parse_queue checks a --queue-spec value (a spec may be built in code)
+        flags.queue_name(queue.name, "--queue-spec", f"{queue.name}={queue.instance_type}:{queue.max_nodes}")
         if names.count(queue.name) > 1:
             raise UsageError(f"queue {queue.name!r} is given twice", fix="give every queue its own name")
         if queue.max_nodes < 1:
@@ -151,14 +152,12 @@ def _check_spec(spec: ClusterSpec) -> dict[str, InstanceType]:
     if spec.fsx:
         _check_fsx(spec.fsx)
     _check_ssh_allowed_ips(spec.ssh_allowed_ips)
-    if spec.capacity_reservation and not RESERVATION.match(spec.capacity_reservation):
-        raise UsageError(f"--capacity-reservation {spec.capacity_reservation!r} is not a reservation id",
-                         fix="give the id of a targeted On-Demand Capacity Reservation, e.g. cr-0123456789abcdef0")
-    if spec.capacity_block and not RESERVATION.match(spec.capacity_block):
-        raise UsageError(f"--capacity-block {spec.capacity_block!r} is not a reservation id",
-                         fix="give the reservation id of the Capacity Block you bought, e.g. cr-0123456789abcdef0")
-    types = {q.name: instance(q.instance_type) for q in spec.queues}
-    instance(spec.head_node)
+    if spec.capacity_reservation:
+        flags.reservation_id(spec.capacity_reservation, "--capacity-reservation")
+    if spec.capacity_block:
+        flags.reservation_id(spec.capacity_block, "--capacity-block")
+    types = {q.name: flags.instance_type(q.instance_type, "--queue-spec", f"{q.name}={q.instance_type}:{q.max_nodes}")
+             for q in spec.queues}
     for queue in spec.queues:
         if queue.ranks_per_node and types[queue.name].accelerator != "none":
             raise UsageError(f"queue {queue.name!r}: ranks-per-node is for CPU queues",
@@ -394,6 +393,10 @@ def build_config(spec: ClusterSpec, output: str = "cluster.yaml"):
     """(commented ParallelCluster v3 document, warnings). Raises UsageError / HpcError on bad input,
     including the V100 and Gaudi traps without a custom AMI. The values themselves are checked by
     write_config, with `hpc cluster validate`'s rules."""
+    # instance types in the catalog's spelling (flags accept any case)
+    spec = dataclasses.replace(spec, head_node=flags.instance_type(spec.head_node, "--head-node").name, queues=tuple(
+        dataclasses.replace(q, instance_type=flags.instance_type(
+            q.instance_type, "--queue-spec", f"{q.name}={q.instance_type}:{q.max_nodes}").name) for q in spec.queues))
     types = _check_spec(spec)
     reservation_queue = _target_queue("--capacity-reservation", spec.capacity_reservation, spec.reservation_queue,
                                       types)
@@ -503,6 +506,9 @@ def _validated(text: str, path: str, known: list[str]) -> list[str]:
 def config_text(spec: ClusterSpec, output: str) -> tuple[str, list[str]]:
     """The validated config text (its header names `output`) and its warnings; nothing written."""
     doc, warnings = build_config(spec, output=output)
+    # subnet ids as flag values (queue add/set check theirs alike); build_config itself writes any text faithfully
+    for option, subnet in (("--head-subnet", spec.head_subnet), ("--compute-subnet", spec.compute_subnet)):
+        flags.subnet_id(subnet, "--subnet" if spec.head_subnet == spec.compute_subnet else option)
     text = render(doc)
     return text, warnings + _validated(text, output, warnings)
 

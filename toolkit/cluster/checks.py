@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Any, Iterator
 
-from toolkit.catalog import catalog
+from toolkit.catalog import catalog, facts_hint, suggestion
 from toolkit.cluster.findings import Finding
 
 V100_TRAP = (
@@ -97,6 +97,11 @@ def instance_types(config: dict) -> Iterator[tuple[str, str]]:
         yield path, itype
 
 
+def _guess(itype: str) -> str:
+    guess = suggestion(itype)
+    return f"did you mean {guess}?" if guess else "no catalogued type is close"
+
+
 def unknown_instance_types(config: dict) -> list[Finding]:
     """A type outside the catalog is a hole in our data, not a fault in the file: a warning naming the checks
     that are limited for it."""
@@ -104,8 +109,8 @@ def unknown_instance_types(config: dict) -> list[Finding]:
         Finding("warning", path, f"instance type {itype!r} is not in the toolkit's catalog: pcluster's checks that "
                 "need its facts (EFA, GPUs, memory, network interfaces and public IPs, architecture, placement "
                 "groups) were not run for it, nor the toolkit's V100 check",
-                "add its public facts to toolkit/catalog.yaml to check them offline; `pcluster create-cluster` "
-                "checks them against AWS")
+                f"if {itype} is not a typo ({_guess(itype)}), {facts_hint()}, to check them offline; "
+                "`pcluster create-cluster` checks them against AWS")
         for path, itype in instance_types(config) if itype not in catalog()
     ]
 

@@ -74,12 +74,13 @@ def _schema_errors(config: dict, file: str) -> tuple[list[str], list[str]]:
     from toolkit.cluster.pcluster_offline import OfflineAccessError, validate
 
     try:
-        results = validate(config, semantic=False).results
+        outcome = validate(config, semantic=False)
     except OfflineAccessError as exc:  # loading wanted AWS (e.g. an existing FSx): the schema itself passed
         return [], [f"{file}: pcluster's load needs AWS ({exc.service}.{exc.operation}): not fully checked offline"]
     except Exception as exc:  # pcluster's loader failing on this input: the patch itself does not need it
         return [], [f"{file}: pcluster's schema load failed to run ({type(exc).__name__}: {exc})"]
-    return [f"{r.path or '(file)'}: {r.message}" for r in results if r.level == "error"], []
+    return ([f"{r.path or '(file)'}: {r.message}" for r in outcome.results if r.level == "error"],
+            [f"{file}: pcluster logged: {message}" for message in outcome.logged])
 
 
 @contextlib.contextmanager
@@ -144,9 +145,12 @@ def plan_update(old: str | Path, new: str | Path, fleet: str = "running", login_
         pools = (base.get("LoginNodes") or {}).get("Pools") or []
         login_nodes = "running" if any(isinstance(p, dict) and p.get("Count", 1) for p in pools) else "stopped"
     cluster = DeclaredCluster(fleet, login_nodes, head_node)
+    from toolkit.cluster.pcluster_offline import pcluster_logs
+
     try:
-        with _region(target):
+        with _region(target), pcluster_logs() as logged:
             appliable, rows = ConfigPatch(cluster, base, target).check()
+        notes += [f"pcluster logged: {message}" for message in dict.fromkeys(logged)]
     except Exception as exc:  # pcluster's own code failing on this pair: say so, with what made it fail
         raise HpcError(f"pcluster's update check failed to run on {old} -> {new}: {type(exc).__name__}: {exc}",
                        fix="check both files with `hpc cluster validate`; if they are valid, this is a pcluster "

@@ -17,9 +17,9 @@ import shutil
 from pathlib import Path
 from typing import Any, Callable
 
-from toolkit.catalog import catalog
-from toolkit.cluster import yamlsource
-from toolkit.cluster.build import RESERVATION, QueueSpec, parse_queue
+from toolkit.catalog import instance
+from toolkit.cluster import flags, yamlsource
+from toolkit.cluster.build import QueueSpec, parse_queue
 from toolkit.cluster.configfile import read_config
 from toolkit.cluster.queues import TAG_EFA_STACK, TAG_RANKS_PER_NODE
 from toolkit.errors import HpcError, UsageError
@@ -35,8 +35,9 @@ class EditResult:
     queue: str
     changes: list[str]  # what changed, one line each
     diff: str  # unified diff of the file
-    written: bool  # False on --dry-run
+    written: bool  # False on --dry-run, and when the file already had these values
     warnings: list[str]
+    notes: list[str] = dataclasses.field(default_factory=list)  # why nothing changed; what was not checked offline
 
     def as_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -108,6 +109,18 @@ def _set_scalar(lines: list[str], mapping, key: str, value: Any) -> None:
     row, col = mapping.lc.value(key)
     if isinstance(mapping[key], (dict, list)):
         raise _Layout(f"line {row + 1}: {key} holds a mapping or list, not a value")
+    _replace_value(lines, row, col, value)
+
+
+def _set_item(lines: list[str], seq, index: int, value: Any) -> None:
+    """Replace the scalar item `index` of a list (block or flow style) in place, keeping its quoting."""
+    row, col = seq.lc.item(index)
+    if isinstance(seq[index], (dict, list)):
+        raise _Layout(f"line {row + 1}: the list item is a mapping or list, not a value")
+    _replace_value(lines, row, col, value)
+
+
+def _replace_value(lines: list[str], row: int, col: int, value: Any) -> None:
     line = lines[row]
     end = _value_end(line, col)
     quote = line[col] if line[col:col + 1] in ("'", '"') else ""
@@ -155,20 +168,17 @@ def _tag_queues(config: dict) -> bool:
                for tag in (queue.get("Tags") or []) if isinstance(tag, dict))
 
 
-def new_queue(config: dict, spec: QueueSpec, min_nodes: int | None,
-              capacity_block: str | None) -> tuple[dict, list[str]]:
-    """The mapping of a new queue for this cluster: its subnets from the first queue, EFA and a placement group
-    when the catalog says the type has EFA, a Capacity Block as pcluster 3.16 wants one."""
-    warnings = []
+def new_queue(config: dict, spec: QueueSpec, min_nodes: int | None, capacity_block: str | None,
+              subnet: str | None = None) -> dict:
+    """The mapping of a new queue for this cluster: its subnet (`subnet`, else the first queue's subnets), EFA and
+    a placement group when the catalog says the type has EFA, a Capacity Block as pcluster 3.16 wants one.
+    spec comes from parse_queue: its instance type is in the catalog."""
     first = config["Scheduling"]["SlurmQueues"][0]
-    subnets = (first.get("Networking") or {}).get("SubnetIds")
+    subnets = [subnet] if subnet else (first.get("Networking") or {}).get("SubnetIds")
     if not subnets:
         raise HpcError("the first queue has no Networking/SubnetIds to copy for the new queue",
-                       fix="add Networking/SubnetIds to the queues, or add the queue by hand")
-    it = catalog().get(spec.instance_type)
-    if it is None:
-        warnings.append(f"{spec.instance_type} is not in the toolkit's catalog: EFA and the placement group were "
-                        "not set for it; add them by hand if the type has EFA")
+                       fix="give the new queue's subnet with --subnet subnet-...")
+    it = instance(spec.instance_type)
     minimum = spec.max_nodes if capacity_block and min_nodes is None else (min_nodes or 0)
     if minimum > spec.max_nodes:
         raise UsageError(f"--min {minimum} is above the queue's MAX {spec.max_nodes}", fix="use --min <= MAX")
@@ -177,24 +187,24 @@ def new_queue(config: dict, spec: QueueSpec, min_nodes: int | None,
                          f"{spec.max_nodes}", fix="drop --min (it defaults to MAX with --capacity-block)")
     resource: dict[str, Any] = {"Name": spec.instance_type.replace(".", "-"), "InstanceType": spec.instance_type,
                                 "MinCount": minimum, "MaxCount": spec.max_nodes}
-    if it is not None and it.has_efa:
+    if it.has_efa:  # EFA on wherever the instance has it, as `hpc cluster config` writes it
         resource["Efa"] = {"Enabled": True}
     if capacity_block:  # the block brings its own placement: no placement group
         resource["CapacityReservationTarget"] = {"CapacityReservationId": capacity_block}
-        if it is not None and it.has_efa:
+        if it.has_efa:
             resource["Networking"] = {"PlacementGroup": {"Enabled": False}}
-    elif it is not None and it.has_efa:
+    elif it.has_efa:
         resource["Networking"] = {"PlacementGroup": {"Enabled": True}}
     queue: dict[str, Any] = {"Name": spec.name, "CapacityType": "CAPACITY_BLOCK" if capacity_block else "ONDEMAND"}
-    if it is not None and it.accelerator != "none":
+    if it.accelerator != "none":
         queue["JobExclusiveAllocation"] = True
     queue["Networking"] = {"SubnetIds": list(subnets)}
     queue["ComputeResources"] = [resource]
     if _tag_queues(config) or spec.efa_stack or spec.ranks_per_node:
-        stack = spec.efa_stack or ("modern" if it is not None and it.has_efa else "none")
+        stack = spec.efa_stack or ("modern" if it.has_efa else "none")
         queue["Tags"] = [{"Key": TAG_EFA_STACK, "Value": stack}] + (
             [{"Key": TAG_RANKS_PER_NODE, "Value": str(spec.ranks_per_node)}] if spec.ranks_per_node else [])
-    return queue, warnings
+    return queue
 
 
 def _edit(path: str | Path, action: str, queue: str, splice: Callable, dry_run: bool) -> EditResult:
@@ -205,6 +215,7 @@ def _edit(path: str | Path, action: str, queue: str, splice: Callable, dry_run: 
 
     path = Path(path)
     text, config = read_config(path)
+    target = Path(os.path.realpath(path))  # a symlinked config: the file it points to is edited, the link stays
     scheduling = config.get("Scheduling")
     queues = scheduling.get("SlurmQueues") if isinstance(scheduling, dict) else None
     if not isinstance(queues, list) or not queues:
@@ -221,6 +232,9 @@ def _edit(path: str | Path, action: str, queue: str, splice: Callable, dry_run: 
     except _Layout as exc:
         raise HpcError(f"{path}: cannot edit this file in place without changing its layout: {exc}",
                        fix=HAND_FIX) from None
+    if not changes:  # the file already says this: nothing to check or write
+        return EditResult(str(path), action, queue, [], "", False, warnings,
+                          [f"queue {queue} already has these values: the file was not changed"])
     new_text = "".join(lines)
     if unterminated:
         new_text = new_text.rstrip("\r\n")
@@ -228,7 +242,8 @@ def _edit(path: str | Path, action: str, queue: str, splice: Callable, dry_run: 
     if problems or got != expected:
         raise HpcError(f"{path}: the in-place edit did not give the intended config (the layout here is one the "
                        "editor does not handle); the file was not changed", fix=HAND_FIX)
-    before = {(f.path, f.message) for f in validate_config(config, str(path)).findings if f.level == "error"}
+    old_findings = validate_config(config, str(path)).findings
+    before = {(f.path, f.message) for f in old_findings if f.level == "error"}
     report = validate_config(got, str(path))
     new_errors = [f for f in report.findings if f.level == "error" and (f.path, f.message) not in before]
     if new_errors:
@@ -238,33 +253,43 @@ def _edit(path: str | Path, action: str, queue: str, splice: Callable, dry_run: 
     if before:
         warnings.append(f"{path} already had {len(before)} validation error(s) before this edit; see "
                         "`hpc cluster validate`")
+    # what `hpc cluster validate` warns about that this edit brought in (e.g. an EFA queue on the head node's
+    # subnet), and what it could not check offline about the edited queue
+    known = {(f.path, f.message) for f in old_findings}
+    warnings += [f"{f.path}: {f.message}" + (f" (fix: {f.fix})" if f.fix else "") for f in report.findings
+                 if f.level == "warning" and (f.path, f.message) not in known]
+    notes = [f"not checked offline: whether subnet {', '.join(report.subnets_unchecked[queue])} of queue {queue} "
+             "auto-assigns public IPs; its nodes get several network interfaces (EFA), so it must be a private subnet "
+             "with a NAT gateway, or `pcluster update-cluster` fails"] if queue in report.subnets_unchecked else []
     diff = "".join(difflib.unified_diff(text.splitlines(keepends=True), new_text.splitlines(keepends=True),
                                         f"a/{path}", f"b/{path}"))
     if not dry_run:
-        tmp = path.with_name(f".{path.name}.hpc-edit.tmp")
+        tmp = target.with_name(f".{target.name}.hpc-edit.tmp")
         try:
             tmp.write_bytes(new_text.encode("utf-8"))
-            shutil.copymode(path, tmp)
-            os.replace(tmp, path)  # atomic: readers see the old file or the new one, never half of it
+            shutil.copymode(target, tmp)
+            os.replace(tmp, target)  # atomic: readers see the old file or the new one, never half of it
         finally:
             tmp.unlink(missing_ok=True)
-    return EditResult(str(path), action, queue, changes, diff, not dry_run, warnings)
+    return EditResult(str(path), action, queue, changes, diff, not dry_run, warnings, notes)
 
 
 def add_queue(path: str | Path, queue: str, min_nodes: int | None = None, capacity_block: str | None = None,
-              dry_run: bool = False) -> EditResult:
-    """Append a queue (`NAME=TYPE:MAX[,efa-stack=...][,ranks-per-node=N]`) after the last one."""
+              dry_run: bool = False, subnet: str | None = None) -> EditResult:
+    """Append a queue (`NAME=TYPE:MAX[,efa-stack=...][,ranks-per-node=N]`) after the last one, in `subnet` (default:
+    the first queue's subnets)."""
     spec = parse_queue(queue)
-    if capacity_block is not None and not RESERVATION.match(capacity_block):
-        raise UsageError(f"--capacity-block {capacity_block!r} is not a capacity reservation id",
-                         fix="give the Capacity Block's reservation id, e.g. cr-0123456789abcdef0")
+    if subnet is not None:
+        flags.subnet_id(subnet, "--subnet")
+    if capacity_block is not None:
+        flags.reservation_id(capacity_block, "--capacity-block")
 
     def splice(lines, doc, expected, nl):
         queues = expected["Scheduling"]["SlurmQueues"]
         if any(isinstance(q, dict) and q.get("Name") == spec.name for q in queues):
             raise HpcError(f"queue {spec.name!r} already exists", fix=f"change it with `hpc cluster queue set "
                            f"FILE {spec.name} ...`, or pick another name")
-        item, warnings = new_queue(expected, spec, min_nodes, capacity_block)
+        item = new_queue(expected, spec, min_nodes, capacity_block, subnet)
         rt_queues = doc["Scheduling"]["SlurmQueues"]
         if rt_queues.fa.flow_style():
             raise _Layout("SlurmQueues is written in flow style [...]")
@@ -278,8 +303,10 @@ def add_queue(path: str | Path, queue: str, min_nodes: int | None = None, capaci
         lines[end:end] = new_lines
         queues.append(item)
         nodes = f"{item['ComputeResources'][0]['MinCount']}-{spec.max_nodes}"
-        return [f"added queue {spec.name}: {spec.instance_type}, {nodes} nodes"
-                + (f", Capacity Block {capacity_block}" if capacity_block else "")], warnings
+        return [f"added queue {spec.name}: {spec.instance_type}, {nodes} nodes, subnet "
+                + ", ".join(item["Networking"]["SubnetIds"])
+                + (", EFA" if "Efa" in item["ComputeResources"][0] else "")
+                + (f", Capacity Block {capacity_block}" if capacity_block else "")], []
     return _edit(path, "add", spec.name, splice, dry_run)
 
 
@@ -294,13 +321,23 @@ def _mapping_indent(rt_queues) -> int:
 
 def set_queue(path: str | Path, name: str, max_nodes: int | None = None, min_nodes: int | None = None,
               instance_type: str | None = None, compute_resource: str | None = None,
-              dry_run: bool = False) -> EditResult:
-    """Change MaxCount, MinCount or the instance type of one compute resource of a queue."""
-    if max_nodes is None and min_nodes is None and instance_type is None:
-        raise UsageError("nothing to change", fix="give --max N, --min N or --instance TYPE")
+              dry_run: bool = False, subnet: str | None = None) -> EditResult:
+    """Change MaxCount, MinCount or the instance type of one compute resource of a queue, or the queue's subnet.
+    A new instance type with EFA gets EFA (and a placement group) where the compute resource has none."""
+    if max_nodes is None and min_nodes is None and instance_type is None and subnet is None:
+        raise UsageError("nothing to change", fix="give --max N, --min N, --instance TYPE or --subnet SUBNET_ID")
+    new_type = flags.instance_type(instance_type, "--instance") if instance_type is not None else None
+    if subnet is not None:
+        flags.subnet_id(subnet, "--subnet")
 
     def splice(lines, doc, expected, nl):
         index, queue = _find_queue(expected, name)
+        rt_queue = doc["Scheduling"]["SlurmQueues"][index]
+        changes: list[str] = []
+        if subnet is not None:
+            changes += _set_subnet(lines, queue, rt_queue, subnet)
+        if max_nodes is None and min_nodes is None and new_type is None:
+            return changes, []
         resources = [r for r in queue.get("ComputeResources") or [] if isinstance(r, dict)]
         if compute_resource is None and len(resources) != 1:
             raise UsageError(f"queue {name!r} has {len(resources)} compute resources",
@@ -312,12 +349,11 @@ def set_queue(path: str | Path, name: str, max_nodes: int | None = None, min_nod
             raise HpcError(f"queue {name!r} has no compute resource {compute_resource!r}",
                            fix=f"use one of: {', '.join(str(r.get('Name')) for r in resources)}")
         resource = queue["ComputeResources"][chosen]
-        rt_resource = doc["Scheduling"]["SlurmQueues"][index]["ComputeResources"][chosen]
+        rt_resource = rt_queue["ComputeResources"][chosen]
         where = f"{name}/{resource.get('Name')}"
         counts = {"MaxCount": max_nodes, "MinCount": min_nodes}
         if queue.get("CapacityType") == "CAPACITY_BLOCK" and (max_nodes is None) != (min_nodes is None):
             counts["MinCount"] = counts["MaxCount"] = max_nodes if max_nodes is not None else min_nodes
-        changes = []
         for key, value in counts.items():
             if value is None or resource.get(key) == value:
                 continue
@@ -332,22 +368,54 @@ def set_queue(path: str | Path, name: str, max_nodes: int | None = None, min_nod
         if resource.get("MinCount", 0) > resource.get("MaxCount", DEFAULT_MAX_COUNT):
             raise UsageError(f"{where}: MinCount {resource.get('MinCount', 0)} would be above MaxCount "
                              f"{resource.get('MaxCount', DEFAULT_MAX_COUNT)}", fix="keep --min <= --max")
-        if instance_type is not None:
+        if new_type is not None:
             if "InstanceType" in resource:
                 holder, rt_holder = resource, rt_resource
             elif len(resource.get("Instances") or []) == 1:
                 holder, rt_holder = resource["Instances"][0], rt_resource["Instances"][0]
             else:
                 raise HpcError(f"{where} lists several instance types (Instances)", fix=HAND_FIX)
-            if holder.get("InstanceType") != instance_type:
-                changes.append(f"{where}: InstanceType {holder.get('InstanceType')} -> {instance_type}")
-                _set_scalar(lines, rt_holder, "InstanceType", instance_type)
-                holder["InstanceType"] = instance_type
-        if not changes:
-            raise HpcError(f"queue {name!r} already has these values: nothing to change",
-                           fix="give values that differ from the file's")
+            if holder.get("InstanceType") != new_type.name:
+                changes.append(f"{where}: InstanceType {holder.get('InstanceType')} -> {new_type.name}")
+                _set_scalar(lines, rt_holder, "InstanceType", new_type.name)
+                holder["InstanceType"] = new_type.name
+                if new_type.has_efa and "Efa" not in resource:
+                    changes += _enable_efa(lines, queue, resource, rt_resource, where, nl)
         return changes, []
     return _edit(path, "set", name, splice, dry_run)
+
+
+def _set_subnet(lines: list[str], queue: dict, rt_queue, subnet: str) -> list[str]:
+    """The queue's one subnet (Networking/SubnetIds) becomes `subnet`."""
+    subnets = (queue.get("Networking") or {}).get("SubnetIds")
+    if not isinstance(subnets, list) or len(subnets) != 1:
+        raise HpcError(f"queue {queue.get('Name')!r} has {len(subnets) if isinstance(subnets, list) else 'no'} "
+                       "Networking/SubnetIds entries; --subnet replaces exactly one", fix=HAND_FIX)
+    if subnets[0] == subnet:
+        return []
+    _set_item(lines, rt_queue["Networking"]["SubnetIds"], 0, subnet)
+    queue["Networking"]["SubnetIds"] = [subnet]
+    return [f"{queue.get('Name')}: Networking/SubnetIds [{subnets[0]}] -> [{subnet}]"]
+
+
+def _enable_efa(lines: list[str], queue: dict, resource: dict, rt_resource, where: str, nl: str) -> list[str]:
+    """EFA on for a compute resource whose new instance type has it, as `hpc cluster config` and `queue add` write
+    it: Efa/Enabled, and a placement group where neither the resource nor its queue declares one (pcluster's
+    EfaPlacementGroupValidator wants it explicit; off when a reservation or Capacity Block brings its own)."""
+    after = next(key for key in ("MaxCount", "MinCount", "InstanceType", "Name") if key in resource)
+    changes = []
+    declared = ((resource.get("Networking") or {}).get("PlacementGroup")
+                or (queue.get("Networking") or {}).get("PlacementGroup"))
+    if declared is None and "Networking" not in resource:  # (inserted first: it lands below the Efa line)
+        own = not (resource.get("CapacityReservationTarget") or queue.get("CapacityReservationTarget")
+                   or queue.get("CapacityType") == "CAPACITY_BLOCK")
+        _insert_key(lines, rt_resource, "Networking", f"{{PlacementGroup: {{Enabled: {str(own).lower()}}}}}",
+                    before="Networking", after=after, nl=nl)
+        resource["Networking"] = {"PlacementGroup": {"Enabled": own}}
+        changes.append(f"{where}: Networking/PlacementGroup/Enabled (absent) -> {str(own).lower()}")
+    _insert_key(lines, rt_resource, "Efa", "{Enabled: true}", before="Networking", after=after, nl=nl)
+    resource["Efa"] = {"Enabled": True}
+    return [f"{where}: Efa/Enabled (absent) -> true (the instance type has EFA)", *changes]
 
 
 def remove_queue(path: str | Path, name: str, dry_run: bool = False) -> EditResult:
@@ -366,8 +434,8 @@ def remove_queue(path: str | Path, name: str, dry_run: bool = False) -> EditResu
         blank_after = end < len(lines) and not lines[end].strip()
         if blank_before and (blank_after or index == len(queues) - 1):
             lead -= 1  # the blank line that separated it goes with it
-        elif blank_after and not blank_before:
-            end += 1
+        elif blank_after and not blank_before and index < len(queues) - 1:
+            end += 1  # (after the last queue, a blank line separates the list from what follows: it stays)
         del lines[lead:end]
         del queues[index]
         return [f"removed queue {name}"], []

@@ -121,6 +121,33 @@ class Result:
 class Outcome:
     results: list[Result]
     not_checked: dict[str, str]  # suppressed validator -> what it would have checked
+    logged: list[str] = dataclasses.field(default_factory=list)  # pcluster's own log records (pcluster_logs)
+    # queues whose nodes get several network interfaces, on subnets other than the head node's -> those subnets:
+    # whether they map public IPs (they must not) is unknown offline
+    subnets_unchecked: dict[str, list[str]] = dataclasses.field(default_factory=dict)
+
+
+@contextlib.contextmanager
+def pcluster_logs() -> Iterator[list[str]]:
+    """Collects the log records pcluster writes while it runs in here (warnings and worse), instead of letting them
+    reach stderr: pcluster calls the root logger (`logging.warning(...)` in pcluster/config/cluster_config.py), which
+    with no handler set up runs logging.basicConfig and prints raw `WARNING:root:...` lines. A handler on the root
+    logger for the duration keeps basicConfig from running and takes pcluster's own loggers' records too."""
+    import logging
+
+    messages: list[str] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            messages.append(record.getMessage())
+
+    root = logging.getLogger()
+    handler = Keep(logging.WARNING)
+    root.addHandler(handler)
+    try:
+        yield messages
+    finally:
+        root.removeHandler(handler)
 
 
 def instance_types_data() -> dict[str, dict]:
@@ -518,7 +545,7 @@ def _describe(args: dict) -> str:
     return ", ".join(f"{key}={show(value)}" for key, value in args.items())
 
 
-def _public_subnet_risk(loaded: Any, ec2: Any) -> tuple[list[Result], dict[str, str]]:
+def _public_subnet_risk(loaded: Any, ec2: Any) -> tuple[list[Result], dict[str, list[str]]]:
     """pcluster's MultiNetworkInterfacesInstancesValidator again, with every subnet mapping public IPs (offline
     we cannot know which do): a multi-NIC queue on the head node's subnet is a warning (head node subnets are
     usually public, for SSH); multi-NIC queues on other subnets are listed as not checked."""
@@ -528,7 +555,7 @@ def _public_subnet_risk(loaded: Any, ec2: Any) -> tuple[list[Result], dict[str, 
     for subnet in ec2.subnets_cache.values():
         subnet["MapPublicIpOnLaunch"] = True
     head_subnet = get_attr(loaded, "head_node.networking.subnet_id")
-    risks, unchecked = [], []
+    risks, unchecked = [], {}
     for queue in get_attr(loaded, "scheduling.queues") or []:
         try:
             failures = MultiNetworkInterfacesInstancesValidator().execute(
@@ -542,21 +569,25 @@ def _public_subnet_risk(loaded: Any, ec2: Any) -> tuple[list[Result], dict[str, 
         if head_subnet in subnets:
             risks.append(Result(
                 "warning", f"queue {queue.name} uses the head node's subnet {head_subnet}; if that subnet maps "
-                f"public IPs on launch (a head node reached over SSH usually sits in one), pcluster "
-                f"create-cluster fails: " + str(failures[0].message), "MultiNetworkInterfacesInstancesValidator",
+                f"public IPs on launch (a head node reached over SSH sits in one in AWS's samples), pcluster "
+                f"create-cluster and update-cluster fail: " + str(failures[0].message), "MultiNetworkInterfacesInstancesValidator",
                 f"Scheduling/SlurmQueues[{queue.name}]/Networking/SubnetIds"))
         else:
-            unchecked.append(f"{queue.name} ({', '.join(subnets)})")
-    not_checked = {PUBLIC_IP_CHECK: "that the subnets of queues whose nodes get several network interfaces do not "
-                   "auto-assign public IPs (they must be private, with a NAT gateway): " + "; ".join(unchecked)
-                   } if unchecked else {}
-    return risks, not_checked
+            unchecked[queue.name] = subnets
+    return risks, unchecked
 
 
 def validate(config: dict, semantic: bool = True, cluster_name: str = "hpc-offline") -> Outcome:
-    """pcluster's schema, then (when it loads and `semantic`) its semantic validators, offline.
-    Raises OfflineAccessError when pcluster needs AWS outside a validator (nothing was sent: the call was
-    refused before any I/O)."""
+    """pcluster's schema, then (when it loads and `semantic`) its semantic validators, offline; what pcluster logged
+    meanwhile in Outcome.logged. Raises OfflineAccessError when pcluster needs AWS outside a validator (nothing
+    was sent: the call was refused before any I/O)."""
+    with pcluster_logs() as logged:
+        outcome = _validate(config, semantic, cluster_name)
+    outcome.logged = list(dict.fromkeys(logged))
+    return outcome
+
+
+def _validate(config: dict, semantic: bool, cluster_name: str) -> Outcome:
     from marshmallow import ValidationError
     from pcluster.config.common import ValidatorContext
     from pcluster.schemas.cluster_schema import ClusterSchema
@@ -601,9 +632,14 @@ def validate(config: dict, semantic: bool = True, cluster_name: str = "hpc-offli
             results += [Result(_level(f.level), f.message, f.validator_type, "Region")
                         for f in RegionValidator().execute(region=config["Region"])]
         risks, unchecked = _public_subnet_risk(loaded, api.ec2)
-        not_checked = origins.suppressed | limited | unchecked
+        not_checked = origins.suppressed | limited
+        if unchecked:
+            not_checked[PUBLIC_IP_CHECK] = (
+                "that the subnets of queues whose nodes get several network interfaces do not auto-assign public IPs "
+                "(they must be private, with a NAT gateway): "
+                + "; ".join(f"{name} ({', '.join(subnets)})" for name, subnets in unchecked.items()))
         if existing:
             not_checked["existing FSx"] = ("that these existing file systems and volumes exist, are reachable from "
                                            "the subnets and have the mount paths pcluster reads from them: "
                                            + ", ".join(f"{i} ({name})" for i, (name, _) in sorted(existing.items())))
-        return Outcome(results + risks, dict(sorted(not_checked.items())))
+        return Outcome(results + risks, dict(sorted(not_checked.items())), subnets_unchecked=unchecked)

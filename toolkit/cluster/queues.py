@@ -20,7 +20,7 @@ import os
 from pathlib import Path
 from typing import Any, Literal
 
-from toolkit.catalog import InstanceType, instance
+from toolkit.catalog import InstanceType, catalog, instance
 from toolkit.errors import HpcError
 from toolkit.textfile import read_text
 
@@ -131,7 +131,9 @@ def queues_from_config(config: dict[str, Any], source: str = "<config>") -> dict
         first = resources[0]
         itype = first.get("InstanceType") or ((first.get("Instances") or [{}])[0].get("InstanceType"))
         tags = _tags(q)
-        efa_enabled = bool((first.get("Efa") or {}).get("Enabled")) and instance(itype).has_efa
+        # a type outside the catalog: the file's word for EFA (its facts are asked for only if a job uses the queue)
+        known = catalog().get(itype)
+        efa_enabled = bool((first.get("Efa") or {}).get("Enabled")) and (known is None or known.has_efa)
         stack = tags.get(TAG_EFA_STACK, "modern" if efa_enabled else "none")
         if stack not in EFA_STACKS:
             raise HpcError(f"{source}: queue {name}: tag {TAG_EFA_STACK}={stack!r} is not one of {EFA_STACKS}",
@@ -152,7 +154,7 @@ def queues_from_config(config: dict[str, Any], source: str = "<config>") -> dict
     return queues
 
 
-def load_queues(path: str | Path) -> dict[str, Queue]:
+def _read(path: str | Path) -> tuple[Path, dict[str, Any]]:
     from toolkit.cluster import yamlsource
 
     path = Path(path)
@@ -161,6 +163,11 @@ def load_queues(path: str | Path) -> dict[str, Queue]:
     if problems:
         where = f"{path}:{problems[0].line}" if problems[0].line else str(path)
         raise HpcError(f"{where}: {problems[0].message}", fix="run `hpc cluster validate` on it")
+    return path, config
+
+
+def load_queues(path: str | Path) -> dict[str, Queue]:
+    path, config = _read(path)
     return queues_from_config(config, source=str(path))
 
 
@@ -219,12 +226,39 @@ def this_cluster_config() -> Path:
     return path
 
 
+def _resource_type(resource: dict) -> str | None:
+    """A compute resource's instance type: InstanceType, else its Instances list (several types: joined by ',')."""
+    if isinstance(resource.get("InstanceType"), str):
+        return resource["InstanceType"]
+    names = [i.get("InstanceType") for i in resource.get("Instances") or [] if isinstance(i, dict)]
+    return ",".join(str(n) for n in names) or None
+
+
 def queue_summaries(path: str | Path) -> list[dict[str, Any]]:
-    """What a researcher needs to pick a queue, one dict per queue of the config at `path`."""
-    return [
-        {"queue": q.name, "instance_type": q.instance_type, "gpus_per_node": q.gpus_per_node,
-         "gpu_model": q.instance.gpu_model, "efa_interfaces": q.efa_interfaces, "efa_stack": q.efa_stack,
-         "max_nodes": q.max_nodes, "tasks_per_node": q.tasks_per_node, "cpus_per_node": q.cpus_per_node,
-         "smt_off": q.smt_off, "cpus_per_task": q.cpus_per_task, "fsx_mount": q.fsx_mount}
-        for q in load_queues(path).values()
-    ]
+    """What a researcher needs to pick a queue: one dict per compute resource of each queue of the config at
+    `path`. A type outside the catalog is listed with known False and its facts None (unknown), not refused."""
+    path, config = _read(path)
+    queues = queues_from_config(config, source=str(path))
+    rows = []
+    for raw in (config.get("Scheduling") or {}).get("SlurmQueues") or []:
+        queue = queues[raw["Name"]]
+        for resource in raw.get("ComputeResources") or []:
+            itype = _resource_type(resource) or "?"
+            # the compute resource as a queue of its own: the CPU and EFA rules are Queue's, applied to it alone
+            alone = dataclasses.replace(
+                queue, instance_type=itype.split(",")[0], max_nodes=int(resource.get("MaxCount", 10)),
+                static_nodes=int(resource.get("MinCount", 0)), smt_disabled=resource.get(SMT_KEY) is True,
+                efa_enabled=bool((resource.get("Efa") or {}).get("Enabled")))
+            row: dict[str, Any] = {
+                "queue": queue.name, "compute_resource": resource.get("Name"), "instance_type": itype,
+                "known": alone.instance_type in catalog(), "min_nodes": alone.static_nodes,
+                "max_nodes": alone.max_nodes, "efa_stack": queue.efa_stack, "fsx_mount": queue.fsx_mount,
+                "gpus_per_node": None, "gpu_model": None, "efa_interfaces": None, "tasks_per_node": None,
+                "cpus_per_node": None, "smt_off": None, "cpus_per_task": None}
+            if row["known"]:
+                row |= {"gpus_per_node": alone.gpus_per_node, "gpu_model": alone.instance.gpu_model,
+                        "efa_interfaces": alone.efa_interfaces,
+                        "tasks_per_node": alone.tasks_per_node, "cpus_per_node": alone.cpus_per_node,
+                        "smt_off": alone.smt_off, "cpus_per_task": alone.cpus_per_task}
+            rows.append(row)
+    return rows

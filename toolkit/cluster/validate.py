@@ -25,7 +25,8 @@ _FIXES = [
     ("MultiNetworkInterfacesInstancesValidator", r"AssignPublicIp", "set Networking/AssignPublicIp: false and "
      "use a private subnet with a NAT gateway"),
     ("MultiNetworkInterfacesInstancesValidator", r"", "give the queue a private subnet with a NAT gateway "
-     "(`hpc cluster config --compute-subnet`), or make sure the subnet does not auto-assign public IPs"),
+     "(`hpc cluster queue set FILE QUEUE --subnet SUBNET_ID`; in a new config `hpc cluster config --compute-subnet`), "
+     "or make sure the subnet does not auto-assign public IPs"),
     ("RegionValidator", r"", "write a region ParallelCluster supports, e.g. us-east-1; a ${VARIABLE} must be "
      "substituted first (e.g. envsubst < template.yaml > cluster.yaml)"),
     ("schema", r"Unknown field", "remove the key, or fix its spelling/indentation (see the ParallelCluster v3 "
@@ -58,6 +59,7 @@ class Report:
     file: str
     findings: list[Finding]
     not_checked: dict[str, str]  # pcluster validators that need AWS -> what they would check
+    subnets_unchecked: dict[str, list[str]] = dataclasses.field(default_factory=dict)  # see pcluster_offline.Outcome
 
     @property
     def valid(self) -> bool:
@@ -111,7 +113,8 @@ def _line_of(path: str, lines: dict[str, int]) -> int | None:
     return None
 
 
-def _pcluster_findings(config: dict) -> tuple[list[Finding], dict[str, str]]:
+def _pcluster_findings(config: dict) -> tuple[list[Finding], dict[str, str], dict[str, list[str]]]:
+    """(findings, what was not checked offline, the queues whose subnets' public IPs were not checked)."""
     try:
         from toolkit.cluster import pcluster_offline
     except ImportError as exc:
@@ -126,20 +129,24 @@ def _pcluster_findings(config: dict) -> tuple[list[Finding], dict[str, str]]:
         return [Finding("error", "", f"pcluster wanted AWS ({exc.service}.{exc.operation}) to validate this "
                         "config; nothing was sent, and the config is not fully checked offline",
                         "report it: the toolkit suppresses the validators that need AWS",
-                        source="pcluster")], {}
+                        source="pcluster")], {}, {}
     found = [Finding(r.level, r.path, r.message, _fix_for(r.source, r.message, r.path), source=r.source)
              for r in outcome.results]
-    return found, outcome.not_checked
+    found += [Finding("warning", "", f"pcluster logged while checking this config offline: {message}",
+                      "nothing to change for this alone: offline, pcluster cannot ask AWS, and what it would have "
+                      "asked is listed under 'not checked offline'" if "Unable to" in message else None,
+                      source="pcluster log") for message in outcome.logged]
+    return found, outcome.not_checked, outcome.subnets_unchecked
 
 
 def validate_config(config: dict, file: str = "<config>", lines: dict[str, int] | None = None) -> Report:
     """Findings for a config mapping (already read): pcluster offline, then the toolkit's own checks."""
     ours = checks.check(config)
-    theirs, not_checked = _pcluster_findings(config)
+    theirs, not_checked, subnets_unchecked = _pcluster_findings(config)
     findings = [dataclasses.replace(f, file=file, line=_line_of(f.path, lines or {}))
                 for f in theirs + ours]
     findings.sort(key=lambda f: _LEVEL_ORDER[f.level])
-    return Report(file, findings, not_checked)
+    return Report(file, findings, not_checked, subnets_unchecked)
 
 
 def validate_text(text: str, file: str = "<config>") -> Report:
