@@ -39,7 +39,7 @@ def median_seconds(argv: list[str], runs: int) -> float:
 
 def diff_pairs(hpc: list[str], into: Path) -> dict[str, list[str]]:
     """Two updates an admin makes with `hpc cluster queue`, as `hpc cluster diff OLD NEW` commands."""
-    edits = {"p5": [["set", "p5", "--max", "8"], ["add", "--queue", "extra=p4d.24xlarge:2"]],
+    edits = {"p5": [["set", "p5", "--max", "8"], ["add", "--queue-spec", "extra=p4d.24xlarge:2"]],
              "aws": [["remove", "cpu"]]}
     pairs = {}
     for name, steps in edits.items():
@@ -69,7 +69,7 @@ def main() -> None:
         "hpc cluster validate (p3dn example)": [*hpc, "cluster", "validate", str(EXAMPLE)],
         # config checks what it writes with validate's rules: it costs about one validate
         "hpc cluster config (p4d, validated)": [*hpc, "cluster", "config", "--name", "bench", "--region", "us-east-1",
-                                                "--subnet", "subnet-0123456789abcdef0", "--key-name", "k", "--queue",
+                                                "--subnet", "subnet-0123456789abcdef0", "--key-name", "k", "--queue-spec",
                                                 "p4d=p4d.24xlarge:4", "--force", "-o",
                                                 str(Path(tempfile.gettempdir()) / "hpc-bench-cluster.yaml")],
         "hpc cluster diff (p5: max up, queue add)": pairs["p5"],

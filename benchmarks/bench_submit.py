@@ -84,7 +84,7 @@ def throughput(work: Path, env: dict[str, str], repeats: int) -> None:
                               env=env, capture_output=True, text=True, timeout=900, cwd=work)
         if done.returncode != 0:
             raise SystemExit(f"hpc recipes submit resnet50 failed: {done.stderr.strip()}")
-        run = Path(json.loads(done.stdout)["run_dir"])
+        run = Path(json.loads(done.stdout)["data"]["run_dir"])  # the --json envelope (toolkit.cli.output)
         ways["hpc recipes submit"].append(steady_rate(run / "logs" / "train_log.jsonl"))
         print(f"repeat {i + 1}/{repeats}: " + ", ".join(f"{k} {v[-1]:.1f} img/s" for k, v in ways.items()),
               file=sys.stderr)

@@ -111,9 +111,20 @@ def run_hpc_process(*args: str, env: dict[str, str] | None = None, cwd: str | Pa
                           env=full_env, cwd=cwd or REPO, timeout=timeout, input=input)
 
 
+def cli_envelope(res: subprocess.CompletedProcess) -> dict:
+    """The one JSON envelope a command printed with `--json` (toolkit.cli.output: ok, command, data, warnings,
+    error), checked for its shape: ok and the exit code agree, and a failure says why."""
+    doc = json.loads(res.stdout)
+    assert set(doc) >= {"ok", "command", "data", "warnings"}, doc
+    assert doc["ok"] is (res.returncode == 0), (res.returncode, doc)
+    if not doc["ok"]:
+        assert doc["error"]["message"] and doc["error"]["exit_code"] == res.returncode, doc
+    return doc
+
+
 def cli_json(res: subprocess.CompletedProcess):
-    """What a command printed with `--json`: the one place tests read the JSON output's shape."""
-    return json.loads(res.stdout)
+    """What a command reported with `--json` (the envelope's data): the one place tests read the JSON output."""
+    return cli_envelope(res)["data"]
 
 
 def submit_json(*args: str, env: dict[str, str], cwd: str | Path | None = None, timeout: float = 900) -> dict:

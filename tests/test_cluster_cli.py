@@ -1,6 +1,5 @@
 """`hpc cluster config | validate | show` through the real CLI."""
 
-import json
 import shlex
 import subprocess
 import sys
@@ -8,7 +7,7 @@ import sys
 import pytest
 import yaml
 
-from tests.conftest import REPO, run_hpc, run_hpc_process
+from tests.conftest import cli_json, REPO, run_hpc, run_hpc_process
 
 BASE = ["cluster", "config", "--name", "demo", "--region", "us-east-1", "--subnet", "subnet-0123456789abcdef0",
         "--key-name", "my-key"]
@@ -27,7 +26,7 @@ def test_examples_regenerate_byte_identical(tmp_path):
 def test_every_example_passes_validate(example):
     res = run_hpc("cluster", "validate", str(example), "--json")
     assert res.returncode == 0, res.stdout
-    assert json.loads(res.stdout)["valid"] is True
+    assert cli_json(res)["valid"] is True
 
 
 def test_examples_hold_no_account_ids_or_secrets():
@@ -38,7 +37,7 @@ def test_examples_hold_no_account_ids_or_secrets():
 
 
 def test_same_input_gives_the_same_bytes(tmp_path):
-    args = [*BASE, "--queue", "gpu=p4d.24xlarge:2", "--queue", "cpu=c5.18xlarge:4,ranks-per-node=8",
+    args = [*BASE, "--queue-spec", "gpu=p4d.24xlarge:2", "--queue-spec", "cpu=c5.18xlarge:4,ranks-per-node=8",
             "--fsx-import", "s3://my-bucket/data"]
     first, second = tmp_path / "a.yaml", tmp_path / "b.yaml"
     assert run_hpc(*args, "-o", "x.yaml", cwd=tmp_path).returncode == 0
@@ -50,7 +49,7 @@ def test_same_input_gives_the_same_bytes(tmp_path):
 
 def test_generated_config_has_the_expected_shape(tmp_path):
     out = tmp_path / "c.yaml"
-    res = run_hpc(*BASE, "--queue", "gpu=p4d.24xlarge:2", "--queue", "cpu=c5.18xlarge:4,ranks-per-node=8",
+    res = run_hpc(*BASE, "--queue-spec", "gpu=p4d.24xlarge:2", "--queue-spec", "cpu=c5.18xlarge:4,ranks-per-node=8",
                   "--fsx-deployment", "PERSISTENT_2", "--fsx-import", "s3://my-bucket/data", "-o", str(out))
     assert res.returncode == 0, res.stderr
     config = yaml.safe_load(out.read_text())
@@ -69,14 +68,14 @@ def test_generated_config_has_the_expected_shape(tmp_path):
 
 
 def test_v100_without_custom_ami_stops_with_the_fix(tmp_path):
-    res = run_hpc(*BASE, "--queue", "p3dn=p3dn.24xlarge:2", "-o", str(tmp_path / "c.yaml"))
+    res = run_hpc(*BASE, "--queue-spec", "p3dn=p3dn.24xlarge:2", "-o", str(tmp_path / "c.yaml"))
     assert res.returncode == 1 and not (tmp_path / "c.yaml").exists()
     assert "OpenRM" in res.stderr and "--custom-ami" in res.stderr and "Traceback" not in res.stderr
 
 
 def test_v100_with_custom_ami_warns_and_comments(tmp_path):
     out = tmp_path / "c.yaml"
-    res = run_hpc(*BASE, "--queue", "p3=p3.16xlarge:2", "--custom-ami", "ami-0123456789abcdef0", "-o", str(out))
+    res = run_hpc(*BASE, "--queue-spec", "p3=p3.16xlarge:2", "--custom-ami", "ami-0123456789abcdef0", "-o", str(out))
     assert res.returncode == 0
     assert "warning: V100 trap" in res.stderr
     assert "# V100 trap" in out.read_text() and "InstanceTypeBaseAMICompatibleValidator" in out.read_text()
@@ -85,15 +84,15 @@ def test_v100_with_custom_ami_warns_and_comments(tmp_path):
 def test_existing_output_needs_force(tmp_path):
     out = tmp_path / "c.yaml"
     out.write_text("keep me\n")
-    res = run_hpc(*BASE, "--queue", "cpu=c5.18xlarge:2", "-o", str(out))
+    res = run_hpc(*BASE, "--queue-spec", "cpu=c5.18xlarge:2", "-o", str(out))
     assert res.returncode == 1 and "--force" in res.stderr and out.read_text() == "keep me\n"
-    assert run_hpc(*BASE, "--queue", "cpu=c5.18xlarge:2", "-o", str(out), "--force").returncode == 0
+    assert run_hpc(*BASE, "--queue-spec", "cpu=c5.18xlarge:2", "-o", str(out), "--force").returncode == 0
     assert out.read_text().startswith("# ParallelCluster v3 config")
 
 
 def test_reservation_turns_the_placement_group_off_and_says_why(tmp_path):
     out = tmp_path / "c.yaml"
-    assert run_hpc(*BASE, "--queue", "p5=p5.48xlarge:2", "--capacity-reservation", "cr-0123456789abcdef0",
+    assert run_hpc(*BASE, "--queue-spec", "p5=p5.48xlarge:2", "--capacity-reservation", "cr-0123456789abcdef0",
                    "-o", str(out)).returncode == 0
     resource = yaml.safe_load(out.read_text())["Scheduling"]["SlurmQueues"][0]["ComputeResources"][0]
     assert resource["CapacityReservationTarget"] == {"CapacityReservationId": "cr-0123456789abcdef0"}
@@ -102,10 +101,10 @@ def test_reservation_turns_the_placement_group_off_and_says_why(tmp_path):
 
 
 @pytest.mark.parametrize("args", [
-    ["--queue", "gpu"], ["--queue", "GPU=p4d.24xlarge:2"], ["--queue", "gpu=p4d.24xlarge:0"],
-    ["--queue", "gpu=p4d.24xlarge:2,ranks-per-node=4"], ["--queue", "cpu=c5.18xlarge:2", "--fsx-capacity", "1000"],
-    ["--queue", "cpu=c5.18xlarge:2", "--os", "alinux2"],
-    ["--queue", "a=p4d.24xlarge:1", "--queue", "b=p5.48xlarge:1", "--capacity-reservation", "cr-0123456789abcdef0"],
+    ["--queue-spec", "gpu"], ["--queue-spec", "GPU=p4d.24xlarge:2"], ["--queue-spec", "gpu=p4d.24xlarge:0"],
+    ["--queue-spec", "gpu=p4d.24xlarge:2,ranks-per-node=4"], ["--queue-spec", "cpu=c5.18xlarge:2", "--fsx-capacity", "1000"],
+    ["--queue-spec", "cpu=c5.18xlarge:2", "--os", "alinux2"],
+    ["--queue-spec", "a=p4d.24xlarge:1", "--queue-spec", "b=p5.48xlarge:1", "--capacity-reservation", "cr-0123456789abcdef0"],
 ])
 def test_bad_options_are_usage_errors(args, tmp_path):
     res = run_hpc(*BASE, *args, "-o", str(tmp_path / "c.yaml"))
@@ -119,7 +118,7 @@ def test_validate_reports_findings_and_exit_codes(tmp_path):
     res = run_hpc("cluster", "validate", str(bad))
     assert res.returncode == 1 and "INVALID" in res.stdout
     assert "ComputeResources[p3dn-24xlarge]/MaxCount" in res.stdout and "not checked offline" in res.stdout
-    report = json.loads(run_hpc("cluster", "validate", str(bad), "--json").stdout)
+    report = cli_json(run_hpc("cluster", "validate", str(bad), "--json"))
     finding = next(f for f in report["findings"] if f["level"] == "error")
     assert set(finding) >= {"level", "file", "line", "path", "message", "fix"}
 
@@ -151,7 +150,7 @@ def test_validate_without_pcluster_says_how_to_install(tmp_path):
 
 def test_show_lists_queues(tmp_path):
     res = run_hpc("cluster", "show", str(REPO / "cluster-configs" / "p3dn-efa-fsx.yaml"), "--json")
-    rows = {r["queue"]: r for r in json.loads(res.stdout)}
+    rows = {r["queue"]: r for r in cli_json(res)}
     assert rows["p3dn"] | {} == rows["p3dn"] and rows["p3dn"]["gpus_per_node"] == 8
     assert (rows["p3dn"]["efa_interfaces"], rows["p3dn"]["max_nodes"], rows["p3dn"]["fsx_mount"]) == (1, 8, "/fsx")
     assert (rows["cpu"]["gpus_per_node"], rows["cpu"]["tasks_per_node"]) == (0, 36)

@@ -3,12 +3,11 @@ aws-parallelcluster 3.16.1's own schema and validators (`hpc cluster validate`, 
 NVIDIA queues, a managed FSx that outlives the cluster, FSx sized for a throughput, SSH not open to the internet,
 and the Gaudi AMI made by `pcluster build-image`."""
 
-import json
 
 import pytest
 import yaml
 
-from tests.conftest import REPO, run_hpc
+from tests.conftest import cli_json, REPO, run_hpc
 from toolkit.catalog import instance
 from toolkit.cluster.validate import validate_file
 
@@ -23,8 +22,8 @@ def _config(tmp_path, *args: str) -> tuple[dict, dict]:
     res = run_hpc(*BASE, *args, "-o", str(out), "--json")
     assert res.returncode == 0, res.stderr
     valid = run_hpc("cluster", "validate", str(out), "--json")
-    assert valid.returncode == 0 and json.loads(valid.stdout)["valid"], valid.stdout
-    return yaml.safe_load(out.read_text()), json.loads(res.stdout)
+    assert valid.returncode == 0 and cli_json(valid)["valid"], valid.stdout
+    return yaml.safe_load(out.read_text()), cli_json(res)
 
 
 def _queues(config: dict) -> dict[str, dict]:
@@ -32,15 +31,15 @@ def _queues(config: dict) -> dict[str, dict]:
 
 
 def test_nvidia_queues_get_pclusters_gpu_health_check_and_the_others_none(tmp_path):
-    config, _ = _config(tmp_path, "--queue", "gpu=p4d.24xlarge:4", "--queue", "cpu=c5n.18xlarge:2",
-                        "--queue", "gaudi=dl1.24xlarge:2", "--custom-ami", "ami-0123456789abcdef0")
+    config, _ = _config(tmp_path, "--queue-spec", "gpu=p4d.24xlarge:4", "--queue-spec", "cpu=c5n.18xlarge:2",
+                        "--queue-spec", "gaudi=dl1.24xlarge:2", "--custom-ami", "ami-0123456789abcdef0")
     queues = _queues(config)
     assert queues["gpu"]["HealthChecks"] == {"Gpu": {"Enabled": True}}
     assert "HealthChecks" not in queues["cpu"] and "HealthChecks" not in queues["gaudi"]  # DCGM is NVIDIA's
 
 
 def test_the_managed_fsx_is_retained_when_the_cluster_goes(tmp_path):
-    config, _ = _config(tmp_path, "--queue", "gpu=p4d.24xlarge:2", "--fsx-capacity", "2400")
+    config, _ = _config(tmp_path, "--queue-spec", "gpu=p4d.24xlarge:2", "--fsx-capacity", "2400")
     assert config["SharedStorage"][0]["FsxLustreSettings"]["DeletionPolicy"] == "Retain"
     report = validate_file(tmp_path / "c.yaml")  # pcluster's DeletionPolicyValidator reads it back
     assert any("DeletionPolicy is set to Retain" in f.message for f in report.findings), report.findings
@@ -56,13 +55,13 @@ def test_the_managed_fsx_is_retained_when_the_cluster_goes(tmp_path):
     (["--fsx-deployment", "PERSISTENT_2", "--fsx-capacity", "2400"], 2400, 125),
 ])
 def test_fsx_is_sized_for_the_throughput_asked(tmp_path, args, capacity, per_unit):
-    config, _ = _config(tmp_path, "--queue", "gpu=p4d.24xlarge:8", *args)
+    config, _ = _config(tmp_path, "--queue-spec", "gpu=p4d.24xlarge:8", *args)
     fsx = config["SharedStorage"][0]["FsxLustreSettings"]
     assert (fsx["StorageCapacity"], fsx.get("PerUnitStorageThroughput")) == (capacity, per_unit)
 
 
 def test_an_unsized_fsx_under_accelerators_says_its_throughput(tmp_path):
-    config, answer = _config(tmp_path, "--queue", "gpu=p4d.24xlarge:8", "--fsx-capacity", "1200")
+    config, answer = _config(tmp_path, "--queue-spec", "gpu=p4d.24xlarge:8", "--fsx-capacity", "1200")
     assert config["SharedStorage"][0]["FsxLustreSettings"]["StorageCapacity"] == 1200
     assert any("234 MB/s baseline" in w and "64 accelerators" in w and "--fsx-throughput" in w
                for w in answer["warnings"]), answer["warnings"]
@@ -70,21 +69,21 @@ def test_an_unsized_fsx_under_accelerators_says_its_throughput(tmp_path):
 
 
 def test_ssh_is_not_open_to_the_internet_by_default(tmp_path):
-    config, _ = _config(tmp_path, "--queue", "cpu=c5n.18xlarge:2")
+    config, _ = _config(tmp_path, "--queue-spec", "cpu=c5n.18xlarge:2")
     assert config["HeadNode"]["Ssh"]["AllowedIps"] == "10.0.0.0/8"  # ParallelCluster's own default: 0.0.0.0/0
-    config, _ = _config(tmp_path, "--queue", "cpu=c5n.18xlarge:2", "--ssh-allowed-ips", "203.0.113.7/32",
+    config, _ = _config(tmp_path, "--queue-spec", "cpu=c5n.18xlarge:2", "--ssh-allowed-ips", "203.0.113.7/32",
                         "--force")
     assert config["HeadNode"]["Ssh"]["AllowedIps"] == "203.0.113.7/32"
     assert "--ssh-allowed-ips 203.0.113.7/32" in (tmp_path / "c.yaml").read_text()  # the recorded command
-    _, answer = _config(tmp_path, "--queue", "cpu=c5n.18xlarge:2", "--ssh-allowed-ips", "0.0.0.0/0", "--force")
+    _, answer = _config(tmp_path, "--queue-spec", "cpu=c5n.18xlarge:2", "--ssh-allowed-ips", "0.0.0.0/0", "--force")
     assert any("whole internet" in w for w in answer["warnings"]), answer["warnings"]
-    res = run_hpc(*BASE, "--queue", "cpu=c5n.18xlarge:2", "--ssh-allowed-ips", "my-laptop",
+    res = run_hpc(*BASE, "--queue-spec", "cpu=c5n.18xlarge:2", "--ssh-allowed-ips", "my-laptop",
                   "-o", str(tmp_path / "bad.yaml"))
     assert res.returncode == 2 and "neither a CIDR nor a prefix list" in res.stderr
 
 
 def test_a_gaudi_ami_is_said_to_come_from_pcluster_build_image(tmp_path):
-    _config(tmp_path, "--queue", "gaudi=dl1.24xlarge:2", "--custom-ami", "ami-0123456789abcdef0")
+    _config(tmp_path, "--queue-spec", "gaudi=dl1.24xlarge:2", "--custom-ami", "ami-0123456789abcdef0")
     line = next(t for t in (tmp_path / "c.yaml").read_text().splitlines() if "CustomAmi:" in t)
     assert "pcluster build-image" in line and "ParentImage" in line
 
@@ -92,7 +91,7 @@ def test_a_gaudi_ami_is_said_to_come_from_pcluster_build_image(tmp_path):
 @pytest.mark.parametrize("path", JOB_CLUSTERS, ids=lambda p: p.name)
 def test_the_job_clusters_have_the_same_defaults_and_pass_validate(path):
     res = run_hpc("cluster", "validate", str(path), "--json")
-    assert res.returncode == 0 and json.loads(res.stdout)["valid"], res.stdout
+    assert res.returncode == 0 and cli_json(res)["valid"], res.stdout
     config = yaml.safe_load(path.read_text())
     assert config["HeadNode"]["Ssh"]["AllowedIps"] != "0.0.0.0/0"
     assert config["SharedStorage"][0]["FsxLustreSettings"]["DeletionPolicy"] == "Retain"

@@ -9,7 +9,7 @@ import shlex
 import pytest
 import yaml
 
-from tests.conftest import REPO, run_hpc
+from tests.conftest import cli_json, REPO, run_hpc
 from toolkit.cluster.build import ClusterSpec, QueueSpec, build_config, render
 from toolkit.cluster.validate import validate_config, validate_file, validate_text
 
@@ -87,9 +87,9 @@ def test_assign_public_ip_on_a_multi_nic_queue_is_an_error_at_its_key():
 
 def test_config_with_one_subnet_warns_about_the_shared_subnet(tmp_path):
     res = run_hpc("cluster", "config", "--name", "demo", "--region", "us-east-1", "--subnet", HEAD, "--key-name",
-                  "me", "--queue", "p4d=p4d.24xlarge:2", "-o", str(tmp_path / "c.yaml"), "--json")
+                  "me", "--queue-spec", "p4d=p4d.24xlarge:2", "-o", str(tmp_path / "c.yaml"), "--json")
     assert res.returncode == 0, res.stderr
-    warnings = json.loads(res.stdout)["warnings"]
+    warnings = cli_json(res)["warnings"]
     assert any("head node's subnet" in w and "SubnetIds" in w for w in warnings)
     assert "private, with a NAT gateway" in (tmp_path / "c.yaml").read_text()
 
@@ -97,8 +97,8 @@ def test_config_with_one_subnet_warns_about_the_shared_subnet(tmp_path):
 def test_head_and_compute_subnets_land_where_they_belong(tmp_path):
     out = tmp_path / "c.yaml"
     res = run_hpc("cluster", "config", "--name", "demo", "--region", "us-east-1", "--head-subnet", HEAD,
-                  "--compute-subnet", COMPUTE, "--key-name", "me", "--queue", "p4d=p4d.24xlarge:2",
-                  "--queue", "cpu=c5.2xlarge:2", "-o", str(out))
+                  "--compute-subnet", COMPUTE, "--key-name", "me", "--queue-spec", "p4d=p4d.24xlarge:2",
+                  "--queue-spec", "cpu=c5.2xlarge:2", "-o", str(out))
     assert res.returncode == 0, res.stderr
     config = yaml.safe_load(out.read_text())
     assert config["HeadNode"]["Networking"]["SubnetId"] == HEAD
@@ -108,7 +108,7 @@ def test_head_and_compute_subnets_land_where_they_belong(tmp_path):
 
 def test_a_missing_subnet_is_a_usage_error(tmp_path):
     res = run_hpc("cluster", "config", "--name", "demo", "--region", "us-east-1", "--head-subnet", HEAD,
-                  "--key-name", "me", "--queue", "p4d=p4d.24xlarge:2", "-o", str(tmp_path / "c.yaml"))
+                  "--key-name", "me", "--queue-spec", "p4d=p4d.24xlarge:2", "-o", str(tmp_path / "c.yaml"))
     assert res.returncode == 2 and "--compute-subnet" in res.stderr and not (tmp_path / "c.yaml").exists()
 
 
@@ -119,7 +119,7 @@ def test_a_missing_subnet_is_a_usage_error(tmp_path):
 def test_config_checks_values_with_validates_rules_before_writing(option, value, path, tmp_path):
     out = tmp_path / "c.yaml"
     args = {"--subnet": HEAD, "--custom-ami": AMI, "--region": "us-east-1"} | {option: value}
-    res = run_hpc("cluster", "config", "--name", "demo", "--key-name", "me", "--queue", "p4d=p4d.24xlarge:2",
+    res = run_hpc("cluster", "config", "--name", "demo", "--key-name", "me", "--queue-spec", "p4d=p4d.24xlarge:2",
                   *[w for kv in args.items() for w in kv], "-o", str(out))
     assert res.returncode == 1 and not out.exists(), res.stderr
     assert f"{path}: " in res.stderr and "nothing was written" in res.stderr and "Traceback" not in res.stderr
@@ -198,7 +198,7 @@ def test_allocation_strategy_on_an_instances_list_is_left_to_pcluster():
 def test_capacity_block_option_through_the_cli(tmp_path):
     out = tmp_path / "c.yaml"
     base = ["cluster", "config", "--name", "demo", "--region", "us-east-1", "--head-subnet", HEAD,
-            "--compute-subnet", COMPUTE, "--key-name", "me", "--queue", "p5=p5.48xlarge:2", "--queue",
+            "--compute-subnet", COMPUTE, "--key-name", "me", "--queue-spec", "p5=p5.48xlarge:2", "--queue-spec",
             "cpu=c5.2xlarge:2"]
     assert run_hpc(*base, "--capacity-block", f"p5={CR_ID}", "-o", str(out)).returncode == 0
     queues = yaml.safe_load(out.read_text())["Scheduling"]["SlurmQueues"]
@@ -215,7 +215,7 @@ def test_capacity_block_option_through_the_cli(tmp_path):
 
 def test_dl1_without_custom_ami_is_an_error_at_config_time(tmp_path):
     res = run_hpc("cluster", "config", "--name", "demo", "--region", "us-east-1", "--subnet", HEAD, "--key-name",
-                  "me", "--queue", "gaudi=dl1.24xlarge:2", "-o", str(tmp_path / "c.yaml"))
+                  "me", "--queue-spec", "gaudi=dl1.24xlarge:2", "-o", str(tmp_path / "c.yaml"))
     assert res.returncode == 1 and not (tmp_path / "c.yaml").exists()
     assert "Habana" in res.stderr and "--custom-ami" in res.stderr and "Traceback" not in res.stderr
     config = _config("dl1.24xlarge")

@@ -11,7 +11,7 @@ import sys
 import pytest
 import yaml
 
-from tests.conftest import REPO, run_hpc
+from tests.conftest import cli_json, REPO, run_hpc
 
 P5 = yaml.safe_load((REPO / "cluster-configs" / "p5-reservation.yaml").read_text())
 AWS_STYLE = yaml.safe_load((REPO / "tests" / "data" / "aws-style-cluster.yaml").read_text())
@@ -145,7 +145,7 @@ def _ours(tmp_path, old, new, fleet, *options):
     res = run_hpc("cluster", "diff", str(tmp_path / "old.yaml"), str(tmp_path / "new.yaml"), "--fleet", fleet,
                   "--json", *options)
     assert res.returncode in (0, 1), res.stderr
-    data = json.loads(res.stdout)
+    data = cli_json(res)
     assert res.returncode == (0 if data["appliable"] else 1)
     # an added or removed list item is named in our key path ([name]); pcluster names only the list
     return data, [(re.sub(r"\[[^\]]*\]$", "", c["path"]) if c["old"] is None or c["new"] is None else c["path"],
@@ -202,7 +202,7 @@ def test_text_output_names_the_action(tmp_path):
 def test_no_changes_is_exit_0(tmp_path):
     path = REPO / "cluster-configs" / "p5-reservation.yaml"
     res = run_hpc("cluster", "diff", str(path), str(path), "--json")
-    assert res.returncode == 0 and json.loads(res.stdout)["changes"] == []
+    assert res.returncode == 0 and cli_json(res)["changes"] == []
 
 
 def test_the_edit_commands_and_diff_together(tmp_path):
@@ -214,13 +214,13 @@ def test_the_edit_commands_and_diff_together(tmp_path):
     running = run_hpc("cluster", "diff", str(old), str(new), "--fleet", "running", "--json")
     stopped = run_hpc("cluster", "diff", str(old), str(new), "--fleet", "stopped", "--json")
     assert (running.returncode, stopped.returncode) == (1, 0)
-    change, = json.loads(running.stdout)["changes"]
+    change, = cli_json(running)["changes"]
     assert (change["path"], change["old"], change["new"]) == ("Scheduling/SlurmQueues[cpu]/ComputeResources"
                                                               "[m5-8xlarge]/MaxCount", 2, 1)
 
 
 @pytest.mark.parametrize("args, words", [
-    (["--fleet", "paused"], "--fleet 'paused' is not a state"),
+    (["--fleet", "paused"], "--fleet 'paused' is not one of running, stopped"),
 ])
 def test_bad_usage(args, words):
     path = str(REPO / "cluster-configs" / "p5-reservation.yaml")
@@ -296,7 +296,7 @@ def test_edits_and_diff_never_touch_the_network(tmp_path):
     env.update(PYTHONPATH=str(tmp_path / "site"), HPC_TEST_NETWORK_LOG=str(log))
     new = tmp_path / "new.yaml"
     new.write_bytes((REPO / "cluster-configs" / "p5-reservation.yaml").read_bytes())
-    commands = [["cluster", "queue", "add", str(new), "--queue", "extra=p4d.24xlarge:2"],
+    commands = [["cluster", "queue", "add", str(new), "--queue-spec", "extra=p4d.24xlarge:2"],
                 ["cluster", "queue", "set", str(new), "p5", "--max", "2"],
                 ["cluster", "queue", "remove", str(new), "cpu"],
                 ["cluster", "diff", str(REPO / "cluster-configs" / "p5-reservation.yaml"), str(new)]]

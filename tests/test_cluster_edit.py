@@ -2,13 +2,12 @@
 validated before the file is replaced, and refused (file untouched) when the result would be invalid."""
 
 import difflib
-import json
 import shutil
 
 import pytest
 import yaml
 
-from tests.conftest import REPO, run_hpc
+from tests.conftest import cli_json, REPO, run_hpc
 
 EXAMPLES = sorted((REPO / "cluster-configs").glob("*.yaml"))
 AWS_STYLE = REPO / "tests" / "data" / "aws-style-cluster.yaml"
@@ -62,7 +61,7 @@ def test_set_and_set_back_is_byte_identical(tmp_path, source):
 def test_add_then_remove_is_byte_identical(tmp_path, source):
     path = _copy(tmp_path, source)
     original = path.read_bytes()
-    _ok("add", str(path), "--queue", "extra=p4d.24xlarge:3")
+    _ok("add", str(path), "--queue-spec", "extra=p4d.24xlarge:3")
     added = _queues(path)["extra"]
     resource = added["ComputeResources"][0]
     assert (resource["InstanceType"], resource["MinCount"], resource["MaxCount"]) == ("p4d.24xlarge", 0, 3)
@@ -105,7 +104,7 @@ def test_remove_deletes_only_that_queue(tmp_path, source):
 def test_aws_style_layout_is_kept_for_a_new_queue(tmp_path):
     """Items flush with their key, blank lines between queues: the new queue is written the same way."""
     path = _copy(tmp_path, AWS_STYLE)
-    _ok("add", str(path), "--queue", "p5=p5.48xlarge:2", "--capacity-block", "cr-0123456789abcdef0")
+    _ok("add", str(path), "--queue-spec", "p5=p5.48xlarge:2", "--capacity-block", "cr-0123456789abcdef0")
     text = path.read_text()
     assert "\n\n  - Name: p5\n    CapacityType: CAPACITY_BLOCK\n" in text
     assert "    ComputeResources:\n    - Name: p5-48xlarge\n" in text
@@ -129,7 +128,7 @@ def test_crlf_file_keeps_its_line_endings(tmp_path):
     path = tmp_path / "crlf.yaml"
     original = AWS_STYLE.read_bytes().replace(b"\n", b"\r\n")
     path.write_bytes(original)
-    _ok("add", str(path), "--queue", "extra=m5.8xlarge:2")
+    _ok("add", str(path), "--queue-spec", "extra=m5.8xlarge:2")
     assert b"\n" not in path.read_bytes().replace(b"\r\n", b"")
     _ok("remove", str(path), "extra")
     assert path.read_bytes() == original
@@ -139,7 +138,7 @@ def test_file_without_a_last_newline_keeps_it(tmp_path):
     path = tmp_path / "unterminated.yaml"
     original = AWS_STYLE.read_bytes().rstrip(b"\n")
     path.write_bytes(original)
-    _ok("add", str(path), "--queue", "extra=m5.8xlarge:2")
+    _ok("add", str(path), "--queue-spec", "extra=m5.8xlarge:2")
     assert not path.read_bytes().endswith(b"\n") and "extra" in _queues(path)
     _ok("remove", str(path), "extra")
     assert path.read_bytes() == original
@@ -151,7 +150,7 @@ def test_dry_run_prints_the_diff_and_changes_nothing(tmp_path):
     res = _ok("set", str(path), "cpu", "--max", "7", "--dry-run")
     assert path.read_bytes() == original
     assert f"--- a/{path}" in res.stdout and "\n+          MaxCount: 7  # edit: most nodes a job can get" in res.stdout
-    data = json.loads(_ok("set", str(path), "cpu", "--max", "7", "--dry-run", "--json").stdout)
+    data = cli_json(_ok("set", str(path), "cpu", "--max", "7", "--dry-run", "--json"))
     assert data["written"] is False and data["changes"] == ["cpu/c5n-18xlarge: MaxCount 2 -> 7"]
     assert data["diff"].startswith(f"--- a/{path}")
     assert path.read_bytes() == original
@@ -160,7 +159,7 @@ def test_dry_run_prints_the_diff_and_changes_nothing(tmp_path):
 def test_json_output_of_a_real_edit(tmp_path):
     path = _copy(tmp_path, EXAMPLES[0])
     res = _ok("remove", str(path), "cpu", "--json")
-    data = json.loads(res.stdout)
+    data = cli_json(res)
     assert data["written"] is True and data["action"] == "remove" and data["queue"] == "cpu"
     assert list(_queues(path)) == ["p3dn"]
 
@@ -172,17 +171,17 @@ def test_json_output_of_a_real_edit(tmp_path):
     (["set", "{f}", "train", "--max", "3"], 2, "--compute-resource (p4d, p4de)"),
     (["set", "{f}", "nope", "--max", "3"], 1, "queues in this file: cpu, train"),
     (["set", "{f}", "cpu"], 2, "give --max N, --min N, --instance TYPE or --subnet SUBNET_ID"),
-    (["add", "{f}", "--queue", "cpu=m5.8xlarge:2"], 1, "already exists"),
-    (["add", "{f}", "--queue", "Bad_Name=m5.8xlarge:2"], 2, "queue name 'Bad_Name' is not allowed"),
+    (["add", "{f}", "--queue-spec", "cpu=m5.8xlarge:2"], 1, "already exists"),
+    (["add", "{f}", "--queue-spec", "Bad_Name=m5.8xlarge:2"], 2, "queue name 'Bad_Name' is not allowed"),
     # the instance checks `hpc cluster config` makes: a typo is a bad flag value, with the type meant
-    (["add", "{f}", "--queue", "x=p4d.24xlarg:2"], 2, "did you mean --queue x=p4d.24xlarge:2?"),
+    (["add", "{f}", "--queue-spec", "x=p4d.24xlarg:2"], 2, "did you mean --queue-spec x=p4d.24xlarge:2?"),
     (["set", "{f}", "cpu", "--instance", "c5.18xlarg"], 2, "did you mean --instance c5.18xlarge?"),
-    (["add", "{f}", "--queue", "gpu=p5.48xlarge"], 2, "NAME=INSTANCE_TYPE:MAX_NODES"),
-    (["add", "{f}", "--queue", "cb=p5.48xlarge:2", "--capacity-block", "cr-12"], 2, "reservation id"),
-    (["add", "{f}", "--queue", "cb=p5.48xlarge:2", "--capacity-block", "cr-0123456789abcdef0", "--min", "1"], 2,
+    (["add", "{f}", "--queue-spec", "gpu=p5.48xlarge"], 2, "NAME=INSTANCE_TYPE:MAX_NODES"),
+    (["add", "{f}", "--queue-spec", "cb=p5.48xlarge:2", "--capacity-block", "cr-12"], 2, "reservation id"),
+    (["add", "{f}", "--queue-spec", "cb=p5.48xlarge:2", "--capacity-block", "cr-0123456789abcdef0", "--min", "1"], 2,
      "must equal MAX"),
     # the V100 trap: a p3dn queue without a custom AMI (the toolkit's own check)
-    (["add", "{f}", "--queue", "v100=p3dn.24xlarge:2"], 1, "V100"),
+    (["add", "{f}", "--queue-spec", "v100=p3dn.24xlarge:2"], 1, "V100"),
 ])
 def test_bad_edits_leave_the_file_untouched(tmp_path, args, exit_code, words):
     path = _copy(tmp_path, AWS_STYLE)

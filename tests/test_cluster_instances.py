@@ -38,8 +38,8 @@ def _queues(path):
 def test_the_three_commands_refuse_a_typo_alike_and_accept_any_case(tmp_path, command):
     path = _copy(tmp_path)
     original = path.read_bytes()
-    args = {"config": [*CONFIG, "-o", str(tmp_path / "new.yaml"), "--queue", "gpu={t}:2"],
-            "add": ["cluster", "queue", "add", str(path), "--queue", "gpu={t}:2"],
+    args = {"config": [*CONFIG, "-o", str(tmp_path / "new.yaml"), "--queue-spec", "gpu={t}:2"],
+            "add": ["cluster", "queue", "add", str(path), "--queue-spec", "gpu={t}:2"],
             "set": ["cluster", "queue", "set", str(path), "cpu", "--instance", "{t}"]}[command]
     res = run_hpc(*[a.format(t="p4d.24xlarg") for a in args])
     assert res.returncode == 2 and "did you mean" in res.stderr and "p4d.24xlarge" in res.stderr, res.stderr
@@ -55,8 +55,8 @@ def test_the_three_commands_refuse_a_typo_alike_and_accept_any_case(tmp_path, co
 def test_a_queue_name_with_capitals_is_a_usage_error_in_both(tmp_path, command):
     args = ([*CONFIG, "-o", str(tmp_path / "new.yaml")] if command == "config" else
             ["cluster", "queue", "add", str(_copy(tmp_path))])
-    res = run_hpc(*args, "--queue", "Gpu=m5.xlarge:2")
-    assert res.returncode == 2 and "queue name 'Gpu'" in res.stderr and "--queue gpu=m5.xlarge:2" in res.stderr
+    res = run_hpc(*args, "--queue-spec", "Gpu=m5.xlarge:2")
+    assert res.returncode == 2 and "queue name 'Gpu'" in res.stderr and "--queue-spec gpu=m5.xlarge:2" in res.stderr
 
 
 def test_p6_b200_is_catalogued_with_its_efa():
@@ -68,7 +68,7 @@ def test_p6_b200_is_catalogued_with_its_efa():
 
 def test_an_efa_queue_added_on_the_head_nodes_subnet_gets_efa_and_a_warning(tmp_path):
     path = _copy(tmp_path)
-    data = cli_json(run_hpc("cluster", "queue", "add", str(path), "--queue", "b200=p6-b200.48xlarge:2", "--json"))
+    data = cli_json(run_hpc("cluster", "queue", "add", str(path), "--queue-spec", "b200=p6-b200.48xlarge:2", "--json"))
     resource = _queues(path)["b200"]["ComputeResources"][0]
     assert resource["Efa"] == {"Enabled": True} and resource["Networking"]["PlacementGroup"]["Enabled"] is True
     assert _queues(path)["b200"]["Networking"]["SubnetIds"] == [HEAD_SUBNET]
@@ -78,7 +78,7 @@ def test_an_efa_queue_added_on_the_head_nodes_subnet_gets_efa_and_a_warning(tmp_
 
 def test_an_efa_queue_on_its_own_subnet_says_what_was_not_checked(tmp_path):
     path = _copy(tmp_path)
-    data = cli_json(run_hpc("cluster", "queue", "add", str(path), "--queue", "gpu=p5.48xlarge:2", "--subnet",
+    data = cli_json(run_hpc("cluster", "queue", "add", str(path), "--queue-spec", "gpu=p5.48xlarge:2", "--subnet",
                             PRIVATE, "--json"))
     assert data["warnings"] == [] and _queues(path)["gpu"]["Networking"]["SubnetIds"] == [PRIVATE]
     assert [n for n in data["notes"] if n.startswith(f"not checked offline: whether subnet {PRIVATE} of queue gpu")]
@@ -105,12 +105,12 @@ def test_set_to_a_type_with_efa_turns_efa_on(tmp_path):
 
 def test_a_type_outside_the_catalog_is_usable_through_the_users_facts_file(tmp_path):
     path = _copy(tmp_path)
-    res = run_hpc("cluster", "queue", "add", str(path), "--queue", "b300=p6-b300.48xlarge:2")
+    res = run_hpc("cluster", "queue", "add", str(path), "--queue-spec", "b300=p6-b300.48xlarge:2")
     assert res.returncode == 2 and "HPC_INSTANCE_FACTS" in res.stderr and "instances.yaml" in res.stderr
     facts = tmp_path / "facts.yaml"
     facts.write_text(yaml.safe_dump(USER_FACTS))
     env = dict(os.environ, HPC_INSTANCE_FACTS=str(facts))
-    res = run_hpc("cluster", "queue", "add", str(path), "--queue", "b300=p6-b300.48xlarge:2", "--subnet", PRIVATE,
+    res = run_hpc("cluster", "queue", "add", str(path), "--queue-spec", "b300=p6-b300.48xlarge:2", "--subnet", PRIVATE,
                   env=env)
     assert res.returncode == 0, res.stderr
     assert _queues(path)["b300"]["ComputeResources"][0]["Efa"] == {"Enabled": True}
@@ -132,7 +132,7 @@ def test_a_bad_facts_file_is_one_error_naming_it(tmp_path, facts, words):
     path = _copy(tmp_path)
     original = path.read_bytes()
     (tmp_path / "facts.yaml").write_text(yaml.safe_dump(facts))
-    res = run_hpc("cluster", "queue", "add", str(path), "--queue", "x=m5.xlarge:2",
+    res = run_hpc("cluster", "queue", "add", str(path), "--queue-spec", "x=m5.xlarge:2",
                   env=dict(os.environ, HPC_INSTANCE_FACTS=str(tmp_path / "facts.yaml")))
     assert res.returncode == 1 and f"{tmp_path / 'facts.yaml'}: " in res.stderr and words in res.stderr, res.stderr
     assert "Traceback" not in res.stderr and path.read_bytes() == original

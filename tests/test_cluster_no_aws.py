@@ -2,7 +2,6 @@
 a local listener, and validating valid and invalid configs must not connect to it even once; and nothing else
 leaves the machine either (no name look-up, no connection to any address, e.g. a custom action's script URL)."""
 
-import json
 import os
 import socket
 import threading
@@ -10,7 +9,7 @@ import time
 
 import pytest
 
-from tests.conftest import REPO, run_hpc, run_hpc_process
+from tests.conftest import cli_json, REPO, run_hpc, run_hpc_process
 
 
 @pytest.fixture
@@ -126,7 +125,7 @@ def test_validating_urls_storage_and_unknown_types_touches_no_network(net_trap, 
     res = run_hpc_process("cluster", "validate", str(path), "--json", env=env, timeout=60)
     assert not log.exists(), log.read_text()
     assert res.returncode == 0, res.stdout + res.stderr
-    report = json.loads(res.stdout)
+    report = cli_json(res)
     assert {"AsyncTimedUrlValidator", "existing FSx"} <= set(report["not_checked_offline"])
     assert any("x9.mega" in f["message"] and f["level"] == "warning" for f in report["findings"])
     assert time.time() - started < 30

@@ -1,6 +1,5 @@
 """The collectives benchmark: nccl-tests' size and bandwidth conventions, and a real 2-rank gloo run read back."""
 
-import json
 import os
 import subprocess
 import sys
@@ -8,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, free_port, run_hpc
+from tests.conftest import cli_json, REPO, free_port, run_hpc
 from toolkit.errors import HpcError
 from toolkit.reports.nccl import parse_text
 from toolkit.workloads.collectives import bandwidths, bus_factor, layout, parse_size, sizes
@@ -80,7 +79,7 @@ def test_real_gloo_run_is_read_by_the_nccl_parser(gloo_run):
 def test_report_cli_on_the_real_run(gloo_run):
     res = run_hpc("report", "nccl", str(gloo_run), "--json")
     assert res.returncode == 0, res.stderr
-    data = json.loads(res.stdout)
+    data = cli_json(res)
     assert data["status"] == "NO-VERDICT" and len(data["tests"]) == 3
     assert all(t["wrong_values"] == 0 and t["max_busbw_gbs"] > 0 for t in data["tests"])
 

@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from tests.conftest import run_hpc
+from tests.conftest import cli_json, run_hpc
 from tests.jobhelpers import write_cluster
 from testbench import cluster
 from testbench.layout import Layout
@@ -110,10 +110,10 @@ def test_hpu_torchrun_task_holds_the_node_unpinned():
 def test_cluster_show_says_cpus_per_node_and_smt(tmp_path):
     path = tmp_path / "c.yaml"
     path.write_text(json.dumps(config("p4d.24xlarge", True)))
-    row = json.loads(run_hpc("cluster", "show", str(path), "--json").stdout)[0]
+    row = cli_json(run_hpc("cluster", "show", str(path), "--json"))[0]
     assert (row["cpus_per_node"], row["smt_off"], row["cpus_per_task"]) == (48, True, 6)
     assert "48 (SMT off)" in run_hpc("cluster", "show", str(path)).stdout
-    plain = json.loads(run_hpc("cluster", "show", str(write_cluster(tmp_path)), "--json").stdout)
+    plain = cli_json(run_hpc("cluster", "show", str(write_cluster(tmp_path)), "--json"))
     assert {r["queue"]: r["smt_off"] for r in plain} == {"cpu": False, "gaudi": False, "p3": False}
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, run_hpc
+from tests.conftest import cli_json, REPO, run_hpc
 from tests.jobhelpers import write_recipe
 from tests.test_slurm_conformance import lane, slurm  # noqa: F401 (lane: the parametrized fixture)
 from toolkit.cluster.queues import Queue
@@ -43,7 +43,7 @@ def test_a_job_on_the_smt_off_queue_runs_with_one_core_per_rank_each_bound_to_it
     res = run_hpc("recipes", "submit", str(affinity_recipe(tmp_path)), "--cluster", str(lane.cluster_config),
                   "--queue", "nosmt", "--wait", "--json", env=env, cwd=tmp_path, timeout=300)
     assert res.returncode == 0, res.stdout + res.stderr
-    assert json.loads(res.stdout)["state"] == "COMPLETED"
+    assert cli_json(res)["state"] == "COMPLETED"
     ranks = read_affinity(tmp_path / "affinity")
     assert sorted(ranks) == [0, 1, 2, 3]
     for node in ("c1", "c2"):  # Slurm's automatic binding (task/affinity): one CPU each, not the same one

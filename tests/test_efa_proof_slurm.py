@@ -14,7 +14,7 @@ import json
 import pytest
 import yaml
 
-from tests.conftest import run_hpc, slurm_env, submit_json
+from tests.conftest import cli_json, run_hpc, slurm_env, submit_json
 from tests.jobhelpers import CLUSTER_CONFIG, write_recipe
 
 
@@ -51,7 +51,7 @@ def test_jobs_status_of_a_real_run_flags_sockets_on_an_efa_queue(slurm_sandbox, 
     meta = json.loads((tmp_path / "runs" / result["run_dir"].rsplit("/", 1)[1] / "metadata.json").read_text())
     assert meta["fabric"] == "modern"  # the queue really has EFA: jobs set up for it
     status = run_hpc("jobs", "status", result["job_id"], "--json", env=env)
-    network = json.loads(status.stdout)["network"]
+    network = cli_json(status)["network"]
     assert network["transport"] == "tcp"
     assert status.returncode == 1 and "warning: the queue has EFA but NCCL used TCP sockets" in status.stderr
     assert "LD_LIBRARY_PATH" in network["problem"] and "NET/Socket" in network["evidence"]

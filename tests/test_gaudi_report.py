@@ -10,7 +10,7 @@ import json
 
 import pytest
 
-from tests.conftest import run_hpc
+from tests.conftest import cli_json, run_hpc
 from toolkit.reports.gaudi import PEER_DIRECT_MBS, judge_gaudi
 from toolkit.reports.nccl import parse_text
 from toolkit.workloads.collectives import Measure, REDOP, bus_factor, footer_lines, header_lines, layout, row_line
@@ -44,7 +44,7 @@ def judged(tmp_path, text: str, *extra: str) -> tuple[int, dict]:
     log.write_text(text)
     res = run_hpc("report", "nccl", str(log), "--instance", "dl1.24xlarge", "--json", *extra)
     assert "Traceback" not in res.stderr, res.stderr
-    return res.returncode, json.loads(res.stdout)
+    return res.returncode, cli_json(res)
 
 
 def test_peer_direct_figures_pass(tmp_path):
@@ -111,6 +111,6 @@ def test_a_dl1_collectives_run_dir_is_judged_against_the_post(tmp_path):
     (run / "collectives-7.out").write_text(gaudi_log({"all_reduce": 12500, "all_gather": 40000}))
     res = run_hpc("report", "run", str(run), "--json")
     assert res.returncode == 1 and "Traceback" not in res.stderr, res.stderr
-    verdicts = {t["test"]: t["verdict"] for t in json.loads(res.stdout)["nccl"]}
+    verdicts = {t["test"]: t["verdict"] for t in cli_json(res)["nccl"]}
     assert verdicts["all_reduce"]["status"] == "FAIL" and "FI_EFA_USE_DEVICE_RDMA=1" in verdicts["all_reduce"]["reason"]
     assert verdicts["all_gather"]["status"] == "PASS"

@@ -3,14 +3,13 @@ submitted with sbatch across 2 nodes and read by `hpc report nccl`."""
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 
 import pytest
 import yaml
 
-from tests.conftest import REPO, run_hpc, slurm_env
+from tests.conftest import cli_json, REPO, run_hpc, slurm_env
 from tests.test_sandbox_slurm import sacct_state
 
 pytestmark = pytest.mark.slurm
@@ -23,7 +22,7 @@ def doctor(sandbox, *args: str) -> subprocess.CompletedProcess:
 def test_doctor_on_the_cpu_queue_reports_both_nodes_honestly(slurm_sandbox):
     res = doctor(slurm_sandbox, "--cluster", str(slurm_sandbox.cluster_config), "--queue", "cpu", "--json")
     assert res.returncode == 0, res.stderr
-    data = json.loads(res.stdout)
+    data = cli_json(res)
     assert data["ok"] and data["queue"]["name"] == "cpu"
     assert [n["node"] for n in data["nodes"]] == ["c1", "c2"]
     assert [n["facts"]["hostname"] for n in data["nodes"]] == ["c1", "c2"]  # each check ran on its own node
@@ -31,7 +30,7 @@ def test_doctor_on_the_cpu_queue_reports_both_nodes_honestly(slurm_sandbox):
         assert {c["name"]: c["status"] for c in node["checks"]} == {
             "efa": "absent", "ib_uverbs": "absent", "gpus": "absent", "fsx": "n/a", "nccl": "absent",
             "aws-ofi-nccl": "absent", "efa-stack": "n/a"}
-    text = doctor(slurm_sandbox, "--cluster", str(slurm_sandbox.cluster_config), "--queue", "cpu", "--nodes", "1")
+    text = doctor(slurm_sandbox, "--cluster", str(slurm_sandbox.cluster_config), "--queue", "cpu", "--check-nodes", "1")
     assert text.returncode == 0, text.stderr
     table = text.stdout.splitlines()
     assert table[2].split() == ["NODE", "efa", "ib_uverbs", "gpus", "fsx", "nccl", "aws-ofi-nccl", "efa-stack"]
@@ -51,13 +50,13 @@ def test_doctor_fails_nodes_that_lack_what_their_queue_declares(slurm_sandbox, t
     path.write_text(yaml.safe_dump(config))
     res = doctor(slurm_sandbox, "--cluster", str(path), "--queue", "cpu", "--json")
     assert res.returncode == 1, res.stderr
-    data = json.loads(res.stdout)
+    data = cli_json(res)
     assert not data["ok"] and [n["node"] for n in data["nodes"]] == ["c1", "c2"]
     for node in data["nodes"]:
         checks = {c["name"]: c for c in node["checks"]}
         assert [checks[name]["status"] for name in ("efa", "ib_uverbs", "fsx")] == ["FAIL"] * 3
         assert "EFA installer" in checks["efa"]["fix"] and checks["fsx"]["detail"] == "/fsx is not mounted"
-    usage = doctor(slurm_sandbox, "--cluster", str(path), "--queue", "cpu", "--nodes", "3")
+    usage = doctor(slurm_sandbox, "--cluster", str(path), "--queue", "cpu", "--check-nodes", "3")
     assert usage.returncode == 2 and "has 2 usable node(s)" in usage.stderr
 
 
@@ -95,7 +94,7 @@ def test_collectives_recipe_runs_on_two_nodes_and_hpc_report_nccl_reads_it(slurm
 
     report = run_hpc("report", "nccl", str(log), "--json")
     assert report.returncode == 0, report.stderr
-    data = json.loads(report.stdout)
+    data = cli_json(report)
     assert data["status"] == "NO-VERDICT"
     assert [t["test"] for t in data["tests"]] == ["all_reduce", "all_gather", "reduce_scatter"]
     for test in data["tests"]:
@@ -103,8 +102,8 @@ def test_collectives_recipe_runs_on_two_nodes_and_hpc_report_nccl_reads_it(slurm
         assert test["max_busbw_gbs"] > 0 and test["verdict"]["reason"].startswith("no instance type given")
     assert [r["size"] for r in data["tests"][0]["rows"]] == [8 * 8 ** k for k in range(6)]
     # with an instance type the floor rules apply: a 2-node run, but messages far under the floor's 256 MiB
-    judged = json.loads(run_hpc("report", "nccl", str(log), "--json", "--instance", "p3dn.24xlarge",
-                                "--transport", "tcp").stdout)
+    judged = cli_json(run_hpc("report", "nccl", str(log), "--json", "--instance", "p3dn.24xlarge",
+                                "--transport", "tcp"))
     reduce = judged["tests"][0]["verdict"]
     assert reduce["status"] == "NO-VERDICT" and "under the floor's 268435456 B" in reduce["reason"]
     text = run_hpc("report", "nccl", str(log)).stdout

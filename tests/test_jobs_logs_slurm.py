@@ -5,12 +5,11 @@ Slurm has written the log by then.)"""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import run_hpc, slurm_env
+from tests.conftest import cli_json, run_hpc, slurm_env
 from tests.jobhelpers import probe_recipe, write_cluster
 
 pytestmark = pytest.mark.slurm
@@ -22,7 +21,7 @@ def test_the_sbatch_executors_log_is_the_jobs_log_and_the_failed_ranks(slurm_san
                   "--queue", "cpu", "--set", "launcher.mpi=pmix", "--set", "resources.time=00:01:00", "--wait",
                   "--json", env=env, timeout=300)
     assert res.returncode == 1, res.stdout + res.stderr
-    result = json.loads(res.stdout)
+    result = cli_json(res)
     assert (result["executor"], result["state"]) == ("sbatch", "FAILED")
     log = Path(result["run_dir"]) / f"probe-{result['job_id']}.out"
     assert result["failed_rank_log"] == str(log) and f"(see {log})" in res.stderr
@@ -30,6 +29,8 @@ def test_the_sbatch_executors_log_is_the_jobs_log_and_the_failed_ranks(slurm_san
     assert "pmix" in text  # what srun said, in the job's own log
     logs = run_hpc("jobs", "logs", result["job_id"], env=env)
     assert (logs.returncode, logs.stdout) == (0, text), logs.stderr
+    as_json = cli_json(run_hpc("jobs", "logs", result["job_id"], "--json", env=env))  # the same lines, one envelope
+    assert (as_json["rank"], as_json["stream"], as_json["lines"]) == (0, "out", text.splitlines())
     # one log holds every rank's stdout and stderr
     assert run_hpc("jobs", "logs", result["job_id"], "--rank", "3", "--stderr", env=env).stdout == text
 
@@ -41,7 +42,7 @@ def test_jobs_logs_rank_picks_one_ranks_lines_of_the_rendered_scripts_one_log(sl
                   "--queue", "cpu", "--executor", "sbatch", "--set", "resources.time=00:01:00", "--wait", "--json",
                   env=env, timeout=300)
     assert res.returncode == 0, res.stdout + res.stderr
-    result = json.loads(res.stdout)
+    result = cli_json(res)
     text = (Path(result["run_dir"]) / f"probe-{result['job_id']}.out").read_text()
     assert sorted(line.split(" on ")[0] for line in text.splitlines() if "probe rank" in line) == \
         [f"{rank}: probe rank {rank}" for rank in range(4)]

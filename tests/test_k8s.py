@@ -20,7 +20,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tests.conftest import REPO, run_hpc
+from tests.conftest import cli_json, REPO, run_hpc
 from tests.test_k8s_crd import KUBECTL, kubectl_json, same_json
 from toolkit.cluster.queues import load_queues
 from toolkit.errors import HpcError
@@ -155,7 +155,7 @@ def test_planted_faults_are_caught_by_hpc_k8s_validate_with_their_field_path(fau
     bad.write_text(planted)
     res = run_hpc("k8s", "validate", str(bad), "--json")
     assert res.returncode == 1 and "Traceback" not in res.stderr, res.stderr
-    errors = [(f["path"], f["message"]) for f in json.loads(res.stdout)["findings"] if f["level"] == "error"]
+    errors = [(f["path"], f["message"]) for f in cli_json(res)["findings"] if f["level"] == "error"]
     assert path in [p.split(": ", 1)[1] for p, m in errors if message in m and p.startswith("document 3 (")], errors
     res = run_hpc("k8s", "validate", str(bad))
     assert res.returncode == 1 and re.search(rf"^error   document 3 \(PyTorchJob/\S+\): {re.escape(path)}$", res.stdout,
@@ -304,7 +304,7 @@ def test_validate_cli_names_document_path_and_fix(tmp_path):
     assert "INVALID" in res.stdout and "document 2 (PersistentVolumeClaim/fsx-claim): spec.accessModes" in res.stdout
     assert "fix: use accessModes: [ReadWriteMany]" in res.stdout
     res = run_hpc("k8s", "validate", str(bad), "--json")
-    assert res.returncode == 1 and json.loads(res.stdout)["valid"] is False
+    assert res.returncode == 1 and cli_json(res)["valid"] is False
     bad.write_text("kind: [unclosed\n")
     res = run_hpc("k8s", "validate", str(bad))
     assert res.returncode == 1 and "not valid YAML" in res.stdout and "Traceback" not in res.stderr
@@ -390,7 +390,7 @@ def test_the_slurm_warnings_come_with_the_kubernetes_form():
     assert slurm.warnings and k8s.spec.warnings == slurm.warnings
     assert f"#   {slurm.warnings[0]}" in k8s.text
     res = run_hpc("k8s", "render", "resnet50", "--nodes", "32", "--instance", "p4d.24xlarge", "--json")
-    assert res.returncode == 0 and json.loads(res.stdout)["warnings"] == list(slurm.warnings)
+    assert res.returncode == 0 and cli_json(res)["warnings"] == list(slurm.warnings)
     assert f"warning: {slurm.warnings[0]}" in res.stderr
 
 

@@ -15,7 +15,7 @@ import subprocess
 
 import pytest
 
-from tests.conftest import REPO, run_hpc
+from tests.conftest import cli_json, REPO, run_hpc
 from tests.jobhelpers import kubelet_expand
 from tests.test_k8s_crd import KUBECTL, kubectl_json, same_json
 from toolkit.catalog import instance
@@ -173,11 +173,11 @@ def test_the_cli_renders_trainer_v2_by_default_and_v1_on_request():
     v2 = run_hpc("k8s", "render", "resnet50", "--nodes", "2", "--instance", "p4d.24xlarge", "--json")
     v1 = run_hpc("k8s", "render", "resnet50", "--nodes", "2", "--instance", "p4d.24xlarge", "--api", "v1", "--json")
     assert v2.returncode == 0 and v1.returncode == 0, v2.stderr + v1.stderr
-    assert json.loads(v2.stdout)["documents"][-1]["kind"] == "TrainJob"
-    assert json.loads(v1.stdout)["documents"][-1]["kind"] == "PyTorchJob"
-    assert "`hpc k8s render resnet50 --nodes 2 --instance p4d.24xlarge --api v1`" in json.loads(v1.stdout)["manifests"]
+    assert cli_json(v2)["documents"][-1]["kind"] == "TrainJob"
+    assert cli_json(v1)["documents"][-1]["kind"] == "PyTorchJob"
+    assert "`hpc k8s render resnet50 --nodes 2 --instance p4d.24xlarge --api v1`" in cli_json(v1)["manifests"]
     bad = run_hpc("k8s", "render", "resnet50", "--nodes", "2", "--instance", "p4d.24xlarge", "--api", "v3")
-    assert bad.returncode == 2 and "give one of: trainer-v2, v1" in bad.stderr
+    assert bad.returncode == 2 and "use one of: trainer-v2, v1" in bad.stderr
 
 
 @pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)

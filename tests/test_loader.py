@@ -9,7 +9,6 @@ submitter variables (what srun --export=LIST gives a task); one test runs it thr
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import subprocess
@@ -18,7 +17,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.conftest import run_hpc
+from tests.conftest import cli_json, run_hpc
 from tests.jobhelpers import P3DN
 from toolkit.cluster.queues import Queue
 from toolkit.health import loader
@@ -183,8 +182,8 @@ def test_a_pytorch_gpu_job_asks_the_loader_for_torchs_own_nccl():
 
 
 def test_doctor_cli_refuses_nodes_with_recipe():
-    res = run_hpc("cluster", "doctor", "--cluster", "jobs/p3dn-cluster.yaml", "--recipe", "nccl-tests", "--nodes", "2")
-    assert res.returncode == 2 and "--nodes is for the node checks" in res.stderr
+    res = run_hpc("cluster", "doctor", "--cluster", "jobs/p3dn-cluster.yaml", "--recipe", "nccl-tests", "--check-nodes", "2")
+    assert res.returncode == 2 and "--check-nodes is for the node checks" in res.stderr
 
 
 @pytest.mark.slurm
@@ -199,7 +198,7 @@ def test_doctor_on_the_local_slurm_reports_the_jobs_loader(standin, tmp_path, sl
     bare.write_text(yaml.safe_dump(recipe))
     res = run_hpc("cluster", "doctor", "--recipe", str(bare), "--queue", "cpu", "--json", timeout=120)
     assert res.returncode == 1, res.stderr
-    (report,) = json.loads(res.stdout)
+    (report,) = cli_json(res)
     assert {c["library"]: c["status"] for c in report["libraries"]} == {
         "libnccl.so.2": "does not resolve", "libmpi.so.40": "does not resolve"}
     assert report["node"] and report["queue"] == "cpu"

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.conftest import REPO, free_port, run_hpc
+from tests.conftest import cli_json, REPO, free_port, run_hpc
 from tests.jobhelpers import CPU, stop_agents, write_cluster
 from toolkit.errors import HpcError
 from toolkit.job.spec import build_job_spec
@@ -31,7 +31,7 @@ def dry_run(*args: str, tmp_path: Path) -> dict:
     res = run_hpc("run", *args[:1], "--cluster", str(write_cluster(tmp_path)), "--queue", "cpu", "--executor",
                   "slurm", "--dry-run", "--json", *args[1:], cwd=tmp_path)
     assert res.returncode == 0, res.stderr
-    return json.loads(res.stdout)
+    return cli_json(res)
 
 
 def test_hpc_run_script_is_one_process_per_rank_with_the_script_and_its_args(tmp_path):
@@ -110,9 +110,9 @@ def test_recipes_new_writes_the_recipe_hpc_run_submits(tmp_path):
     again = run_hpc("recipes", "new", "ddp_train", "--script", str(DDP), cwd=tmp_path)
     assert again.returncode == 1 and "exists" in again.stderr
     common = ["--cluster", cluster, "--queue", "cpu", "--executor", "slurm", "--dry-run", "--json"]
-    from_file = json.loads(run_hpc("recipes", "submit", "ddp_train", *common, cwd=tmp_path).stdout)
-    from_run = json.loads(run_hpc("run", str(DDP), "--nodes", "2", "--launcher", "torchrun", "--max-restarts", "1",
-                                  *common, "--", "--steps", "9", cwd=tmp_path).stdout)
+    from_file = cli_json(run_hpc("recipes", "submit", "ddp_train", *common, cwd=tmp_path))
+    from_run = cli_json(run_hpc("run", str(DDP), "--nodes", "2", "--launcher", "torchrun", "--max-restarts", "1",
+                                  *common, "--", "--steps", "9", cwd=tmp_path))
     for key in ("script", "parameters", "rank0_argv"):
         assert json.dumps(from_file[key]).replace(from_file["run_dir"], "<RUN>") == \
             json.dumps(from_run[key]).replace(from_run["run_dir"], "<RUN>")
@@ -123,7 +123,7 @@ def test_the_resnet_recipe_runs_under_torchrun_with_its_trainer_flags(tmp_path):
                   "launcher.style=torchrun", "--set", "launcher.max_restarts=2", "--cluster",
                   str(write_cluster(tmp_path)), "--queue", "cpu", "--executor", "slurm", "--dry-run", "--json")
     assert res.returncode == 0, res.stderr
-    argv = json.loads(res.stdout)["rank0_argv"]
+    argv = cli_json(res)["rank0_argv"]
     assert "from torch.distributed.run import main" in argv[2] and "--max-restarts" in argv
     tail = argv[argv.index("-m", 3):]
     assert tail[1] == "toolkit.workloads.resnet" and tail[tail.index("--device") + 1] == "cpu"

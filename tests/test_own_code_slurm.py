@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, free_port, run_hpc, slurm_env
+from tests.conftest import cli_json, REPO, free_port, run_hpc, slurm_env
 from tests.test_own_code import DDP, PAYLOADS, strays
 from tests.test_plan_slurm import plan_file, same_but_run_dir
 
@@ -58,10 +58,10 @@ def test_ddp_example_runs_on_two_nodes_and_dry_run_is_what_ran(slurm_sandbox, tm
     script_args = ("--steps", "40", "--checkpoint-dir", str(tmp_path / "ckpt"))
     dry_res = hpc_run(slurm_sandbox, tmp_path, str(DDP), *args, script_args=script_args, dry=True, wait=False)
     assert dry_res.returncode == 0, dry_res.stderr
-    dry = json.loads(dry_res.stdout)
+    dry = cli_json(dry_res)
     res = hpc_run(slurm_sandbox, tmp_path, str(DDP), *args, script_args=script_args)
     assert res.returncode == 0, res.stderr
-    result = json.loads(res.stdout)
+    result = cli_json(res)
     assert result["state"] == "COMPLETED" and result["ranks"] == 4
     run = Path(result["run_dir"])
 
@@ -83,7 +83,7 @@ def test_ddp_example_runs_on_two_nodes_and_dry_run_is_what_ran(slurm_sandbox, tm
 
     report = run_hpc("report", "run", str(run), "--json", env=slurm_env(slurm_sandbox))
     assert report.returncode == 0, report.stderr
-    training = json.loads(report.stdout)["training"]
+    training = cli_json(report)["training"]
     losses = [loss for _step, loss in training["loss_curve"]]
     assert training["updates"] == 40 and all(map(math.isfinite, losses)) and losses[-1] < losses[0] / 4
 
@@ -95,7 +95,7 @@ def test_the_torchrun_tutorials_script_runs_unchanged(slurm_sandbox, tmp_path):
     res = hpc_run(slurm_sandbox, tmp_path, str(REPO / "recipes" / "examples" / "elastic_train.py"), "--launcher",
                   "torchrun", script_args=("3", "1", "--snapshot_path", str(snapshot)))
     assert res.returncode == 0, res.stderr
-    run = Path(json.loads(res.stdout)["run_dir"])
+    run = Path(cli_json(res)["run_dir"])
     out = "".join(p.read_text() for p in (run / "submitit").glob("*_log.out"))
     for rank in range(4):  # every rank trained every epoch, on a quarter of the data (DistributedSampler)
         for epoch in range(3):
@@ -128,7 +128,7 @@ def test_torchrun_restarts_a_killed_worker_and_resumes_from_the_checkpoint(slurm
         if proc.poll() is None:
             proc.kill()
     assert proc.returncode == 0, err
-    result = json.loads(out)
+    result = cli_json(subprocess.CompletedProcess(proc.args, proc.returncode, out, err))
     assert result["state"] == "COMPLETED"
     seen = records(Path(result["run_dir"]))
     resumed = [r["step"] for r in seen if r["event"] == "resumed"]
@@ -147,7 +147,7 @@ def test_the_resnet_recipe_trains_under_torchrun(slurm_sandbox, tmp_path):
                   "--wait", "--json", env=env,
                   cwd=tmp_path, timeout=TIMEOUT)
     assert res.returncode == 0, res.stderr
-    result = json.loads(res.stdout)
+    result = cli_json(res)
     run = Path(result["run_dir"])
     from toolkit.workloads.train_log import read_log
 
@@ -167,7 +167,7 @@ def one_clear_failure(res: subprocess.CompletedProcess) -> str:
 def test_a_module_missing_on_the_nodes_fails_wait_naming_the_ranks_log(slurm_sandbox, tmp_path):
     res = hpc_run(slurm_sandbox, tmp_path, "no_such_pkg.train")
     err = one_clear_failure(res)
-    result = json.loads(res.stdout)
+    result = cli_json(res)
     assert result["state"] == "FAILED"
     line = next(line for line in err.splitlines() if line.startswith(f"job {result['job_id']} ended FAILED"))
     assert "module 'no_such_pkg.train' cannot be imported" in line and result["failed_rank_log"] in line
@@ -180,6 +180,6 @@ def test_a_script_that_ignores_the_environment_ends_at_the_rendezvous_timeout(sl
                   script_args=(str(free_port()),))
     err = one_clear_failure(res)
     assert time.monotonic() - start < 300  # not the 15-minute time limit
-    result = json.loads(res.stdout)
+    result = cli_json(res)
     assert "init_process_group did not complete within 8 s" in err and result["state"] == "FAILED"
     assert job_gone(slurm_sandbox, result["job_id"]) and not strays(str(tmp_path))

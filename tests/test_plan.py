@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import shlex
@@ -13,7 +12,7 @@ import threading
 
 import pytest
 
-from tests.conftest import run_hpc
+from tests.conftest import cli_json, run_hpc
 from tests.jobhelpers import P3DN, probe_recipe, write_cluster
 from toolkit.job.render import render_script
 from toolkit.job.spec import build_job_spec
@@ -124,7 +123,7 @@ def test_dry_run_json_is_the_plan_with_the_run_dir_it_would_use(tmp_path):
     res = run_hpc("recipes", "submit", "nccl-tests", "--nodes", "2", "--dry-run", "--json",
                   "--executor", "slurm", env=env)
     assert res.returncode == 0, res.stderr
-    plan = json.loads(res.stdout)
+    plan = cli_json(res)
     run_dir = plan["run_dir"]
     assert run_dir.startswith(str(tmp_path / "runs")) and not os.path.exists(run_dir)
     assert plan["executor"] == "sbatch" and plan["argv"] == ["sbatch", "--parsable", f"{run_dir}/job.sbatch"]

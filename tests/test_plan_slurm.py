@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import run_hpc, slurm_env, submit_json
+from tests.conftest import cli_json, run_hpc, slurm_env, submit_json
 from tests.jobhelpers import HOSTILE, probe_recipe, read_ranks, sweep_probe_recipe, write_cluster
 from toolkit.job.env import SUBMIT_ENV_ALLOWLIST
 from toolkit.job.rank import master_port
@@ -22,7 +22,7 @@ pytestmark = pytest.mark.slurm
 def dry_and_real(args: list[str], env: dict) -> tuple[dict, dict]:
     res = run_hpc("recipes", "submit", *args, "--dry-run", "--json", env=env)
     assert res.returncode == 0, res.stderr
-    dry = json.loads(res.stdout)
+    dry = cli_json(res)
     assert not os.path.exists(dry["run_dir"]), "a dry run creates nothing"
     real = submit_json(*args, "--wait", env=env)
     assert real["state"] == "COMPLETED", real

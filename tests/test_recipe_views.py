@@ -8,7 +8,7 @@ import json
 import os
 import re
 
-from tests.conftest import run_hpc
+from tests.conftest import cli_json, run_hpc
 from tests.jobhelpers import write_cluster
 from toolkit.cluster.queues import CLUSTER_CONFIG_ENV
 
@@ -25,7 +25,7 @@ def views(tmp_path, *run_dir: str) -> dict[str, dict]:
                           ("dry_run", ("recipes", "submit", "--dry-run", "--executor", "local"))):
         res = run_hpc(*command, *same, env=env)
         assert res.returncode == 0, res.stderr
-        found[view] = json.loads(res.stdout)
+        found[view] = cli_json(res)
     return found
 
 

@@ -1,12 +1,11 @@
 """`hpc recipes list|show|validate|render` as users run them, and where the queue comes from."""
 
-import json
 import os
 import subprocess
 
 import pytest
 
-from tests.conftest import REPO, run_hpc
+from tests.conftest import cli_json, REPO, run_hpc
 from tests.jobhelpers import MINIMAL_RECIPE, write_cluster, write_recipe
 from toolkit.cluster.queues import CLUSTER_CONFIG_ENV, default_queue, resolve_queue
 from toolkit.errors import HpcError
@@ -21,7 +20,7 @@ def env(tmp_path):
 def test_list_names_the_four_recipes(env):
     res = run_hpc("recipes", "list", "--json", env=env)
     assert res.returncode == 0
-    assert {r["name"] for r in json.loads(res.stdout)} >= {"transformer", "roberta", "resnet50", "nccl-tests"}
+    assert {r["name"] for r in cli_json(res)} >= {"transformer", "roberta", "resnet50", "nccl-tests"}
 
 
 def test_show_prints_every_derived_value_with_its_rule(env):
@@ -29,7 +28,7 @@ def test_show_prints_every_derived_value_with_its_rule(env):
     assert res.returncode == 0, res.stderr
     assert "--update-freq" in res.stdout and "8192 sequences per update / (--max-sentences 16 x 32 ranks)" in res.stdout
     assert "assumed the default queue p3dn" in res.stderr
-    data = json.loads(run_hpc("recipes", "show", "resnet50", "--nodes", "2", "--json", env=env).stdout)
+    data = cli_json(run_hpc("recipes", "show", "resnet50", "--nodes", "2", "--json", env=env))
     assert {d["key"]: d["value"] for d in data["derived"]}["--workers"] == "11"  # 12 CPUs per rank on p3dn
     assert {d["key"]: d["value"] for d in data["derived"]}["--lr"] == "1.6"
 

@@ -79,16 +79,16 @@ BAD = [
     (("args", "--fp16"), False, "args.--fp16: `false` is not a flag value: use null"),
     (("args", "--lr"), {"a": 1}, "args.--lr: must be a string, a number, true"),
     (("resources", "nodes"), 0, "resources.nodes: must be above 0, got 0"),
-    (("resources", "time"), "forever", "resources.time: 'forever' does not match"),
+    (("resources", "time"), "forever", "resources.time: 'forever' is not a Slurm time limit"),
     (("resources", "runs_on"), ["tpu"], "resources.runs_on.0: 'tpu' is not one of 'gpu', 'hpu', 'cpu'"),
     (("env", "1BAD"), "x", "env.1BAD: bad key '1BAD'"),
-    (("dirs", "data", "arg"), "data", "dirs.data.arg: 'data' does not match"),
+    (("dirs", "data", "arg"), "data", "dirs.data.arg: 'data' is not a flag"),
     (("dirs", "data", "bogus"), 1, "dirs.data.bogus: unknown key (allowed here: arg, dir, under)"),
     (("scaling", "--update-freq", "per_rank_arg"), "--batch-size",
      "scaling.--update-freq.per_rank_arg --batch-size is not in args"),
     (("scaling", "--update-freq", "rule"), "cubic", "scaling.--update-freq.rule: 'cubic' is not one of 'accumulate', 'linear'"),
     (("name",), KeyError, "name: required key is missing"),
-    (("name",), "Bad Name", "name: 'Bad Name' does not match"),
+    (("name",), "Bad Name", "name: 'Bad Name' is not a name of lowercase letters"),
 ]
 
 

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import run_hpc
+from tests.conftest import cli_envelope, cli_json, run_hpc
 from tests.test_report_scaling import make_run
 
 NCCL = Path(__file__).parent / "fixtures" / "nccl"
@@ -24,7 +24,7 @@ def test_nccl_below_the_floor_fails_with_exit_1(tmp_path):
     log.write_text((NCCL / "2022_root_wrong_srun-label.sample.txt").read_text())
     res = run_hpc("report", "nccl", str(log), "--instance", "p5.48xlarge", "--json")
     assert res.returncode == 1
-    data = json.loads(res.stdout)
+    data = cli_json(res)
     assert data["status"] == "FAIL" and data["tests"][0]["verdict"]["floor_busbw_gbs"] == 350.0
 
 
@@ -32,7 +32,7 @@ def test_nccl_wrong_values_fail_and_json_lists_every_test():
     res = run_hpc("report", "nccl", str(NCCL / "v2.17_three-tests_collapsed_wrong.sample.txt"),
                   str(NCCL / "v2.17_json-J.sample.json"), "--json")
     assert res.returncode == 1
-    data = json.loads(res.stdout)
+    data = cli_json(res)
     assert [t["test"] for t in data["tests"]] == ["all_reduce", "all_gather", "reduce_scatter", "all_reduce"]
     assert data["tests"][2]["wrong_values"] == 6 and data["tests"][2]["verdict"]["status"] == "FAIL"
     assert data["tests"][3]["rows"][0]["size"] == 1048576
@@ -51,7 +51,7 @@ def test_nccl_missing_file_is_a_clear_error():
     assert res.returncode == 1 and "error: no such file: /no/such/log.txt" in res.stderr and "fix:" in res.stderr
     assert "Traceback" not in res.stderr
     res = run_hpc("report", "nccl", "/no/such/log.txt", "--json")
-    assert json.loads(res.stdout)["ok"] is False
+    assert cli_envelope(res)["error"]["message"] == "no such file: /no/such/log.txt"
 
 
 def test_nccl_usage_errors():
@@ -73,7 +73,7 @@ def test_report_run_and_scaling_with_json_and_plot(tmp_path):
     assert res.returncode == 0, res.stderr
     assert "efficiency" in res.stdout and "85%" in res.stdout and "1.70x" in res.stdout
     assert png.read_bytes()[:4] == b"\x89PNG"
-    data = json.loads(run_hpc("report", "scaling", str(runs[0]), str(runs[1]), "--json").stdout)
+    data = cli_json(run_hpc("report", "scaling", str(runs[0]), str(runs[1]), "--json"))
     assert data["baseline"] == str(runs[0]) and [r["efficiency"] for r in data["runs"]] == pytest.approx([1.0, 0.85])
 
 
@@ -89,8 +89,8 @@ def test_nccl_one_unreadable_file_is_named_and_the_others_reported(tmp_path):
     assert "verdict: PASS" in res.stdout and "1073741824" in res.stdout and "overall: FAIL" in res.stdout
     assert f"unreadable: {tmp_path / 'gone.log'}: no such file" in res.stdout
     assert f"{tmp_path / 'gone.log'}: no such file" in res.stderr and "fix:" in res.stderr
-    data = json.loads(run_hpc("report", "nccl", str(NCCL / "2023_partial-paste_nranks-only.sample.txt"),
-                              str(tmp_path / "gone.log"), "--json").stdout)
+    data = cli_json(run_hpc("report", "nccl", str(NCCL / "2023_partial-paste_nranks-only.sample.txt"),
+                              str(tmp_path / "gone.log"), "--json"))
     assert data["errors"][0]["source"] == str(tmp_path / "gone.log") and len(data["tests"]) == 1
 
 
@@ -124,7 +124,7 @@ def test_report_run_names_an_unnamed_test_and_flags_sockets_on_an_efa_queue(tmp_
     assert "unknown test: max busbw 2.98 GB/s" in res.stdout and "None:" not in res.stdout
     assert "network: TCP sockets (nc-d87e1263-worker1:4926:4926 [0] NCCL INFO Using network Socket)" in res.stdout
     assert "WARNING: the queue has EFA but NCCL used TCP sockets" in res.stdout and "LD_LIBRARY_PATH" in res.stdout
-    data = json.loads(run_hpc("report", "run", str(run), "--json").stdout)
+    data = cli_json(run_hpc("report", "run", str(run), "--json"))
     assert data["transport"]["name"] == "tcp" and data["transport"]["hosts"] == {"nc-d87e1263-worker1": "tcp"}
     assert data["efa_problem"].startswith("the queue has EFA but NCCL used TCP sockets")
 
@@ -146,7 +146,7 @@ def test_report_run_takes_a_plain_log_file():
     assert res.returncode == 0, res.stderr
     assert "(a plain log: no run dir metadata)" in res.stdout and "throughput: 142500.0 words/s" in res.stdout
     res = run_hpc("report", "run", str(NCCL / "2019_brace-first-char_mpirun-tagged.sample.txt"), "--json")
-    data = json.loads(res.stdout)
+    data = cli_json(res)
     assert data["log_only"] and data["nccl"][0]["test"] == "all_reduce" and data["transport"]["name"] == "efa"
 
 
@@ -159,5 +159,5 @@ def test_nccl_multi_node_p4d_runs_are_judged_by_their_node_count(tmp_path, insta
     log.write_text(nccl_log(busbw, nodes=nodes))
     res = run_hpc("report", "nccl", str(log), "--instance", instance_type, "--json")
     assert res.returncode == exit_code, res.stdout + res.stderr
-    [test] = json.loads(res.stdout)["tests"]
+    [test] = cli_json(res)["tests"]
     assert test["nodes"] == nodes and test["verdict"]["measured_busbw_gbs"] == busbw

@@ -12,14 +12,13 @@ trap (--signal=B:USR2).
 
 from __future__ import annotations
 
-import json
 import re
 import subprocess
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import run_hpc, slurm_env, submit_json, wait_until
+from tests.conftest import cli_json, run_hpc, slurm_env, submit_json, wait_until
 from toolkit.workloads.train_log import read_log
 
 pytestmark = [pytest.mark.slurm, pytest.mark.training]
@@ -32,7 +31,7 @@ ROBERTA = ["roberta", "--profile", "smoke", "--nodes", "1", "--set", "args.--max
 
 def final_status(env, job_id: str, timeout: float = 900) -> dict:
     def done():
-        status = json.loads(run_hpc("jobs", "status", job_id, "--json", env=env).stdout)
+        status = cli_json(run_hpc("jobs", "status", job_id, "--json", env=env))
         return status if status["state"] in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT") else None
     # Runs last minutes: a poll every 5 s keeps the shared slurmctld (and sacct) free for the jobs themselves.
     return wait_until(done, timeout, f"job {job_id} to end", poll_s=5)

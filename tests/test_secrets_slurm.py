@@ -3,7 +3,6 @@ on the local Slurm, and every place a job leaves traces searched for them (bytes
 
 from __future__ import annotations
 
-import json
 import re
 import secrets
 import subprocess
@@ -12,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, SUMMARY, run_hpc, slurm_env
+from tests.conftest import cli_json, REPO, SUMMARY, run_hpc, slurm_env
 from tests.jobhelpers import one_rank_cluster, write_recipe
 
 pytestmark = pytest.mark.slurm
@@ -60,8 +59,8 @@ def test_canary_credentials_reach_no_script_pickle_log_state_file_or_rank_enviro
     assert job.returncode == 0 and sweep.returncode == 0, job.stderr + sweep.stderr
     rendered = tmp_path / "rendered.sbatch"
     assert run_hpc("recipes", "render", str(recipe), "--cluster", str(cluster), "-o", str(rendered), env=env).returncode == 0
-    wanted = {json.loads(job.stdout)["job_id"], json.loads(sweep.stdout)["job_id"]}
-    run_dirs = [Path(json.loads(r.stdout)["run_dir"]) for r in (job, sweep)]
+    wanted = {cli_json(job)["job_id"], cli_json(sweep)["job_id"]}
+    run_dirs = [Path(cli_json(r)["run_dir"]) for r in (job, sweep)]
 
     config = subprocess.run(["scontrol", "show", "config"], capture_output=True, text=True, env=env, timeout=30).stdout
     setting = dict(re.findall(r"^(\w+)\s*=\s*(.*?)\s*$", config, re.MULTILINE))
@@ -101,7 +100,7 @@ def test_canary_credentials_reach_no_script_pickle_log_state_file_or_rank_enviro
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
         done = [run_hpc("jobs", "status", j, "--json", env=env) for j in wanted]
-        if all(json.loads(d.stdout)["state"] == "COMPLETED" for d in done if d.stdout):
+        if all(cli_json(d)["state"] == "COMPLETED" for d in done if d.stdout):
             break
         time.sleep(1)
     for output in [job, sweep, *done]:  # what the CLI printed

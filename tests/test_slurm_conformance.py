@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, run_hpc, run_testbench, wait_until
+from tests.conftest import cli_json, REPO, run_hpc, run_testbench, wait_until
 from tests.jobhelpers import probe_recipe, read_ranks
 
 pytestmark = pytest.mark.slurm
@@ -127,7 +127,7 @@ def test_submitit_submission_runs_every_rank(lane, tmp_path):
     res = run_hpc("recipes", "submit", str(recipe), "--nodes", "2", "--cluster", str(lane.cluster_config),
                   "--queue", "cpu", "--wait", "--json", env=env, cwd=tmp_path, timeout=600)
     assert res.returncode == 0, res.stderr
-    assert json.loads(res.stdout)["state"] == "COMPLETED"
+    assert cli_json(res)["state"] == "COMPLETED"
     ranks = read_ranks(tmp_path / "probe")
     assert sorted(ranks) == [0, 1, 2, 3]
     assert sorted(r["env"]["SLURMD_NODENAME"] for r in ranks.values()) == ["c1", "c1", "c2", "c2"]
@@ -269,7 +269,7 @@ def has_pmix_plugin(lane) -> bool:
 def test_doctor_reports_the_slurm_version_both_nodes_and_a_missing_pmix(lane):
     res = run_hpc("cluster", "doctor", "--cluster", str(lane.cluster_config), "--queue", "cpu", "--json",
                   env=lane.env(), timeout=600)
-    data = json.loads(res.stdout)
+    data = cli_json(res)
     assert [n["facts"]["hostname"] for n in data["nodes"]] == ["c1", "c2"]
     assert data["slurm"]["version"].startswith(lane.slurm)
     if has_pmix_plugin(lane):

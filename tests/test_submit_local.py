@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-import json
 
-from tests.conftest import run_hpc
+from tests.conftest import cli_json, run_hpc
 from tests.jobhelpers import HOSTILE, probe_recipe, read_ranks, write_cluster
 from toolkit.job.rank import master_port
 from toolkit.submit import executor
@@ -17,7 +16,7 @@ def test_local_executor_runs_each_rank_with_only_the_jobs_environment(tmp_path, 
     res = run_hpc("recipes", "submit", str(recipe), "--nodes", "1", "--cluster", str(cluster), "--queue", "cpu",
                   "--executor", "local", "--wait", "--json", cwd=tmp_path)
     assert res.returncode == 0, res.stderr
-    result = json.loads(res.stdout)
+    result = cli_json(res)
     assert result["state"] == "COMPLETED" and result["executor"] == "local"
     ranks = read_ranks(tmp_path / "probe")
     assert sorted(ranks) == [0, 1]  # the cpu queue declares 2 ranks per node

@@ -3,13 +3,12 @@ accounting. (Both submission paths against their plan, rank by rank: tests/test_
 
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import run_hpc, slurm_env
+from tests.conftest import cli_json, run_hpc, slurm_env
 from tests.jobhelpers import probe_recipe
 
 pytestmark = pytest.mark.slurm
@@ -24,7 +23,7 @@ def test_a_failing_rank_ends_wait_non_zero_and_names_its_log(slurm_sandbox, tmp_
     assert "failing on purpose" in Path(log.group(1)).read_text()
     job_id = res.stdout.split()[0]
     status = run_hpc("jobs", "status", job_id, "--json", env=env)
-    assert status.returncode == 1 and json.loads(status.stdout)["state"] == "FAILED"
+    assert status.returncode == 1 and cli_json(status)["state"] == "FAILED"
 
 
 def test_jobs_commands_on_a_finished_run(slurm_sandbox, tmp_path):
@@ -32,8 +31,8 @@ def test_jobs_commands_on_a_finished_run(slurm_sandbox, tmp_path):
     env = dict(slurm_env(slurm_sandbox), HPC_RUNS_DIR=str(tmp_path / "runs"))
     res = run_hpc("recipes", "submit", str(recipe), "--nodes", "2", "--wait", "--json", env=env, cwd=tmp_path)
     assert res.returncode == 0, res.stderr
-    job_id = json.loads(res.stdout)["job_id"]
-    listed = json.loads(run_hpc("jobs", "list", "--json", env=env).stdout)
+    job_id = cli_json(res)["job_id"]
+    listed = cli_json(run_hpc("jobs", "list", "--json", env=env))
     assert [(r["job_id"], r["state"], r["recipe"]) for r in listed] == [(job_id, "COMPLETED", "probe")]
     logs = run_hpc("jobs", "logs", job_id, "--rank", "2", env=env)
     assert logs.returncode == 0 and "probe rank 2 on c2" in logs.stdout
@@ -55,8 +54,8 @@ def test_sacct_less_status_falls_back_to_squeue_scontrol_and_the_run_dir(slurm_s
     recipe = probe_recipe(tmp_path)
     res = run_hpc("recipes", "submit", str(recipe), "--nodes", "2", "--wait", "--json", env=env, cwd=tmp_path)
     assert res.returncode == 0, res.stderr
-    job_id = json.loads(res.stdout)["job_id"]
-    status = json.loads(run_hpc("jobs", "status", job_id, "--json", env=env).stdout)
+    job_id = cli_json(res)["job_id"]
+    status = cli_json(run_hpc("jobs", "status", job_id, "--json", env=env))
     assert status["state"] == "COMPLETED" and status["source"] in ("squeue", "scontrol")
     # Once Slurm has forgotten the job (MinJobAge), the run dir still knows how it ended.
     from toolkit.submit import runs

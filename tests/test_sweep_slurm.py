@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import run_hpc, slurm_env
+from tests.conftest import cli_json, run_hpc, slurm_env
 from tests.jobhelpers import one_rank_cluster, sweep_probe_recipe
 from toolkit.slurm import commands
 
@@ -93,7 +93,7 @@ def test_a_sweep_over_the_array_limit_is_arrays_with_every_task_once_and_one_slu
     res = run_hpc("recipes", "submit", str(recipe), "--cluster", str(cluster), "--queue", "cpu",
                   "--sweep", f"args.--count=1..{tasks}", "--wait", "--json", env=env, cwd=tmp_path)
     assert res.returncode == 0, res.stderr
-    result = json.loads(res.stdout)
+    result = cli_json(res)
     sweep_dir = Path(result["run_dir"])
     arrays = sweep_arrays(sweep_dir)
     assert [(first, count) for _, first, count in arrays] == [(0, 2), (2, 2), (4, 2)]
@@ -109,16 +109,16 @@ def test_a_sweep_over_the_array_limit_is_arrays_with_every_task_once_and_one_slu
     # One summary of the whole sweep, by any array's id or the sweep's name; each poll one Slurm call.
     for sweep_id in [a for a, _, _ in arrays] + [sweep_dir.name]:
         calls.unlink()
-        status = json.loads(run_hpc("jobs", "status", sweep_id, "--json", env=env).stdout)
+        status = cli_json(run_hpc("jobs", "status", sweep_id, "--json", env=env))
         assert (status["job_id"], status["state"], status["tasks"]) == (arrays[0][0], "COMPLETED",
                                                                         {"COMPLETED": tasks})
         assert calls.read_text().splitlines() == [f"sacct -X -n -P -D -j {all_arrays} -o "
                                                   "JobID,State,ExitCode,Elapsed,NodeList,Reason"]
     calls.unlink()
-    last = json.loads(run_hpc("jobs", "status", f"{arrays[2][0]}_1", "--json", env=env).stdout)
+    last = cli_json(run_hpc("jobs", "status", f"{arrays[2][0]}_1", "--json", env=env))
     assert (last["state"], last["run_dir"]) == ("COMPLETED", str(sweep_dir / "task-005"))
     assert len(calls.read_text().splitlines()) == 1
-    listed = json.loads(run_hpc("jobs", "list", "--json", env=env).stdout)
+    listed = cli_json(run_hpc("jobs", "list", "--json", env=env))
     assert [(r["job_id"], r["state"], r["tasks"]) for r in listed] == [(arrays[0][0], "COMPLETED",
                                                                         {"COMPLETED": tasks})]
     log = run_hpc("jobs", "logs", f"{arrays[1][0]}_1", env=env)
@@ -133,7 +133,7 @@ def test_a_failing_task_shows_in_the_array_status_and_names_its_log(slurm_sandbo
                   "--sweep", "args.--text=ok,boom,fine", "--array-parallelism", "1", "--wait", "--json",
                   env=env, cwd=tmp_path, timeout=300)
     assert res.returncode == 1 and "Traceback" not in res.stderr
-    result = json.loads(res.stdout)
+    result = cli_json(res)
     array_id, sweep_dir = result["job_id"], Path(result["run_dir"])
     assert result["state"] == "FAILED"
     assert [(t["job_id"], t["state"]) for t in result["failed_tasks"]] == [(f"{array_id}_1", "FAILED")]
@@ -143,9 +143,9 @@ def test_a_failing_task_shows_in_the_array_status_and_names_its_log(slurm_sandbo
 
     status = run_hpc("jobs", "status", array_id, "--json", env=env)
     assert status.returncode == 1
-    data = json.loads(status.stdout)
+    data = cli_json(status)
     assert (data["state"], data["tasks"]) == ("FAILED", {"COMPLETED": 2, "FAILED": 1})
-    task = json.loads(run_hpc("jobs", "status", f"{array_id}_1", "--json", env=env).stdout)
+    task = cli_json(run_hpc("jobs", "status", f"{array_id}_1", "--json", env=env))
     assert task["state"] == "FAILED" and task["run_dir"] == str(sweep_dir / "task-001")
     assert (sweep_dir / "task-001" / "failures" / "rank-0.json").is_file()
     assert not (sweep_dir / "task-001" / "result.json").exists()
@@ -165,7 +165,7 @@ def test_two_fairseq_points_train_into_two_checkpoint_dirs(slurm_sandbox, tmp_pa
                   "--set", "args.--total-num-update=2", "--set", "args.--warmup-updates=1",
                   "--sweep", "args.--weight-decay=0.0,0.01", "--wait", "--json", env=env, cwd=tmp_path, timeout=600)
     assert res.returncode == 0, res.stderr
-    sweep_dir = Path(json.loads(res.stdout)["run_dir"])
+    sweep_dir = Path(cli_json(res)["run_dir"])
     for index, decay in enumerate((0.0, 0.01)):
         state = torch.load(sweep_dir / f"task-{index:03d}" / "checkpoints" / "checkpoint_last.pt",
                            map_location="cpu", weights_only=False)

@@ -8,14 +8,13 @@ for the module: the report tests read the same runs (resnet50 also at 1 node, fo
 
 from __future__ import annotations
 
-import json
 import math
 import re
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import run_hpc, slurm_env, submit_json
+from tests.conftest import cli_json, run_hpc, slurm_env, submit_json
 from toolkit.reports.training_logs import parse_training_file
 from toolkit.workloads.train_log import read_log
 
@@ -34,7 +33,7 @@ def smoke(slurm_sandbox, tmp_path_factory):
             result = submit_json(recipe, "--profile", "smoke", "--nodes", str(nodes), "--wait", env=env, cwd=tmp)
             assert result["state"] == "COMPLETED" and result["ranks"] == 2 * nodes
             status = run_hpc("jobs", "status", result["job_id"], "--json", env=env)
-            assert status.returncode == 0 and json.loads(status.stdout)["state"] == "COMPLETED"
+            assert status.returncode == 0 and cli_json(status)["state"] == "COMPLETED"
             done[recipe, nodes] = result
         return done[recipe, nodes]
     run.env, run.cwd = env, tmp
@@ -90,7 +89,7 @@ def test_resnet50_at_one_and_two_nodes_gives_a_scaling_table_json_and_png(smoke)
     png = cwd / "out.png"
     res = run_hpc("report", "scaling", *map(str, runs), "--json", "--plot", str(png), env=env, cwd=cwd)
     assert res.returncode == 0, res.stderr
-    data = json.loads(res.stdout)
+    data = cli_json(res)
     assert (data["recipe"], data["unit"], data["baseline"]) == ("resnet50", "images/s", str(runs[0]))
     rows = data["runs"]
     assert [(r["run_dir"], r["nodes"], r["ranks"]) for r in rows] == [(str(runs[0]), 1, 2), (str(runs[1]), 2, 4)]
@@ -121,7 +120,7 @@ def test_roberta_run_is_read_from_rank0_stdout(smoke):
     run = Path(smoke("roberta")["run_dir"])
     res = run_hpc("report", "run", str(run), "--json", env=smoke.env, cwd=smoke.cwd)
     assert res.returncode == 0, res.stderr
-    summary = json.loads(res.stdout)
+    summary = cli_json(res)
     training = summary["training"]
     assert summary["ranks"] == 4 and summary["log"] == str(run / "submitit" / f"{summary['job_ids'][0]}_0_log.out")
     assert (training["format"], training["unit"], training["loss_base"]) == ("fairseq", "words/s", "2")

@@ -4,7 +4,6 @@ installed with --target outside the checkout; its dependencies come from this en
 
 from __future__ import annotations
 
-import json
 import shutil
 import subprocess
 import sys
@@ -13,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO
+from tests.conftest import cli_json, REPO
 
 BUILTIN = {"bert-5b", "collectives", "nccl-tests", "resnet50", "roberta", "transformer"}
 NOT_SOURCE = shutil.ignore_patterns(".git", ".venv", "build", "*.egg-info", "__pycache__", ".pytest_cache",
@@ -59,7 +58,7 @@ def test_the_wheel_holds_the_product_and_its_recipes_but_no_test_bench(installed
 def test_installed_hpc_lists_the_builtin_recipes_from_any_directory(installed):
     res = run(installed, str(installed["site"] / "bin" / "hpc"), "recipes", "list", "--json")
     assert res.returncode == 0, res.stderr
-    rows = json.loads(res.stdout)
+    rows = cli_json(res)
     assert {r["name"] for r in rows} == BUILTIN
     # read from the installed package, not from the checkout
     packaged = installed["site"].resolve() / "toolkit" / "builtin_recipes"

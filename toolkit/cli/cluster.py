@@ -7,9 +7,14 @@ from typing import List, Optional
 
 import typer
 
-from toolkit.cli.output import JSON_OPTION, emit, info, table, warn
+from toolkit.cli import options as o
+from toolkit.cli.output import JSON_OPTION, emit, fail, info, output_target, table, warn
 
 app = typer.Typer(help="Generate, validate and inspect AWS ParallelCluster v3 configs.", no_args_is_help=True, rich_markup_mode=None)
+
+QUEUE_SPEC = "NAME=INSTANCE_TYPE:MAX_NODES[,...]"
+QUEUE_SPEC_HELP = ("A queue to create: NAME=INSTANCE_TYPE:MAX_NODES, then optionally ,efa-stack=modern|legacy|none "
+                   "and ,ranks-per-node=N (e.g. gpu=p4d.24xlarge:4). --queue names an existing queue elsewhere.")
 
 
 
@@ -25,15 +30,16 @@ def config(
     compute_subnet: Optional[str] = typer.Option(None, "--compute-subnet", help="Subnet id for every queue: a "
                                                  "private subnet with a NAT gateway; overrides --subnet."),
     key_name: str = typer.Option(..., "--key-name", help="EC2 key pair name for SSH to the head node."),
-    queue: List[str] = typer.Option(..., "--queue", help="NAME=INSTANCE_TYPE:MAX_NODES[,efa-stack=modern|legacy|"
-                                    "none][,ranks-per-node=N]; repeat for more queues."),
-    head_node: str = typer.Option("c5n.18xlarge", "--head-node", help="Head node instance type."),
-    os: str = typer.Option("ubuntu2204", "--os", help="Operating system (ParallelCluster 3.16 names)."),
+    queue: List[str] = typer.Option(..., "--queue-spec", metavar=QUEUE_SPEC, help=QUEUE_SPEC_HELP + " Repeat for "
+                                    "more queues."),
+    head_node: str = typer.Option("c5n.18xlarge", "--head-node", metavar="INSTANCE_TYPE",
+                                  help="Head node instance type."),
+    os: o.Os = typer.Option(o.Os.ubuntu2204, "--os", help="Operating system (ParallelCluster 3.16 names)."),
     custom_ami: Optional[str] = typer.Option(None, "--custom-ami", help="AMI id for every node (needed for V100)."),
     fsx_import: Optional[str] = typer.Option(None, "--fsx-import", help="s3://bucket/prefix to link to /fsx."),
     fsx_capacity: Optional[int] = typer.Option(None, "--fsx-capacity", help="FSx size in GiB (1200 or n*2400)."),
-    fsx_deployment: Optional[str] = typer.Option(None, "--fsx-deployment", help="SCRATCH_2 (default) or "
-                                                 "PERSISTENT_2."),
+    fsx_deployment: Optional[o.FsxDeployment] = typer.Option(None, "--fsx-deployment", help="FSx deployment type "
+                                                             "(default SCRATCH_2)."),
     fsx_throughput: Optional[int] = typer.Option(None, "--fsx-throughput", help="MB/s the jobs read from /fsx "
                                                  "at once: the smallest FSx (and PERSISTENT_2 tier) whose "
                                                  "baseline reaches it."),
@@ -45,12 +51,13 @@ def config(
     capacity_block: Optional[str] = typer.Option(None, "--capacity-block", help="[QUEUE=]cr-... Capacity Block "
                                                  "for ML: the queue runs its MAX_NODES for the block's duration."),
     post_install: Optional[str] = typer.Option(None, "--post-install", help="Script URL run on compute nodes."),
-    output: str = typer.Option(..., "-o", "--output", help="File to write."),
-    force: bool = typer.Option(False, "--force", help="Overwrite FILE if it exists."),
+    output: str = typer.Option(..., "--output", "-o", metavar="FILE|DIR|-", help="File to write (a directory: "
+                               "NAME.yaml in it; -: stdout)."),
+    force: bool = o.FORCE,
     as_json: bool = JSON_OPTION,
 ) -> None:
     """Write a ParallelCluster v3 config (Slurm, EFA queues in placement groups, optional FSx for Lustre)."""
-    from toolkit.cluster.build import SSH_ALLOWED_IPS, ClusterSpec, FsxSpec, parse_queue, write_config
+    from toolkit.cluster.build import SSH_ALLOWED_IPS, ClusterSpec, FsxSpec, config_text, parse_queue, write_config
     from toolkit.errors import UsageError
 
     head, compute = head_subnet or subnet, compute_subnet or subnet
@@ -61,20 +68,27 @@ def config(
 
     fsx = None
     if fsx_import or fsx_capacity or fsx_deployment or fsx_throughput is not None:
-        fsx = FsxSpec(deployment=fsx_deployment or "SCRATCH_2", capacity_gib=fsx_capacity or 1200,
+        fsx = FsxSpec(deployment=o.value(fsx_deployment) or "SCRATCH_2", capacity_gib=fsx_capacity or 1200,
                       import_path=fsx_import, throughput_mbs=fsx_throughput)
     reservation_queue, _, reservation = (capacity_reservation or "").rpartition("=")
     block_queue, _, block = (capacity_block or "").rpartition("=")
     spec = ClusterSpec(
         name=name, region=region, head_subnet=head, compute_subnet=compute, key_name=key_name,
-        queues=tuple(parse_queue(q) for q in queue), head_node=head_node, os=os, custom_ami=custom_ami, fsx=fsx,
+        queues=tuple(parse_queue(q) for q in queue), head_node=head_node, os=os.value, custom_ami=custom_ami, fsx=fsx,
         capacity_reservation=reservation or None, reservation_queue=reservation_queue or None,
         capacity_block=block or None, capacity_block_queue=block_queue or None, post_install=post_install,
         ssh_allowed_ips=ssh_allowed_ips or SSH_ALLOWED_IPS)
-    warnings = write_config(spec, output, force=force)
+    path = output_target(output, f"{name}.yaml")
+    if path is None:  # -o -: the config on stdout (with --json, in the envelope's data)
+        text, warnings = config_text(spec, "-")
+        if not as_json:
+            typer.echo(text, nl=False)
+    else:
+        text, warnings = None, write_config(spec, path, force=force)
     for message in warnings:
         warn(message)
-    emit({"ok": True, "file": output, "warnings": warnings}, as_json, f"wrote {output}")
+    emit({"file": str(path) if path else None, "text": text, "warnings": warnings}, as_json,
+         f"wrote {path}" if path else None)
 
 
 def _validation_text(report: dict) -> str:
@@ -106,7 +120,7 @@ def validate(
     report = validate_file(file).as_dict()
     emit(report, as_json, _validation_text)
     if not report["valid"]:
-        raise typer.Exit(1)
+        raise fail(f"{file} is not a valid cluster config")
 
 
 @app.command("show")
@@ -205,21 +219,22 @@ def _doctor_jobs(recipes: list[str], cluster, queue, profile, overrides, timeout
         reports.append(check_job_on_slurm(spec, chosen.fabric, timeout).as_dict())
     emit(reports, as_json, _loader_text)
     if not all(r["ok"] for r in reports):
-        raise typer.Exit(1)
+        raise fail(f"{', '.join(r['job'] for r in reports if not r['ok'])} would not load what it needs")
 
 
 @app.command()
 def doctor(
-    queue: Optional[str] = typer.Option(None, "--queue", "-q", help="Queue (Slurm partition) to check (default: the config's first)."),
-    nodes: Optional[int] = typer.Option(None, "--nodes", "-N", min=1, help="Check this many nodes (default: every node)."),
-    cluster: Optional[Path] = typer.Option(None, "--cluster", help="The cluster's ParallelCluster v3 config (default: its own)."),
+    queue: Optional[str] = o.QUEUE,
+    nodes: Optional[int] = typer.Option(None, "--check-nodes", min=1, help="Check this many of the queue's nodes "
+                                        "(default: every node)."),
+    cluster: Optional[Path] = o.CLUSTER,
     timeout: float = typer.Option(600.0, "--timeout", min=1, help="Seconds to wait for the check job (nodes may power up)."),
-    recipe: List[str] = typer.Option([], "--recipe", "-r", help="Instead of the node checks: whether the dynamic "
+    recipe: List[str] = typer.Option([], "--recipe", metavar="RECIPE", help="Instead of the node checks: whether the dynamic "
                                      "loader resolves what this recipe's job loads (libnccl, the NCCL net plugin, "
                                      "libmpi, the HCCL OFI wrapper) in the job's own environment, on one node of "
                                      "the queue. Repeat for more jobs."),
-    profile: Optional[str] = typer.Option(None, "--profile", "-p", help="With --recipe: the recipe's profile."),
-    overrides: List[str] = typer.Option([], "--set", help="With --recipe: KEY.PATH=VALUE, as for `hpc recipes render`."),
+    profile: Optional[str] = o.PROFILE,
+    overrides: List[str] = o.SET,
     as_json: bool = JSON_OPTION,
 ) -> None:
     """Check every node of a queue: EFA, ib_uverbs, GPUs, FSx, NCCL, aws-ofi-nccl, EFA stack (exit 1 on a FAIL);
@@ -232,8 +247,8 @@ def doctor(
                        fix="pass --cluster FILE (the cluster's ParallelCluster config) and --queue Q")
     if recipe:
         if nodes is not None:
-            raise UsageError("--nodes is for the node checks; a job's loader check runs on one node",
-                             fix="drop --nodes, or drop --recipe")
+            raise UsageError("--check-nodes is for the node checks; a job's loader check runs on one node",
+                             fix="drop --check-nodes, or drop --recipe")
         _doctor_jobs(recipe, cluster, queue, profile, overrides, timeout, as_json)
         return
     if profile or overrides:
@@ -243,7 +258,7 @@ def doctor(
     report = run_doctor(chosen, nodes, timeout)
     emit(report.as_dict(), as_json, _doctor_text)
     if not report.ok:
-        raise typer.Exit(1)
+        raise fail(f"a node of queue {chosen.name} failed a check")
 
 
 queue_app = typer.Typer(help="Add, change or remove queues of a cluster config in place (comments and layout "
@@ -272,8 +287,7 @@ def _edit_output(result, as_json: bool) -> None:
 @queue_app.command("add")
 def queue_add(
     file: str = typer.Argument(..., help="ParallelCluster v3 config file to edit."),
-    queue: str = typer.Option(..., "--queue", help="NAME=INSTANCE_TYPE:MAX_NODES[,efa-stack=modern|legacy|none]"
-                              "[,ranks-per-node=N]"),
+    queue: str = typer.Option(..., "--queue-spec", metavar=QUEUE_SPEC, help=QUEUE_SPEC_HELP),
     capacity_block: Optional[str] = typer.Option(None, "--capacity-block", help="cr-... reservation id of a "
                                                  "Capacity Block for ML (MinCount = MaxCount, no placement group)."),
     min_nodes: Optional[int] = typer.Option(None, "--min", min=0, help="MinCount (default 0; MAX with "
@@ -296,7 +310,7 @@ def queue_set(
     name: str = typer.Argument(..., help="Queue name."),
     max_nodes: Optional[int] = typer.Option(None, "--max", min=0, help="New MaxCount."),
     min_nodes: Optional[int] = typer.Option(None, "--min", min=0, help="New MinCount."),
-    instance: Optional[str] = typer.Option(None, "--instance", help="New instance type."),
+    instance: Optional[str] = typer.Option(None, "--instance", metavar="INSTANCE_TYPE", help="New instance type."),
     compute_resource: Optional[str] = typer.Option(None, "--compute-resource", help="Which compute resource "
                                                    "(needed when the queue has several)."),
     subnet: Optional[str] = typer.Option(None, "--subnet", help="New subnet id for the queue; an EFA queue needs "
@@ -356,17 +370,17 @@ def _plan_text(plan: dict) -> str:
 def diff(
     old: str = typer.Argument(..., help="The config the cluster runs with now."),
     new: str = typer.Argument(..., help="The config to update it to."),
-    fleet: str = typer.Option("running", "--fleet", help="Compute fleet state: running or stopped."),
-    login_nodes: Optional[str] = typer.Option(None, "--login-nodes", help="running or stopped (default: running "
-                                              "when OLD has login node pools)."),
-    head_node: str = typer.Option("running", "--head-node", help="Head node state: running or stopped."),
+    fleet: o.State = typer.Option(o.State.running, "--fleet", help="Compute fleet state."),
+    login_nodes: Optional[o.State] = typer.Option(None, "--login-nodes", help="Login nodes' state (default: "
+                                                  "running when OLD has login node pools)."),
+    head_node: o.State = typer.Option(o.State.running, "--head-node-state", help="Head node state."),
     as_json: bool = JSON_OPTION,
 ) -> None:
     """What `pcluster update-cluster` would say: every change, its update policy, and what to do (exit 1 when it
     cannot be applied as declared). Offline, with ParallelCluster's own update rules."""
     from toolkit.cluster.diff import plan_update
 
-    plan = plan_update(old, new, fleet, login_nodes, head_node).as_dict()
+    plan = plan_update(old, new, fleet.value, o.value(login_nodes), head_node.value).as_dict()
     emit(plan, as_json, _plan_text)
     if not plan["appliable"]:
-        raise typer.Exit(1)
+        raise fail("pcluster update-cluster would refuse this update as declared")

@@ -7,7 +7,7 @@ import sys
 
 import typer
 
-from toolkit.cli.output import JSON_OPTION, emit, table, warn
+from toolkit.cli.output import JSON_OPTION, emit, fail, table, warn
 
 app = typer.Typer(help="Follow and control submitted runs: list, status, logs, cancel.", no_args_is_help=True,
                   rich_markup_mode=None)
@@ -58,24 +58,34 @@ def status(job_id: str = typer.Argument(..., help="Slurm job id (an array task: 
     emit(data, json_, human)
     if data["network"] and data["network"]["problem"]:
         warn(data["network"]["problem"])
-    if (s.done and s.state != State.COMPLETED) or (data["network"] and data["network"]["problem"]):
-        raise typer.Exit(1)
+    if s.done and s.state != State.COMPLETED:
+        raise fail(f"job {s.job_id} ended {s.state}")
+    if data["network"] and data["network"]["problem"]:
+        raise fail(data["network"]["problem"])
 
 
 @app.command("logs")
 def logs(job_id: str = typer.Argument(..., help="Slurm job id."),
          rank: int = typer.Option(0, "--rank", "-r", help="Which rank's log (Slurm's task number)."),
          stderr: bool = typer.Option(False, "--stderr", help="Show the rank's stderr instead of stdout."),
-         follow: bool = typer.Option(False, "--follow", "-f", help="Keep printing until the job ends.")) -> None:
+         follow: bool = typer.Option(False, "--follow", "-f", help="Keep printing until the job ends."),
+         json_: bool = JSON_OPTION) -> None:
     """Print one rank's log (rank 0 by default). A job sent as its sbatch script (MPI binaries) has one log,
     every rank's stdout and stderr together, each line labelled by srun with its task: that rank's lines are
-    printed, unlabelled, with the lines no rank wrote (the batch shell's, srun's errors)."""
+    printed, unlabelled, with the lines no rank wrote (the batch shell's, srun's errors). With --json, the lines
+    come in one envelope at the end (with --follow: when the job ends)."""
     from toolkit.submit import runs
 
-    for line in runs.rank_lines(job_id, rank, stream="err" if stderr else "out", keep_following=follow):
+    stream = "err" if stderr else "out"
+    lines = []
+    for line in runs.rank_lines(job_id, rank, stream=stream, keep_following=follow):
+        if json_:
+            lines.append(line.rstrip("\n"))
+            continue
         sys.stdout.write(line)
         if follow:
             sys.stdout.flush()
+    emit({"job_id": job_id, "rank": rank, "stream": stream, "lines": lines}, json_)
 
 
 @app.command("cancel")

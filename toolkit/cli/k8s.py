@@ -8,7 +8,8 @@ from typing import Optional
 
 import typer
 
-from toolkit.cli.output import JSON_OPTION, emit, info
+from toolkit.cli import options as o
+from toolkit.cli.output import JSON_OPTION, emit, fail, info, output_target, warn, write_output
 
 # A new EKS user who installs Kubeflow today gets Trainer v2 (kubeflow/trainer v2.2+, TrainJob): Kubeflow's
 # installation guide (kubeflow.org docs, components/trainer/operator-guides/installation) installs it, and lists the
@@ -37,11 +38,11 @@ def render_command_line(name: str, nodes: int, instance: str, profile, overrides
 
 
 @app.command()
-def render(name: str = typer.Argument(..., help="Recipe name or path to a recipe file."),
-           nodes: int = typer.Option(..., "--nodes", "-N", min=1, help="Nodes (pods, one per node)."),
-           instance: str = typer.Option(..., "--instance", help="EC2 instance type of the nodes (catalog name)."),
-           profile: Optional[str] = typer.Option(None, "--profile", "-p", help="A named profile of the recipe."),
-           overrides: list[str] = typer.Option([], "--set", help="Override a recipe value: KEY.PATH=VALUE."),
+def render(name: str = o.RECIPE,
+           nodes: int = typer.Option(..., "--nodes", "-N", min=1, help="Nodes of the job (pods, one per node)."),
+           instance: str = typer.Option(..., "--instance", metavar="INSTANCE_TYPE",
+                                        help="EC2 instance type of the nodes (catalog name)."),
+           profile: Optional[str] = o.PROFILE, overrides: list[str] = o.SET,
            namespace: str = typer.Option("default", "--namespace", "-n", help="Kubernetes namespace."),
            image: Optional[str] = typer.Option(None, "--image", help="Container image (default: a placeholder to "
                                                                       "fill in)."),
@@ -52,52 +53,50 @@ def render(name: str = typer.Argument(..., help="Recipe name or path to a recipe
                                                             "provisioning) and a claim through it."),
            efa: Optional[bool] = typer.Option(None, "--efa/--no-efa", help="Use the instance's EFA devices "
                                                                            "(default: all of them, if it has any)."),
-           api: str = typer.Option(DEFAULT_API, "--api", help="Kubeflow API: trainer-v2 (TrainJob on Kubeflow "
+           api: o.KubeflowApi = typer.Option(o.KubeflowApi(DEFAULT_API), "--api", help="Kubeflow API: trainer-v2 (TrainJob on Kubeflow "
                                    "Trainer v2.2+, what a new install gets today) or v1 (PyTorchJob of the Training "
                                    "Operator v1.9, MPIJob of the MPI Operator, for clusters that run them)."),
-           output: Optional[Path] = typer.Option(None, "--output", "-o", help="Write the manifests here."),
-           force: bool = typer.Option(False, "--force", help="Overwrite an existing --output file."),
+           output: Optional[str] = typer.Option(None, "--output", "-o", metavar="FILE|DIR|-",
+                                                help="Write the manifests here (a directory: RECIPE.yaml in it; "
+                                                     "default and -: stdout)."),
+           force: bool = o.FORCE,
            as_json: bool = JSON_OPTION) -> None:
     """Render a recipe as Kubernetes manifests: a Kubeflow Trainer v2 TrainJob (default) or a v1 PyTorchJob
     (training) / MPIJob (nccl-tests), and the FSx claim."""
     import dataclasses
 
     from toolkit.errors import HpcError, UsageError
-    from toolkit.k8s.manifests import APIS, DEFAULT_CLAIM, Storage
+    from toolkit.k8s.manifests import DEFAULT_CLAIM, Storage
     from toolkit.k8s.manifests import render as render_manifests
     from toolkit.recipes.load import load_recipe
 
-    if api not in APIS:
-        raise UsageError(f"--api {api}: not a Kubeflow API this renders", fix=f"give one of: {', '.join(APIS)}")
+    api = api.value
     if claim and storage_class:
         raise UsageError("--fsx-claim names an existing claim; --fsx-storage-class makes a new one",
                          fix="give one of them")
-    if output is not None and output.exists() and not force:
-        raise HpcError(f"{output} exists", fix="pass --force to overwrite it, or choose another -o FILE")
+    path = output_target(output, f"{Path(name).stem}.yaml")
+    if path is not None and path.exists() and not force:
+        raise HpcError(f"{path} exists", fix="pass --force to overwrite it, or choose another -o FILE")
     recipe = load_recipe(name, profile=profile, overrides=overrides)
     storage = Storage(claim=claim or DEFAULT_CLAIM, storage_class=storage_class)
     line = render_command_line(name, nodes, instance, profile, overrides, namespace, image, claim, storage_class,
-                               efa, output, api)
+                               efa, path, api)
     rendered = render_manifests(recipe, instance, nodes, profile=profile, namespace=namespace, image=image,
                                 storage=storage, efa=efa, command_line=line, api=api)
     for note in rendered.notes:
         info(f"note: {note}")
     for warning in rendered.spec.warnings:
-        info(f"warning: {warning}")
-    if output is not None:
-        try:
-            output.write_text(rendered.text)
-        except OSError as exc:
-            raise HpcError(f"cannot write {output}: {exc.strerror}",
-                           fix="choose an -o FILE in an existing, writable directory") from None
-        info(f"wrote {output}")
+        warn(warning)
+    if path is not None:
+        write_output(path, rendered.text, force)
+        info(f"wrote {path}")
     if as_json:
         spec = rendered.spec
         emit({"manifests": rendered.text, "documents": rendered.documents,
-              "output": str(output) if output else None, "nodes": spec.nodes, "world_size": spec.world_size,
+              "output": str(path) if path else None, "nodes": spec.nodes, "world_size": spec.world_size,
               "derived": [dataclasses.asdict(d) for d in spec.derived], "warnings": list(spec.warnings),
               "notes": rendered.notes}, True)
-    elif output is None:
+    elif path is None:
         typer.echo(rendered.text, nl=False)
 
 
@@ -122,4 +121,4 @@ def validate(file: Path = typer.Argument(..., help="A file of Kubernetes manifes
     report = validate_file(file)
     emit(report, as_json, _validation_text)
     if not report["valid"]:
-        raise typer.Exit(1)
+        raise fail(f"{file}: the manifests are not valid")

@@ -1,26 +1,28 @@
-"""`hpc` entry point: the command groups, the --debug flag, and the one place errors become exit codes.
+"""`hpc` entry point: the command groups, the --debug flag, and the one place a command's outcome becomes its
+exit code and, with --json, its one JSON envelope (toolkit.cli.output has the contract).
 
-Exit codes: 0 success, 1 a failure or invalid input found, 2 a usage error (Typer/Click's own).
+Exit codes: 0 success (a no-op included), 1 a problem found in a file or a failed job, 2 a bad flag or value
+(Typer/Click's usage errors, and toolkit.errors.UsageError from our own checks of a flag's value).
 """
 
 from __future__ import annotations
 
-import json
 import sys
 
 import typer
 
 from toolkit import __version__
-from toolkit.cli import cluster, jobs, k8s, recipes, report, run
+from toolkit.cli import cluster, jobs, k8s, output, recipes, report, run
 
-# rich_markup_mode=None keeps help rendering plain and cheap: `hpc --help` must stay instant.
+# rich_markup_mode=None keeps help rendering plain and cheap: `hpc --help` must stay instant. Completion
+# (--install-completion / --show-completion, Typer's own) costs nothing until a shell asks for it.
 app = typer.Typer(
     name="hpc",
     help="Distributed deep-learning training on Slurm clusters built with AWS ParallelCluster.",
     no_args_is_help=True,
     rich_markup_mode=None,
     pretty_exceptions_enable=False,
-    add_completion=False,
+    add_completion=True,
 )
 app.add_typer(cluster.app, name="cluster")
 app.add_typer(recipes.app, name="recipes")
@@ -29,6 +31,25 @@ app.add_typer(report.app, name="report")
 app.add_typer(k8s.app, name="k8s")
 app.command("run")(run.run)
 
+
+
+def _named_values(command):
+    """Every option and argument shows a name for its value (FILE, N, QUEUE), not the Python type Typer would
+    print (`<str>`, `<int range>`) nor a parameter's Python name; declared metavars and choices stay."""
+    for param in command.params:
+        desc = param.type_descriptor
+        if param.param_type_name == "argument" and not desc.is_choice:  # Typer adds `<str>` after its name
+            param.display_type_rich = lambda ctx: None
+        if param.metavar is not None or getattr(param, "is_flag", False) or desc.is_choice:
+            continue
+        base = desc.annotation
+        param.metavar = "N" if base is int else "SECONDS" if base is float else param.name.upper()
+    for sub in getattr(command, "commands", {}).values():
+        _named_values(sub)
+    return command
+
+
+command = _named_values(typer.main.get_command(app))
 _debug = False
 
 
@@ -47,12 +68,86 @@ def _root(
     _debug = debug
 
 
-def _report(message: str, fix: str | None, argv: list[str]) -> None:
-    sys.stderr.write(f"error: {message}\n")
-    if fix:
-        sys.stderr.write(f"  fix: {fix}\n")
-    if "--json" in argv:
-        sys.stdout.write(json.dumps({"ok": False, "error": message, "fix": fix}) + "\n")
+def _own_words(argv: list[str]) -> list[str]:
+    """argv up to `--`: what follows belongs to the user's script (`hpc run train.py -- --json`)."""
+    return argv[:argv.index("--")] if "--" in argv else argv
+
+
+def _command_name(argv: list[str]) -> str:
+    """The command argv names, as the envelope's "command": "recipes submit", "cluster queue add"."""
+    node, words = command, []
+    for word in _own_words(argv):
+        if word.startswith("-"):
+            continue
+        sub = getattr(node, "commands", {}).get(word)
+        if sub is None:
+            break
+        node, words = sub, [*words, word]
+    return " ".join(words)
+
+
+def _missing_options(exc, argv: list[str]) -> tuple[str, str] | None:
+    """Every required option argv lacks, in one message (Click stops at the first), with what to add."""
+    ctx = getattr(exc, "ctx", None)
+    if ctx is None or type(exc).__name__ != "MissingParameter":
+        return None
+    given = _own_words(argv)
+
+    def present(param) -> bool:
+        return any(w == o or w.startswith(o + "=") for o in param.opts for w in given)
+
+    missing = [p for p in ctx.command.params if p.param_type_name == "option" and p.required and not present(p)]
+    if exc.param is not None and exc.param.param_type_name == "argument":
+        return (f"missing argument {exc.param.metavar or exc.param.name.upper()}" + (
+            f" and option{'s' if len(missing) > 1 else ''} {', '.join(p.opts[0] for p in missing)}" if missing else ""),
+            f"see `{ctx.command_path} --help`")
+    if not missing:
+        return None
+    names = ", ".join(p.opts[0] for p in missing)
+    example = " ".join(f"{p.opts[0]} {p.metavar or p.name.upper()}" for p in missing)
+    return f"missing option{'s' if len(missing) > 1 else ''} {names}", f"add {example} (see `{ctx.command_path} --help`)"
+
+
+def _bad_value(exc, argv: list[str]) -> tuple[str, str] | None:
+    """A flag's value Typer refused, said in words with the flag as typed, the value and what works: not one of
+    the choices, not a whole number, out of range (Typer's own message carries pydantic's wording)."""
+    param = getattr(exc, "param", None)
+    if param is None or param.param_type_name != "option" or type(exc).__name__ != "BadParameter":
+        return None
+    words, desc = _own_words(argv), param.type_descriptor
+    given = next((w.split("=", 1)[1] for w in words for o in param.opts if w.startswith(o + "=")), None)
+    given = given if given is not None else next((words[i + 1] for i, w in enumerate(words[:-1]) if w in param.opts),
+                                                 "")
+    flag = next((w.split("=", 1)[0] for w in words if w.split("=", 1)[0] in param.opts), param.opts[0])
+    if desc.is_choice:
+        choices = ", ".join(c.value for c in desc.choices)
+        return f"{flag} {given!r} is not one of {choices}", f"use one of: {choices}"
+    info, kind = desc.parameter_info, desc.annotation
+    if kind in (int, float):
+        low, high = info.min, info.max
+        example = f"e.g. {flag} {low if low is not None else 1}"
+        try:
+            number = kind(given)
+        except ValueError:
+            return f"{flag} {given!r} is not a {'whole number' if kind is int else 'number'}", example
+        if low is not None and number < low:
+            return f"{flag} {given}: the least it takes is {low}", example
+        if high is not None and number > high:
+            return f"{flag} {given}: the most it takes is {high}", f"e.g. {flag} {high}"
+    return None
+
+
+def _end(argv: list[str], code: int, message: str | None = None, fix: str | None = None) -> None:
+    """Say the error (stderr), write the envelope (--json), exit with `code`."""
+    if message is not None:
+        sys.stderr.write(f"error: {message}\n")
+        if fix:
+            sys.stderr.write(f"  fix: {fix}\n")
+    if "--json" in _own_words(argv):
+        error = {"message": message, "fix": fix, "exit_code": code} if message is not None else None
+        sys.stdout.write(output.envelope_json(_command_name(argv), code, error))
+    output.envelope.active = False
+    sys.exit(code)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -62,31 +157,27 @@ def main(argv: list[str] | None = None) -> None:
     global _debug
     _debug = False  # the root callback sets it; a usage error can come before it runs
     argv = sys.argv[1:] if argv is None else list(argv)
+    output.begin()
     try:
-        code = app(args=argv, prog_name="hpc", standalone_mode=False)
-        sys.exit(code if isinstance(code, int) else 0)
+        code = command.main(args=argv, prog_name="hpc", standalone_mode=False)
     except typer.TyperException as exc:  # bad command-line usage (Typer's click): our error/fix form, exit 2
         ctx = getattr(exc, "ctx", None)
         if type(exc).__name__ == "NoArgsIsHelpError":  # a bare command group: its help is the answer
             exc.show()
-        else:
-            if ctx is not None:
-                sys.stderr.write(ctx.get_usage() + "\n")
-            _report(exc.format_message(), f"see `{ctx.command_path if ctx else 'hpc'} --help`", argv)
-        sys.exit(exc.exit_code)
+            _end(argv, exc.exit_code)
+        message, fix = _missing_options(exc, argv) or _bad_value(exc, argv) or (
+            exc.format_message(), f"see `{ctx.command_path if ctx else 'hpc'} --help`")
+        _end(argv, exc.exit_code, message, fix)
     except typer.Abort:
-        sys.stderr.write("aborted\n")
-        sys.exit(1)
+        _end(argv, 1, "aborted")
     except HpcError as exc:
         if _debug:
             raise
-        _report(exc.message, exc.fix, argv)
-        sys.exit(exc.exit_code)
+        _end(argv, exc.exit_code, exc.message, exc.fix)
     except KeyboardInterrupt:
-        sys.stderr.write("interrupted\n")
-        sys.exit(130)
+        _end(argv, 130, "interrupted")
     except Exception as exc:  # an unexpected fault: one line, the traceback only with --debug
         if _debug:
             raise
-        _report(f"internal error: {type(exc).__name__}: {exc}", "re-run with --debug and report the traceback", argv)
-        sys.exit(1)
+        _end(argv, 1, f"internal error: {type(exc).__name__}: {exc}", "re-run with --debug and report the traceback")
+    _end(argv, code if isinstance(code, int) else 0)

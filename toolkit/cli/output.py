@@ -1,24 +1,78 @@
-"""Printing for every command: JSON for scripts (--json), plain text for people."""
+"""Printing for every command: JSON for scripts (--json), plain text for people.
+
+The output contract (one for every `hpc` command): with --json, stdout holds exactly one JSON document, the
+envelope, written once by toolkit.cli.main when the command ends:
+
+    {"ok": true,  "command": "recipes submit", "data": ..., "warnings": [...]}
+    {"ok": false, "command": "recipes submit", "data": ... or null, "warnings": [...],
+     "error": {"message": "...", "fix": "..." or null, "exit_code": 1 or 2}}
+
+`data` is what the command reports (the same facts its text output shows); `warnings` every warning it gave
+(also printed on stderr). Exit codes: 0 ok (a no-op included), 1 a problem found in a file or a failed job,
+2 a bad flag or value. A command that reports a problem after printing its data (an invalid file, a failed job)
+calls `fail`, so its envelope carries both the data and the reason.
+"""
 
 from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 from typing import Any, Callable, Sequence
 
 import typer
 
-JSON_OPTION = typer.Option(False, "--json", help="Print machine-readable JSON on stdout.")
+JSON_OPTION = typer.Option(False, "--json", help="Print one JSON envelope on stdout: "
+                                                 '{"ok", "command", "data", "warnings"[, "error"]}.')
+
+
+class _Envelope:
+    """What the running command reported, for main to write as its one JSON envelope."""
+
+    def __init__(self) -> None:
+        self.active = False  # set by main: outside it (testbench's own CLI) emit prints the data itself
+        self.data: Any = None
+        self.warnings: list[str] = []
+        self.failure: str | None = None
+
+
+envelope = _Envelope()
+
+
+def begin() -> None:
+    """A new command starts (main calls this: tests run several in one process)."""
+    envelope.__init__()
+    envelope.active = True
 
 
 def emit(data: Any, as_json: bool, human: Callable[[Any], str] | str | None = None) -> None:
-    """Print `data` as JSON, or as the text `human` makes of it."""
+    """Report `data`: kept for the JSON envelope (--json), or printed as the text `human` makes of it."""
     if as_json:
-        sys.stdout.write(json.dumps(data, indent=2, sort_keys=False, default=str) + "\n")
+        if envelope.active:
+            envelope.data = data
+        else:
+            sys.stdout.write(json.dumps(data, indent=2, default=str) + "\n")
     elif callable(human):
         sys.stdout.write(human(data).rstrip("\n") + "\n")
     elif human is not None:
         sys.stdout.write(human.rstrip("\n") + "\n")
+
+
+def fail(message: str) -> typer.Exit:
+    """End the command with exit 1 after its data was reported: a problem found in a file, a failed job.
+    The text output has said it already; the JSON envelope gets `message` as its error. `raise fail(...)`."""
+    envelope.failure = message
+    return typer.Exit(1)
+
+
+def envelope_json(command: str, code: int, error: dict | None = None) -> str:
+    """The one JSON document a command prints with --json (see the module doc)."""
+    doc: dict[str, Any] = {"ok": code == 0, "command": command, "data": envelope.data,
+                           "warnings": list(dict.fromkeys(envelope.warnings))}
+    if code != 0:
+        doc["error"] = error or {"message": envelope.failure or f"hpc {command} ended with exit code {code}",
+                                 "fix": None, "exit_code": code}
+    return json.dumps(doc, indent=2, default=str) + "\n"
 
 
 def table(rows: Sequence[Sequence[Any]], headers: Sequence[str]) -> str:
@@ -31,6 +85,8 @@ def table(rows: Sequence[Sequence[Any]], headers: Sequence[str]) -> str:
 
 
 def warn(message: str) -> None:
+    """A warning: on stderr, and in the JSON envelope's `warnings`."""
+    envelope.warnings.append(message)
     sys.stderr.write(f"warning: {message}\n")
 
 
@@ -39,12 +95,33 @@ def info(message: str) -> None:
     sys.stderr.write(message.rstrip("\n") + "\n")
 
 
+def output_target(output: str | None, default_name: str) -> Path | None:
+    """Where `-o/--output` says to write: None for stdout (`-o -`, or no -o where stdout is the default), a
+    directory's `default_name` inside it (`-o DIR`, DIR existing or written with a trailing /), else the file."""
+    if output is None or output == "-":
+        return None
+    path = Path(output)
+    return path / default_name if path.is_dir() or output.endswith("/") else path
+
+
+def write_output(path: Path, text: str, force: bool) -> None:
+    """Write `text` to an -o file: never over an existing one without --force; errors in the user's terms."""
+    from toolkit.errors import HpcError
+
+    if path.exists() and not force:
+        raise HpcError(f"{path} exists", fix="pass --force to overwrite it, or choose another -o FILE")
+    try:
+        path.write_text(text)
+    except OSError as exc:
+        raise HpcError(f"cannot write {path}: {exc.strerror}",
+                       fix="choose an -o FILE in an existing, writable directory (or -o - for stdout)") from None
+
+
 def hpc_program() -> str:
     """`hpc` as the user can type it again: `hpc` where that is this installation on PATH, else this
     environment's own script (`make demo` runs the venv's hpc without putting it on PATH)."""
     import os
     import shutil
-    from pathlib import Path
 
     script = Path(sys.executable).parent / "hpc"
     on_path = shutil.which("hpc")

@@ -7,36 +7,22 @@ from typing import Optional
 
 import typer
 
-from toolkit.cli.output import JSON_OPTION, emit, hpc_program, info, table
+from toolkit.cli import options as o
+from toolkit.cli.options import JobOptions
+from toolkit.cli.output import JSON_OPTION, emit, fail, hpc_program, info, output_target, table, warn, write_output
 
 app = typer.Typer(help="Training recipes: list, show, validate, render and submit.", no_args_is_help=True, rich_markup_mode=None)
 
-NODES = typer.Option(None, "--nodes", "-N", min=1, help="Nodes (default: the recipe's resources.nodes).")
-CLUSTER = typer.Option(None, "--cluster", help="A ParallelCluster v3 config (default: this cluster's own, else p3dn).")
-QUEUE = typer.Option(None, "--queue", "-q", help="Queue of the cluster config (default: its first queue).")
-PROFILE = typer.Option(None, "--profile", "-p", help="A named profile of the recipe (e.g. smoke).")
-ACCOUNT = typer.Option(None, "--account", help="Slurm account (passed through).")
-QOS = typer.Option(None, "--qos", help="Slurm QOS (passed through).")
-RESERVATION = typer.Option(None, "--reservation", help="Slurm reservation (passed through).")
-DEPENDENCY = typer.Option(None, "--dependency", help="Slurm dependency, e.g. afterok:123.")
-SET = typer.Option([], "--set", help="Override a recipe value: KEY.PATH=VALUE (e.g. args.--lr=0.1); null removes.")
-VERBOSE = typer.Option(False, "--verbose", help="With --dry-run: the scripts and submitit's parameters in full "
-                                                "after the summary.")
 RUN_DIR = typer.Option(None, "--run-dir", help="The job's run dir (default: a new one under $HPC_RUNS_DIR, else "
                                                  "~/hpc-runs, as submit makes it).")
 
 
-def slurm_options(account, qos, reservation, dependency) -> dict[str, str | None]:
-    """The Slurm options passed through to sbatch untouched (checked where they become #SBATCH lines)."""
-    return {"account": account, "qos": qos, "reservation": reservation, "dependency": dependency}
-
-
-def _spec(name: str, nodes, cluster, queue, profile, overrides, run_dir: Path | None, options=None):
+def _spec(name: str, nodes, cluster, queue, job: JobOptions, run_dir: Path | None):
     """The recipe and job spec a submit of the same arguments would plan (toolkit.submit.plan.plan_job)."""
     from toolkit.submit import plan as plans
 
-    request = plans.SubmitRequest(name, nodes, str(cluster) if cluster else None, queue, profile, tuple(overrides),
-                                  slurm_options=options or {})
+    request = plans.SubmitRequest(name, nodes, str(cluster) if cluster else None, queue, job.profile,
+                                  job.recipe_overrides(), slurm_options=job.slurm_options())
     recipe, _, spec, _, notes = plans.plan_job(request, run_dir.absolute() if run_dir else None)
     for note in notes:
         info(note)
@@ -46,7 +32,7 @@ def _spec(name: str, nodes, cluster, queue, profile, overrides, run_dir: Path | 
 
 def _warn(warnings) -> None:
     for warning in warnings:
-        info(f"warning: {warning}")
+        warn(warning)
 
 
 @app.command("list")
@@ -65,17 +51,18 @@ def list_(as_json: bool = JSON_OPTION) -> None:
 
 
 @app.command()
-def show(name: str = typer.Argument(..., help="Recipe name or path to a recipe file."),
-         nodes: Optional[int] = NODES, cluster: Optional[Path] = CLUSTER, queue: Optional[str] = QUEUE,
-         profile: Optional[str] = PROFILE, overrides: list[str] = SET, run_dir: Optional[Path] = RUN_DIR,
-         as_json: bool = JSON_OPTION) -> None:
+def show(name: str = o.RECIPE, nodes: Optional[int] = o.NODES, cluster: Optional[Path] = o.CLUSTER,
+         queue: Optional[str] = o.QUEUE, profile: Optional[str] = o.PROFILE, overrides: list[str] = o.SET,
+         time: Optional[str] = o.TIME, env: list[str] = o.ENV, venv: Optional[Path] = o.VENV,
+         run_dir: Optional[Path] = RUN_DIR, as_json: bool = JSON_OPTION) -> None:
     """Show a recipe and every value derived for a node count, with the rule behind it."""
     import dataclasses
     import shlex
 
     from toolkit.job.rank import preview_argv
 
-    recipe, spec = _spec(name, nodes, cluster, queue, profile, overrides, run_dir)
+    job = JobOptions(overrides, profile=profile, time=time, env=env, venv=venv)
+    recipe, spec = _spec(name, nodes, cluster, queue, job, run_dir)
     rank0 = preview_argv(spec.command)
     data = {"recipe": recipe.model_dump(mode="json", exclude={"profiles"}), "profiles": list(recipe.profiles),
             "job": {"partition": spec.partition, "instance_type": spec.instance_type, "nodes": spec.nodes,
@@ -106,112 +93,122 @@ def validate(file: Path = typer.Argument(..., help="Recipe file."), as_json: boo
     from toolkit.recipes.load import validate_recipe_file
 
     profiles = validate_recipe_file(file)
-    emit({"ok": True, "file": str(file), "profiles": profiles}, as_json,
+    emit({"file": str(file), "profiles": profiles}, as_json,
          f"{file}: ok" + (f" (profiles: {', '.join(profiles)})" if profiles else ""))
 
 
 @app.command()
 def new(name: str = typer.Argument(..., help="Recipe name ([a-z0-9_-]); the file is recipes/NAME.yaml."),
-        script: Optional[str] = typer.Option(None, "--script", help="Your script (a .py path)."),
-        module: Optional[str] = typer.Option(None, "--module", "-m", help="Or your module (pkg.train)."),
+        script: Optional[str] = typer.Option(None, "--script", metavar="FILE.py", help="Your script."),
+        module: Optional[str] = typer.Option(None, "--module", metavar="PKG.MODULE", help="Or your module."),
         script_args: Optional[list[str]] = typer.Argument(None, metavar="-- SCRIPT_ARGS...",
                                                           help="Arguments for the script, after `--`."),
-        nodes: int = typer.Option(1, "--nodes", "-N", min=1, help="resources.nodes of the recipe."),
-        launcher: str = typer.Option("script", "--launcher", help="script (srun per rank) or torchrun."),
-        time: Optional[str] = typer.Option(None, "--time", "-t", help="resources.time (default 24:00:00)."),
+        nodes: int = typer.Option(1, "--nodes", "-N", min=1, help="Nodes of the job (resources.nodes)."),
+        launcher: o.Launcher = typer.Option(o.Launcher.script, "--launcher", help="script (srun starts each rank) "
+                                            "or torchrun (one torchrun per node starts its ranks)."),
         max_restarts: Optional[int] = typer.Option(None, "--max-restarts", min=0, help="torchrun restarts."),
-        venv: Optional[Path] = typer.Option(None, "--venv", help="software.venv: the nodes' environment."),
-        env: list[str] = typer.Option([], "--env", "-e", help="env.NAME: NAME=VALUE (repeatable)."),
-        output: Optional[Path] = typer.Option(None, "--output", "-o", help="Default: recipes/NAME.yaml here."),
-        force: bool = typer.Option(False, "--force", help="Overwrite an existing file."),
-        as_json: bool = JSON_OPTION) -> None:
+        profile: Optional[str] = o.PROFILE, overrides: list[str] = o.SET, sweeps: list[str] = o.SWEEP,
+        time: Optional[str] = o.TIME, env: list[str] = o.ENV, venv: Optional[Path] = o.VENV,
+        account: Optional[str] = o.ACCOUNT, qos: Optional[str] = o.QOS, reservation: Optional[str] = o.RESERVATION,
+        dependency: Optional[str] = o.DEPENDENCY,
+        output: Optional[str] = typer.Option(None, "--output", "-o", metavar="FILE|DIR|-",
+                                             help="Where to write (default: recipes/NAME.yaml here; a directory: "
+                                                  "NAME.yaml in it; -: stdout)."),
+        force: bool = o.FORCE, as_json: bool = JSON_OPTION) -> None:
     """Write a recipe for your own script or module, from the same choices as `hpc run` (then edit the YAML)."""
+    import re
+
     import yaml
 
-    from toolkit.errors import HpcError, UsageError
-    from toolkit.recipes.load import load_recipe
-    from toolkit.recipes.user import parse_env, user_recipe
+    from toolkit.errors import UsageError
+    from toolkit.recipes.load import apply_overlays, load_recipe
+    from toolkit.recipes.schema import NAME_PATTERN
+    from toolkit.recipes.user import parse_env, recipe_name, user_recipe
 
+    job = JobOptions(overrides, sweeps, profile, time, env, venv, account, qos, reservation, dependency)
+    job.refuse("hpc recipes new", "a new recipe has no profiles yet", "profile")
+    job.refuse("hpc recipes new", "a recipe is one job", "sweeps")
+    job.refuse("hpc recipes new", "a recipe file holds no sbatch options", "account", "qos", "reservation",
+               "dependency")
+    if not re.match(NAME_PATTERN, name):
+        raise UsageError(f"recipe name {name!r} is not lowercase letters, digits, - and _ (starting with a letter "
+                         "or digit)", fix=f"e.g. hpc recipes new {recipe_name(name)} ...")
     if (script is None) == (module is None):
-        raise UsageError("give exactly one of --script FILE.py and --module pkg.train",
+        raise UsageError("give exactly one of --script FILE.py and --module PKG.MODULE",
                          fix="e.g. hpc recipes new mytrain --script train.py")
     target = script if script is not None else module
     if module is not None and module.endswith(".py"):
         raise UsageError(f"--module {module!r} is a file name", fix=f"use --script {module}")
-    data = user_recipe(target, script_args or [], name=name, nodes=nodes, style=launcher, time=time,
+    o.check_time(time)
+    data = user_recipe(target, script_args or [], name=name, nodes=nodes, style=launcher.value, time=time,
                        max_restarts=max_restarts, venv=str(venv) if venv else None, env=parse_env(env))
     if script is not None and not Path(script).is_file():
-        raise HpcError(f"script {script} does not exist", fix="give the path of an existing .py file")
-    load_recipe(name, data=data)  # validated before anything is written
-    path = output or Path("recipes") / f"{name}.yaml"
-    if path.exists() and not force:
-        raise HpcError(f"{path} exists", fix="pass --force to overwrite it, or choose another -o FILE")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(f"# Written by `hpc recipes new {name}`: edit freely, check with `hpc recipes validate {path}`.\n"
-                    + yaml.safe_dump(data, sort_keys=False))
-    emit({"ok": True, "file": str(path), "recipe": data}, as_json,
-         f"wrote {path} (submit it: hpc recipes submit {path})")
+        raise UsageError(f"--script {script} does not exist", fix="give the path of an existing .py file")
+    load_recipe(name, overrides=overrides, data=data)  # validated before anything is written, --set named
+    data, _ = apply_overlays(data, None, overrides, Path(name))
+    if output is None:  # the default, recipes/NAME.yaml here: the directory is made as needed
+        Path("recipes").mkdir(exist_ok=True)
+    path = output_target(output if output is not None else "recipes/", f"{name}.yaml")
+    text = (f"# Written by `hpc recipes new {name}`: edit freely, check with `hpc recipes validate "
+            f"{path or name + '.yaml'}`.\n" + yaml.safe_dump(data, sort_keys=False))
+    if path is not None:
+        write_output(path, text, force)
+    elif not as_json:
+        typer.echo(text, nl=False)
+    emit({"file": str(path) if path else None, "recipe": data, "text": None if path else text}, as_json,
+         f"wrote {path} (submit it: hpc recipes submit {path})" if path else None)
 
 
 @app.command()
-def render(name: str = typer.Argument(..., help="Recipe name or path to a recipe file."),
-           nodes: Optional[int] = NODES, cluster: Optional[Path] = CLUSTER, queue: Optional[str] = QUEUE,
-           profile: Optional[str] = PROFILE, overrides: list[str] = SET,
-           account: Optional[str] = ACCOUNT, qos: Optional[str] = QOS, reservation: Optional[str] = RESERVATION,
-           dependency: Optional[str] = DEPENDENCY, run_dir: Optional[Path] = RUN_DIR,
-           output: Optional[Path] = typer.Option(None, "--output", "-o", help="Write the script here (default: stdout)."),
-           force: bool = typer.Option(False, "--force", help="Overwrite an existing --output file."),
-           as_json: bool = JSON_OPTION) -> None:
+def render(name: str = o.RECIPE, nodes: Optional[int] = o.NODES, cluster: Optional[Path] = o.CLUSTER,
+           queue: Optional[str] = o.QUEUE, profile: Optional[str] = o.PROFILE, overrides: list[str] = o.SET,
+           time: Optional[str] = o.TIME, env: list[str] = o.ENV, venv: Optional[Path] = o.VENV,
+           account: Optional[str] = o.ACCOUNT, qos: Optional[str] = o.QOS, reservation: Optional[str] = o.RESERVATION,
+           dependency: Optional[str] = o.DEPENDENCY, run_dir: Optional[Path] = RUN_DIR,
+           output: Optional[str] = typer.Option(None, "--output", "-o", metavar="FILE|DIR|-",
+                                                help="Write the script here (a directory: JOB_NAME.sbatch in it; "
+                                                     "default and -: stdout)."),
+           force: bool = o.FORCE, as_json: bool = JSON_OPTION) -> None:
     """Render a recipe as an sbatch script for a queue and node count."""
-    from toolkit.errors import HpcError
     from toolkit.job.render import render_script
 
-    _, spec = _spec(name, nodes, cluster, queue, profile, overrides, run_dir,
-                    slurm_options(account, qos, reservation, dependency))
+    job = JobOptions(overrides, (), profile, time, env, venv, account, qos, reservation, dependency)
+    _, spec = _spec(name, nodes, cluster, queue, job, run_dir)
     script = render_script(spec)
-    if output is not None:
-        if output.exists() and not force:
-            raise HpcError(f"{output} exists", fix="pass --force to overwrite it, or choose another -o FILE")
-        try:
-            output.write_text(script)
-        except OSError as exc:
-            raise HpcError(f"cannot write {output}: {exc.strerror}",
-                           fix="choose an -o FILE in an existing, writable directory") from None
-        info(f"wrote {output}")
+    path = output_target(output, f"{spec.job_name}.sbatch")
+    if path is not None:
+        write_output(path, script, force)
+        info(f"wrote {path}")
     if as_json:
-        emit({"script": script, "output": str(output) if output else None, "job_name": spec.job_name,
+        emit({"script": script, "output": str(path) if path else None, "job_name": spec.job_name,
               "run_dir": spec.run_dir, "warnings": list(spec.warnings)}, True)
-    elif output is None:
+    elif path is None:
         typer.echo(script, nl=False)
 
 
 @app.command()
-def submit(name: str = typer.Argument(..., help="Recipe name or path to a recipe file."),
-           nodes: Optional[int] = NODES, cluster: Optional[Path] = CLUSTER, queue: Optional[str] = QUEUE,
-           profile: Optional[str] = PROFILE, overrides: list[str] = SET,
-           account: Optional[str] = ACCOUNT, qos: Optional[str] = QOS, reservation: Optional[str] = RESERVATION,
-           dependency: Optional[str] = DEPENDENCY,
-           executor: Optional[str] = typer.Option(None, "--executor",
-                                                  help="slurm | local | sbatch (default: slurm; local only where no "
-                                                       "Slurm is installed; sbatch sends the rendered script "
-                                                       "itself, as MPI binaries always go)."),
-           sweeps: list[str] = typer.Option([], "--sweep", help="Sweep a recipe value as one job array: "
-                                             "KEY.PATH=V1,V2,... (A..B: integers; \\, a comma in a value); "
-                                             "repeat for a grid."),
-           array_parallelism: Optional[int] = typer.Option(None, "--array-parallelism", min=1,
-                                                           help="With --sweep: at most this many tasks of each "
-                                                                "array at once "
-                                                                "(default: submitit's 256)."),
-           dry_run: bool = typer.Option(False, "--dry-run", help="Print what would be submitted; submit nothing."),
-           verbose: bool = VERBOSE,
-           wait: bool = typer.Option(False, "--wait", help="Show progress until the job ends; exit 1 if it fails."),
+def submit(name: str = o.RECIPE, nodes: Optional[int] = o.NODES, cluster: Optional[Path] = o.CLUSTER,
+           queue: Optional[str] = o.QUEUE, profile: Optional[str] = o.PROFILE, overrides: list[str] = o.SET,
+           sweeps: list[str] = o.SWEEP, array_parallelism: Optional[int] = o.ARRAY_PARALLELISM,
+           time: Optional[str] = o.TIME, env: list[str] = o.ENV, venv: Optional[Path] = o.VENV,
+           account: Optional[str] = o.ACCOUNT, qos: Optional[str] = o.QOS, reservation: Optional[str] = o.RESERVATION,
+           dependency: Optional[str] = o.DEPENDENCY, executor: Optional[o.Executor] = o.EXECUTOR,
+           dry_run: bool = o.DRY_RUN, verbose: bool = o.VERBOSE, wait: bool = o.WAIT,
            as_json: bool = JSON_OPTION) -> None:
     """Submit a recipe through submitit (srun starts one rank per GPU, or per declared CPU rank)."""
-    from toolkit.errors import UsageError
     from toolkit.submit import plan as plans
 
-    request = plans.SubmitRequest(name, nodes, str(cluster) if cluster else None, queue, profile, tuple(overrides),
-                                  slurm_options(account, qos, reservation, dependency), executor)
+    job = JobOptions(overrides, sweeps, profile, time, env, venv, account, qos, reservation, dependency)
+    request = plans.SubmitRequest(name, nodes, str(cluster) if cluster else None, queue, profile,
+                                  job.recipe_overrides(), job.slurm_options(), o.value(executor))
+    submit_any(request, sweeps, array_parallelism, dry_run, wait, as_json, verbose)
+
+
+def submit_any(request, sweeps, array_parallelism, dry_run: bool, wait: bool, as_json: bool,
+               verbose: bool = False) -> None:
+    """One job, or with --sweep one job array: `hpc recipes submit` and `hpc run` both come here."""
+    from toolkit.errors import UsageError
+
     if sweeps:
         _submit_sweep(request, sweeps, array_parallelism, dry_run, wait, as_json, verbose)
         return
@@ -251,9 +248,10 @@ def submit_request(request, dry_run: bool, wait: bool, as_json: bool, verbose: b
 
         log = result.get("failed_rank_log")
         reason = failure_reason(log) if log else None
-        info(f"job {result['job_id']} ended {result['state']}" + (f": {reason}" if reason else "")
-             + (f" (see {log})" if log else ""))
-        raise typer.Exit(1)
+        message = (f"job {result['job_id']} ended {result['state']}" + (f": {reason}" if reason else "")
+                   + (f" (see {log})" if log else ""))
+        info(message)
+        raise fail(message)
 
 
 def _verbose_needs_dry_run(verbose: bool, dry_run: bool) -> None:
@@ -301,7 +299,7 @@ def _submit_sweep(request, sweeps: list[str], parallelism, dry_run: bool, wait: 
     if wait and result["state"] != State.COMPLETED:
         for task in result["failed_tasks"]:
             info(f"task {task['job_id']} ended {task['state']}" + (f": see {task['log']}" if task["log"] else ""))
-        raise typer.Exit(1)
+        raise fail(f"sweep {result['job_id']} ended {result['state']}: {len(result['failed_tasks'])} task(s) failed")
 
 
 def _print_outcome(result: dict) -> None:

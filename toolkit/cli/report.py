@@ -7,7 +7,8 @@ from typing import List, Optional
 
 import typer
 
-from toolkit.cli.output import JSON_OPTION, emit, info, table, warn
+from toolkit.cli import options as o
+from toolkit.cli.output import JSON_OPTION, emit, fail, info, table, warn
 
 app = typer.Typer(help="Reports from logs and run dirs: nccl-tests bandwidth, one run, scaling efficiency.",
                   no_args_is_help=True, rich_markup_mode=None)
@@ -59,11 +60,11 @@ def nccl(
     logs: List[Path] = typer.Argument(..., help="nccl-tests (or collectives workload) logs, text or -J JSON."),
     as_json: bool = JSON_OPTION,
     plot: Optional[Path] = PLOT_OPTION,
-    instance: Optional[str] = typer.Option(None, "--instance", help="Instance type, to judge against its catalog floor."),
+    instance: Optional[str] = typer.Option(None, "--instance", metavar="INSTANCE_TYPE", help="Instance type, to judge against its catalog floor."),
     nodes: Optional[int] = typer.Option(None, "--nodes", min=1, help="Nodes in the run (default: NCCL's nNodes, or a complete device list; "
                                  "else at least ranks / GPUs per --instance)."),
-    transport: Optional[str] = typer.Option(None, "--transport", help="efa or tcp: the floor to judge against "
-                                            "(default: the instance's own, EFA when it has it)."),
+    transport: Optional[o.Transport] = typer.Option(None, "--transport", help="The floor to judge against "
+                                                    "(default: the instance's own, efa when it has it)."),
 ) -> None:
     """Per-size bandwidth table, max/average bus bandwidth, wrong values and a PASS/FAIL/NO-VERDICT verdict.
 
@@ -74,7 +75,7 @@ def nccl(
     from toolkit.reports import nccl as nccl_report
     from toolkit.reports.gaudi import verdict_for
 
-    data, tests = nccl_report.report(logs, instance, nodes, transport, verdict=verdict_for)
+    data, tests = nccl_report.report(logs, instance, nodes, o.value(transport), verdict=verdict_for)
     emit(data, as_json, _nccl_text)
     for error in data["errors"]:  # the other files are reported; the bad ones are named on stderr too
         warn(f"{error['source']}: {error['error']}\n  fix: {error['fix']}")
@@ -84,7 +85,7 @@ def nccl(
         floors = [t["verdict"]["floor_busbw_gbs"] for t in data["tests"] if t["verdict"]["floor_busbw_gbs"]]
         info(f"plot: {save_png(nccl_figure(tests, floors[0] if floors else None), plot)}")
     if data["status"] == "FAIL":
-        raise typer.Exit(1)
+        raise fail("an nccl test failed: see its verdict")
 
 
 def _run_text(run) -> str:
@@ -131,8 +132,10 @@ def run(run_dir: Path = typer.Argument(..., help="A run directory (with metadata
     emit(dataclasses.asdict(summary), as_json, lambda _: _run_text(summary))
     if summary.efa_problem and as_json:  # the text output shows it already
         warn(summary.efa_problem)
-    if summary.efa_problem or summary.nccl and any(t["verdict"]["status"] == "FAIL" for t in summary.nccl):
-        raise typer.Exit(1)
+    if summary.efa_problem:
+        raise fail(summary.efa_problem)
+    if summary.nccl and any(t["verdict"]["status"] == "FAIL" for t in summary.nccl):
+        raise fail("an nccl test failed: see its verdict")
 
 
 @app.command("scaling")

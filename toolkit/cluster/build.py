@@ -104,7 +104,7 @@ class ClusterSpec:
     ssh_allowed_ips: str = SSH_ALLOWED_IPS  # a CIDR or a prefix list id (pl-...)
 
 
-def parse_queue(text: str, option: str = "--queue") -> QueueSpec:
+def parse_queue(text: str, option: str = "--queue-spec") -> QueueSpec:
     """`NAME=INSTANCE_TYPE:MAX_NODES[,efa-stack=modern|legacy|none][,ranks-per-node=N]` -> QueueSpec, its name and
     instance type checked (flags.py: the one set of checks `cluster config` and `queue add` share)."""
     usage = f"write {option} NAME=INSTANCE_TYPE:MAX_NODES, e.g. {option} p3dn=p3dn.24xlarge:4"
@@ -141,10 +141,10 @@ def _check_spec(spec: ClusterSpec) -> dict[str, InstanceType]:
         raise UsageError(f"--os {spec.os!r} is not supported by ParallelCluster 3.16",
                          fix=f"use one of: {', '.join(OSES)} (alinux2 is gone since 3.16)")
     if not spec.queues:
-        raise UsageError("no --queue given", fix="add --queue NAME=INSTANCE_TYPE:MAX_NODES")
+        raise UsageError("no --queue-spec given", fix="add --queue-spec NAME=INSTANCE_TYPE:MAX_NODES")
     names = [q.name for q in spec.queues]
-    for queue in spec.queues:  # each one as parse_queue checks a --queue value (a spec may be built in code)
-        flags.queue_name(queue.name, "--queue", f"{queue.name}={queue.instance_type}:{queue.max_nodes}")
+    for queue in spec.queues:  # each one as parse_queue checks a --queue-spec value (a spec may be built in code)
+        flags.queue_name(queue.name, "--queue-spec", f"{queue.name}={queue.instance_type}:{queue.max_nodes}")
         if names.count(queue.name) > 1:
             raise UsageError(f"queue {queue.name!r} is given twice", fix="give every queue its own name")
         if queue.max_nodes < 1:
@@ -156,7 +156,7 @@ def _check_spec(spec: ClusterSpec) -> dict[str, InstanceType]:
         flags.reservation_id(spec.capacity_reservation, "--capacity-reservation")
     if spec.capacity_block:
         flags.reservation_id(spec.capacity_block, "--capacity-block")
-    types = {q.name: flags.instance_type(q.instance_type, "--queue", f"{q.name}={q.instance_type}:{q.max_nodes}")
+    types = {q.name: flags.instance_type(q.instance_type, "--queue-spec", f"{q.name}={q.instance_type}:{q.max_nodes}")
              for q in spec.queues}
     for queue in spec.queues:
         if queue.ranks_per_node and types[queue.name].accelerator != "none":
@@ -359,7 +359,7 @@ def command_line(spec: ClusterSpec, output: str) -> str:
     for q in spec.queues:
         options = ([f"efa-stack={q.efa_stack}"] if q.efa_stack else []) + (
             [f"ranks-per-node={q.ranks_per_node}"] if q.ranks_per_node else [])
-        args += ["--queue", ",".join([f"{q.name}={q.instance_type}:{q.max_nodes}", *options])]
+        args += ["--queue-spec", ",".join([f"{q.name}={q.instance_type}:{q.max_nodes}", *options])]
     args += ["--head-node", spec.head_node, "--os", spec.os]
     if spec.custom_ami:
         args += ["--custom-ami", spec.custom_ami]
@@ -396,7 +396,7 @@ def build_config(spec: ClusterSpec, output: str = "cluster.yaml"):
     # instance types in the catalog's spelling (flags accept any case)
     spec = dataclasses.replace(spec, head_node=flags.instance_type(spec.head_node, "--head-node").name, queues=tuple(
         dataclasses.replace(q, instance_type=flags.instance_type(
-            q.instance_type, "--queue", f"{q.name}={q.instance_type}:{q.max_nodes}").name) for q in spec.queues))
+            q.instance_type, "--queue-spec", f"{q.name}={q.instance_type}:{q.max_nodes}").name) for q in spec.queues))
     types = _check_spec(spec)
     reservation_queue = _target_queue("--capacity-reservation", spec.capacity_reservation, spec.reservation_queue,
                                       types)
@@ -503,17 +503,22 @@ def _validated(text: str, path: str, known: list[str]) -> list[str]:
     return [f"{f.path}: {f.message}" for f in report.findings if f.level == "warning" and f.message not in known]
 
 
+def config_text(spec: ClusterSpec, output: str) -> tuple[str, list[str]]:
+    """The validated config text (its header names `output`) and its warnings; nothing written."""
+    doc, warnings = build_config(spec, output=output)
+    # subnet ids as flag values (queue add/set check theirs alike); build_config itself writes any text faithfully
+    for option, subnet in (("--head-subnet", spec.head_subnet), ("--compute-subnet", spec.compute_subnet)):
+        flags.subnet_id(subnet, "--subnet" if spec.head_subnet == spec.compute_subnet else option)
+    text = render(doc)
+    return text, warnings + _validated(text, output, warnings)
+
+
 def write_config(spec: ClusterSpec, path: str | Path, force: bool = False) -> list[str]:
     """Write the config to `path` (never over an existing file unless force); returns the warnings."""
     path = Path(path)
     if path.exists() and not force:
         raise HpcError(f"{path} already exists", fix="pass --force to overwrite it, or choose another -o FILE")
-    doc, warnings = build_config(spec, output=str(path))
-    # subnet ids as flag values (queue add/set check theirs alike); build_config itself writes any text faithfully
-    for option, subnet in (("--head-subnet", spec.head_subnet), ("--compute-subnet", spec.compute_subnet)):
-        flags.subnet_id(subnet, "--subnet" if spec.head_subnet == spec.compute_subnet else option)
-    text = render(doc)
-    warnings += _validated(text, str(path), warnings)
+    text, warnings = config_text(spec, str(path))
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp")
     tmp.write_text(text, encoding="utf-8")

@@ -121,7 +121,7 @@ def plan_update(old: str | Path, new: str | Path, fleet: str = "running", login_
                 head_node: str = "running") -> UpdatePlan:
     """Every change from OLD to NEW with pcluster's update policy and verdict, for the declared cluster state.
     login_nodes defaults to running when OLD declares login node pools, else stopped."""
-    for option, value in (("--fleet", fleet), ("--login-nodes", login_nodes), ("--head-node", head_node)):
+    for option, value in (("--fleet", fleet), ("--login-nodes", login_nodes), ("--head-node-state", head_node)):
         if value is not None and value not in STATES:
             raise UsageError(f"{option} {value!r} is not a state", fix=f"use one of: {', '.join(STATES)}")
     try:

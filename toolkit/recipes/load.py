@@ -250,6 +250,17 @@ def validate_recipe_file(path: str | Path) -> list[str]:
     return list(recipe.profiles)
 
 
+def _pattern_words() -> dict[str, str]:
+    from toolkit.recipes import schema
+
+    return {schema.TIME_PATTERN: "a Slurm time limit (MINUTES, HOURS:MINUTES:SECONDS, DAYS-HOURS:MINUTES, e.g. "
+                                 "01:30:00)",
+            schema.NAME_PATTERN: "a name of lowercase letters, digits, - and _ (starting with a letter or digit)",
+            schema.ENV_NAME_PATTERN: "a variable name (letters, digits and _, not starting with a digit)",
+            schema.FLAG_PATTERN: "a flag (--name or -n)",
+            schema.FLAG_PATTERN + "|^positional$": "a flag (--name or -n) or positional"}
+
+
 class Fault(str):
     """One line of a validation error; `rename`: the fix when the fault is a misspelt key."""
 
@@ -286,8 +297,8 @@ def plain_error(err: dict[str, Any]) -> str:
     kind, ctx = err["type"], err.get("ctx") or {}
     if kind == "missing":
         return "required key is missing"
-    if kind == "string_pattern_mismatch":
-        return f"{err['input']!r} does not match {ctx['pattern']}"
+    if kind == "string_pattern_mismatch":  # the accepted forms in words, not the pattern
+        return f"{err['input']!r} is not {_pattern_words().get(ctx['pattern'], ctx['pattern'])}"
     if kind == "literal_error":
         return f"{err['input']!r} is not one of {ctx.get('expected', '').replace(' or ', ', ')}"
     if kind in PLAIN:

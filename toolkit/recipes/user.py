@@ -7,7 +7,7 @@ import os
 import re
 from typing import Any, Mapping, Sequence
 
-from toolkit.errors import HpcError, UsageError
+from toolkit.errors import UsageError
 
 MODULE_PATTERN = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
 
@@ -39,6 +39,14 @@ def parse_env(items: Sequence[str]) -> dict[str, str]:
     return env
 
 
+def venv_dir(venv: str) -> str:
+    """--venv DIR as the nodes activate it: an absolute path to a virtual environment (bin/activate)."""
+    if not os.path.isfile(os.path.join(venv, "bin", "activate")):
+        raise UsageError(f"--venv {venv} has no bin/activate", fix="pass the directory of a virtual environment "
+                                                                  "on the file system the nodes share")
+    return os.path.abspath(venv)
+
+
 def user_recipe(target: str, script_args: Sequence[str], *, name: str | None = None, nodes: int | None = None,
                 style: str = "script", time: str | None = None, max_restarts: int | None = None,
                 venv: str | None = None, env: Mapping[str, str] | None = None,
@@ -66,10 +74,7 @@ def user_recipe(target: str, script_args: Sequence[str], *, name: str | None = N
         "resources": {"nodes": nodes or 1, **({"time": time} if time else {})},
     }
     if venv:
-        if not os.path.isfile(os.path.join(venv, "bin", "activate")):
-            raise HpcError(f"--venv {venv} has no bin/activate", fix="pass the directory of a virtual environment "
-                                                                     "on the file system the nodes share")
-        recipe["software"] = {"venv": os.path.abspath(venv)}
+        recipe["software"] = {"venv": venv_dir(venv)}
     if env:
         recipe["env"] = dict(env)
     return recipe

@@ -1,0 +1,190 @@
+"""The CLI's vocabulary, declared once: every option more than one command takes, and the choices flags offer.
+
+A name means one thing in every command. The job options (`hpc run`, `hpc recipes submit/new/render/show`) are
+one set, JobOptions; a command that cannot honour one refuses it (exit 2), never ignores it. Short letters are
+sbatch's where sbatch has the option (sbatch(1): -p partition, -q qos, -N nodes, -t time, -A account,
+-d dependency), else none: -p is the queue (a Slurm partition), and --profile has no letter.
+
+The choices are Enums so `--help` and shell completion list them; each mirrors the library's own tuple (the test
+tests/test_cli_vocabulary.py holds them equal), declared here so that `hpc --help` imports no library module.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import json
+from pathlib import Path
+from typing import Optional, Sequence
+
+import typer
+
+
+class Launcher(str, enum.Enum):
+    """toolkit.recipes.user.user_recipe's styles."""
+    script = "script"
+    torchrun = "torchrun"
+
+
+class Executor(str, enum.Enum):
+    """toolkit.submit.executor.Executor."""
+    slurm = "slurm"
+    local = "local"
+    sbatch = "sbatch"
+
+
+class KubeflowApi(str, enum.Enum):
+    """toolkit.k8s.manifests.APIS."""
+    trainer_v2 = "trainer-v2"
+    v1 = "v1"
+
+
+class Os(str, enum.Enum):
+    """toolkit.cluster.build.OSES (ParallelCluster 3.16's names)."""
+    alinux2023 = "alinux2023"
+    ubuntu2204 = "ubuntu2204"
+    ubuntu2404 = "ubuntu2404"
+    rhel8 = "rhel8"
+    rocky8 = "rocky8"
+    rhel9 = "rhel9"
+    rocky9 = "rocky9"
+
+
+class FsxDeployment(str, enum.Enum):
+    """toolkit.cluster.build.FSX_DEPLOYMENTS."""
+    SCRATCH_2 = "SCRATCH_2"
+    PERSISTENT_2 = "PERSISTENT_2"
+
+
+class Transport(str, enum.Enum):
+    """The floors toolkit.reports.nccl judges against."""
+    efa = "efa"
+    tcp = "tcp"
+
+
+class State(str, enum.Enum):
+    """toolkit.cluster.diff.STATES: a part of the cluster is running or stopped."""
+    running = "running"
+    stopped = "stopped"
+
+
+def value(choice) -> str | None:
+    """An Enum choice's string (the library takes plain strings), None kept."""
+    return None if choice is None else choice.value
+
+
+def _recipe_names(incomplete: str) -> list[str]:
+    """Shell completion for a recipe NAME: the recipes `hpc recipes list` shows."""
+    from toolkit.recipes.load import list_recipe_files
+
+    return sorted({p.stem for p in list_recipe_files() if p.stem.startswith(incomplete)})
+
+
+RECIPE = typer.Argument(..., metavar="RECIPE", help="Recipe name or path to a recipe file.",
+                        autocompletion=_recipe_names)
+
+# Where the job runs.
+NODES = typer.Option(None, "--nodes", "-N", min=1, help="Nodes of the job (default: the recipe's resources.nodes).")
+CLUSTER = typer.Option(None, "--cluster", metavar="FILE", help="A ParallelCluster v3 config (default: this cluster's own, else "
+                                               "p3dn).")
+QUEUE = typer.Option(None, "--queue", "-p", metavar="QUEUE", help="Queue (Slurm partition) of the cluster config "
+                                                                  "(default: its first queue).")
+# What the recipe is made of.
+PROFILE = typer.Option(None, "--profile", metavar="PROFILE", help="A named profile of the recipe (e.g. smoke).")
+SET = typer.Option([], "--set", metavar="KEY.PATH=VALUE", help="Override a recipe value (e.g. args.--lr=0.1); "
+                                                               "null removes it. Repeatable.")
+SWEEP = typer.Option([], "--sweep", metavar="KEY.PATH=V1,V2,...",
+                     help="Sweep a recipe value as one job array (A..B: integers; \\, a comma in a value); repeat "
+                          "for a grid.")
+ARRAY_PARALLELISM = typer.Option(None, "--array-parallelism", min=1, help="With --sweep: at most this many tasks of "
+                                                                          "each array at once (default: submitit's "
+                                                                          "256).")
+TIME = typer.Option(None, "--time", "-t", metavar="TIME", help="Time limit, as sbatch --time: MINUTES, HH:MM:SS, "
+                                                               "D-HH:MM... (resources.time; default 24:00:00).")
+ENV = typer.Option([], "--env", metavar="NAME=VALUE", help="Set a variable in the job (env.NAME). Repeatable.")
+VENV = typer.Option(None, "--venv", metavar="DIR", help="Virtual environment the nodes activate (software.venv; "
+                                                        "default: the recipe's, for `hpc run` the one hpc runs in).")
+# Passed through to sbatch untouched (checked where they become #SBATCH lines).
+ACCOUNT = typer.Option(None, "--account", "-A", metavar="ACCOUNT", help="Slurm account (sbatch --account).")
+QOS = typer.Option(None, "--qos", "-q", metavar="QOS", help="Slurm QOS (sbatch --qos).")
+RESERVATION = typer.Option(None, "--reservation", metavar="NAME", help="Slurm reservation (sbatch --reservation).")
+DEPENDENCY = typer.Option(None, "--dependency", "-d", metavar="WHEN:JOB_ID",
+                          help="Slurm dependency, e.g. afterok:123 (sbatch --dependency).")
+EXECUTOR = typer.Option(None, "--executor", help="slurm (default), local (only where no Slurm is installed) or "
+                                                 "sbatch (the rendered script itself, as MPI binaries always go).")
+DRY_RUN = typer.Option(False, "--dry-run", help="Print what would be submitted; submit nothing.")
+VERBOSE = typer.Option(False, "--verbose", help="With --dry-run: the scripts and submitit's parameters in full "
+                                                "after the summary.")
+WAIT = typer.Option(False, "--wait", help="Show progress until the job ends; exit 1 if it fails.")
+FORCE = typer.Option(False, "--force", help="Overwrite an existing -o file.")
+
+
+@dataclasses.dataclass(frozen=True)
+class JobOptions:
+    """The shared job options as one value (each command passes what it declares; the rest stay unset)."""
+    overrides: Sequence[str] = ()
+    sweeps: Sequence[str] = ()
+    profile: Optional[str] = None
+    time: Optional[str] = None
+    env: Sequence[str] = ()
+    venv: Optional[Path] = None
+    account: Optional[str] = None
+    qos: Optional[str] = None
+    reservation: Optional[str] = None
+    dependency: Optional[str] = None
+
+    def slurm_options(self) -> dict[str, str | None]:
+        return {"account": self.account, "qos": self.qos, "reservation": self.reservation,
+                "dependency": self.dependency}
+
+    def refuse(self, command: str, why: str, *fields: str) -> None:
+        """Refuse (exit 2) each of `fields` that was given: `command` cannot honour it, for reason `why`."""
+        from toolkit.errors import UsageError
+
+        given = [f for f in fields if getattr(self, f) not in (None, (), [])]
+        if given:
+            flags = ", ".join(_flag(f) for f in given)
+            raise UsageError(f"{command} does not take {flags}: {why}",
+                             fix=f"drop {flags}" + (f" ({_ALTERNATIVES[given[0]]})" if given[0] in _ALTERNATIVES
+                                                    else ""))
+
+    def recipe_overrides(self) -> tuple[str, ...]:
+        """--time, --env and --venv as the recipe values they set, then each --set (the user's last word)."""
+        return (*_job_values(self.time, self.env, self.venv), *self.overrides)
+
+
+_FLAGS = {"overrides": "--set", "sweeps": "--sweep"}
+_ALTERNATIVES = {
+    "profile": "a profile belongs to a recipe file: write one with `hpc recipes new`, add profiles, submit it",
+    "sweeps": "sweep when submitting: `hpc recipes submit RECIPE --sweep ...` or `hpc run ... --sweep ...`",
+    "account": "give it when submitting", "qos": "give it when submitting",
+    "reservation": "give it when submitting", "dependency": "give it when submitting",
+}
+
+
+def _flag(field: str) -> str:
+    return _FLAGS.get(field, "--" + field)
+
+
+def check_time(time: str | None) -> None:
+    """--time in one of sbatch's forms (sbatch(1), --time), said in words, not as the schema's pattern."""
+    import re
+
+    from toolkit.errors import UsageError
+    from toolkit.recipes.schema import TIME_PATTERN
+
+    if time is not None and not re.match(TIME_PATTERN, time):
+        raise UsageError(f"--time {time!r} is not a Slurm time limit",
+                         fix="write MINUTES, MINUTES:SECONDS, HOURS:MINUTES:SECONDS, DAYS-HOURS, DAYS-HOURS:MINUTES "
+                             "or DAYS-HOURS:MINUTES:SECONDS, e.g. --time 01:30:00")
+
+
+def _job_values(time, env, venv) -> list[str]:
+    """--time/--env/--venv as `--set` items (values JSON-quoted: YAML would read 01:00:00 as a number)."""
+    from toolkit.recipes.user import parse_env, venv_dir
+
+    check_time(time)
+    items = [f"resources.time={json.dumps(time)}"] if time else []
+    items += [f"env.{name}={json.dumps(text)}" for name, text in parse_env(env).items()]
+    items += [f"software.venv={json.dumps(venv_dir(str(venv)))}"] if venv else []
+    return items
