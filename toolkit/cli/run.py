@@ -21,6 +21,10 @@ MAX_RESTARTS = typer.Option(None, "--max-restarts", min=0, help="torchrun: resta
                                                                 "a failure (the script resumes from its checkpoint).")
 VENV = typer.Option(None, "--venv", help="Virtual environment the nodes activate (default: the one hpc runs in).")
 ENV = typer.Option([], "--env", "-e", help="Set a variable in the job: NAME=VALUE (repeatable).")
+CONTAINER = typer.Option(None, "--container", help="Run every rank in this container image (a .sqsh file or an "
+                                                   "image reference) with pyxis: srun --container-image.")
+CONTAINER_MOUNT = typer.Option([], "--container-mount", help="SRC[:DST[:FLAGS]] mounted into the container "
+                                                             "(repeatable), e.g. /fsx or /fsx/data:/data:ro.")
 RDZV_TIMEOUT = typer.Option(None, "--rendezvous-timeout", min=1,
                             help="Seconds a rank may wait in init_process_group before failing (default 300).")
 
@@ -33,6 +37,7 @@ def run(target: str = typer.Argument(..., metavar="SCRIPT_OR_MODULE",
         cluster: Optional[Path] = CLUSTER, queue: Optional[str] = QUEUE, launcher: str = LAUNCHER,
         time: Optional[str] = TIME, max_restarts: Optional[int] = MAX_RESTARTS, venv: Optional[Path] = VENV,
         env: list[str] = ENV, rendezvous_timeout: Optional[int] = RDZV_TIMEOUT,
+        container: Optional[str] = CONTAINER, container_mount: list[str] = CONTAINER_MOUNT,
         executor: Optional[str] = typer.Option(None, "--executor", help="slurm | local | sbatch (default: slurm; "
                                                                         "local only where no Slurm is installed)."),
         dry_run: bool = typer.Option(False, "--dry-run", help="Print the plan that would be submitted; submit "
@@ -50,7 +55,8 @@ def run(target: str = typer.Argument(..., metavar="SCRIPT_OR_MODULE",
 
     data = user_recipe(target, script_args or [], nodes=nodes, style=launcher, time=time, max_restarts=max_restarts,
                        venv=str(venv) if venv else None, env=parse_env(env),
-                       rendezvous_timeout_s=rendezvous_timeout)
+                       rendezvous_timeout_s=rendezvous_timeout, container=container,
+                       container_mounts=container_mount)
     request = SubmitRequest(data["name"], nodes, str(cluster) if cluster else None, queue, executor=executor,
                             recipe_data=data)
     submit_request(request, dry_run, wait, as_json)

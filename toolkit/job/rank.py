@@ -67,8 +67,10 @@ class RankProgram:
         return ("bash", "-c", self.script, *self.words)
 
 
-def rank_program(command: tuple[Arg, ...], world_size: int, local_world_size: int, contract: bool) -> RankProgram:
-    """The rank program of a command. `contract`: export the rank contract (False under torchrun, which sets it)."""
+def rank_program(command: tuple[Arg, ...], world_size: int, local_world_size: int, contract: bool,
+                 prelude: str = "") -> RankProgram:
+    """The rank program of a command. `contract`: export the rank contract (False under torchrun, which sets it).
+    `prelude`: shell run first (a container's software activation, toolkit.job.container)."""
     head, tail = split_command(command)
     exports = []
     if contract:
@@ -77,6 +79,8 @@ def rank_program(command: tuple[Arg, ...], world_size: int, local_world_size: in
     script = " ".join(['exec "$0" "$@"', *(shell_word(arg) for arg in tail)])
     if exports:
         script = f"export {' '.join(exports)}; {script}"
+    if prelude:
+        script = f"{prelude}; {script}"
     return RankProgram(script, head)
 
 

@@ -140,13 +140,18 @@ def plan(request: SubmitRequest, run_dir: Path | None = None, *, task_of: Plan |
 
 
 def check_slurm_accepts(p: Plan) -> None:
-    """Before anything is written: the controller answers and `sbatch --test-only` takes the job."""
+    """Before anything is written: the controller answers, a containerized job finds pyxis, and `sbatch
+    --test-only` takes the job."""
     if p.executor == Executor.LOCAL:
         return
     from toolkit.slurm.commands import check_controller
     from toolkit.submit.executor import preflight
 
     check_controller()
+    if p.spec.software.container:  # srun's pyxis options exist only where Slurm loads pyxis (plugstack.conf)
+        from toolkit.health.containers import require_pyxis
+
+        require_pyxis()
     preflight(p.script)
 
 
