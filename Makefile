@@ -75,10 +75,11 @@ demo: venv train-env slurm-up
 	$(LOCAL_CLUSTER) $(BIN)/hpc recipes submit roberta --nodes 2 --profile smoke --wait
 
 # Benchmarks print figures and ratios against a baseline run in the same command (not timed tests).
-bench: venv train-env slurm-up
+bench: venv train-env slurm-up container-lane
 	$(BIN)/python benchmarks/bench_cli.py
 	$(LOCAL_CLUSTER) $(BIN)/python benchmarks/bench_submit.py
 	$(LOCAL_CLUSTER) $(BIN)/python benchmarks/bench_run.py
+	$(BIN)/python benchmarks/bench_containers.py
 
 # Reviewed renders in jobs/ (tests/test_render.py checks they match today's rendering). Each its own run dir:
 # the job writes its DeepSpeed config and checkpoints there, which a render at another node count must not share.
