@@ -101,8 +101,8 @@ def test_writable_workdir_and_extra_variables_are_pyxis_options():
 
 
 def test_an_image_reference_is_passed_as_it_is_and_a_relative_sqsh_goes_under_the_dirs_root():
-    ref = container_spec("software.container.image=nvcr.io#nvidia/pytorch:25.01-py3")
-    assert ref.software.container.image == "nvcr.io#nvidia/pytorch:25.01-py3"
+    ref = container_spec("software.container.image=registry.example.com#team/pytorch:25.01")
+    assert ref.software.container.image == "registry.example.com#team/pytorch:25.01"
     rel = container_spec("software.container.image=images/train.sqsh")
     assert rel.software.container.image == f"{rel.root}/images/train.sqsh"
 
