@@ -139,6 +139,8 @@ def test_hpc_run_container_options(tmp_path):
     words = srun_words(cli_json(res)["script"], "srun --label")
     assert option(words, "--container-image") == "/fsx/images/t.sqsh"
     assert option(words, "--container-mounts").startswith("/fsx:/fsx")
+    # planned on a ParallelCluster config without pyxis: said at once (the submission itself asks srun)
+    assert any("does not enable pyxis" in w for w in cli_json(res)["warnings"])
     from toolkit.recipes.user import user_recipe
     with pytest.raises(UsageError, match="--container IMAGE"):
         user_recipe(str(script), [], container_mounts=["/fsx"])
@@ -168,6 +170,10 @@ def test_cluster_config_pyxis_adds_aws_custom_actions(tmp_path):
     assert all(q["CustomActions"]["OnNodeStart"]["Script"] == PYXIS_COMPUTE_SCRIPT
                for q in doc["Scheduling"]["SlurmQueues"])
     assert " --pyxis -o " in out.read_text().splitlines()[1]  # the header's command makes the same file
+    from toolkit.health.containers import config_enables_pyxis
+
+    assert config_enables_pyxis(doc)
+    assert not config_enables_pyxis(yaml.safe_load((REPO / "jobs" / "p3dn-cluster.yaml").read_text()))
 
 
 def test_the_container_lane_shares_nothing_with_the_other_lanes(tmp_path):

@@ -34,6 +34,35 @@ def require_pyxis() -> None:
                        fix=ENABLE_FIX)
 
 
+def config_enables_pyxis(config: dict) -> bool:
+    """Whether a ParallelCluster config turns pyxis on: a custom action (head node or queue) whose script or
+    arguments name pyxis, as AWS's enable-pyxis scripts do (ParallelCluster >= 3.11 ships pyxis off)."""
+    def actions(section) -> list:
+        return list((section or {}).get("CustomActions", {}).values()) if isinstance(section, dict) else []
+
+    queues = (config.get("Scheduling") or {}).get("SlurmQueues") or []
+    found = actions(config.get("HeadNode")) + [a for q in queues for a in actions(q)]
+    return any("pyxis" in str(a.get("Script", "")) + " ".join(map(str, a.get("Args") or []))
+               for a in found if isinstance(a, dict))
+
+
+def config_warning(path) -> str | None:
+    """A plan's warning when the cluster config it was planned on does not enable pyxis (the submission itself
+    asks srun, which decides)."""
+    import yaml
+
+    from toolkit.textfile import read_text
+
+    try:
+        config = yaml.safe_load(read_text(path, "cluster config", fix="")) or {}
+    except (HpcError, yaml.YAMLError):
+        return None
+    if isinstance(config, dict) and not config_enables_pyxis(config):
+        return (f"the job runs in a container, but {path} does not enable pyxis (no custom action names it): "
+                f"it will be refused where srun has no --container-image; {ENABLE_FIX}")
+    return None
+
+
 @dataclasses.dataclass(frozen=True)
 class ContainerCheck:
     pyxis: bool  # srun --help lists --container-image
