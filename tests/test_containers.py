@@ -205,3 +205,14 @@ def test_without_the_sources_the_lane_says_what_to_provide(monkeypatch, tmp_path
     assert containers.find_sources() is None
     line = containers.missing_sources()
     assert "\n" not in line and containers.SOURCES_ENV in line and "enroot-bd51f53b" in line
+
+
+def test_the_node_check_reports_enroots_version(tmp_path):
+    from toolkit.health.node_check import Node, gather
+
+    enroot = tmp_path / "usr/bin/enroot"
+    enroot.parent.mkdir(parents=True)
+    enroot.write_text('#!/bin/sh\n[ "$1" = version ] && echo 4.1.2\n')
+    enroot.chmod(0o755)
+    assert gather(Node(str(tmp_path), {"PATH": "/usr/bin"}))["enroot"] == {"path": str(enroot), "version": "4.1.2"}
+    assert gather(Node(str(tmp_path / "bare"), {"PATH": "/usr/bin"}))["enroot"] == {"path": None, "version": None}

@@ -164,6 +164,11 @@ def _doctor_text(data: dict) -> str:
     lines += [f"  FAIL   slurm: {m}" for m in data["slurm"]["missing"]]
     if containers := data.get("containers"):
         lines.append(_containers_text(containers))
+        versions: dict[str, list[str]] = {}
+        for node in data["nodes"]:
+            enroot = (node["facts"] or {}).get("enroot") or {}
+            versions.setdefault(enroot.get("version") or "not on the job's PATH, /usr/bin or /usr/local/bin", []).append(node["node"])
+        lines.append("enroot: " + "; ".join(f"{v} [{','.join(n)}]" for v, n in versions.items()))
     lines += ["", "ok: every node passed" if data["ok"] else "FAILED: see the FAIL lines above"]
     return "\n".join(lines)
 
