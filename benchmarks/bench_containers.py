@@ -85,11 +85,13 @@ def main() -> None:
         subprocess.run(["scancel", job_id], env=env, timeout=30)
     med = {name: statistics.median(v) for name, v in launch.items()}
     print("per job step (srun -N2 --ntasks-per-node=2 true), median of", args.repeats)
+    base = med["plain srun"]
     for name, value in med.items():
-        print(f"  {name:20} {value:6.2f} s" + ("" if name == "plain srun" else
-                                              f"   +{value - med['plain srun']:.2f} s, {value / med['plain srun']:.1f}x"))
+        more = "" if name == "plain srun" else f"   +{value - base:.2f} s, {value / base:.1f}x"
+        print(f"  {name:20} {value:6.2f} s{more}")
     cmed = {name: statistics.median(v) for name, v in compute.items()}
-    print(f"per training step (torch 256x256 matmul, 4 ranks, ms per iteration), median of {len(compute['plain srun'])}")
+    print("per training step (torch 256x256 matmul, 4 ranks, ms per iteration), median of",
+          len(compute["plain srun"]))
     for name, value in cmed.items():
         print(f"  {name:20} {value:6.3f} ms" + ("" if name == "plain srun" else
                                                f"   ratio {value / cmed['plain srun']:.2f}x"))

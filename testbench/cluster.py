@@ -219,8 +219,8 @@ def _start_slurmd(layout: Layout, node: Node) -> None:
     env = slurm_env(layout)
     if layout.lane.containers:  # pyxis passes enroot only PATH: the node's own enroot comes first on it
         env["PATH"] = containers.node_path(node, env.get("PATH", os.defpath))
-    _run(["unshare", "--uts", "--", "/bin/sh", "-c", 'node="$1"; shift; hostname "$node" && exec "$@" -N "$node"', "sh", node.name,
-          *_daemon(layout, "slurmd")], env=env)
+    start = 'node="$1"; shift; hostname "$node" && exec "$@" -N "$node"'
+    _run(["unshare", "--uts", "--", "/bin/sh", "-c", start, "sh", node.name, *_daemon(layout, "slurmd")], env=env)
 
 
 def _start(layout: Layout, daemon: Daemon) -> None:

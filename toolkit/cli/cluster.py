@@ -167,7 +167,8 @@ def _doctor_text(data: dict) -> str:
         versions: dict[str, list[str]] = {}
         for node in data["nodes"]:
             enroot = (node["facts"] or {}).get("enroot") or {}
-            versions.setdefault(enroot.get("version") or "not on the job's PATH, /usr/bin or /usr/local/bin", []).append(node["node"])
+            found = enroot.get("version") or "not on the job's PATH, /usr/bin or /usr/local/bin"
+            versions.setdefault(found, []).append(node["node"])
         lines.append("enroot: " + "; ".join(f"{v} [{','.join(n)}]" for v, n in versions.items()))
     lines += ["", "ok: every node passed" if data["ok"] else "FAILED: see the FAIL lines above"]
     return "\n".join(lines)
