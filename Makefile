@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 PIP := $(BIN)/pip --disable-pip-version-check -q
 
-.PHONY: venv train-env slurm-up slurm-lanes slurm-down test canaries demo bench jobs k8s-jobs cluster-configs clean
+.PHONY: venv train-env slurm-up slurm-lanes container-lane slurm-down test canaries demo bench jobs k8s-jobs cluster-configs clean
 
 # The torch pins are repeated on every install line that may pull torch, so that no dependency can swap it.
 TORCH_PINS := torch==2.14.1 torchvision==0.29.1
@@ -54,7 +54,15 @@ NEWER_LANES := 24.11 26.05
 slurm-lanes: venv
 	for v in $(NEWER_LANES); do $(BIN)/python -m testbench up --slurm $$v || exit 1; done
 
-test: venv train-env slurm-up slurm-lanes
+# The container lane: this machine's Slurm 22.05 again with NVIDIA pyxis + enroot built from the pinned sources in
+# ../shared/containers (or $$HPC_CONTAINER_SOURCES) and a small image made with debootstrap (testbench/containers.py;
+# about a minute from nothing, cached under /var/tmp). Without the sources it says so and the container tests skip.
+container-lane: venv
+	@if $(BIN)/python -c 'from testbench.containers import find_sources; raise SystemExit(find_sources() is None)'; \
+	then $(BIN)/python -m testbench up --slurm 22.05-pyxis; \
+	else $(BIN)/python -c 'from testbench.containers import missing_sources; print(missing_sources())'; fi
+
+test: venv train-env slurm-up slurm-lanes container-lane
 	$(BIN)/python -m pytest -q
 
 # Checks of third parties' behaviour we rely on (torch's restart hang, Slurm's own features): not our code, so
@@ -67,10 +75,11 @@ demo: venv train-env slurm-up
 	$(LOCAL_CLUSTER) $(BIN)/hpc recipes submit roberta --nodes 2 --profile smoke --wait
 
 # Benchmarks print figures and ratios against a baseline run in the same command (not timed tests).
-bench: venv train-env slurm-up
+bench: venv train-env slurm-up container-lane
 	$(BIN)/python benchmarks/bench_cli.py
 	$(LOCAL_CLUSTER) $(BIN)/python benchmarks/bench_submit.py
 	$(LOCAL_CLUSTER) $(BIN)/python benchmarks/bench_run.py
+	$(BIN)/python benchmarks/bench_containers.py
 
 # Reviewed renders in jobs/ (tests/test_render.py checks they match today's rendering). Each its own run dir:
 # the job writes its DeepSpeed config and checkpoints there, which a render at another node count must not share.
@@ -83,6 +92,9 @@ jobs: venv
 	@for job in $(DL1_JOBS); do name=$${job%%:*}; nodes=$${job##*:}; \
 	  $(BIN)/python -m toolkit recipes render $$name --nodes $$nodes --cluster jobs/dl1-cluster.yaml --queue dl1 --run-dir /fsx/runs/$$name-$${nodes}xdl1 \
 	    -o jobs/$$name-$${nodes}xdl1.sbatch --force || exit 1; done
+	@mkdir -p jobs/containers
+	$(BIN)/python -m toolkit recipes render resnet50 --profile container --nodes 8 --cluster jobs/p3dn-cluster.yaml --queue p3dn \
+	  --run-dir /fsx/runs/resnet50-container-8xp3dn -o jobs/containers/resnet50-8xp3dn.sbatch --force
 
 # Reviewed Kubernetes renders: Kubeflow v1 (PyTorchJob/MPIJob) in jobs/k8s/, Trainer v2 (TrainJob) in
 # jobs/k8s/trainer-v2/ (tests/test_k8s_examples.py and tests/test_k8s_trainer_v2.py check they match today's rendering).

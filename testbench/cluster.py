@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from toolkit.errors import HpcError
-from testbench import chroot, install, procs, rootfs
+from testbench import chroot, containers, install, procs, rootfs
 from testbench.layout import CLUSTER_NAME, DEFAULT_QUEUE, FAKE_GPUS_PER_NODE, Layout, Node
 
 MIN_JOB_AGE = 30  # seconds a finished job stays in squeue/scontrol (sacct keeps it for good)
@@ -68,8 +68,8 @@ def render_configs(layout: Layout) -> dict[Path, str]:
     values = dict(layout=layout, cluster_name=CLUSTER_NAME, slurmctld_port=lane.slurmctld_port,
                   slurmdbd_port=lane.slurmdbd_port, min_job_age=MIN_JOB_AGE, max_array_size=MAX_ARRAY_SIZE,
                   cpu_nodes=lane.cpu_nodes, p3dn_nodes=lane.p3dn_nodes, gpus_per_node=FAKE_GPUS_PER_NODE,
-                  accounting=lane.accounting,
-                  first_job_id=lane.first_job_id)
+                  accounting=lane.accounting, first_job_id=lane.first_job_id,
+                  plugstack=lane.containers and layout.plugstack_conf)
     configs = {
         layout.slurm_conf: env.get_template("slurm.conf.j2").render(values),
         layout.gres_conf: env.get_template("gres.conf.j2").render(values),
@@ -98,6 +98,12 @@ def _prepare_dirs(layout: Layout) -> None:
               layout.spool / "slurmctld", *(layout.spool / f"slurmd-{n.name}" for n in layout.lane.cpu_nodes)):
         d.mkdir(parents=True, exist_ok=True)
     layout.root.chmod(0o755)  # munge and mysql users must reach their dirs
+    if layout.lane.containers:  # this machine's daemons under the lane's own process names (Lane.comm)
+        layout.sbin.mkdir(exist_ok=True)
+        for name, target in chroot.DAEMONS.items():
+            link = layout.sbin / layout.lane.comm(name)
+            if not link.is_symlink():
+                link.symlink_to(target)
     for i in range(FAKE_GPUS_PER_NODE):
         dev = layout.gpu_devices / f"nvidia{i}"
         if not dev.exists():  # gres.conf File= must be a character device: plain files are rejected
@@ -121,9 +127,10 @@ def _daemon(layout: Layout, name: str, *args: str) -> list[str]:
     """How to start a daemon: by name on this machine's Slurm; in a chroot lane from its version-named symlink
     (its process name) with argv[0] the plain name, which Slurm 24.11 checks (e.g. only a program called
     `slurmctld` may load the certmgr plugin)."""
-    if layout.lane.rootfs is None:
+    if layout.lane.rootfs is None and not layout.lane.containers:
         return [name, *args]
-    return ["/bin/bash", "-c", 'exec -a "$0" "$@"', name, chroot.daemon_path(layout, name), *args]
+    path = str(layout.sbin / layout.lane.comm(name)) if layout.lane.rootfs is None else chroot.daemon_path(layout, name)
+    return ["/bin/bash", "-c", 'exec -a "$0" "$@"', name, path, *args]
 
 
 def slurm_env(layout: Layout) -> dict[str, str]:
@@ -213,8 +220,11 @@ def _start_slurmd(layout: Layout, node: Node) -> None:
         _run(chroot.argv(layout, _daemon(layout, "slurmd", "-N", node.name)),
              env=dict(slurm_env(layout), HPC_LANE_HOSTNAME=node.name))
         return
-    _run(["unshare", "--uts", "--", "/bin/sh", "-c", 'hostname "$1" && exec slurmd -N "$1"', "sh", node.name],
-         env=slurm_env(layout))
+    env = slurm_env(layout)
+    if layout.lane.containers:  # pyxis passes enroot only PATH: the node's own enroot comes first on it
+        env["PATH"] = containers.node_path(node, env.get("PATH", os.defpath))
+    start = 'node="$1"; shift; hostname "$node" && exec "$@" -N "$node"'
+    _run(["unshare", "--uts", "--", "/bin/sh", "-c", start, "sh", node.name, *_daemon(layout, "slurmd")], env=env)
 
 
 def _start(layout: Layout, daemon: Daemon) -> None:
@@ -299,6 +309,9 @@ def _up(layout: Layout) -> dict[str, Any]:
     if lane.rootfs is None:
         installed = install.install_packages()
         install.add_hosts(lane.nodes)
+        if lane.containers:
+            built = containers.ensure(layout)
+            installed += built["installed"] + built["built"]
     else:
         built = rootfs.ensure(lane.rootfs, lane.suite or "", ROOTFS_PACKAGES, layout.log)
         installed = [f"rootfs {lane.suite}"] * built["built"] + built["installed"]

@@ -2,7 +2,8 @@
 
 Three lanes can run at once: this machine's own Slurm (Debian bookworm's 22.05) and newer ones (trixie's 24.11,
 forky's 26.05) run from Debian root file systems under chroot, each with its own state dir, ports, node addresses
-and munge.
+and munge. A fourth, the container lane (22.05-pyxis), is this machine's Slurm again with NVIDIA pyxis loaded and
+an enroot per node (testbench.containers), apart from the default lane the same way.
 Pure data, no side effects: discovery, the daemons and the tests all read the same paths from here.
 """
 
@@ -55,6 +56,7 @@ class Lane:
     rootfs: Path | None = None
     # Test payloads derive ports from job ids (all nodes share one network): lanes number jobs apart.
     first_job_id: int | None = None
+    containers: bool = False  # pyxis in its plugstack.conf, an enroot per node (testbench.containers)
 
     @property
     def nodes(self) -> tuple[Node, ...]:
@@ -64,6 +66,8 @@ class Lane:
         """The process name its daemon runs under. A chroot lane's daemons carry the version (through a
         symlink: the kernel names a process after the path it was started from) so that neither lane takes
         the other's daemons for a foreign Slurm. At most 15 characters: the kernel truncates longer names."""
+        if self.containers:  # the machine's own daemons again, under names the default lane does not guard
+            return f"{daemon}-pyxis"[:15]
         return daemon if self.rootfs is None else f"{daemon}-{self.slurm}"[:15]
 
 
@@ -86,6 +90,16 @@ LANES = {
                   False, "forky", Path("/var/tmp/hpc-rootfs-forky"), 20000),
 }
 DEFAULT_LANE = LANES["22.05"]
+# The container lane, beside the version lanes (not one of them: the same Slurm as the default lane). Ports 7217+
+# and 127.0.4.x, no accounting (like ParallelCluster's default), its own job ids.
+CONTAINER_LANES = {
+    "22.05-pyxis": Lane("22.05", Path("/var/tmp/hpc-sandbox-pyxis"), 7217, 7219,
+                        tuple(Node(n.name, n.addr.replace("127.0.1.", "127.0.4."), n.port + 300, True)
+                              for n in CPU_NODES),
+                        tuple(Node(n.name, n.addr.replace("127.0.1.", "127.0.4."), n.port + 300, False)
+                              for n in P3DN_NODES),
+                        False, first_job_id=30000, containers=True),
+}
 
 
 def state_dir() -> Path:
@@ -96,11 +110,12 @@ def lane(slurm: str | None) -> Lane:
     """The lane for a Slurm version (None: this machine's own Slurm)."""
     if slurm is None:
         return DEFAULT_LANE
-    if slurm not in LANES:
+    known = {**LANES, **CONTAINER_LANES}
+    if slurm not in known:
         from toolkit.errors import UsageError
 
-        raise UsageError(f"no local Slurm {slurm!r}", fix=f"pick one of: {', '.join(LANES)}")
-    return LANES[slurm]
+        raise UsageError(f"no local Slurm {slurm!r}", fix=f"pick one of: {', '.join(known)}")
+    return known[slurm]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -144,6 +159,15 @@ class Layout:
     @property
     def cluster_config(self) -> Path:
         return self.root / "cluster-config.yaml"
+
+    @property
+    def plugstack_conf(self) -> Path:
+        return self.etc / "plugstack.conf"
+
+    @property
+    def sbin(self) -> Path:
+        """The container lane's daemon names (symlinks to this machine's daemons, named as Lane.comm says)."""
+        return self.root / "sbin"
 
     @property
     def run(self) -> Path:

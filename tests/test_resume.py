@@ -26,7 +26,7 @@ def rank_start(checkpoint_dir: Path, ranks: int = 1) -> str:
     """What `ranks` ranks of a fairseq job run before fairseq, all at once, as their rank program's bash runs it
     (then `exec "$0"`: here `true`); what they said."""
     program = rank_program(("true",), ranks, ranks, contract=True,
-                           before=checkpoint_repair_script("fairseq", str(checkpoint_dir)))
+                           prelude=checkpoint_repair_script("fairseq", str(checkpoint_dir)))
     env = {"PATH": "/usr/bin:/bin", "SLURM_LOCALID": "0", "SLURM_NODEID": "0"}
     procs = [subprocess.Popen(program.argv, env={**env, "SLURM_PROCID": str(r)}, stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True) for r in range(ranks)]

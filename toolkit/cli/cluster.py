@@ -51,6 +51,8 @@ def config(
     capacity_block: Optional[str] = typer.Option(None, "--capacity-block", help="[QUEUE=]cr-... Capacity Block "
                                                  "for ML: the queue runs its MAX_NODES for the block's duration."),
     post_install: Optional[str] = typer.Option(None, "--post-install", help="Script URL run on compute nodes."),
+    pyxis: bool = typer.Option(False, "--pyxis", help="Enable pyxis + enroot (jobs with software.container, "
+                                                      "hpc run --container) with AWS's custom actions."),
     output: str = typer.Option(..., "--output", "-o", metavar="FILE|DIR|-", help="File to write (a directory: "
                                "NAME.yaml in it; -: stdout)."),
     force: bool = o.FORCE,
@@ -77,7 +79,7 @@ def config(
         queues=tuple(parse_queue(q) for q in queue), head_node=head_node, os=os.value, custom_ami=custom_ami, fsx=fsx,
         capacity_reservation=reservation or None, reservation_queue=reservation_queue or None,
         capacity_block=block or None, capacity_block_queue=block_queue or None, post_install=post_install,
-        ssh_allowed_ips=ssh_allowed_ips or SSH_ALLOWED_IPS)
+        ssh_allowed_ips=ssh_allowed_ips or SSH_ALLOWED_IPS, pyxis=pyxis)
     path = output_target(output, f"{name}.yaml")
     if path is None:  # -o -: the config on stdout (with --json, in the envelope's data)
         text, warnings = config_text(spec, "-")
@@ -182,8 +184,24 @@ def _doctor_text(data: dict) -> str:
     lines.append(f"Slurm {data['slurm']['version']}: "
                  + ("has what our rendered jobs use" if not data["slurm"]["missing"] else "lacks what our jobs use"))
     lines += [f"  FAIL   slurm: {m}" for m in data["slurm"]["missing"]]
+    if containers := data.get("containers"):
+        lines.append(_containers_text(containers))
+        versions: dict[str, list[str]] = {}
+        for node in data["nodes"]:
+            enroot = (node["facts"] or {}).get("enroot") or {}
+            found = enroot.get("version") or "not on the job's PATH, /usr/bin or /usr/local/bin"
+            versions.setdefault(found, []).append(node["node"])
+        lines.append("enroot: " + "; ".join(f"{v} [{','.join(n)}]" for v, n in versions.items()))
     lines += ["", "ok: every node passed" if data["ok"] else "FAILED: see the FAIL lines above"]
     return "\n".join(lines)
+
+
+def _containers_text(c: dict) -> str:
+    pyxis = "pyxis loaded (srun --container-image)" if c["pyxis"] else "no pyxis: jobs with a container are refused"
+    if not c["image"]:
+        return f"containers: {pyxis}"
+    where = f"started on {', '.join(c['started'])}" if c["started"] else "started nowhere"
+    return f"containers: {pyxis}; {c['image']} {where}" + (f"\n  FAIL   containers: {c['error']}" if c["error"] else "")
 
 
 def _loader_text(reports: list[dict]) -> str:
@@ -235,6 +253,8 @@ def doctor(
                                      "the queue. Repeat for more jobs."),
     profile: Optional[str] = o.PROFILE,
     overrides: List[str] = o.SET,
+    container_image: Optional[str] = typer.Option(None, "--container-image", help="Also start this container "
+                                                  "image (.sqsh or reference) on every node through pyxis/enroot."),
     as_json: bool = JSON_OPTION,
 ) -> None:
     """Check every node of a queue: EFA, ib_uverbs, GPUs, FSx, NCCL, aws-ofi-nccl, EFA stack (exit 1 on a FAIL);
@@ -255,7 +275,7 @@ def doctor(
         raise UsageError("--profile and --set go with --recipe", fix="add --recipe NAME")
     chosen, how = resolve_queue(cluster, queue)
     info(f"queue: {how}")
-    report = run_doctor(chosen, nodes, timeout)
+    report = run_doctor(chosen, nodes, timeout, container_image)
     emit(report.as_dict(), as_json, _doctor_text)
     if not report.ok:
         raise fail(f"a node of queue {chosen.name} failed a check")

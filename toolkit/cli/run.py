@@ -20,6 +20,10 @@ LAUNCHER = typer.Option(o.Launcher.script, "--launcher", help="script: srun star
                                                               "--max-restarts).")
 MAX_RESTARTS = typer.Option(None, "--max-restarts", min=0, help="torchrun: restart the ranks up to K times after "
                                                                 "a failure (the script resumes from its checkpoint).")
+CONTAINER = typer.Option(None, "--container", help="Run every rank in this container image (a .sqsh file or an "
+                                                   "image reference) with pyxis: srun --container-image.")
+CONTAINER_MOUNT = typer.Option([], "--container-mount", help="SRC[:DST[:FLAGS]] mounted into the container "
+                                                             "(repeatable), e.g. /fsx or /fsx/data:/data:ro.")
 RDZV_TIMEOUT = typer.Option(None, "--rendezvous-timeout", min=1,
                             help="Seconds a rank may wait in init_process_group before failing (default 300).")
 
@@ -32,6 +36,7 @@ def run(target: str = typer.Argument(..., metavar="SCRIPT_OR_MODULE",
                                                                   "queue)."),
         cluster: Optional[Path] = o.CLUSTER, queue: Optional[str] = o.QUEUE, launcher: o.Launcher = LAUNCHER,
         max_restarts: Optional[int] = MAX_RESTARTS, rendezvous_timeout: Optional[int] = RDZV_TIMEOUT,
+        container: Optional[str] = CONTAINER, container_mount: list[str] = CONTAINER_MOUNT,
         profile: Optional[str] = o.PROFILE, overrides: list[str] = o.SET, sweeps: list[str] = o.SWEEP,
         array_parallelism: Optional[int] = o.ARRAY_PARALLELISM,
         time: Optional[str] = o.TIME, env: list[str] = o.ENV, venv: Optional[Path] = o.VENV,
@@ -53,7 +58,8 @@ def run(target: str = typer.Argument(..., metavar="SCRIPT_OR_MODULE",
     o.check_time(time)
     data = user_recipe(target, script_args or [], nodes=nodes, style=launcher.value, time=time,
                        max_restarts=max_restarts, venv=str(venv) if venv else None, env=parse_env(env),
-                       rendezvous_timeout_s=rendezvous_timeout)
+                       rendezvous_timeout_s=rendezvous_timeout, container=container,
+                       container_mounts=container_mount)
     request = SubmitRequest(data["name"], nodes, str(cluster) if cluster else None, queue,
                             overrides=tuple(overrides), slurm_options=job.slurm_options(),
                             executor=o.value(executor), recipe_data=data)

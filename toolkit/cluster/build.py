@@ -43,6 +43,14 @@ COMPUTE_ROOT_GIB = 200  # accelerator nodes' root volume
 SCRATCH = "/scratch"
 IDLE_MINUTES_ACCELERATED = 30  # GPU nodes take minutes to boot: keep them between jobs a little longer
 IDLE_MINUTES = 10  # ParallelCluster's default
+# ParallelCluster >= 3.11 installs enroot and pyxis with pyxis off (its configs kept in /opt/parallelcluster/examples:
+# aws-parallelcluster-cookbook PR #2820). AWS's samples turn it on with two custom actions: the head node's moves
+# the enroot, SPANK and pyxis configs into place and reconfigures Slurm, each compute node's does the same on start
+# (aws-samples/aws-parallelcluster-post-install-scripts enable-pyxis/README.md, head-node/ and compute-node/
+# postscript.sh; AWS ParallelCluster User Guide, "Running containerized jobs with Pyxis").
+PYXIS_SCRIPTS = "https://raw.githubusercontent.com/aws-samples/aws-parallelcluster-post-install-scripts/main/enable-pyxis"
+PYXIS_HEAD_SCRIPT = f"{PYXIS_SCRIPTS}/head-node/postscript.sh"
+PYXIS_COMPUTE_SCRIPT = f"{PYXIS_SCRIPTS}/compute-node/postscript.sh"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -102,6 +110,7 @@ class ClusterSpec:
     capacity_block_queue: str | None = None  # which queue uses it (default: the only accelerator queue)
     post_install: str | None = None
     ssh_allowed_ips: str = SSH_ALLOWED_IPS  # a CIDR or a prefix list id (pl-...)
+    pyxis: bool = False  # enable pyxis (srun --container-image) with AWS's custom actions (PYXIS_*_SCRIPT)
 
 
 def parse_queue(text: str, option: str = "--queue-spec") -> QueueSpec:
@@ -315,8 +324,15 @@ def _queue(spec: ClusterSpec, queue: QueueSpec, it: InstanceType, reservation: s
         entry["HealthChecks"] = _map(("Gpu", _map(("Enabled", True), Enabled=(
             "ParallelCluster runs a DCGM GPU check in each job's prolog: a node whose GPUs fail it is drained, "
             "not given the job (p4d/p5: a slow check can fail jobs with 'Prolog hung', aws-parallelcluster#6777)"))))
+    actions = _map()
+    if spec.pyxis:
+        actions["OnNodeStart"] = _map(("Script", PYXIS_COMPUTE_SCRIPT))
+        _note(actions, "OnNodeStart", "enables pyxis on each node as it starts (srun --container-image)")
     if spec.post_install:
-        entry["CustomActions"] = _map(("OnNodeConfigured", _map(("Script", spec.post_install))))
+        actions["OnNodeConfigured"] = _map(("Script", spec.post_install))
+    if actions:
+        entry["CustomActions"] = actions
+    if spec.post_install:
         if bucket := _bucket(spec.post_install):
             entry["Iam"] = _map(("S3Access", _seq(_map(("BucketName", bucket), ("EnableWriteAccess", False)))))
     entry["Tags"] = tags
@@ -380,6 +396,8 @@ def command_line(spec: ClusterSpec, output: str) -> str:
         args += ["--post-install", spec.post_install]
     if spec.ssh_allowed_ips != SSH_ALLOWED_IPS:
         args += ["--ssh-allowed-ips", spec.ssh_allowed_ips]
+    if spec.pyxis:
+        args.append("--pyxis")
     return shlex.join([*args, "-o", output])
 
 
@@ -436,6 +454,9 @@ def build_config(spec: ClusterSpec, output: str = "cluster.yaml"):
                                     "VPC), not ParallelCluster's 0.0.0.0/0")))),
                 ("LocalStorage", _map(("RootVolume", _map(("Size", HEAD_ROOT_GIB), Size=(
                     "GiB: Slurm state, logs and software built on the head node outgrow the AMI's 40"))))))
+    if spec.pyxis:
+        head["CustomActions"] = _map(("OnNodeConfigured", _map(("Script", PYXIS_HEAD_SCRIPT), Script=(
+            "enables pyxis on the head node (srun --container-image; off by default since ParallelCluster 3.11)"))))
 
     def reservation_of(q: QueueSpec) -> str | None:
         return spec.capacity_reservation if q.name == reservation_queue else \

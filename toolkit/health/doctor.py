@@ -14,6 +14,7 @@ from importlib import resources
 
 from toolkit.cluster.queues import Queue
 from toolkit.errors import HpcError, UsageError
+from toolkit.health.containers import ContainerCheck, pyxis_loaded, start_argv, started_check
 from toolkit.health.evaluate import Check, evaluate
 from toolkit.job.env import submit_env_allowlist
 
@@ -43,10 +44,13 @@ class DoctorReport:
     job_error: str | None = None  # srun's own complaint when it failed
     slurm_version: str | None = None
     slurm_missing: tuple[str, ...] = ()  # what our rendered jobs for this queue use that this Slurm lacks
+    containers: ContainerCheck | None = None  # pyxis here; with --container-image, a container on every node
 
     @property
     def ok(self) -> bool:
-        return bool(self.nodes) and all(n.ok for n in self.nodes) and not self.slurm_missing
+        containers_ok = self.containers is None or self.containers.image is None or (
+            self.containers.pyxis and self.containers.error is None)
+        return bool(self.nodes) and all(n.ok for n in self.nodes) and not self.slurm_missing and containers_ok
 
     def as_dict(self) -> dict:
         q = self.queue
@@ -59,6 +63,7 @@ class DoctorReport:
                        "checks": [dataclasses.asdict(c) for c in n.checks], "facts": n.facts} for n in self.nodes],
             "job_error": self.job_error,
             "slurm": {"version": self.slurm_version, "missing": list(self.slurm_missing)},
+            "containers": self.containers.as_dict() if self.containers else None,
         }
 
 
@@ -149,8 +154,20 @@ def slurm_facts(queue: Queue) -> tuple[str, tuple[str, ...]]:
                                                                version.mpi_types()))
 
 
-def run_doctor(queue: Queue, nodes: int | None = None, timeout: float = DEFAULT_TIMEOUT) -> DoctorReport:
-    """Check every usable node of the queue (or `nodes` of them); unusable nodes are reported as failures."""
+def check_containers(queue: Queue, count: int, nodelist: list[str] | None, image: str | None,
+                     timeout: float) -> ContainerCheck:
+    """pyxis on this node (srun --help); with IMAGE, whether a container of it starts on each node (enroot)."""
+    if not pyxis_loaded():
+        return ContainerCheck(False, image, error="pyxis is not loaded (srun --help has no --container-image)")
+    if image is None:
+        return ContainerCheck(True)
+    return started_check(image, count, run_srun(start_argv(queue.name, count, nodelist, image), timeout))
+
+
+def run_doctor(queue: Queue, nodes: int | None = None, timeout: float = DEFAULT_TIMEOUT,
+               container_image: str | None = None) -> DoctorReport:
+    """Check every usable node of the queue (or `nodes` of them); unusable nodes are reported as failures.
+    Containers: whether pyxis is loaded, and with `container_image` whether that image starts on the nodes."""
     slurm = slurm_facts(queue)
     states = partition_nodes(queue.name)
     usable = [name for name, state in states if not unusable(state)]
@@ -174,4 +191,6 @@ def run_doctor(queue: Queue, nodes: int | None = None, timeout: float = DEFAULT_
                for name in expected if name not in reports]
     missing += [NodeReport(f"?{i + 1}", error=f"no report: {job_error or 'the node check printed nothing'}")
                 for i in range(max(0, count - len(reports) - len(missing)))]
-    return DoctorReport(queue, tuple(sorted(checked + missing + skipped, key=lambda n: n.node)), job_error, *slurm)
+    containers = check_containers(queue, count, None if nodes else usable, container_image, timeout)
+    return DoctorReport(queue, tuple(sorted(checked + missing + skipped, key=lambda n: n.node)), job_error, *slurm,
+                        containers=containers)

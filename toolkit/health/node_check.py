@@ -170,6 +170,16 @@ def find_libraries(node: Node, dirs, name_pattern, content_pattern) -> list:
     return found
 
 
+def enroot_facts(node: Node) -> dict:
+    """enroot, which pyxis runs on the node for every containerized step (`srun --container-image`): where it is
+    and its version (`enroot version`), or None where it is not installed."""
+    path = node.which("enroot", ("/usr/bin", "/usr/local/bin"))
+    if path is None:
+        return {"path": None, "version": None}
+    code, out, err = node.run([path, "version"])
+    return {"path": path, "version": first_line(out) if code == 0 else None}
+
+
 def gather(node: Node, mounts=()) -> dict:
     """All facts of this node, JSON-ready."""
     environ = node.environ
@@ -182,6 +192,7 @@ def gather(node: Node, mounts=()) -> dict:
         "mounts": mount_facts(node, mounts),
         "nccl": find_libraries(node, NCCL_DIRS, NCCL_NAMES, NCCL_VERSION),
         "aws_ofi_nccl": find_libraries(node, OFI_NCCL_DIRS, OFI_NCCL_NAMES, OFI_NCCL_VERSION),
+        "enroot": enroot_facts(node),
     }
 
 

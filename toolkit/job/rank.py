@@ -68,9 +68,10 @@ class RankProgram:
 
 
 def rank_program(command: tuple[Arg, ...], world_size: int, local_world_size: int, contract: bool,
-                 before: str = "") -> RankProgram:
-    """The rank program of a command. `contract`: export the rank contract (False under torchrun, which sets it);
-    `before`: a bash line each rank runs first (toolkit.job.resume)."""
+                 prelude: str = "") -> RankProgram:
+    """The rank program of a command. `contract`: export the rank contract (False under torchrun, which sets it).
+    `prelude`: shell run first (a container's software activation, toolkit.job.container; a fairseq checkpoint's
+    repair, toolkit.job.resume)."""
     head, tail = split_command(command)
     exports = []
     if contract:
@@ -79,7 +80,9 @@ def rank_program(command: tuple[Arg, ...], world_size: int, local_world_size: in
     script = " ".join(['exec "$0" "$@"', *(shell_word(arg) for arg in tail)])
     if exports:
         script = f"export {' '.join(exports)}; {script}"
-    return RankProgram(f"{before} {script}" if before else script, head)
+    if prelude:
+        script = f"{prelude}; {script}"
+    return RankProgram(script, head)
 
 
 def shell_word(arg: Arg) -> str:

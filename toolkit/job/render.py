@@ -10,8 +10,10 @@ import functools
 import os
 import shlex
 
-from toolkit.job.env import COMMUNICATION_PREFIXES, EnvVar, submit_env_allowlist
+from toolkit.job.container import container_words, pyxis_options
+from toolkit.job.env import COMMUNICATION_PREFIXES, submit_env_allowlist
 from toolkit.job.rank import MASTER_PORT_BASE, MASTER_PORT_SPAN
+from toolkit.job.shell import activation_lines, export_line
 from toolkit.job.spec import JobSpec
 
 
@@ -54,26 +56,14 @@ def srun_options(spec: JobSpec) -> list[str]:
                f"--cpus-per-task={spec.slurm_cpus_per_task}", "--kill-on-bad-exit=1"]
     if spec.mpi:
         options.append(f"--mpi={spec.mpi}")
-    return options + list(spec.srun_binding)
-
-
-def export_line(var: EnvVar) -> str:
-    """`export NAME=VALUE`; a path list to prepend goes before the value the node already has, if any."""
-    if var.prepend:
-        return f'export {var.name}={shlex.quote(var.value)}"${{{var.name}:+:${var.name}}}"'
-    return f"export {var.name}={shlex.quote(var.value)}"
+    return options + list(spec.srun_binding) + pyxis_options(spec.software.container, spec.env, spec.style)
 
 
 def environment_lines(spec: JobSpec) -> list[str]:
     """Shell lines that activate the nodes' software, then export the job's variables: the job's environment
     (also what `hpc cluster doctor --recipe` runs its loader check in)."""
-    software = spec.software
-    lines = [f"module load {shlex.quote(m)}" for m in software.modules]
-    if software.venv:
-        lines.append(f"set +u; source {shlex.quote(software.venv + '/bin/activate')}; set -u")
-    if software.conda_root:
-        lines.append(f"set +u; source {shlex.quote(software.conda_root + '/etc/profile.d/conda.sh')}; "
-                     f"conda activate {shlex.quote(software.conda_env or '')}; set -u")
+    # In a container the software is activated inside it, by each rank (toolkit.job.container.prelude).
+    lines = [] if spec.software.container else activation_lines(spec.software)
     for var in spec.env:
         lines += [f"# {var.doc}", export_line(var)]
     return lines
@@ -107,11 +97,21 @@ def _template(name: str):
     return env.get_template(name)
 
 
+def prepare_line(spec: JobSpec) -> str:
+    """The data-making command: in the batch shell, or with a container one task inside it (its software is
+    there), on this first node."""
+    if not spec.prepare or not spec.software.container:
+        return shlex.join(spec.prepare)
+    step = ["srun", "--export=ALL", "--nodes=1", "--ntasks=1", f"--cpus-per-task={spec.slurm_cpus_per_task}",
+            *pyxis_options(spec.software.container, spec.env, spec.style)]
+    return shlex.join([*step, *container_words(spec.software, spec.env, spec.prepare)])
+
+
 def _setup_context(spec: JobSpec) -> dict:
     return dict(
         spec=spec,
         setup=setup_lines(spec),
-        prepare=shlex.join(spec.prepare),
+        prepare=prepare_line(spec),
         port_base=MASTER_PORT_BASE,
         port_span=MASTER_PORT_SPAN,
         printed_pattern=shlex.quote("^(" + "|".join(COMMUNICATION_PREFIXES) + ")"),
@@ -136,6 +136,6 @@ def render_script(spec: JobSpec) -> str:
         **_setup_context(spec),
         directives=sbatch_directives(spec),
         array_lines=array_lines(program.words),
-        srun_options=" ".join([*SHARED_LOG_SRUN_OPTIONS, *srun_options(spec)]),
+        srun_options=shlex.join([*SHARED_LOG_SRUN_OPTIONS, *srun_options(spec)]),
         rank_script=shlex.quote(program.script),
     )

@@ -38,5 +38,5 @@ def checkpoint_repair_script(launcher: str, checkpoint_dir: str | None) -> str:
         f"echo \"hpc: {RESTORED_NAME} was cut short (a stop during fairseq's copy): resuming from $newest\" >&2;",
         "else mv -f \"$last\" \"$last.incomplete\" 2>/dev/null &&",
         f"echo \"hpc: {RESTORED_NAME} was cut short and no whole checkpoint is left: moved aside, training starts "
-        "over\" >&2; fi; fi;",
+        "over\" >&2; fi; fi",
     ])

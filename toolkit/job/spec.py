@@ -23,6 +23,7 @@ from toolkit.catalog import InstanceType
 from toolkit.cluster.queues import Queue
 from toolkit.errors import HpcError
 from toolkit.job.advice import advise
+from toolkit.job.container import ContainerEnv, prelude, resolve
 from toolkit.job.env import EnvVar, job_env
 from toolkit.job.rank import Arg, RankProgram, RankVar, rank_program
 from toolkit.job.resume import checkpoint_repair_script
@@ -68,6 +69,7 @@ class SoftwareEnv:
     venv: str | None = None
     conda_root: str | None = None
     conda_env: str | None = None
+    container: ContainerEnv | None = None  # every rank runs in it (toolkit.job.container); the rest inside it
 
 
 @dataclasses.dataclass(frozen=True)
@@ -131,8 +133,10 @@ class JobSpec:
     @property
     def program(self) -> RankProgram:
         """What srun starts on every Slurm task, on every submission path (toolkit.job.rank)."""
+        container = prelude(self.software, self.env) if self.software.container else ""
+        resume = checkpoint_repair_script(self.launcher, self.dirs.get("checkpoints"))
         return rank_program(self.command, self.world_size, self.tasks_per_node, contract=self.style == "script",
-                            before=checkpoint_repair_script(self.launcher, self.dirs.get("checkpoints")))
+                            prelude="; ".join(part for part in (container, resume) if part))
 
     @property
     def environ(self) -> dict[str, str]:
@@ -398,12 +402,13 @@ def rank_command(recipe: Recipe, root: str, nodes: int, tasks: int, positional: 
     return command, derived
 
 
-def software_env(recipe: Recipe, root: str) -> SoftwareEnv:
-    """The recipe's software with its paths resolved under the dirs root."""
+def software_env(recipe: Recipe, root: str, run_dir: str) -> SoftwareEnv:
+    """The recipe's software with its paths resolved under the dirs root (a container also mounts the run dir)."""
     software = recipe.software
     return SoftwareEnv(modules=tuple(software.modules), venv=software.venv and _under(root, software.venv),
                        conda_root=software.conda_root and _under(root, software.conda_root),
-                       conda_env=software.conda_env)
+                       conda_env=software.conda_env,
+                       container=software.container and resolve(software.container, root, run_dir))
 
 
 def job_spec(recipe: Recipe, target: Target, nodes: int | None = None, *, profile: str | None = None,
@@ -428,7 +433,7 @@ def job_spec(recipe: Recipe, target: Target, nodes: int | None = None, *, profil
         threads_per_rank=res.threads, time_limit=recipe.resources.time, exclusive=recipe.resources.exclusive,
         launcher=launcher.kind, mpi=launcher.mpi, stops_on_signal=launcher.stops_on_signal,
         requeue=recipe.resources.requeue, signal_before_s=recipe.resources.signal_before_s,
-        software=software_env(recipe, root),
+        software=software_env(recipe, root, where.run_dir),
         env=job_env(target.instance, target.fabric, threads_per_rank=res.threads, launcher_kind=launcher.kind,
                     recipe_env=recipe.env, recipe_name=recipe.name,
                     library_dirs=[_under(root, d) for d in recipe.software.library_path],
@@ -477,7 +482,11 @@ def on_slurm(spec: JobSpec, queue: Queue, slurm_options: Mapping[str, str | None
                     Derived("--gpus-per-node", "not set", "HPUs are no Slurm GPUs (ParallelCluster declares no GRES "
                                                           "for them): one rank per HPU via --ntasks-per-node")]
     software = spec.software
-    if (spec.launcher != "binary" and not (software.venv or software.conda_root or software.modules)
+    if software.container:
+        derived.append(Derived("container", software.container.image,
+                               "software.container: every rank runs in it (srun --container-image, NVIDIA pyxis); "
+                               "the batch script stays on the host"))
+    elif (spec.launcher != "binary" and not (software.venv or software.conda_root or software.modules)
             and sys.prefix != sys.base_prefix):
         software = dataclasses.replace(software, venv=sys.prefix)  # same Python on every node, as submitit's
         derived.append(Derived("software", sys.prefix, "the recipe names no software: the nodes use the venv "

@@ -116,8 +116,32 @@ class Launcher(StrictModel):
         return self
 
 
+# pyxis's own forms (NVIDIA/pyxis v0.24.0 args.c, spank_opts and parse_mount_option): --container-mounts takes
+# SRC[:DST[:FLAGS]] entries joined by ",", with enroot mount flags joined by "+" (e.g. ro+rprivate);
+# --container-env takes NAME[,NAME...]. A squashfs image is a path: pyxis takes an image starting with "." or "/"
+# for a file (pyxis_slurmstepd.c), anything else for a reference to import.
+MOUNT_PATTERN = r"^[^\s,:]+(:[^\s,:]+(:[a-z]+(\+[a-z]+)*)?)?$"
+SQUASHFS_SUFFIXES = (".sqsh", ".squashfs")
+MountSpec = Annotated[str, Field(pattern=MOUNT_PATTERN), AfterValidator(_no_nul)]
+
+
+class Container(StrictModel):
+    """Every rank runs in this container, started by NVIDIA pyxis (srun --container-image ...); the batch script
+    stays on the host. `image`: a squashfs file (.sqsh: relative means under dirs.root, keep it on FSx) or an
+    image reference enroot imports ([USER@][REGISTRY#]IMAGE[:TAG]). `env`: host variables that win over the
+    image's environment besides those the job always passes (the rank contract and the job's env)."""
+
+    image: Annotated[str, Field(pattern=r"^[^\s,]+$"), AfterValidator(_no_nul)]
+    # SRC[:DST[:FLAGS]] as pyxis writes them (SRC alone: the same path inside), e.g. /fsx, /fsx/data:/data:ro
+    mounts: list[MountSpec] = []
+    workdir: Annotated[str, Field(pattern=r"^/[^\s,:]*$")] | None = None
+    env: list[EnvName] = []
+    writable: bool = False  # pyxis --container-writable (else --container-readonly: the image as built)
+
+
 class Software(StrictModel):
-    """How the nodes activate the training environment (all optional; relative paths are under dirs.root)."""
+    """How the nodes activate the training environment (all optional; relative paths are under dirs.root).
+    With a `container`, modules/venv/conda are activated inside it, in every rank."""
 
     modules: list[SafeStr] = []
     venv: SafeStr | None = None
@@ -128,6 +152,7 @@ class Software(StrictModel):
     # (nccl-tests `make NCCL_HOME=...`). Before the EFA installer's directories on EFA queues.
     library_path: list[SafeStr] = []
     nccl_home: SafeStr | None = None
+    container: Container | None = None
 
     @field_validator("library_path", "nccl_home")
     @classmethod

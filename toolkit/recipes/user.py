@@ -50,7 +50,8 @@ def venv_dir(venv: str) -> str:
 def user_recipe(target: str, script_args: Sequence[str], *, name: str | None = None, nodes: int | None = None,
                 style: str = "script", time: str | None = None, max_restarts: int | None = None,
                 venv: str | None = None, env: Mapping[str, str] | None = None,
-                rendezvous_timeout_s: int | None = None) -> dict[str, Any]:
+                rendezvous_timeout_s: int | None = None, container: str | None = None,
+                container_mounts: Sequence[str] = ()) -> dict[str, Any]:
     """The recipe (as data) that runs `python TARGET SCRIPT_ARGS...` on every rank."""
     if style not in ("script", "torchrun"):
         raise UsageError(f"--launcher {style!r} is not one of script, torchrun",
@@ -75,6 +76,10 @@ def user_recipe(target: str, script_args: Sequence[str], *, name: str | None = N
     }
     if venv:
         recipe["software"] = {"venv": venv_dir(venv)}
+    if container:  # every rank in this image (software.container; toolkit.job.container)
+        recipe.setdefault("software", {})["container"] = {"image": container, "mounts": list(container_mounts)}
+    elif container_mounts:
+        raise UsageError("--container-mount needs --container IMAGE", fix="add --container IMAGE.sqsh")
     if env:
         recipe["env"] = dict(env)
     return recipe

@@ -56,9 +56,9 @@ def choose_executor(requested: str | None, *, mpi: bool = False) -> tuple[Execut
 def node_python(spec: JobSpec) -> str:
     """The Python that runs submitit's per-rank code on the nodes: the recipe's environment's, else ours."""
     if spec.software.venv:
-        return f"{spec.software.venv}/bin/python"
-    if spec.software.conda_root or spec.software.modules:
-        return "python"  # whatever the set-up lines put first on PATH
+        return f"{spec.software.venv}/bin/python"  # in a container: mounted there (software.container.mounts)
+    if spec.software.conda_root or spec.software.modules or spec.software.container:
+        return "python"  # whatever the set-up lines (or the container's image) put first on PATH
     return sys.executable
 
 

@@ -131,6 +131,9 @@ def plan(request: SubmitRequest, run_dir: Path | None = None, *, task_of: Plan |
         notes = [note, *notes] if note else notes
     else:
         executor, notes = task_of.executor, list(task_of.notes)
+    warnings = list(spec.warnings)
+    if spec.software.container and task_of is None:  # a sweep's tasks share their array's cluster
+        warnings += container_warnings(request)
     python = batch_script = argv = None
     parameters: dict[str, Any] = {}
     if executor == Executor.SBATCH:
@@ -154,17 +157,32 @@ def plan(request: SubmitRequest, run_dir: Path | None = None, *, task_of: Plan |
                 executor=executor, python=python, parameters=parameters, batch_script=batch_script,
                 argv=argv, rank_program=spec.program.argv, rank0_argv=tuple(preview_argv(spec.command)),
                 notes=tuple(notes),
-                warnings=spec.warnings, metadata=metadata)
+                warnings=tuple(warnings), metadata=metadata)
+
+
+def container_warnings(request: SubmitRequest) -> list[str]:
+    """A containerized job planned on a cluster config that does not enable pyxis (the submission asks srun)."""
+    from toolkit.cluster.queues import cluster_config_candidates
+    from toolkit.health.containers import config_warning
+
+    path = request.cluster or next((p for p in cluster_config_candidates() if p.is_file()), None)
+    warning = config_warning(path) if path else None
+    return [warning] if warning else []
 
 
 def check_slurm_accepts(p: Plan) -> None:
-    """Before anything is written: the controller answers and `sbatch --test-only` takes the job."""
+    """Before anything is written: the controller answers, a containerized job finds pyxis, and `sbatch
+    --test-only` takes the job."""
     if p.executor == Executor.LOCAL:
         return
     from toolkit.slurm.commands import check_controller
     from toolkit.submit.executor import preflight
 
     check_controller()
+    if p.spec.software.container:  # srun's pyxis options exist only where Slurm loads pyxis (plugstack.conf)
+        from toolkit.health.containers import require_pyxis
+
+        require_pyxis()
     preflight(p.script)
 
 
