@@ -26,7 +26,7 @@ def test_reviewed_render_passes_sbatch_test_only(slurm_sandbox, script: Path):
 def test_too_many_nodes_is_refused_by_the_test_only_check(slurm_sandbox, tmp_path):
     script = tmp_path / "too-big.sbatch"
     res = run_hpc("recipes", "render", "roberta", "--nodes", "8", "--cluster", str(REPO / "jobs" / "p3dn-cluster.yaml"),
-                  "--queue", "p3dn", "--set", "resources.nodes=8", "-o", str(script))
+                  "--queue", "p3dn", "-o", str(script))
     assert res.returncode == 0, res.stderr
     script.write_text(script.read_text().replace("#SBATCH --nodes=8", "#SBATCH --nodes=9"))
     refused = subprocess.run(["sbatch", "--test-only", str(script)], capture_output=True, text=True,
