@@ -188,6 +188,12 @@ def test_a_derived_value_names_the_key_that_sets_it():
     assert "--set scaling.--update-freq.global_batch=N" in err.fix
 
 
+def test_a_swept_derived_value_is_answered_in_sweep_words():
+    res = run_hpc("recipes", "submit", "resnet50", "--nodes", "2", "--sweep", "args.--lr=0.1,0.2", "--dry-run")
+    assert res.returncode == 1 and "Traceback" not in res.stderr
+    assert "fix: set the rule's input instead: --sweep scaling.--lr.base=0.1 " in res.stderr
+
+
 def test_did_you_mean_for_recipe_names_keys_and_profiles(tmp_path):
     assert refusal("robera").message == "no recipe named 'robera'; did you mean roberta?"
     err = refusal("roberta", "resources.nodez=2")

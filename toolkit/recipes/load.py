@@ -196,16 +196,16 @@ def _refuse_derived(data: dict[str, Any], path: tuple[str, ...], given: str) -> 
         flag, rule = path[1], scaling.get(path[1])
         if not isinstance(rule, dict) or rule.get("rule") in (None, "gpu-memory-cap"):
             return
-        text = given.split("=", 1)[1]
-        instead = {"accumulate": f"--set scaling.{flag}.global_batch=N (the {rule.get('unit', 'samples')} per "
-                                 f"update it keeps) or --set args.{rule.get('per_rank_arg')}=N",
-                   "linear": f"--set scaling.{flag}.base={text} (the value per {rule.get('per')} "
+        text, option = given.split("=", 1)[1], given.split(" ", 1)[0]  # option: --set, or --sweep for a point
+        instead = {"accumulate": f"{option} scaling.{flag}.global_batch=N (the {rule.get('unit', 'samples')} per "
+                                 f"update it keeps) or {option} args.{rule.get('per_rank_arg')}=N",
+                   "linear": f"{option} scaling.{flag}.base={text} (the value per {rule.get('per')} "
                              f"{rule.get('unit', 'samples')} of global batch, scaled with the world size)",
-                   "cpus-per-rank": f"--set scaling.{flag}.reserve=N (CPUs kept for the rank itself)"}[rule["rule"]]
+                   "cpus-per-rank": f"{option} scaling.{flag}.reserve=N (CPUs kept for the rank itself)"}[rule["rule"]]
         raise HpcError(f"{given}: {flag} is derived by the recipe's scaling rule scaling.{flag} ({rule['rule']}): "
                        f"{' '.join(str(rule.get('why', '')).split())}",
                        fix=f"set the rule's input instead: {instead}; or drop the rule and set {flag} yourself: "
-                           f"--set scaling.{flag}=null --set args.{flag}={text}")
+                           f"--set scaling.{flag}=null {option} args.{flag}={text}")
     derived_batch = ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps")
     if path[:2] == ("deepspeed", "config") and len(path) == 3 and path[2] in derived_batch:
         raise HpcError(f"{given}: {path[2]} is derived for each job from deepspeed.global_batch and "
