@@ -474,3 +474,13 @@ def test_a_killed_worker_restarts_the_group_under_the_rendered_command_line(tmp_
     # torchrun interleaves the workers' stdout: find the lines rather than split it
     assert sorted(re.findall(r"attempt \d+ rank \d+ sum \d+", res.stdout)) == [
         "attempt 1 rank 0 sum 2", "attempt 1 rank 1 sum 2"]
+
+
+def test_a_manifest_is_refused_where_the_launchers_own_parser_refuses_its_arguments(tmp_path):
+    """k8s render plans the job as a Slurm plan does: fairseq-train's own parser reads the arguments first."""
+    out = tmp_path / "roberta.yaml"
+    res = run_hpc("k8s", "render", "roberta", "--nodes", "2", "--instance", "p4d.24xlarge",
+                  "--set", "args.--lrr=0.1", "-o", str(out))
+    assert res.returncode == 1 and "Traceback" not in res.stderr
+    assert "unknown argument --lrr (from --set args.--lrr=0.1)" in res.stderr and "did you mean --lr?" in res.stderr
+    assert not out.exists()

@@ -138,7 +138,7 @@ def test_the_worker_argv_after_kubernetes_and_bash_is_the_slurm_ranks(tmp_path):
 @pytest.mark.parametrize("api", [TRAINER_V2, V1])
 def test_a_literal_variable_reference_in_a_recipe_value_reaches_the_worker_as_written(api):
     """`$(HOME)` in an arg or an env value would be replaced by the kubelet; the manifests write `$$(HOME)`."""
-    for name, override in (("resnet50", "args.--seed=$(HOME)"), ("nccl-tests", "args.-n=$(HOME)")):
+    for name, override in (("roberta", "args.--user-dir=$(HOME)"), ("nccl-tests", "args.-n=$(HOME)")):
         job = render(load_recipe(name, overrides=[override, "env.PROBE=a$(HOME)"]), "p4d.24xlarge", 2,
                      image="img:1", api=api).documents[-1]
         containers = [job["spec"]["trainer"]] if api == TRAINER_V2 else \

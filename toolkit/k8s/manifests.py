@@ -331,7 +331,9 @@ def render(recipe, instance_type: str, nodes: int, *, profile: str | None = None
                        f"see only the FSx volume at {FSX_MOUNT}",
                        fix=f"put dirs.root under {FSX_MOUNT} (e.g. --set dirs.root={FSX_MOUNT}/{spec.recipe}), or leave "
                            "it unset")
-    notes = []
+    from toolkit.job.argcheck import check_arguments
+
+    notes = check_arguments(recipe, spec)  # the launcher's own parser, as for a Slurm plan (toolkit.submit.plan)
     if image is None:
         image = FILL_IN + (f"an image with the EFA installer, aws-ofi-nccl, Open MPI, and "
                            f"{image_program(recipe.launcher.program or '')} built against them>" if kind == "MPIJob"
