@@ -21,3 +21,9 @@ def read_text(path: str | Path, what: str, fix: str) -> str:
         raise HpcError(f"cannot read {what} {path}: {exc.strerror}", fix="check the path and its permissions") from None
     except UnicodeDecodeError as exc:
         raise HpcError(f"{what} {path}: not UTF-8 text (byte {exc.start})", fix=f"save the {what} as UTF-8") from None
+
+
+def refuse_overwrite(path: Path, force: bool) -> None:
+    """An -o file is never written over without --force: the one check every command that writes one makes."""
+    if path.exists() and not force:
+        raise HpcError(f"{path} already exists", fix="pass --force to overwrite it, or choose another -o FILE")

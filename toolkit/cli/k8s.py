@@ -65,18 +65,19 @@ def render(name: str = o.RECIPE,
     (training) / MPIJob (nccl-tests), and the FSx claim."""
     import dataclasses
 
-    from toolkit.errors import HpcError, UsageError
+    from toolkit.errors import UsageError
     from toolkit.k8s.manifests import DEFAULT_CLAIM, Storage
     from toolkit.k8s.manifests import render as render_manifests
     from toolkit.recipes.load import load_recipe
+    from toolkit.textfile import refuse_overwrite
 
     api = api.value
     if claim and storage_class:
         raise UsageError("--fsx-claim names an existing claim; --fsx-storage-class makes a new one",
                          fix="give one of them")
     path = output_target(output, f"{Path(name).stem}.yaml")
-    if path is not None and path.exists() and not force:
-        raise HpcError(f"{path} exists", fix="pass --force to overwrite it, or choose another -o FILE")
+    if path is not None:  # before the work of rendering
+        refuse_overwrite(path, force)
     recipe = load_recipe(name, profile=profile, overrides=overrides)
     storage = Storage(claim=claim or DEFAULT_CLAIM, storage_class=storage_class)
     line = render_command_line(name, nodes, instance, profile, overrides, namespace, image, claim, storage_class,

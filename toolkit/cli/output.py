@@ -107,9 +107,9 @@ def output_target(output: str | None, default_name: str) -> Path | None:
 def write_output(path: Path, text: str, force: bool) -> None:
     """Write `text` to an -o file: never over an existing one without --force; errors in the user's terms."""
     from toolkit.errors import HpcError
+    from toolkit.textfile import refuse_overwrite
 
-    if path.exists() and not force:
-        raise HpcError(f"{path} exists", fix="pass --force to overwrite it, or choose another -o FILE")
+    refuse_overwrite(path, force)
     try:
         path.write_text(text)
     except OSError as exc:

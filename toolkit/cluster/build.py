@@ -20,6 +20,7 @@ from toolkit.catalog import InstanceType
 from toolkit.cluster import checks, flags
 from toolkit.cluster.queues import EFA_STACKS, TAG_EFA_STACK, TAG_RANKS_PER_NODE
 from toolkit.errors import HpcError, UsageError
+from toolkit.textfile import refuse_overwrite
 
 FsxDeployment = Literal["SCRATCH_2", "PERSISTENT_2"]
 FSX_DEPLOYMENTS = ("SCRATCH_2", "PERSISTENT_2")
@@ -537,8 +538,7 @@ def config_text(spec: ClusterSpec, output: str) -> tuple[str, list[str]]:
 def write_config(spec: ClusterSpec, path: str | Path, force: bool = False) -> list[str]:
     """Write the config to `path` (never over an existing file unless force); returns the warnings."""
     path = Path(path)
-    if path.exists() and not force:
-        raise HpcError(f"{path} already exists", fix="pass --force to overwrite it, or choose another -o FILE")
+    refuse_overwrite(path, force)
     text, warnings = config_text(spec, str(path))
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp")
