@@ -145,11 +145,26 @@ def wait_until(predicate, timeout: float, what: str, poll_s: float = 0.3):
     raise AssertionError(f"timed out waiting for {what}")
 
 
-def free_port() -> int:
-    """A TCP port free on 127.0.0.1 right now (for a rendezvous in a test)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def free_port(span: int = 1) -> int:
+    """A TCP port P on 127.0.0.1 with P..P+span-1 all free right now (for a rendezvous in a test).
+
+    Drawn below the kernel's ephemeral range (net.ipv4.ip_local_port_range), which every connect() and bind to
+    port 0 draws from: a port from that range can be taken by any client socket between this check and the
+    server's bind (CI saw a worker's TCPStore fail with EADDRINUSE on MASTER_PORT+1 that way).
+    """
+    import random
+
+    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    for _ in range(200):
+        port = random.randrange(10000, low - span)
+        try:
+            for offset in range(span):
+                with socket.socket() as s:
+                    s.bind(("127.0.0.1", port + offset))
+        except OSError:
+            continue
+        return port
+    raise RuntimeError(f"no {span} free ports in a row between 10000 and {low}")
 
 
 # Lines the reliability tests (corpus, fuzz, secrets) report: printed in pytest's terminal summary, also in CI.

@@ -79,7 +79,8 @@ def pod_commands(api: str, ddp_args: list[str], old_port_formula: bool) -> list[
         del env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"]
     torchrun = str(Path(sys.executable).with_name(container["command"][0]))
     if api == V1:
-        env.update(operator_env_v1(job, f"127.0.0.1:{free_port()}"))
+        # The old formula's worker stores take the endpoint's port + 1 + restart count: free for both rounds.
+        env.update(operator_env_v1(job, f"127.0.0.1:{free_port(span=3)}"))
         return [([torchrun, *args], dict(os.environ, **env)) for _ in range(2)]
     port = free_port()
     found = []

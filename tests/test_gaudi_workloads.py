@@ -14,14 +14,13 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import types
 
 import pytest
 
-from tests.conftest import REPO
+from tests.conftest import REPO, free_port
 from toolkit.reports.nccl import parse_text
 from toolkit.workloads import hpu
 
@@ -57,16 +56,10 @@ class HabanaStandIn:
         return dist.ProcessGroupGloo(store, rank, size, timeout)
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 @pytest.fixture
 def one_rank(monkeypatch):
     for name, value in {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1",
-                        "MASTER_PORT": str(_free_port())}.items():
+                        "MASTER_PORT": str(free_port())}.items():
         monkeypatch.setenv(name, value)
 
 
@@ -143,7 +136,7 @@ def test_a_cuda_backend_on_hpu_is_refused(capsys):
 def test_two_hpu_ranks_exchange_over_hccl_and_the_report_reads_them(tmp_path):
     """Two processes (ranks), each with the stand-in bridge: the nranks-dependent buffers of all_gather and
     reduce_scatter go through the HPU path, values check out, and rank 0's table parses as HPU (hccl) ranks."""
-    port, procs = str(_free_port()), []
+    port, procs = str(free_port()), []
     for rank in (0, 1):
         env = {**os.environ, "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": "2", "OMP_NUM_THREADS": "1",
                "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port, "PYTHONPATH": str(REPO)}
