@@ -72,13 +72,22 @@ def interrupted(slurm_sandbox, tmp_path_factory):
     wait_until(lambda: max(fairseq_updates(roberta_log), default=0) >= 25, 300, "roberta update 25")
     roberta_before = max(fairseq_updates(roberta_log))
     subprocess.run(["scontrol", "requeue", roberta["job_id"]], env=env, check=True, timeout=30)
-    # Each rerun, a few steps/updates in: the stop signal to every process of the job's steps.
-    wait_until(lambda: starts(resnet_run) >= 2 and train_steps(resnet_run)[-1]["step"] >= resnet_before + 10,
-               300, "resnet's rerun")
-    subprocess.run(["scancel", "--signal=USR2", resnet["job_id"]], env=env, check=True, timeout=30)
-    wait_until(lambda: "Loaded checkpoint" in roberta_log.read_text()
-               and max(fairseq_updates(roberta_log)) >= roberta_before + 40, 300, "roberta's rerun")
-    subprocess.run(["scancel", "--signal=USR2", roberta["job_id"]], env=env, check=True, timeout=30)
+    # Each rerun, a few steps/updates in: the stop signal to every process of the job's steps. Both are watched
+    # at once, each signalled as soon as it is far enough: waiting for one first let the other finish its run
+    # (and leave Slurm) on a loaded machine.
+    reruns = {resnet["job_id"]: lambda: starts(resnet_run) >= 2
+              and train_steps(resnet_run)[-1]["step"] >= resnet_before + 10,
+              roberta["job_id"]: lambda: "Loaded checkpoint" in roberta_log.read_text()
+              and max(fairseq_updates(roberta_log)) >= roberta_before + 40}
+
+    def signal_the_ready_ones() -> bool:
+        for job_id, ready in list(reruns.items()):
+            if ready():
+                subprocess.run(["scancel", "--signal=USR2", job_id], env=env, check=True, timeout=30)
+                del reruns[job_id]
+        return not reruns
+
+    wait_until(signal_the_ready_ones, 300, "both reruns")
     statuses = {name: final_status(env, job["job_id"]) for name, job in (("resnet", resnet), ("roberta", roberta))}
     return {"env": env, "tmp": tmp, "resnet": (resnet, resnet_before), "roberta": (roberta, roberta_before),
             "roberta_log": roberta_log, "statuses": statuses}
