@@ -14,8 +14,8 @@ from tests.conftest import REPO, cli_envelope, cli_json, run_hpc, run_hpc_proces
 from tests.jobhelpers import write_cluster
 
 JOB_COMMANDS = (("run",), ("recipes", "submit"), ("recipes", "new"))
-SHARED = ("--set", "--sweep", "--profile", "--time", "--env", "--venv", "--account", "--qos", "--reservation",
-          "--dependency")
+SHARED = ("--set", "--sweep", "--profile", "--time", "--hang-timeout", "--env", "--venv", "--account", "--qos",
+          "--reservation", "--dependency")
 
 
 def _commands():

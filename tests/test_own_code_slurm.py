@@ -87,6 +87,14 @@ def test_ddp_example_runs_on_two_nodes_and_dry_run_is_what_ran(slurm_sandbox, tm
     losses = [loss for _step, loss in training["loss_curve"]]
     assert training["updates"] == 40 and all(map(math.isfinite, losses)) and losses[-1] < losses[0] / 4
 
+    # Heartbeats (the example's beat(step)): every rank reached step 40, no stall and no hang record (no false alarm).
+    status = run_hpc("jobs", "status", result["job_id"], "--json",
+                     env=dict(slurm_env(slurm_sandbox), HPC_RUNS_DIR=str(tmp_path / "runs")))
+    assert status.returncode == 0, status.stdout + status.stderr
+    progress = cli_json(status)["progress"]
+    assert progress["ranks"] == 4 and progress["steps"] == [40, 40] and progress["lines"] == []
+    assert progress["hang"] is None and not (run / "hang.json").exists()
+
 
 def test_the_torchrun_tutorials_script_runs_unchanged(slurm_sandbox, tmp_path):
     """recipes/examples/elastic_train.py is PyTorch's fault-tolerance tutorial script (snapshot, resume), under

@@ -70,6 +70,14 @@ def test_resnet_trains_on_four_ranks(smoke):
     assert end["event"] == "end" and end["status"] == "completed" and end["step"] == start["total_steps"]
     assert falls([r["loss"] for r in train])
     assert (Path(result["run_dir"]) / "checkpoints" / "checkpoint_last.pt").is_file()
+    # The ranks' heartbeats timed every step's phases, and no rank of this clean run straggles (no false alarm;
+    # a node made slow: tests/test_stragglers_slurm.py).
+    report = run_hpc("report", "run", result["run_dir"], "--json", env=smoke.env)
+    assert report.returncode == 0, report.stdout + report.stderr
+    stragglers = cli_json(report)["stragglers"]
+    assert [(r["rank"], r["steps"]) for r in stragglers["ranks"]] == [(rank, end["step"] - 1) for rank in range(4)]
+    assert stragglers["lines"] == [] and all(set(r["phases_ms"]) == {"data", "compute", "sync"}
+                                             for r in stragglers["ranks"])
 
 
 def test_a_bad_data_path_fails_the_wait_and_names_the_failing_ranks_log(slurm_sandbox, tmp_path):

@@ -14,6 +14,9 @@ and reports all go through RunDir).
         result.json      RankRecord of rank 0 when the workload ends well (Slurm forgets finished jobs)
         failures/        rank-N.json: RankRecord of each rank whose workload failed
         logs/train_log.jsonl  our trainer's log, when the recipe keeps its logs under the run (dirs.logs under: run)
+        heartbeats/      rank-N.json: each rank's step and time; rank-N.stack: its Python stacks when asked
+                         (toolkit.workloads.heartbeat)
+        hang.json        what the hang watchdog found when it ended the job (HPC_HANG_TIMEOUT)
         task-000/ ...    a sweep's dir only: one run dir per grid point
 
 The runs root is $HPC_RUNS_DIR, else ~/hpc-runs (home is shared with the compute nodes on ParallelCluster).
@@ -35,6 +38,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable, Iterator, Mapping
 
 from toolkit.errors import HpcError
+from toolkit.workloads import heartbeat  # standard library only
 from toolkit.workloads.train_log import LOG_NAME  # standard library only
 
 if TYPE_CHECKING:
@@ -355,6 +359,17 @@ class RunDir:
 
     def write_result(self, record: RankRecord) -> None:
         write_json(self.path / RESULT, record.to_json())
+
+    @property
+    def heartbeat_dir(self) -> Path:
+        return self.path / "heartbeats"
+
+    def heartbeats(self) -> list[heartbeat.Beat]:
+        return heartbeat.read_beats(self.heartbeat_dir)
+
+    def hang(self) -> dict[str, Any] | None:
+        """What the hang watchdog recorded when it ended the job, None if it did not."""
+        return read_json(self.path / heartbeat.HANG_FILE)
 
     def failures(self) -> list[RankRecord]:
         """The failed ranks' records (unreadable ones left out)."""

@@ -7,6 +7,8 @@ It reads only the torchrun environment (RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADD
 so it runs unchanged under `torchrun` too. Every --checkpoint-every steps rank 0 saves model, optimizer and
 step; at start every rank resumes from the newest checkpoint (after a torchrun restart or a Slurm requeue).
 Rank 0 prints one JSON line per --log-every steps ({"event": "train", ...}) that `hpc report run` reads.
+Each step ends with beat(step) (toolkit.workloads.heartbeat): `hpc jobs status` then names a rank that stops
+progressing, and --hang-timeout ends a hung job naming it. Outside an hpc job it does nothing.
 """
 
 import argparse
@@ -20,6 +22,8 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 from torch.nn.parallel import DistributedDataParallel as DDP
+
+from toolkit.workloads.heartbeat import beat
 
 
 def parse_args():
@@ -102,6 +106,7 @@ def main():
             torch.save({"model": model.module.state_dict(), "optimizer": optimizer.state_dict(), "step": step},
                        path + ".tmp")
             os.replace(path + ".tmp", path)  # never a half-written checkpoint
+        beat(step)
     dist.barrier()
     if rank == 0:
         emit({"event": "end", "step": args.steps, "status": "completed"})

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import sys
+from typing import Optional
 
 import typer
 
@@ -24,6 +25,25 @@ def list_(json_: bool = JSON_OPTION) -> None:
                                        ["JOB", "STATE", "RECIPE", "NODES", "REQUEUES", "RUN DIR"]))
 
 
+def _progress_lines(progress: dict | None) -> list[str]:
+    """The heartbeats' part of `hpc jobs status`: how far the ranks got, who stalled, where their stacks are."""
+    if not progress:
+        return []
+    lines = []
+    if progress["ranks"]:
+        steps = progress["steps"]
+        where = ("no step done yet" if not steps else f"step {steps[1]}" if steps[0] == steps[1] else
+                 f"steps {steps[0]}-{steps[1]}")
+        lines.append(f"  progress: {progress['ranks']} ranks, {where}, newest heartbeat {progress['newest_beat_s']:.0f} s ago")
+    lines += [f"  stalled: {line}" for line in progress["lines"]]
+    lines += [f"  stack of rank {rank}: {path}" for rank, path in progress["stacks"].items()]
+    hang = progress["hang"]
+    if hang:
+        lines.append(f"  hang watchdog: ended the job after {hang['hang_timeout_s']:g} s without progress")
+        lines += [f"    {line}" for line in hang.get("lines", [])]
+    return lines
+
+
 def _task_counts(row: dict) -> str:
     """" (3 COMPLETED, 1 FAILED)" for an array (a sweep), else nothing."""
     tasks = row.get("tasks") or {}
@@ -33,16 +53,26 @@ def _task_counts(row: dict) -> str:
 @app.command("status")
 def status(job_id: str = typer.Argument(..., help="Slurm job id (an array task: ID_N; a sweep: any of its "
                                                   "arrays' ids)."),
+           stall_after: Optional[float] = typer.Option(None, "--stall-after", min=1, metavar="SECONDS",
+                                                      help="Call a running rank stalled after this long without "
+                                                           "a step (default 120)."),
+           stacks: bool = typer.Option(False, "--stacks", help="Collect every rank's Python stacks first (they "
+                                                               "tell a stuck rank from those waiting for it)."),
            json_: bool = JSON_OPTION) -> None:
-    """State of one job (with the requeue count; array jobs: a count per state)."""
+    """State of one job (with the requeue count; array jobs: a count per state), its ranks' progress from their
+    heartbeats, and the ranks that stopped progressing (exit 1 when one did)."""
     from toolkit.rundir import RunDir
     from toolkit.slurm.status import State
     from toolkit.submit import runs
 
     s = runs.status(job_id)
     data = dataclasses.asdict(s)
-    network = RunDir(s.run_dir).network() if s.run_dir and not s.tasks else None
+    run = RunDir(s.run_dir) if s.run_dir and not s.tasks else None
+    network = run.network() if run else None
     data["network"] = network.to_json() if network and network.transport.name else None  # None: NCCL said nothing
+    data["progress"] = run and runs.progress(run, job_id, s.state == State.RUNNING, stall_after, stacks)
+    if stacks and s.state != State.RUNNING:
+        warn(f"job {s.job_id} is {s.state}, not running: no stacks to collect")
 
     def human(d):
         lines = [f"job {d['job_id']}: {d['state']} (from {d['source']})"]
@@ -53,13 +83,17 @@ def status(job_id: str = typer.Argument(..., help="Slurm job id (an array task: 
             lines.append(f"  tasks: {sum(d['tasks'].values())}:{_task_counts(d)}")
         if d["network"]:
             lines.append(f"  network: {d['network']['label']} ({d['network']['evidence']})")
-        return "\n".join(lines)
+        return "\n".join(lines + _progress_lines(d["progress"]))
 
     emit(data, json_, human)
     if data["network"] and data["network"]["problem"]:
         warn(data["network"]["problem"])
+    hang = data["progress"] and data["progress"]["hang"]
     if s.done and s.state != State.COMPLETED:
-        raise fail(f"job {s.job_id} ended {s.state}")
+        raise fail(f"job {s.job_id} ended {s.state}" + (f": the hang watchdog ended it ({hang['lines'][0]})"
+                                                       if hang and hang.get("lines") else ""))
+    if data["progress"] and data["progress"]["lines"]:
+        raise fail(f"job {s.job_id}: {data['progress']['lines'][0]}")
     if data["network"] and data["network"]["problem"]:
         raise fail(data["network"]["problem"])
 

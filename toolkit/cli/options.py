@@ -101,6 +101,9 @@ ARRAY_PARALLELISM = typer.Option(None, "--array-parallelism", min=1, help="With 
                                                                           "256).")
 TIME = typer.Option(None, "--time", "-t", metavar="TIME", help="Time limit, as sbatch --time: MINUTES, HH:MM:SS, "
                                                                "D-HH:MM... (resources.time; default 24:00:00).")
+HANG_TIMEOUT = typer.Option(None, "--hang-timeout", min=1, metavar="SECONDS",
+                            help="End the job once a rank has made no progress (heartbeat step) for this long, "
+                                 "naming it (resources.hang_timeout_s; default: never).")
 ENV = typer.Option([], "--env", metavar="NAME=VALUE", help="Set a variable in the job (env.NAME). Repeatable.")
 VENV = typer.Option(None, "--venv", metavar="DIR", help="Virtual environment the nodes activate (software.venv; "
                                                         "default: the recipe's, for `hpc run` the one hpc runs in).")
@@ -132,6 +135,7 @@ class JobOptions:
     qos: Optional[str] = None
     reservation: Optional[str] = None
     dependency: Optional[str] = None
+    hang_timeout: Optional[int] = None
 
     def slurm_options(self) -> dict[str, str | None]:
         return {"account": self.account, "qos": self.qos, "reservation": self.reservation,
@@ -149,8 +153,9 @@ class JobOptions:
                                                     else ""))
 
     def recipe_overrides(self) -> tuple[str, ...]:
-        """--time, --env and --venv as the recipe values they set, then each --set (the user's last word)."""
-        return (*_job_values(self.time, self.env, self.venv), *self.overrides)
+        """--time, --env, --venv and --hang-timeout as the recipe values they set, then each --set (the user's
+        last word)."""
+        return (*_job_values(self.time, self.env, self.venv, self.hang_timeout), *self.overrides)
 
 
 _FLAGS = {"overrides": "--set", "sweeps": "--sweep"}
@@ -179,12 +184,13 @@ def check_time(time: str | None) -> None:
                              "or DAYS-HOURS:MINUTES:SECONDS, e.g. --time 01:30:00")
 
 
-def _job_values(time, env, venv) -> list[str]:
-    """--time/--env/--venv as `--set` items (values JSON-quoted: YAML would read 01:00:00 as a number)."""
+def _job_values(time, env, venv, hang_timeout=None) -> list[str]:
+    """--time/--env/--venv/--hang-timeout as `--set` items (values JSON-quoted: YAML would read 01:00:00 as a number)."""
     from toolkit.recipes.user import parse_env, venv_dir
 
     check_time(time)
     items = [f"resources.time={json.dumps(time)}"] if time else []
     items += [f"env.{name}={json.dumps(text)}" for name, text in parse_env(env).items()]
     items += [f"software.venv={json.dumps(venv_dir(str(venv)))}"] if venv else []
+    items += [f"resources.hang_timeout_s={hang_timeout}"] if hang_timeout else []
     return items

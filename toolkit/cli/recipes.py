@@ -108,9 +108,9 @@ def new(name: str = typer.Argument(..., help="Recipe name ([a-z0-9_-]); the file
                                             "or torchrun (one torchrun per node starts its ranks)."),
         max_restarts: Optional[int] = typer.Option(None, "--max-restarts", min=0, help="torchrun restarts."),
         profile: Optional[str] = o.PROFILE, overrides: list[str] = o.SET, sweeps: list[str] = o.SWEEP,
-        time: Optional[str] = o.TIME, env: list[str] = o.ENV, venv: Optional[Path] = o.VENV,
-        account: Optional[str] = o.ACCOUNT, qos: Optional[str] = o.QOS, reservation: Optional[str] = o.RESERVATION,
-        dependency: Optional[str] = o.DEPENDENCY,
+        time: Optional[str] = o.TIME, hang_timeout: Optional[int] = o.HANG_TIMEOUT, env: list[str] = o.ENV,
+        venv: Optional[Path] = o.VENV, account: Optional[str] = o.ACCOUNT, qos: Optional[str] = o.QOS,
+        reservation: Optional[str] = o.RESERVATION, dependency: Optional[str] = o.DEPENDENCY,
         output: Optional[str] = typer.Option(None, "--output", "-o", metavar="FILE|DIR|-",
                                              help="Where to write (default: recipes/NAME.yaml here; a directory: "
                                                   "NAME.yaml in it; -: stdout)."),
@@ -141,7 +141,8 @@ def new(name: str = typer.Argument(..., help="Recipe name ([a-z0-9_-]); the file
         raise UsageError(f"--module {module!r} is a file name", fix=f"use --script {module}")
     o.check_time(time)
     data = user_recipe(target, script_args or [], name=name, nodes=nodes, style=launcher.value, time=time,
-                       max_restarts=max_restarts, venv=str(venv) if venv else None, env=parse_env(env))
+                       max_restarts=max_restarts, venv=str(venv) if venv else None, env=parse_env(env),
+                       hang_timeout_s=hang_timeout)
     if script is not None and not Path(script).is_file():
         raise UsageError(f"--script {script} does not exist", fix="give the path of an existing .py file")
     load_recipe(name, overrides=overrides, data=data)  # validated before anything is written, --set named
@@ -162,9 +163,10 @@ def new(name: str = typer.Argument(..., help="Recipe name ([a-z0-9_-]); the file
 @app.command()
 def render(name: str = o.RECIPE, nodes: Optional[int] = o.NODES, cluster: Optional[Path] = o.CLUSTER,
            queue: Optional[str] = o.QUEUE, profile: Optional[str] = o.PROFILE, overrides: list[str] = o.SET,
-           time: Optional[str] = o.TIME, env: list[str] = o.ENV, venv: Optional[Path] = o.VENV,
-           account: Optional[str] = o.ACCOUNT, qos: Optional[str] = o.QOS, reservation: Optional[str] = o.RESERVATION,
-           dependency: Optional[str] = o.DEPENDENCY, run_dir: Optional[Path] = RUN_DIR,
+           time: Optional[str] = o.TIME, hang_timeout: Optional[int] = o.HANG_TIMEOUT, env: list[str] = o.ENV,
+           venv: Optional[Path] = o.VENV, account: Optional[str] = o.ACCOUNT, qos: Optional[str] = o.QOS,
+           reservation: Optional[str] = o.RESERVATION, dependency: Optional[str] = o.DEPENDENCY,
+           run_dir: Optional[Path] = RUN_DIR,
            output: Optional[str] = typer.Option(None, "--output", "-o", metavar="FILE|DIR|-",
                                                 help="Write the script here (a directory: JOB_NAME.sbatch in it; "
                                                      "default and -: stdout)."),
@@ -172,7 +174,7 @@ def render(name: str = o.RECIPE, nodes: Optional[int] = o.NODES, cluster: Option
     """Render a recipe as an sbatch script for a queue and node count."""
     from toolkit.job.render import render_script
 
-    job = JobOptions(overrides, (), profile, time, env, venv, account, qos, reservation, dependency)
+    job = JobOptions(overrides, (), profile, time, env, venv, account, qos, reservation, dependency, hang_timeout)
     _, spec = _spec(name, nodes, cluster, queue, job, run_dir)
     script = render_script(spec)
     path = output_target(output, f"{spec.job_name}.sbatch")
@@ -190,15 +192,15 @@ def render(name: str = o.RECIPE, nodes: Optional[int] = o.NODES, cluster: Option
 def submit(name: str = o.RECIPE, nodes: Optional[int] = o.NODES, cluster: Optional[Path] = o.CLUSTER,
            queue: Optional[str] = o.QUEUE, profile: Optional[str] = o.PROFILE, overrides: list[str] = o.SET,
            sweeps: list[str] = o.SWEEP, array_parallelism: Optional[int] = o.ARRAY_PARALLELISM,
-           time: Optional[str] = o.TIME, env: list[str] = o.ENV, venv: Optional[Path] = o.VENV,
-           account: Optional[str] = o.ACCOUNT, qos: Optional[str] = o.QOS, reservation: Optional[str] = o.RESERVATION,
-           dependency: Optional[str] = o.DEPENDENCY, executor: Optional[o.Executor] = o.EXECUTOR,
+           time: Optional[str] = o.TIME, hang_timeout: Optional[int] = o.HANG_TIMEOUT, env: list[str] = o.ENV,
+           venv: Optional[Path] = o.VENV, account: Optional[str] = o.ACCOUNT, qos: Optional[str] = o.QOS,
+           reservation: Optional[str] = o.RESERVATION, dependency: Optional[str] = o.DEPENDENCY, executor: Optional[o.Executor] = o.EXECUTOR,
            dry_run: bool = o.DRY_RUN, verbose: bool = o.VERBOSE, wait: bool = o.WAIT,
            as_json: bool = JSON_OPTION) -> None:
     """Submit a recipe through submitit (srun starts one rank per GPU, or per declared CPU rank)."""
     from toolkit.submit import plan as plans
 
-    job = JobOptions(overrides, sweeps, profile, time, env, venv, account, qos, reservation, dependency)
+    job = JobOptions(overrides, sweeps, profile, time, env, venv, account, qos, reservation, dependency, hang_timeout)
     request = plans.SubmitRequest(name, nodes, str(cluster) if cluster else None, queue, profile,
                                   job.recipe_overrides(), job.slurm_options(), o.value(executor))
     submit_any(request, sweeps, array_parallelism, dry_run, wait, as_json, verbose)

@@ -9,6 +9,7 @@ import typer
 
 from toolkit.cli import options as o
 from toolkit.cli.output import JSON_OPTION, emit, fail, info, table, warn
+from toolkit.reports.stragglers import DEFAULT_THRESHOLD  # standard library only
 
 app = typer.Typer(help="Reports from logs and run dirs: nccl-tests bandwidth, one run, scaling efficiency.",
                   no_args_is_help=True, rich_markup_mode=None)
@@ -113,6 +114,17 @@ def _run_text(run) -> str:
             lines.append(f"top-1 accuracy: {t['final_top1']:.2f}%")
         if t["status"]:
             lines.append(f"trainer: {t['status']} after {t['starts']} start(s)")
+    straggling = run.stragglers
+    if straggling and straggling["ranks"]:
+        lines.append(f"step time per rank (ms; own work = data + compute, median {straggling['median_own_ms']:.0f}):")
+        lines += ["  " + line for line in table(
+            [[r["rank"], r["node"], r["steps"], f"{r['step_ms']:.0f}",
+              *(f"{r['phases_ms'][p]:.0f}" if p in r["phases_ms"] else "-" for p in ("data", "compute", "sync")),
+              f"{r['vs_median']:.2f}x", "SLOW: " + r["cause"] if r["slow"] else "ok"] for r in straggling["ranks"]],
+            ["RANK", "NODE", "STEPS", "STEP", "DATA", "COMPUTE", "SYNC", "OWN/MEDIAN", "VERDICT"]).splitlines()]
+        lines += [f"straggler: {line}" for line in straggling["lines"]]
+    elif straggling and straggling["note"]:
+        lines.append(f"stragglers: not judged: {straggling['note']}")
     for test in run.nccl or []:
         lines.append(f"{_test_name(test)}: max busbw {_num(test['max_busbw_gbs'])} GB/s, avg {_num(test['avg_busbw_gbs'], 3)}"
                      f" GB/s, wrong values {test['wrong_values']}, verdict {test['verdict']['status']}: {test['verdict']['reason']}")
@@ -121,19 +133,37 @@ def _run_text(run) -> str:
 
 @app.command("run")
 def run(run_dir: Path = typer.Argument(..., help="A run directory (with metadata.json and its logs), or one log file."),
-        as_json: bool = JSON_OPTION) -> None:
-    """Summarise one run: throughput (warm-up excluded), loss, updates, or its nccl results; and the network
-    NCCL used. Exit 1 when an nccl test fails or the queue has EFA but NCCL used sockets."""
+        as_json: bool = JSON_OPTION,
+        plot: Optional[Path] = typer.Option(None, "--plot", help="Also write a PNG of each rank's step time by "
+                                                                 "phase (the ranks' heartbeats)."),
+        straggler_threshold: float = typer.Option(DEFAULT_THRESHOLD, "--straggler-threshold", min=0.01, metavar="FRACTION",
+                                                  help="Flag ranks whose own work per step (data + compute) "
+                                                       "exceeds the median rank's by this fraction.")) -> None:
+    """Summarise one run: throughput (warm-up excluded), loss, updates, or its nccl results; the network NCCL
+    used; and the straggling ranks, from the ranks' heartbeats. Exit 1 when an nccl test fails, the queue has
+    EFA but NCCL used sockets, or a rank straggles."""
     import dataclasses
 
     from toolkit.reports.scaling import read_run
 
-    summary = read_run(run_dir)
+    summary = read_run(run_dir, straggler_threshold)
     emit(dataclasses.asdict(summary), as_json, lambda _: _run_text(summary))
+    stragglers = summary.stragglers
+    if plot:
+        if not stragglers or not stragglers["ranks"]:
+            raise fail(f"{run_dir}: no per-rank step times to plot" + (f" ({stragglers['note']})" if stragglers
+                                                                        else " (no heartbeats)"))
+        from toolkit.reports.plots import save_png, stragglers_figure
+
+        figure = stragglers_figure(stragglers["ranks"], stragglers["median_own_ms"], stragglers["threshold"],
+                                   f"{summary.recipe or 'run'}: step time per rank")
+        info(f"plot: {save_png(figure, plot)}")
     if summary.efa_problem and as_json:  # the text output shows it already
         warn(summary.efa_problem)
     if summary.efa_problem:
         raise fail(summary.efa_problem)
+    if stragglers and stragglers["lines"]:
+        raise fail(f"straggler: {stragglers['lines'][0]}")
     if summary.nccl and any(t["verdict"]["status"] == "FAIL" for t in summary.nccl):
         raise fail("an nccl test failed: see its verdict")
 

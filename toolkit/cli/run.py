@@ -39,7 +39,8 @@ def run(target: str = typer.Argument(..., metavar="SCRIPT_OR_MODULE",
         container: Optional[str] = CONTAINER, container_mount: list[str] = CONTAINER_MOUNT,
         profile: Optional[str] = o.PROFILE, overrides: list[str] = o.SET, sweeps: list[str] = o.SWEEP,
         array_parallelism: Optional[int] = o.ARRAY_PARALLELISM,
-        time: Optional[str] = o.TIME, env: list[str] = o.ENV, venv: Optional[Path] = o.VENV,
+        time: Optional[str] = o.TIME, hang_timeout: Optional[int] = o.HANG_TIMEOUT, env: list[str] = o.ENV,
+        venv: Optional[Path] = o.VENV,
         account: Optional[str] = o.ACCOUNT, qos: Optional[str] = o.QOS, reservation: Optional[str] = o.RESERVATION,
         dependency: Optional[str] = o.DEPENDENCY, executor: Optional[o.Executor] = o.EXECUTOR,
         dry_run: bool = o.DRY_RUN, verbose: bool = o.VERBOSE, wait: bool = o.WAIT,
@@ -59,7 +60,7 @@ def run(target: str = typer.Argument(..., metavar="SCRIPT_OR_MODULE",
     data = user_recipe(target, script_args or [], nodes=nodes, style=launcher.value, time=time,
                        max_restarts=max_restarts, venv=str(venv) if venv else None, env=parse_env(env),
                        rendezvous_timeout_s=rendezvous_timeout, container=container,
-                       container_mounts=container_mount)
+                       container_mounts=container_mount, hang_timeout_s=hang_timeout)
     request = SubmitRequest(data["name"], nodes, str(cluster) if cluster else None, queue,
                             overrides=tuple(overrides), slurm_options=job.slurm_options(),
                             executor=o.value(executor), recipe_data=data)

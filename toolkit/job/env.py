@@ -155,6 +155,20 @@ def library_path(instance: InstanceType, fabric: str, *, recipe_dirs: Sequence[s
                   "the job): " + "; ".join(why), prepend=True)
 
 
+def heartbeat_env(run_dir: str, hang_timeout_s: int | None) -> list[EnvVar]:
+    """Where the ranks keep their heartbeats (toolkit.workloads.heartbeat), and the hang timeout if one is set."""
+    from toolkit.workloads import heartbeat
+
+    env = [EnvVar(heartbeat.DIR_VAR, f"{run_dir}/heartbeats",
+                  "each rank's step and time (toolkit.workloads.heartbeat): `hpc jobs status` names a rank that "
+                  "stops progressing")]
+    if hang_timeout_s:
+        env.append(EnvVar(heartbeat.HANG_VAR, str(hang_timeout_s),
+                          f"rank 0 ends the job once a rank has made no progress for {hang_timeout_s} s, naming it "
+                          "(resources.hang_timeout_s)"))
+    return env
+
+
 def job_env(instance: InstanceType, fabric: str, *, threads_per_rank: int | None, launcher_kind: str,
             recipe_env: Mapping[str, str], recipe_name: str, library_dirs: Sequence[str] = (),
             nccl_home: str | None = None) -> tuple[EnvVar, ...]:

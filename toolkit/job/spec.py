@@ -24,7 +24,7 @@ from toolkit.cluster.queues import Queue
 from toolkit.errors import HpcError
 from toolkit.job.advice import advise
 from toolkit.job.container import ContainerEnv, prelude, resolve
-from toolkit.job.env import EnvVar, job_env
+from toolkit.job.env import EnvVar, heartbeat_env, job_env
 from toolkit.job.rank import Arg, RankProgram, RankVar, rank_program
 from toolkit.job.resume import checkpoint_repair_script
 from toolkit.job.scaling import Derived, apply_scaling
@@ -111,6 +111,7 @@ class JobSpec:
     files: tuple[JobFile, ...] = ()
     dirs: Mapping[str, str] = dataclasses.field(default_factory=dict)  # data / checkpoints / logs, as resolved
     style: LauncherStyle = "script"  # torchrun: one Slurm task per node starts that node's tasks_per_node ranks
+    hang_timeout_s: int | None = None  # resources.hang_timeout_s: the watchdog ends a job stalled this long
     # Slurm's part (on_slurm): the scheduler-neutral spec leaves these empty
     wait_all_nodes: bool = False
     srun_binding: tuple[str, ...] = ()  # srun CPU-binding options (GPU ranks unbound, HPU ranks on their cores)
@@ -441,6 +442,7 @@ def job_spec(recipe: Recipe, target: Target, nodes: int | None = None, *, profil
         command=tuple(command), prepare=prepare, root=root, run_dir=where.run_dir,
         derived=(*res.derived, root_rule, *derived, *where.derived, *ds_derived, *launch, *advice),
         warnings=tuple(warnings), files=files, dirs=where.paths, style=launcher.style,
+        hang_timeout_s=recipe.resources.hang_timeout_s,
     )
 
 
@@ -481,6 +483,8 @@ def on_slurm(spec: JobSpec, queue: Queue, slurm_options: Mapping[str, str | None
         derived += [Derived("srun cpu binding", " ".join(binding), why),
                     Derived("--gpus-per-node", "not set", "HPUs are no Slurm GPUs (ParallelCluster declares no GRES "
                                                           "for them): one rank per HPU via --ntasks-per-node")]
+    # Heartbeats live in the run dir, which only a Slurm submission has (a pod has none); the recipe's env wins.
+    env = (*spec.env, *(var for var in heartbeat_env(spec.run_dir, spec.hang_timeout_s) if var.name not in spec.environ))
     software = spec.software
     if software.container:
         derived.append(Derived("container", software.container.image,
@@ -492,7 +496,7 @@ def on_slurm(spec: JobSpec, queue: Queue, slurm_options: Mapping[str, str | None
         derived.append(Derived("software", sys.prefix, "the recipe names no software: the nodes use the venv "
                                                        "this toolkit runs in (it must be on a shared filesystem)"))
     return dataclasses.replace(spec, wait_all_nodes=queue.has_dynamic_nodes, slurm_options=options,
-                               srun_binding=binding, software=software, derived=(*spec.derived, *derived))
+                               srun_binding=binding, software=software, env=env, derived=(*spec.derived, *derived))
 
 
 def _python_program(launcher, root: str, nodes: int, tasks: int) -> tuple[list[Arg], Derived]:

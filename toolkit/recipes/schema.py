@@ -181,6 +181,9 @@ class Resources(StrictModel):
     # Requeue before the time limit, on preemption and on node failure. Benchmarks set false: one hung on a bad
     # fabric would requeue itself forever, and a rerun of a half-finished measurement proves nothing.
     requeue: bool = True
+    # End the job once a rank has made no progress (heartbeat step) for this long, naming it, instead of waiting
+    # for the time limit (toolkit.workloads.heartbeat; --hang-timeout). None: never.
+    hang_timeout_s: PositiveInt | None = None
     runs_on: list[Literal["gpu", "hpu", "cpu"]] = Field(["gpu", "cpu"], min_length=1)  # hpu: Habana Gaudi
 
 

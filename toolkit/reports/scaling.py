@@ -20,6 +20,7 @@ from pathlib import Path
 from toolkit.errors import HpcError
 from toolkit.reports import nccl, training_logs, transport
 from toolkit.reports.gaudi import verdict_for
+from toolkit.reports.stragglers import DEFAULT_THRESHOLD, find_stragglers
 from toolkit.rundir import METADATA, TRAINER_LOG, Metadata, Network, RunDir
 
 
@@ -39,6 +40,7 @@ class RunSummary:
     transport: dict | None = None  # NCCL's network: name (efa/tcp/ib or None), label, evidence, hosts
     efa_problem: str | None = None  # set when the queue has EFA but NCCL used something else (with the fix)
     log_only: bool = False  # summarised from a plain log file, not a run dir
+    stragglers: dict | None = None  # toolkit.reports.stragglers over the ranks' heartbeats, where the run has them
 
     @property
     def throughput(self) -> float | None:
@@ -61,8 +63,9 @@ def _logged_world_size(log: training_logs.TrainingLog) -> int | None:
     return next((w for w in sizes if isinstance(w, int) and not isinstance(w, bool) and w > 0), None)
 
 
-def read_run(run_dir: str | Path) -> RunSummary:
-    """Summarise one run dir (see the module docstring for what it must hold), or one plain log file."""
+def read_run(run_dir: str | Path, straggler_threshold: float = DEFAULT_THRESHOLD) -> RunSummary:
+    """Summarise one run dir (see the module docstring for what it must hold), or one plain log file; with the
+    ranks' heartbeats, the straggling ranks above `straggler_threshold` (toolkit.reports.stragglers)."""
     run_dir = Path(run_dir)
     if run_dir.is_file():
         summary = RunSummary(str(run_dir), None, None, None, None, None, log_only=True)
@@ -77,8 +80,10 @@ def read_run(run_dir: str | Path) -> RunSummary:
     if ranks is None and meta.nodes and meta.ranks_per_node:
         ranks = meta.nodes * meta.ranks_per_node
     result = run.result()
+    beats = run.heartbeats()
     summary = RunSummary(str(run_dir), meta.recipe, meta.nodes, ranks, meta.gpus, None, profile=meta.profile,
-                         job_ids=meta.job_ids, result=result.to_json() if result else None)
+                         job_ids=meta.job_ids, result=result.to_json() if result else None,
+                         stragglers=find_stragglers(beats, straggler_threshold).to_json() if beats else None)
     texts = run.log_texts()
     return _summarize_logs(summary, texts, run.network(texts), meta,
                            f"no training records or nccl-tests results in the logs of {run_dir}",

@@ -36,6 +36,38 @@ class RunStatus:
         return self.state.done
 
 
+# A running job's rank is called stalled after this long without a step (hpc jobs status --stall-after).
+STALL_AFTER_S = 120.0
+
+
+def progress(run: RunDir, job_id: str, running: bool, stall_after_s: float | None = None,
+             stacks: bool = False) -> dict[str, Any] | None:
+    """The ranks' heartbeats read back (toolkit.workloads.heartbeat): how far they got and, while the job runs,
+    which ranks stopped progressing and which of them the others wait for; with `stacks`, each rank's Python
+    stacks are collected first (they tell a rank stuck in its own code from ranks waiting in a collective).
+    Also what the hang watchdog recorded if it ended the job. None where the run has neither."""
+    from toolkit.workloads import heartbeat
+
+    beats, hang = run.heartbeats(), run.hang()
+    if not beats and not hang:
+        return None
+    interval = max((b.interval for b in beats), default=heartbeat.DEFAULT_INTERVAL_S)
+    after = stall_after_s if stall_after_s is not None else max(STALL_AFTER_S, 3 * interval)
+    found: dict[int, str] | None = None
+    if stacks and running and beats:
+        heartbeat.collect_stacks(run.heartbeat_dir, beats, timeout=min(max(3.0, 2 * interval), 30.0), job_id=job_id)
+        found = heartbeat.read_stacks(run.heartbeat_dir)
+    now = time.time()
+    diagnosis = heartbeat.diagnose(beats, now, after, found) if running and beats else None
+    steps = [b.step for b in beats if b.step is not None]
+    return {"ranks": len(beats), "steps": [min(steps), max(steps)] if steps else None,
+            "newest_beat_s": round(now - max(b.time for b in beats), 1) if beats else None,
+            "stall_after_s": after, "diagnosis": diagnosis.to_json() if diagnosis else None,
+            "lines": diagnosis.lines() if diagnosis else [],
+            "stacks": {str(rank): str(run.heartbeat_dir / f"rank-{rank}.stack") for rank in sorted(found or {})},
+            "hang": hang}
+
+
 def state_from_run_dir(run: RunDir) -> State:
     """How a run ended by its own records: rank 0's result, else a failed rank's record, else UNKNOWN."""
     result = run.result()

@@ -26,7 +26,7 @@ import time
 from collections.abc import Callable
 
 from toolkit.errors import HpcError
-from toolkit.workloads import hpu
+from toolkit.workloads import heartbeat, hpu
 from toolkit.workloads.rank_env import rank_env
 
 OPS = ("all_reduce", "all_gather", "reduce_scatter")
@@ -216,7 +216,7 @@ def run(ops: list[str], byte_sizes: list[int], iters: int, warmup: int, check: b
         dist.all_reduce(t)
         return int(t.item())
 
-    total_bad = 0
+    total_bad = measured = 0
     for op in ops:
         call = _collective(op, dist)
         emit(f"# Collective test starting: {op}_perf")
@@ -254,6 +254,8 @@ def run(ops: list[str], byte_sizes: list[int], iters: int, warmup: int, check: b
                 busbws.append(busbw)
             bad_sizes += any(m.wrong for m in measures)
             emit(row_line(lay, dtype_name, REDOP[op], measures))
+            measured += 1
+            heartbeat.beat(measured)  # a step here is one measured size
         for line in footer_lines(f"{op}_perf", bad_sizes, sum(busbws) / len(busbws) if busbws else 0.0):
             emit(line)
         total_bad += bad_sizes

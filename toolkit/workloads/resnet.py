@@ -21,7 +21,7 @@ import time
 from collections.abc import Sequence
 
 from toolkit.errors import HpcError
-from toolkit.workloads import checkpoint, hpu
+from toolkit.workloads import checkpoint, heartbeat, hpu
 from toolkit.workloads.rank_env import rank_env
 from toolkit.workloads.stopping import EXIT_STOPPED, StopFlag, all_reduce_step, ignore_stop_signals
 from toolkit.workloads.train_log import TrainLog, steady_throughput
@@ -249,7 +249,7 @@ class Trainer:
                      total_steps=args.epochs * self.steps_per_epoch, power=args.lr_decay_power)
 
     def _train_step(self, images, targets, lr: float):
-        """One update; returns this rank's loss as a tensor."""
+        """One update; returns this rank's loss as a tensor and a function giving its forward pass's seconds."""
         torch = self.torch
         images = images.to(self.device, non_blocking=True)
         targets = targets.to(self.device, non_blocking=True)
@@ -257,15 +257,17 @@ class Trainer:
             images = images.contiguous(memory_format=torch.channels_last)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
+        timer = ForwardTimer(torch, self.device)
         with torch.autocast(self.device.type, dtype=self.amp_dtype, enabled=self.amp):
             loss = self.criterion(self.ddp(images), targets)
+        timer.stop()
         self.optimizer.zero_grad(set_to_none=True)
         self.scaler.scale(loss).backward()
         self._mark_step()
         self.scaler.step(self.optimizer)
         self.scaler.update()
         self._mark_step()
-        return loss.detach()
+        return loss.detach(), timer
 
     def _mark_step(self) -> None:
         if self.htcore is not None:
@@ -326,10 +328,14 @@ class Trainer:
         self.sampler.start_epoch(self.epoch, self.position * args.batch_size)
         mark = time.perf_counter()
         for images, targets in self.train_loader:
+            loaded = time.perf_counter()
             lr = self._lr()
-            loss = self._train_step(images, targets, lr)
+            loss, forward = self._train_step(images, targets, lr)
             (loss_sum,), stop = all_reduce_step([float(loss)], self.stop_flag.requested, self.device)
             self.step += 1
+            compute, whole = forward.seconds(), time.perf_counter() - loaded
+            heartbeat.beat(self.step, **({"data": loaded - mark, "compute": compute, "sync": whole - compute}
+                                         if compute is not None else {"data": loaded - mark}))
             self.position += 1
             interval = self.interval
             interval.update(steps=interval["steps"] + 1, loss=interval["loss"] + loss_sum / self.env.world_size,
@@ -380,6 +386,30 @@ class Trainer:
             self.log.write("val", epoch=self.epoch - 1, step=self.step, **self.last_val)
             self._save("epoch")
         return self._finish("completed")
+
+
+class ForwardTimer:
+    """The forward pass's time, the part of a step no collective holds back (a straggler's own slowness shows
+    there; under DDP every rank's backward waits for the slowest). CUDA events on a GPU, read after the step's
+    all-reduce has synchronised the stream; the host clock on CPU; None on HPU, where lazy mode only queues the
+    graph and the host sees no compute."""
+
+    def __init__(self, torch, device) -> None:
+        self.kind = device.type
+        if self.kind == "cuda":
+            self.events = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+            self.events[0].record()
+        self.started, self.ended = time.perf_counter(), None
+
+    def stop(self) -> None:
+        if self.kind == "cuda":
+            self.events[1].record()
+        self.ended = time.perf_counter()
+
+    def seconds(self) -> float | None:
+        if self.kind == "cuda":
+            return self.events[0].elapsed_time(self.events[1]) / 1000
+        return None if self.kind == hpu.DEVICE else self.ended - self.started
 
 
 def main(argv: Sequence[str] | None = None) -> int:

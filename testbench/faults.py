@@ -1,0 +1,56 @@
+"""Faults made for real on the local cluster's simulated nodes (tests of toolkit.reports.stragglers use them).
+
+slow_node: a node made slow the way a throttled or shared machine is, by a CPU limit on its slurmd and everything
+running on it. The simulated nodes are slurmd processes on this one machine; the steps a slurmd starts inherit
+its cgroups, and Slurm's task/cgroup plugin moves them in the cpuset, memory and devices hierarchies only, so a
+CFS quota on the `cpu` cgroup (cgroup v1, as this machine mounts it) of slurmd and of the node's running tasks
+holds every step on the node, running or started later.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from pathlib import Path
+from typing import Iterator
+
+from testbench.layout import Layout
+
+CPU_CGROUP = Path("/sys/fs/cgroup/cpu")
+PERIOD_US = 100_000
+
+
+def node_processes(node: str) -> list[str]:
+    """The processes running on simulated node `node`: every task and its children carry SLURMD_NODENAME=node
+    (slurmstepd detaches from slurmd, so they are not slurmd's descendants)."""
+    marker = f"SLURMD_NODENAME={node}".encode()
+    found = []
+    for environ in Path("/proc").glob("[0-9]*/environ"):
+        with contextlib.suppress(OSError):
+            if marker in environ.read_bytes().split(b"\0"):
+                found.append(environ.parent.name)
+    return found
+
+
+@contextlib.contextmanager
+def slow_node(node: str, cpu_fraction: float, layout: Layout | None = None) -> Iterator[Path]:
+    """Limit node `node` (its slurmd, the steps it runs and every step it starts from now on) to `cpu_fraction`
+    of one CPU in all; undone on exit (every process back in the root cgroup, the limited cgroup removed)."""
+    layout = layout or Layout.current()
+    if not (CPU_CGROUP / "cgroup.procs").exists():
+        raise RuntimeError(f"no cgroup v1 cpu hierarchy at {CPU_CGROUP}: this machine cannot limit a node's CPU")
+    pid = layout.pid_file("slurmd", node).read_text().strip()
+    group = CPU_CGROUP / f"hpc-slow-{node}"
+    group.mkdir(exist_ok=True)
+    (group / "cpu.cfs_period_us").write_text(str(PERIOD_US))
+    (group / "cpu.cfs_quota_us").write_text(str(int(PERIOD_US * cpu_fraction)))
+    for member in (pid, *node_processes(node)):
+        with contextlib.suppress(OSError):  # a process that ended meanwhile
+            (group / "cgroup.procs").write_text(member)
+    try:
+        yield group
+    finally:
+        for left in (group / "cgroup.procs").read_text().split():  # slurmd, and what still runs under it
+            with contextlib.suppress(OSError):
+                (CPU_CGROUP / "cgroup.procs").write_text(left)
+        with contextlib.suppress(OSError):
+            group.rmdir()

@@ -1,0 +1,160 @@
+"""Heartbeats and hang attribution (toolkit.workloads.heartbeat), on this machine: the diagnosis over made-up
+heartbeats and stacks, and real processes that beat, dump their stacks on SIGWINCH and are ended by rank 0's
+watchdog (the path a job without Slurm takes: signals by pid). The E2E on the local Slurm: tests/test_hang_slurm.py.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+from tests.conftest import REPO
+from toolkit.workloads import heartbeat
+from toolkit.workloads.heartbeat import Beat, diagnose, main_thread_frames
+
+NOW = 1_000_000.0
+# faulthandler's text, as a rank blocked in DDP's all-reduce (under backward) and one stuck in its own code write it
+WAITING = """Thread 0x00007f00 (most recent call first):
+  File "/usr/lib/python3.11/threading.py", line 331 in wait
+  File "/venv/toolkit/workloads/heartbeat.py", line 120 in _write_every_interval
+  File "/usr/lib/python3.11/threading.py", line 1045 in _bootstrap
+
+Current thread 0x00007f01 (most recent call first):
+  File "/venv/lib/python3.11/site-packages/torch/autograd/graph.py", line 829 in _engine_run_backward
+  File "/venv/lib/python3.11/site-packages/torch/autograd/__init__.py", line 353 in backward
+  File "/venv/lib/python3.11/site-packages/torch/_tensor.py", line 626 in backward
+  File "/fsx/train.py", line 44 in main
+  File "<string>", line 1 in <module>
+"""
+STUCK = """Current thread 0x00007f02 (most recent call first):
+  File "/fsx/train.py", line 21 in load_batch
+  File "/fsx/train.py", line 40 in main
+  File "<string>", line 1 in <module>
+
+Thread 0x00007f03 (most recent call first):
+  File "/usr/lib/python3.11/threading.py", line 331 in wait
+  File "/usr/lib/python3.11/threading.py", line 1045 in _bootstrap
+"""
+
+
+def beats(steps: list[int | None], progress_ago: list[float], written_ago: list[float] | None = None) -> list[Beat]:
+    written_ago = written_ago or [1.0] * len(steps)
+    return [Beat(rank, f"n{rank // 2 + 1}", 100 + rank, step, NOW - ago, NOW - wrote, 10.0)
+            for rank, (step, ago, wrote) in enumerate(zip(steps, progress_ago, written_ago))]
+
+
+def test_progressing_ranks_are_not_stalled():
+    found = diagnose(beats([7, 7, 8, 8], [5, 5, 1, 1]), NOW, after_s=60)
+    assert found.stalled == [] and found.lines() == [] and found.steps == (7, 8) and found.ranks == 4
+
+
+def test_a_rank_is_judged_as_of_its_last_write_so_never_called_stalled_early():
+    # 65 s since its last step as of now, but its last write (10 s ago, one interval) saw only 55: it may have
+    # stepped since; the next write tells.
+    assert diagnose(beats([3], [65], written_ago=[10]), NOW, after_s=60).stalled == []
+    assert [s.rank for s in diagnose(beats([3], [65], written_ago=[4]), NOW, after_s=60).stalled] == [0]
+
+
+def test_the_rank_stuck_outside_communication_is_named_and_the_waiting_ones_are_not():
+    stacks = {0: WAITING, 1: WAITING, 2: WAITING, 3: STUCK}
+    found = diagnose(beats([4, 4, 4, 4], [140, 140, 140, 140]), NOW, after_s=60, stacks=stacks)
+    assert [s.rank for s in found.stalled] == [3] and found.waiting == [0, 1, 2]
+    assert found.lines()[0] == "rank 3 on node n2: step 4, no progress for 140 s, at train.py:21 in load_batch"
+    assert "ranks 0-2" in found.lines()[1] and "communication" in found.lines()[1]
+
+
+def test_without_stacks_no_rank_stands_out_and_every_stalled_rank_is_named_with_the_way_to_tell():
+    found = diagnose(beats([4, 4], [140, 140]), NOW, after_s=60)
+    assert [s.rank for s in found.stalled] == [0, 1] and found.waiting == []
+    assert "--stacks" in found.lines()[-1]
+
+
+def test_a_rank_behind_the_others_step_is_the_one_they_wait_for():
+    found = diagnose(beats([12, 12, 11, 12], [90, 90, 95, 90]), NOW, after_s=60)
+    assert [s.rank for s in found.stalled] == [2] and found.waiting == [0, 1, 3]
+    assert found.lines()[-1] == "ranks 0-1, 3 wait for it: the other ranks reached step 12"
+
+
+def test_a_rank_whose_heartbeat_went_silent_is_frozen_or_gone():
+    found = diagnose(beats([5, 5, 5, 5], [100, 100, 100, 100], written_ago=[2, 2, 2, 95]), NOW, after_s=60)
+    assert [s.rank for s in found.stalled] == [3] and found.stalled[0].silent_s == 95
+    assert "no heartbeat for 95 s (process frozen or gone)" in found.lines()[0]
+
+
+def test_the_main_thread_is_the_one_not_started_by_threading():
+    assert main_thread_frames(WAITING)[0][2] == "_engine_run_backward"
+    assert main_thread_frames(STUCK)[0] == ("/fsx/train.py", 21, "load_batch")
+
+
+RANK = textwrap.dedent("""
+    import sys, time
+    from toolkit.workloads.heartbeat import beat
+    def stuck_here():
+        while True:
+            time.sleep(0.05)
+    for step in range(1, 1000):
+        if step == int(sys.argv[1]):
+            stuck_here()
+        beat(step)
+        time.sleep(0.05)
+""")
+
+
+def start_ranks(tmp_path: Path, stuck_at: list[int], hang_timeout: float | None = None) -> list[subprocess.Popen]:
+    env = dict(os.environ, PYTHONPATH=str(REPO), WORLD_SIZE=str(len(stuck_at)),
+               **{heartbeat.DIR_VAR: str(tmp_path / "heartbeats"), heartbeat.INTERVAL_VAR: "0.2"})
+    env.pop("SLURM_JOB_ID", None)
+    if hang_timeout:
+        env[heartbeat.HANG_VAR] = str(hang_timeout)
+    return [subprocess.Popen([sys.executable, "-c", RANK, str(at)], env=dict(env, RANK=str(rank)),
+                             stderr=subprocess.PIPE, text=True)
+            for rank, at in enumerate(stuck_at)]
+
+
+def wait_for(condition, timeout: float, what: str):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = condition()
+        if found:
+            return found
+        time.sleep(0.1)
+    raise AssertionError(f"no {what} within {timeout} s")
+
+
+def test_a_rank_writes_its_step_while_stuck_and_dumps_its_stacks_on_sigwinch_without_dying(tmp_path):
+    (rank,) = start_ranks(tmp_path, [5])
+    try:
+        directory = tmp_path / "heartbeats"
+        first = wait_for(lambda: [b for b in heartbeat.read_beats(directory) if b.step == 4], 20, "step 4")[0]
+        assert first.pid == rank.pid and first.interval == 0.2
+        later = wait_for(lambda: [b for b in heartbeat.read_beats(directory) if b.time > first.time + 0.5], 10,
+                         "a newer heartbeat")[0]
+        assert later.step == 4 and later.progress == first.progress  # the writer thread goes on, the step does not
+        heartbeat.collect_stacks(directory, [later], timeout=5)
+        stack = heartbeat.read_stacks(directory)[0]
+        assert main_thread_frames(stack)[0][2] == "stuck_here"
+        assert rank.poll() is None  # SIGWINCH did not end it
+    finally:
+        rank.kill()
+        rank.wait()
+
+
+def test_rank_0s_watchdog_ends_a_stalled_job_naming_the_stuck_rank(tmp_path):
+    ranks = start_ranks(tmp_path, [10_000, 10_000, 6], hang_timeout=1.5)
+    try:
+        codes = [r.wait(timeout=30) for r in ranks]
+    finally:
+        for r in ranks:
+            r.kill()
+    assert all(code != 0 for code in codes)  # ended by the watchdog's SIGTERM
+    hang = json.loads((tmp_path / heartbeat.HANG_FILE).read_text())
+    # Nothing blocks ranks 0 and 1 here (no collective): they go on, so only rank 2 stalled.
+    assert [s["rank"] for s in hang["stalled"]] == [2] and hang["stalled"][0]["step"] == 5
+    assert hang["stalled"][0]["where"].endswith("in stuck_here") and hang["hang_timeout_s"] == 1.5
+    err = ranks[0].stderr.read()
+    assert "hpc: hang: rank 2 on node" in err and "ending the job: no progress for 1.5 s" in err

@@ -1,0 +1,80 @@
+"""Straggling ranks and nodes, from the per-rank step times the ranks' heartbeats keep (toolkit.workloads.heartbeat).
+
+In a data-parallel job every rank's step takes as long as the slowest rank's: the others wait for it in the
+gradient all-reduce. So a straggler is found by the work no collective holds back, a rank's own work per step:
+its data wait plus its forward pass (our ResNet trainer times both). A rank whose own work exceeds the median
+rank's by more than the threshold is flagged, with the likely cause: the phase that grew most over its median
+(data: its loading, the storage or too few loader workers; compute: a slow or throttled device or CPU). A node
+all of whose ranks are flagged is named as the node to look at. Ranks that passed no phase times (a script
+calling beat(step) alone) cannot be told apart this way: the report says so.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+from typing import Sequence
+
+from toolkit.workloads.heartbeat import Beat
+
+OWN_WORK = ("data", "compute")  # the phases no collective holds back
+DEFAULT_THRESHOLD = 0.2  # flagged above the median rank's own work by this fraction
+
+
+@dataclasses.dataclass(frozen=True)
+class RankTiming:
+    rank: int
+    node: str
+    steps: int
+    step_ms: float
+    phases_ms: dict[str, float]  # data, compute, sync: median milliseconds per step
+    own_ms: float  # data + compute
+    vs_median: float  # own_ms / the median rank's
+    slow: bool
+    cause: str | None  # data | compute, for a slow rank
+
+
+@dataclasses.dataclass(frozen=True)
+class Stragglers:
+    ranks: list[RankTiming]
+    median_own_ms: float | None
+    threshold: float
+    lines: list[str]  # one per slow rank, then one per node all of whose ranks are slow
+    note: str | None = None  # why no judgement could be made
+
+    def to_json(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+CAUSES = {"data": "its data loading is slow (the storage, or too few loader workers for the node's CPUs)",
+          "compute": "its compute is slow (a throttled or faulty GPU, or a CPU shared with other work)"}
+
+
+def find_stragglers(beats: Sequence[Beat], threshold: float = DEFAULT_THRESHOLD) -> Stragglers:
+    """Flag the ranks whose own work per step is more than `threshold` above the median rank's."""
+    timed = [b for b in beats if b.timed_steps and all(p in b.medians for p in OWN_WORK)]
+    if len(timed) < 2:
+        why = ("fewer than 2 ranks timed their steps' phases (data, compute): beat(step) alone gives only step "
+               "times, which are equal on every rank of a synchronous job") if beats else "no heartbeats"
+        return Stragglers([], None, threshold, [], why)
+    own = {b.rank: sum(b.medians[p] for p in OWN_WORK) for b in timed}
+    median = statistics.median(own.values())
+    medians = {p: statistics.median(b.medians[p] for b in timed) for p in OWN_WORK}
+    rows = []
+    for b in timed:
+        ratio = own[b.rank] / median if median > 0 else 1.0
+        slow = ratio > 1 + threshold
+        cause = max(OWN_WORK, key=lambda p: b.medians[p] - medians[p]) if slow else None
+        rows.append(RankTiming(b.rank, b.node, b.timed_steps, b.medians.get("step", 0.0) * 1e3,
+                               {p: v * 1e3 for p, v in b.medians.items() if p != "step"}, own[b.rank] * 1e3,
+                               ratio, slow, cause))
+    lines = [f"rank {r.rank} on node {r.node}: {r.vs_median:.1f}x the median rank's own work per step "
+             f"({r.own_ms:.0f} ms vs {median * 1e3:.0f} ms; {r.cause} {r.phases_ms[r.cause]:.0f} ms vs "
+             f"{medians[r.cause] * 1e3:.0f} ms): {CAUSES[r.cause]}" for r in rows if r.slow]
+    for node in sorted({r.node for r in rows}):
+        on_node = [r for r in rows if r.node == node]
+        if all(r.slow for r in on_node) and len(on_node) < len(rows):
+            causes = sorted({r.cause for r in on_node})
+            lines.append(f"node {node}: every rank on it is slow ({', '.join(causes)}): check it (hpc cluster "
+                         f"doctor), or drain it: scontrol update NodeName={node} State=DRAIN Reason=straggler")
+    return Stragglers(rows, median * 1e3, threshold, lines)
