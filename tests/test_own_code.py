@@ -62,7 +62,8 @@ def test_hpc_run_torchrun_is_one_torchrun_per_node(tmp_path):
                         ("--max-restarts", "3"), ("--rdzv-conf", "join_timeout=300")):
         assert torchrun[torchrun.index(flag) + 1] == value
     assert argv[-3:] == [str(DDP), "--steps", "7"]
-    assert plan["rank_program"][2] == 'exec "$0" "$@"'  # torchrun sets the rank contract for its workers
+    # torchrun sets the rank contract for its workers: the program exports only the heartbeat dir (the run dir's)
+    assert plan["rank_program"][2] == f"export HPC_HEARTBEAT_DIR={plan['run_dir']}/heartbeats; exec \"$0\" \"$@\""
     # The rendezvous: the first node, the job's port, the job id as id (torchrun's own variables).
     assert 'export PET_RDZV_ENDPOINT="$MASTER_ADDR:$MASTER_PORT" PET_RDZV_ID="$SLURM_JOB_ID"' in plan["script"]
     assert any("PET_RDZV_ENDPOINT" in line for line in params["setup"])

@@ -34,7 +34,8 @@ def _progress_lines(progress: dict | None) -> list[str]:
         steps = progress["steps"]
         where = ("no step done yet" if not steps else f"step {steps[1]}" if steps[0] == steps[1] else
                  f"steps {steps[0]}-{steps[1]}")
-        lines.append(f"  progress: {progress['ranks']} ranks, {where}, newest heartbeat {progress['newest_beat_s']:.0f} s ago")
+        lines.append(f"  progress: {progress['ranks']} ranks, {where}, "
+                     f"newest heartbeat {progress['newest_beat_s']:.0f} s ago")
     lines += [f"  stalled: {line}" for line in progress["lines"]]
     lines += [f"  stack of rank {rank}: {path}" for rank, path in progress["stacks"].items()]
     hang = progress["hang"]

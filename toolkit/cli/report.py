@@ -136,9 +136,9 @@ def run(run_dir: Path = typer.Argument(..., help="A run directory (with metadata
         as_json: bool = JSON_OPTION,
         plot: Optional[Path] = typer.Option(None, "--plot", help="Also write a PNG of each rank's step time by "
                                                                  "phase (the ranks' heartbeats)."),
-        straggler_threshold: float = typer.Option(DEFAULT_THRESHOLD, "--straggler-threshold", min=0.01, metavar="FRACTION",
-                                                  help="Flag ranks whose own work per step (data + compute) "
-                                                       "exceeds the median rank's by this fraction.")) -> None:
+        straggler_threshold: float = typer.Option(DEFAULT_THRESHOLD, "--straggler-threshold", min=0.01,
+                                                  metavar="FRACTION", help="Flag ranks whose own work per step (data "
+                                                  "+ compute) exceeds the median rank's by this fraction.")) -> None:
     """Summarise one run: throughput (warm-up excluded), loss, updates, or its nccl results; the network NCCL
     used; and the straggling ranks, from the ranks' heartbeats. Exit 1 when an nccl test fails, the queue has
     EFA but NCCL used sockets, or a rank straggles."""

@@ -28,6 +28,7 @@ from toolkit.job.env import EnvVar, heartbeat_env, job_env
 from toolkit.job.rank import Arg, RankProgram, RankVar, rank_program
 from toolkit.job.resume import checkpoint_repair_script
 from toolkit.job.scaling import Derived, apply_scaling
+from toolkit.job.shell import export_line
 from toolkit.recipes.schema import Recipe, flag_words
 
 # Values that reach `#SBATCH` lines, which sbatch (not the shell) parses: no quoting can make a newline safe
@@ -134,10 +135,14 @@ class JobSpec:
     @property
     def program(self) -> RankProgram:
         """What srun starts on every Slurm task, on every submission path (toolkit.job.rank)."""
+        # The heartbeat dir is the run dir's: per task of a sweep, so in the rank program, not in the shared batch
+        # script's set-up (the recipe's env.HPC_HEARTBEAT_DIR, if any, wins).
+        heartbeats = "; ".join(export_line(var) for var in heartbeat_env(self.run_dir, self.hang_timeout_s)
+                               if var.name not in self.environ)
         container = prelude(self.software, self.env) if self.software.container else ""
         resume = checkpoint_repair_script(self.launcher, self.dirs.get("checkpoints"))
         return rank_program(self.command, self.world_size, self.tasks_per_node, contract=self.style == "script",
-                            prelude="; ".join(part for part in (container, resume) if part))
+                            prelude="; ".join(part for part in (heartbeats, container, resume) if part))
 
     @property
     def environ(self) -> dict[str, str]:
@@ -483,8 +488,6 @@ def on_slurm(spec: JobSpec, queue: Queue, slurm_options: Mapping[str, str | None
         derived += [Derived("srun cpu binding", " ".join(binding), why),
                     Derived("--gpus-per-node", "not set", "HPUs are no Slurm GPUs (ParallelCluster declares no GRES "
                                                           "for them): one rank per HPU via --ntasks-per-node")]
-    # Heartbeats live in the run dir, which only a Slurm submission has (a pod has none); the recipe's env wins.
-    env = (*spec.env, *(var for var in heartbeat_env(spec.run_dir, spec.hang_timeout_s) if var.name not in spec.environ))
     software = spec.software
     if software.container:
         derived.append(Derived("container", software.container.image,
@@ -496,7 +499,7 @@ def on_slurm(spec: JobSpec, queue: Queue, slurm_options: Mapping[str, str | None
         derived.append(Derived("software", sys.prefix, "the recipe names no software: the nodes use the venv "
                                                        "this toolkit runs in (it must be on a shared filesystem)"))
     return dataclasses.replace(spec, wait_all_nodes=queue.has_dynamic_nodes, slurm_options=options,
-                               srun_binding=binding, software=software, env=env, derived=(*spec.derived, *derived))
+                               srun_binding=binding, software=software, derived=(*spec.derived, *derived))
 
 
 def _python_program(launcher, root: str, nodes: int, tasks: int) -> tuple[list[Arg], Derived]:

@@ -349,11 +349,7 @@ def collect_stacks(directory: Path, beats: Sequence[Beat], timeout: float, job_i
     --signal=WINCH reaches every task of the job's steps on every node (not the batch shell); without Slurm,
     the ranks' own pids on this machine."""
     clear_stacks(directory)
-    job_id = job_id or os.environ.get("SLURM_JOB_ID")
-    if job_id:
-        subprocess.run(["scancel", f"--signal={int(STACK_SIGNAL)}", job_id], check=False,
-                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=30)
-    else:
+    if not _scancel(f"--signal={int(STACK_SIGNAL)}", job_id=job_id):
         _signal_local(beats, STACK_SIGNAL)
     deadline = time.time() + timeout
     paths = [Path(directory) / f"rank-{b.rank}.stack" for b in beats]
@@ -363,12 +359,25 @@ def collect_stacks(directory: Path, beats: Sequence[Beat], timeout: float, job_i
 
 
 def end_job(beats: Sequence[Beat]) -> None:
-    """End the job: scancel (every step and the batch shell, no requeue); without Slurm, SIGTERM to the ranks."""
-    job_id = os.environ.get("SLURM_JOB_ID")
-    if job_id:
-        subprocess.run(["scancel", job_id], check=False, timeout=30)
-    else:
+    """End the job: scancel (every step and the batch shell, no requeue). Without Slurm, or where scancel is
+    not there (a rank in a container image without Slurm's commands): SIGTERM to the ranks on this node, then
+    this rank exits 1, which srun (--kill-on-bad-exit) turns into the end of the step."""
+    if not _scancel():
         _signal_local(beats, signal.SIGTERM)
+        os._exit(1)
+
+
+def _scancel(*options: str, job_id: str | None = None) -> bool:
+    """scancel OPTIONS JOB (the job's own id by default); False where there is no job id or no scancel."""
+    job_id = job_id or os.environ.get("SLURM_JOB_ID")
+    if not job_id:
+        return False
+    try:
+        subprocess.run(["scancel", *options, job_id], check=False, stdout=subprocess.DEVNULL,
+                       stderr=subprocess.DEVNULL, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return True
 
 
 def _signal_local(beats: Sequence[Beat], signum: int) -> None:
