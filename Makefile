@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 PIP := $(BIN)/pip --disable-pip-version-check -q
 
-.PHONY: venv train-env slurm-up slurm-lanes container-lane slurm-down test canaries demo bench jobs k8s-jobs cluster-configs clean
+.PHONY: bench-deps venv train-env slurm-up slurm-lanes container-lane slurm-down test canaries demo bench jobs k8s-jobs cluster-configs clean
 
 # The torch pins are repeated on every install line that may pull torch, so that no dependency can swap it.
 TORCH_PINS := torch==2.14.1 torchvision==0.29.1
@@ -75,11 +75,21 @@ demo: venv train-env slurm-up
 	$(LOCAL_CLUSTER) $(BIN)/hpc recipes submit roberta --nodes 2 --profile smoke --wait
 
 # Benchmarks print figures and ratios against a baseline run in the same command (not timed tests).
-bench: venv train-env slurm-up container-lane
+bench: venv train-env slurm-up container-lane bench-deps
 	$(BIN)/python benchmarks/bench_cli.py
 	$(LOCAL_CLUSTER) $(BIN)/python benchmarks/bench_submit.py
 	$(LOCAL_CLUSTER) $(BIN)/python benchmarks/bench_run.py
 	$(BIN)/python benchmarks/bench_containers.py
+	$(BIN)/python benchmarks/bench_heartbeat.py
+	$(BIN)/python benchmarks/bench_stragglers.py
+
+# What only the benchmarks compare against: NVIDIA's straggler detector (nvidia-resiliency-ext 0.4.1, the newest
+# release for Python 3.11) and the CUPTI 12 library it loads at start even when it times on the host.
+$(VENV)/.bench-installed:
+	$(PIP) install $(TORCH_PINS) nvidia-resiliency-ext==0.4.1 nvidia-cuda-cupti-cu12
+	touch $@
+
+bench-deps: $(VENV)/.bench-installed
 
 # Reviewed renders in jobs/ (tests/test_render.py checks they match today's rendering). Each its own run dir:
 # the job writes its DeepSpeed config and checkpoints there, which a render at another node count must not share.

@@ -18,7 +18,7 @@ from tests.test_own_code import PAYLOADS
 from tests.test_own_code_slurm import hpc_run, job_gone
 
 pytestmark = [pytest.mark.slurm, pytest.mark.training]
-HANG_TIMEOUT = 12
+HANG_TIMEOUT = 9
 
 
 def status(sandbox, tmp_path: Path, job_id: str, *args: str):
