@@ -84,9 +84,12 @@ bench: venv train-env slurm-up container-lane bench-deps
 	$(BIN)/python benchmarks/bench_stragglers.py
 
 # What only the benchmarks compare against: NVIDIA's straggler detector (nvidia-resiliency-ext 0.4.1, the newest
-# release for Python 3.11) and the CUPTI 12 library it loads at start even when it times on the host.
+# release for Python 3.11) and the CUPTI 12 library it loads at start even when it times on the host. In a folder
+# of its own (benchmarks/bench_stragglers.py puts it on the path of NVRx's ranks only): its pynvml would make every
+# `import torch.cuda` in the venv warn, which the tests would see.
+BENCH_SITE := $(VENV)/bench-site
 $(VENV)/.bench-installed:
-	$(PIP) install $(TORCH_PINS) nvidia-resiliency-ext==0.4.1 nvidia-cuda-cupti-cu12
+	$(PIP) install --no-deps --target $(BENCH_SITE) nvidia-resiliency-ext==0.4.1 nvidia-cuda-cupti-cu12
 	touch $@
 
 bench-deps: $(VENV)/.bench-installed

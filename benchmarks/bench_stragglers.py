@@ -8,8 +8,9 @@
   nvrx   nvidia-resiliency-ext 0.4.1 (the newest release for Python 3.11) Detector.detection_section("forward",
          profile_cuda=False), judged by its Report.identify_stragglers() (default thresholds)
 Prints, per way: the ranks flagged and the median step time against the baseline's. NVRx needs CUPTI 12
-(nvidia-cuda-cupti-cu12) to initialise even when it times on the host, and calls torch.cuda.synchronize() in its
-report: the payload replaces that call with a no-op (no GPU here; nothing is queued on one).
+(nvidia-cuda-cupti-cu12) to initialise even when it times on the host, and its report calls
+torch.cuda.synchronize() and reads CUPTI's kernel statistics: the payload stands in for both (a no-op and no
+kernels: no GPU here, nothing was queued on one).
 `make bench` installs both (make bench-deps).
 """
 
@@ -31,12 +32,8 @@ PAYLOAD = REPO / "benchmarks" / "payloads" / "straggler_ddp.py"
 RANKS, SLOW_RANK = 4, 2
 
 
-def cupti_dir() -> str | None:
-    try:
-        import nvidia.cuda_cupti
-    except ImportError:
-        return None
-    return str(Path(nvidia.cuda_cupti.__path__[0]) / "lib")
+BENCH_SITE = Path(sys.prefix) / "bench-site"  # make bench-deps: NVRx and CUPTI 12, apart from the venv
+CUPTI_LIB = BENCH_SITE / "nvidia" / "cuda_cupti" / "lib"
 
 
 def run(mode: str, steps: int) -> tuple[float, list[int]]:
@@ -54,7 +51,8 @@ def run(mode: str, steps: int) -> tuple[float, list[int]]:
     if mode == "hpc":
         env.update({heartbeat.DIR_VAR: str(out / "heartbeats"), heartbeat.INTERVAL_VAR: "1"})
     if mode == "nvrx":
-        env["LD_LIBRARY_PATH"] = ":".join(filter(None, [cupti_dir(), env.get("LD_LIBRARY_PATH")]))
+        env["PYTHONPATH"] = f"{REPO}:{BENCH_SITE}"
+        env["LD_LIBRARY_PATH"] = ":".join(filter(None, [str(CUPTI_LIB), env.get("LD_LIBRARY_PATH")]))
     ranks = [subprocess.Popen([sys.executable, str(PAYLOAD), mode, str(SLOW_RANK), str(steps), str(out)],
                               env=dict(env, RANK=str(r), LOCAL_RANK=str(r))) for r in range(RANKS)]
     if any(r.wait(timeout=600) for r in ranks):
@@ -76,11 +74,10 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--json", type=Path)
     args = p.parse_args()
-    try:
-        import nvidia_resiliency_ext  # noqa: F401
-        modes = ("none", "hpc", "nvrx")
-    except ImportError:
-        print("nvidia-resiliency-ext is not installed (make bench-deps): comparing hpc with no detector only")
+    if (BENCH_SITE / "nvidia_resiliency_ext").is_dir():
+        modes: tuple[str, ...] = ("none", "hpc", "nvrx")
+    else:
+        print(f"nvidia-resiliency-ext is not in {BENCH_SITE} (make bench-deps): comparing hpc with no detector only")
         modes = ("none", "hpc")
     results: dict[str, dict] = {m: {"step_s": [], "flagged": []} for m in modes}
     for repeat in range(args.repeats):

@@ -26,10 +26,13 @@ optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
 if mode == "nvrx":
     from nvidia_resiliency_ext.straggler import Detector
 
-    # No GPU here: its report starts with torch.cuda.synchronize(), which has nothing to wait for when every
-    # section is timed on the host (profile_cuda=False). A stand-in for the GPU call, named as one.
-    torch.cuda.synchronize = lambda *args, **kwargs: None
     Detector.initialize(scores_to_compute=["relative_perf_scores", "individual_perf_scores"], gather_on_rank0=True)
+    # Stand-ins, named as such: no GPU here. Its report starts with torch.cuda.synchronize() and reads CUPTI's
+    # kernel statistics; with every section timed on the host (profile_cuda=False) nothing was queued on a GPU,
+    # so there is nothing to wait for and no kernel to report.
+    torch.cuda.synchronize = lambda *args, **kwargs: None
+    Detector.cupti_manager.get_results = lambda: {}
+    Detector.cupti_manager.reset_results = lambda: None
     section = lambda: Detector.detection_section("forward", profile_cuda=False)  # noqa: E731
 else:
     import contextlib
