@@ -135,7 +135,7 @@ def test_a_rank_writes_its_step_while_stuck_and_dumps_its_stacks_on_sigwinch_wit
         later = wait_for(lambda: [b for b in heartbeat.read_beats(directory) if b.time > first.time + 0.5], 10,
                          "a newer heartbeat")[0]
         assert later.step == 4 and later.progress == first.progress  # the writer thread goes on, the step does not
-        heartbeat.collect_stacks(directory, [later], timeout=5)
+        heartbeat.collect_stacks(directory, [later], timeout=5, job_id=None)
         stack = heartbeat.read_stacks(directory)[0]
         assert main_thread_frames(stack)[0][2] == "stuck_here"
         assert rank.poll() is None  # SIGWINCH did not end it

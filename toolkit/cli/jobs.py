@@ -71,7 +71,8 @@ def status(job_id: str = typer.Argument(..., help="Slurm job id (an array task: 
     run = RunDir(s.run_dir) if s.run_dir and not s.tasks else None
     network = run.network() if run else None
     data["network"] = network.to_json() if network and network.transport.name else None  # None: NCCL said nothing
-    data["progress"] = run and runs.progress(run, job_id, s.state == State.RUNNING, stall_after, stacks)
+    slurm_id = None if s.source == "local" else job_id  # a local run's id is a pid, not a Slurm job
+    data["progress"] = run and runs.progress(run, slurm_id, s.state == State.RUNNING, stall_after, stacks)
     if stacks and s.state != State.RUNNING:
         warn(f"job {s.job_id} is {s.state}, not running: no stacks to collect")
 

@@ -40,12 +40,13 @@ class RunStatus:
 STALL_AFTER_S = 120.0
 
 
-def progress(run: RunDir, job_id: str, running: bool, stall_after_s: float | None = None,
+def progress(run: RunDir, job_id: str | None, running: bool, stall_after_s: float | None = None,
              stacks: bool = False) -> dict[str, Any] | None:
     """The ranks' heartbeats read back (toolkit.workloads.heartbeat): how far they got and, while the job runs,
     which ranks stopped progressing and which of them the others wait for; with `stacks`, each rank's Python
     stacks are collected first (they tell a rank stuck in its own code from ranks waiting in a collective).
-    Also what the hang watchdog recorded if it ended the job. None where the run has neither."""
+    Also what the hang watchdog recorded if it ended the job. None where the run has neither. `job_id`: Slurm's,
+    None for a local run (its ranks are asked for stacks by pid)."""
     from toolkit.workloads import heartbeat
 
     beats, hang = run.heartbeats(), run.hang()
@@ -55,7 +56,7 @@ def progress(run: RunDir, job_id: str, running: bool, stall_after_s: float | Non
     after = stall_after_s if stall_after_s is not None else max(STALL_AFTER_S, 3 * interval)
     found: dict[int, str] | None = None
     if stacks and running and beats:
-        heartbeat.collect_stacks(run.heartbeat_dir, beats, timeout=min(max(3.0, 2 * interval), 30.0), job_id=job_id)
+        heartbeat.collect_stacks(run.heartbeat_dir, beats, min(max(3.0, 2 * interval), 30.0), job_id)
         found = heartbeat.read_stacks(run.heartbeat_dir)
     now = time.time()
     diagnosis = heartbeat.diagnose(beats, now, after, found) if running and beats else None

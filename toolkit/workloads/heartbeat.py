@@ -173,7 +173,8 @@ class Heartbeat:
                 break
         else:
             return
-        collect_stacks(self.directory, read_beats(self.directory), timeout=max(2 * self.interval, 3.0))
+        job_id = os.environ.get("SLURM_JOB_ID")  # this job's own; None in a local run
+        collect_stacks(self.directory, read_beats(self.directory), max(2 * self.interval, 3.0), job_id)
         found = diagnose(read_beats(self.directory), time.time(), self.hang_timeout, read_stacks(self.directory))
         record = {"time": time.time(), "hang_timeout_s": self.hang_timeout, "lines": found.lines(),
                   **found.to_json()}
@@ -183,7 +184,7 @@ class Heartbeat:
         sys.stderr.write(f"hpc: hang: ending the job: no progress for {self.hang_timeout:g} s (HPC_HANG_TIMEOUT); "
                          f"the diagnosis is in {self.directory.parent / HANG_FILE}\n")
         sys.stderr.flush()
-        end_job([b for b in read_beats(self.directory)])
+        end_job(read_beats(self.directory), job_id)
 
 
 _current: Heartbeat | None = None
@@ -344,10 +345,10 @@ def _ranges(ranks: list[int]) -> str:
     return ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(parts)
 
 
-def collect_stacks(directory: Path, beats: Sequence[Beat], timeout: float, job_id: str | None = None) -> None:
-    """Ask every rank for its Python stacks and wait until each wrote them (or `timeout` passed). scancel
-    --signal=WINCH reaches every task of the job's steps on every node (not the batch shell); without Slurm,
-    the ranks' own pids on this machine."""
+def collect_stacks(directory: Path, beats: Sequence[Beat], timeout: float, job_id: str | None) -> None:
+    """Ask every rank for its Python stacks and wait until each wrote them (or `timeout` passed). With Slurm's
+    `job_id`, scancel --signal=WINCH reaches every task of the job's steps on every node (not the batch shell);
+    without one (a local run), the ranks' own pids on this machine."""
     clear_stacks(directory)
     if not _scancel(f"--signal={int(STACK_SIGNAL)}", job_id=job_id):
         _signal_local(beats, STACK_SIGNAL)
@@ -358,18 +359,17 @@ def collect_stacks(directory: Path, beats: Sequence[Beat], timeout: float, job_i
     time.sleep(0.5)  # faulthandler writes a dump line by line: let the last ones finish
 
 
-def end_job(beats: Sequence[Beat]) -> None:
-    """End the job: scancel (every step and the batch shell, no requeue). Without Slurm, or where scancel is
-    not there (a rank in a container image without Slurm's commands): SIGTERM to the ranks on this node, then
+def end_job(beats: Sequence[Beat], job_id: str | None) -> None:
+    """End the job: scancel `job_id` (every step and the batch shell, no requeue). Without Slurm, or where scancel
+    is not there (a rank in a container image without Slurm's commands): SIGTERM to the ranks on this node, then
     this rank exits 1, which srun (--kill-on-bad-exit) turns into the end of the step."""
-    if not _scancel():
+    if not _scancel(job_id=job_id):
         _signal_local(beats, signal.SIGTERM)
         os._exit(1)
 
 
-def _scancel(*options: str, job_id: str | None = None) -> bool:
-    """scancel OPTIONS JOB (the job's own id by default); False where there is no job id or no scancel."""
-    job_id = job_id or os.environ.get("SLURM_JOB_ID")
+def _scancel(*options: str, job_id: str | None) -> bool:
+    """scancel OPTIONS JOB_ID; False where there is no job id or no scancel."""
     if not job_id:
         return False
     try:
