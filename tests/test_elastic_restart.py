@@ -108,7 +108,7 @@ def kill_and_wait(pods: list[tuple[list[str], dict]], tmp_path: Path, finish_s: 
             assert time.monotonic() < deadline and all(a.poll() is None for a in agents), \
                 "no checkpoint within 120 s: " + "".join(p.read_text() for p in tmp_path.glob("pod*.log"))[-3000:]
             time.sleep(0.1)
-        time.sleep(0.3)  # past the next step's all-reduce, into its sleep (the test's docstring says why)
+        time.sleep(0.5)  # past the next step's all-reduce, into its sleep (the test's docstring says why)
         os.kill(int((pids / "rank-1.pid").read_text()), signal.SIGKILL)
         saved = torch.load(ckpt / "checkpoint.pt")["step"]
         deadline, stuck_since = time.monotonic() + finish_s, None
@@ -161,8 +161,9 @@ def test_a_worker_killed_on_the_pod_without_rank_0_restarts_the_job(tmp_path, ap
     formula the killed pod's restarted worker looks for rank 0's store on another port than rank 0 serves, and
     the job never finishes (shown when the restarted rank 1 has waited 5 s on a port nobody serves; bounded at
     30 s after the kill, about twice what the fixed run takes under load here)."""
-    # A step is its gradient all-reduce, then 1 s of sleep: rank 1 dies while rank 0 sleeps (0.3 s after the
-    # checkpoint, past the next all-reduce), as a GPU rank waits in NCCL, so rank 0's agent restarts it on seeing
+    # A step is its gradient all-reduce, then 1 s of sleep: rank 1 dies while rank 0 sleeps (0.5 s after the
+    # checkpoint, past the next all-reduce and as far from the one after: at 0.3 s a rank 0 descheduled on a
+    # loaded machine was still in it once), as a GPU rank waits in NCCL, so rank 0's agent restarts it on seeing
     # the new round without counting a restart (gloo would fail rank 0 at its next all-reduce, and then both agents
     # would count one).
     ddp_args = ["--steps", str(STEPS), "--step-seconds", "1", "--checkpoint-every", "2", "--log-every", "2",

@@ -76,6 +76,7 @@ def test_resnet_trains_on_four_ranks(smoke):
     assert report.returncode == 0, report.stdout + report.stderr
     stragglers = cli_json(report)["stragglers"]
     assert [(r["rank"], r["steps"]) for r in stragglers["ranks"]] == [(rank, end["step"] - 1) for rank in range(4)]
+    assert stragglers["note"] is None  # judged: enough steps
     assert stragglers["lines"] == [] and all(set(r["phases_ms"]) == {"data", "compute", "sync"}
                                              for r in stragglers["ranks"])
 

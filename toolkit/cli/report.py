@@ -116,14 +116,15 @@ def _run_text(run) -> str:
             lines.append(f"trainer: {t['status']} after {t['starts']} start(s)")
     straggling = run.stragglers
     if straggling and straggling["ranks"]:
-        lines.append(f"step time per rank (ms; own work = data + compute, median {straggling['median_own_ms']:.0f}):")
+        lines.append(f"step time per rank (ms; own work = data + compute, baseline (lower quartile) "
+                     f"{straggling['baseline_own_ms']:.0f}):")
         lines += ["  " + line for line in table(
             [[r["rank"], r["node"], r["steps"], f"{r['step_ms']:.0f}",
               *(f"{r['phases_ms'][p]:.0f}" if p in r["phases_ms"] else "-" for p in ("data", "compute", "sync")),
-              f"{r['vs_median']:.2f}x", "SLOW: " + r["cause"] if r["slow"] else "ok"] for r in straggling["ranks"]],
-            ["RANK", "NODE", "STEPS", "STEP", "DATA", "COMPUTE", "SYNC", "OWN/MEDIAN", "VERDICT"]).splitlines()]
+              f"{r['vs_baseline']:.2f}x", "SLOW: " + r["cause"] if r["slow"] else "ok"] for r in straggling["ranks"]],
+            ["RANK", "NODE", "STEPS", "STEP", "DATA", "COMPUTE", "SYNC", "OWN/BASELINE", "VERDICT"]).splitlines()]
         lines += [f"straggler: {line}" for line in straggling["lines"]]
-    elif straggling and straggling["note"]:
+    if straggling and straggling["note"]:
         lines.append(f"stragglers: not judged: {straggling['note']}")
     for test in run.nccl or []:
         lines.append(f"{_test_name(test)}: max busbw {_num(test['max_busbw_gbs'])} GB/s, avg {_num(test['avg_busbw_gbs'], 3)}"
@@ -138,7 +139,8 @@ def run(run_dir: Path = typer.Argument(..., help="A run directory (with metadata
                                                                  "phase (the ranks' heartbeats)."),
         straggler_threshold: float = typer.Option(DEFAULT_THRESHOLD, "--straggler-threshold", min=0.01,
                                                   metavar="FRACTION", help="Flag ranks whose own work per step (data "
-                                                  "+ compute) exceeds the median rank's by this fraction.")) -> None:
+                                                  "+ compute) exceeds the faster ranks' (lower quartile) by this "
+                                                  "fraction.")) -> None:
     """Summarise one run: throughput (warm-up excluded), loss, updates, or its nccl results; the network NCCL
     used; and the straggling ranks, from the ranks' heartbeats. Exit 1 when an nccl test fails, the queue has
     EFA but NCCL used sockets, or a rank straggles."""
@@ -155,7 +157,7 @@ def run(run_dir: Path = typer.Argument(..., help="A run directory (with metadata
                                                                         else " (no heartbeats)"))
         from toolkit.reports.plots import save_png, stragglers_figure
 
-        figure = stragglers_figure(stragglers["ranks"], stragglers["median_own_ms"], stragglers["threshold"],
+        figure = stragglers_figure(stragglers["ranks"], stragglers["baseline_own_ms"], stragglers["threshold"],
                                    f"{summary.recipe or 'run'}: step time per rank")
         info(f"plot: {save_png(figure, plot)}")
     if summary.efa_problem and as_json:  # the text output shows it already

@@ -2,11 +2,14 @@
 
 In a data-parallel job every rank's step takes as long as the slowest rank's: the others wait for it in the
 gradient all-reduce. So a straggler is found by the work no collective holds back, a rank's own work per step:
-its data wait plus its forward pass (our ResNet trainer times both). A rank whose own work exceeds the median
-rank's by more than the threshold is flagged, with the likely cause: the phase that grew most over its median
-(data: its loading, the storage or too few loader workers; compute: a slow or throttled device or CPU). A node
-all of whose ranks are flagged is named as the node to look at. Ranks that passed no phase times (a script
-calling beat(step) alone) cannot be told apart this way: the report says so.
+its data wait plus its forward pass (our ResNet trainer times both). The baseline is the lower quartile of the
+ranks' own work, what the faster ranks take: a median would sit between the healthy and the slow ranks when a
+slow node holds a large share of them (half, on 2 nodes). A rank whose own work exceeds the baseline by more than
+the threshold is flagged, with the likely cause: the phase that grew most over the ranks' median for it (data:
+its loading, the storage or too few loader workers; compute: a slow or throttled device or CPU). A node all of
+whose ranks are flagged is named as the node to look at. Nothing is judged from fewer than MIN_TIMED_STEPS steps
+(medians of a handful of steps on a shared machine differ by 40%), nor where ranks passed no phase times (a
+script calling beat(step) alone): the report says why.
 """
 
 from __future__ import annotations
@@ -18,7 +21,8 @@ from typing import Sequence
 from toolkit.workloads.heartbeat import Beat
 
 OWN_WORK = ("data", "compute")  # the phases no collective holds back
-DEFAULT_THRESHOLD = 0.2  # flagged above the median rank's own work by this fraction
+DEFAULT_THRESHOLD = 0.5  # flagged above the baseline (the lower quartile of own work) by this fraction
+MIN_TIMED_STEPS = 10
 
 
 @dataclasses.dataclass(frozen=True)
@@ -29,7 +33,7 @@ class RankTiming:
     step_ms: float
     phases_ms: dict[str, float]  # data, compute, sync: median milliseconds per step
     own_ms: float  # data + compute
-    vs_median: float  # own_ms / the median rank's
+    vs_baseline: float  # own_ms / the baseline
     slow: bool
     cause: str | None  # data | compute, for a slow rank
 
@@ -37,7 +41,7 @@ class RankTiming:
 @dataclasses.dataclass(frozen=True)
 class Stragglers:
     ranks: list[RankTiming]
-    median_own_ms: float | None
+    baseline_own_ms: float | None  # the lower quartile of the ranks' own work
     threshold: float
     lines: list[str]  # one per slow rank, then one per node all of whose ranks are slow
     note: str | None = None  # why no judgement could be made
@@ -51,25 +55,27 @@ CAUSES = {"data": "its data loading is slow (the storage, or too few loader work
 
 
 def find_stragglers(beats: Sequence[Beat], threshold: float = DEFAULT_THRESHOLD) -> Stragglers:
-    """Flag the ranks whose own work per step is more than `threshold` above the median rank's."""
+    """Flag the ranks whose own work per step is more than `threshold` above the baseline."""
     timed = [b for b in beats if b.timed_steps and all(p in b.medians for p in OWN_WORK)]
     if len(timed) < 2:
         why = ("fewer than 2 ranks timed their steps' phases (data, compute): beat(step) alone gives only step "
                "times, which are equal on every rank of a synchronous job") if beats else "no heartbeats"
         return Stragglers([], None, threshold, [], why)
     own = {b.rank: sum(b.medians[p] for p in OWN_WORK) for b in timed}
-    median = statistics.median(own.values())
+    baseline = statistics.quantiles(own.values(), n=4, method="inclusive")[0]
     medians = {p: statistics.median(b.medians[p] for b in timed) for p in OWN_WORK}
+    fewest = min(b.timed_steps for b in timed)
+    judged = fewest >= MIN_TIMED_STEPS
     rows = []
     for b in timed:
-        ratio = own[b.rank] / median if median > 0 else 1.0
-        slow = ratio > 1 + threshold
+        ratio = own[b.rank] / baseline if baseline > 0 else 1.0
+        slow = judged and ratio > 1 + threshold
         cause = max(OWN_WORK, key=lambda p: b.medians[p] - medians[p]) if slow else None
         rows.append(RankTiming(b.rank, b.node, b.timed_steps, b.medians.get("step", 0.0) * 1e3,
                                {p: v * 1e3 for p, v in b.medians.items() if p != "step"}, own[b.rank] * 1e3,
                                ratio, slow, cause))
-    lines = [f"rank {r.rank} on node {r.node}: {r.vs_median:.1f}x the median rank's own work per step "
-             f"({r.own_ms:.0f} ms vs {median * 1e3:.0f} ms; {r.cause} {r.phases_ms[r.cause]:.0f} ms vs "
+    lines = [f"rank {r.rank} on node {r.node}: {r.vs_baseline:.1f}x the faster ranks' own work per step "
+             f"({r.own_ms:.0f} ms vs {baseline * 1e3:.0f} ms; {r.cause} {r.phases_ms[r.cause]:.0f} ms vs "
              f"{medians[r.cause] * 1e3:.0f} ms): {CAUSES[r.cause]}" for r in rows if r.slow]
     for node in sorted({r.node for r in rows}):
         on_node = [r for r in rows if r.node == node]
@@ -77,4 +83,6 @@ def find_stragglers(beats: Sequence[Beat], threshold: float = DEFAULT_THRESHOLD)
             causes = sorted({r.cause for r in on_node})
             lines.append(f"node {node}: every rank on it is slow ({', '.join(causes)}): check it (hpc cluster "
                          f"doctor), or drain it: scontrol update NodeName={node} State=DRAIN Reason=straggler")
-    return Stragglers(rows, median * 1e3, threshold, lines)
+    note = None if judged else (f"a rank timed {fewest} steps, fewer than the {MIN_TIMED_STEPS} a judgement needs "
+                                "(run longer)")
+    return Stragglers(rows, baseline * 1e3, threshold, lines, note)
