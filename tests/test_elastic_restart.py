@@ -29,7 +29,7 @@ from toolkit.k8s.manifests import TRAINER_V2, V1, render
 from toolkit.recipes.load import load_recipe
 
 DDP = REPO / "recipes" / "examples" / "ddp_train.py"
-STEPS = 6
+STEPS = 4
 # What the pods ran before: each worker derived its store's port from its own agent's restart count.
 RESTART_COUNT_PORT = ("export TORCHELASTIC_USE_AGENT_STORE=False "
                       "MASTER_PORT=$((MASTER_PORT + 1 + ${TORCHELASTIC_RESTART_COUNT:-0}))")
@@ -161,12 +161,13 @@ def test_a_worker_killed_on_the_pod_without_rank_0_restarts_the_job(tmp_path, ap
     formula the killed pod's restarted worker looks for rank 0's store on another port than rank 0 serves, and
     the job never finishes (shown when the restarted rank 1 has waited 5 s on a port nobody serves; bounded at
     30 s after the kill, about twice what the fixed run takes under load here)."""
-    # A step is its gradient all-reduce, then 1 s of sleep: rank 1 dies while rank 0 sleeps (0.5 s after the
-    # checkpoint, past the next all-reduce and as far from the one after: at 0.3 s a rank 0 descheduled on a
-    # loaded machine was still in it once), as a GPU rank waits in NCCL, so rank 0's agent restarts it on seeing
-    # the new round without counting a restart (gloo would fail rank 0 at its next all-reduce, and then both agents
-    # would count one).
-    ddp_args = ["--steps", str(STEPS), "--step-seconds", "1", "--checkpoint-every", "2", "--log-every", "2",
+    # A step is its gradient all-reduce, then 3 s of sleep: rank 1 dies while rank 0 sleeps (0.5 s after the
+    # checkpoint, past the next all-reduce: at 0.3 s a rank 0 descheduled on a loaded machine was still in it once),
+    # as a GPU rank waits in NCCL, so rank 0's agent restarts it on seeing the new round without counting a restart.
+    # gloo fails rank 0 at its next all-reduce, and then both agents count one: the 2.5 s left of the sleep give
+    # the agents room (on 2 cores rank 0's agent saw the new round 0.4 s after the kill; with 1 s steps and 0.5 s
+    # left, CI's rank 0 failed first in 2 of 3 runs).
+    ddp_args = ["--steps", str(STEPS), "--step-seconds", "3", "--checkpoint-every", "2", "--log-every", "2",
                 "--checkpoint-dir", str(tmp_path / "ckpt"), "--pid-dir", str(tmp_path / "pids")]
     codes, out, saved, hung = kill_and_wait(pod_commands(api, ddp_args, old_port_formula), tmp_path, finish_s=30,
                                             stuck=rank_1_waits_on_a_port_nobody_serves)
