@@ -1,4 +1,8 @@
-"""Faults made for real on the local cluster's simulated nodes (tests of toolkit.reports.stragglers use them).
+"""Faults made for real on the local cluster's simulated nodes (tests of toolkit.reports.stragglers and
+toolkit.job.spares use them).
+
+lost_node: a node lost as a crashed machine is, by SIGKILL to its slurmd, the slurmstepd of each step it runs and
+every task, at once; nothing on it answers any more, and Slurm learns of it only at SlurmdTimeout.
 
 slow_node: a node made slow the way a throttled or shared machine is, by a CPU limit on its slurmd and everything
 running on it. The simulated nodes are slurmd processes on this one machine; the steps a slurmd starts inherit
@@ -10,9 +14,13 @@ holds every step on the node, running or started later.
 from __future__ import annotations
 
 import contextlib
+import os
+import signal
+import subprocess
 from pathlib import Path
 from typing import Iterator
 
+from testbench import procs
 from testbench.layout import Layout
 
 CPU_CGROUP = Path("/sys/fs/cgroup/cpu")
@@ -54,3 +62,41 @@ def slow_node(node: str, cpu_fraction: float, layout: Layout | None = None) -> I
                 (CPU_CGROUP / "cgroup.procs").write_text(left)
         with contextlib.suppress(OSError):
             group.rmdir()
+
+
+def lost_node(node: str, layout: Layout | None = None) -> list[int]:
+    """Kill simulated node `node` for real (module docstring); returns the pids killed."""
+    layout = layout or Layout.current()
+    tasks = [int(pid) for pid in node_processes(node)]
+    stepds = {parent for parent in map(_parent, tasks) if parent and procs.comm(parent) == "slurmstepd"}
+    slurmd = int(layout.pid_file("slurmd", node).read_text().strip())
+    killed = []
+    for pid in (slurmd, *stepds, *tasks):
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
+            killed.append(pid)
+    return killed
+
+
+def restore_node(node: str, layout: Layout | None = None) -> None:
+    """Bring a lost node back into service with a slurmd again. Down first: that ends a job left completing on the
+    node, which waits for an answer from the killed slurmstepd that a new slurmd never gives."""
+    from testbench import cluster
+
+    layout = layout or Layout.current()
+
+    def update(*words: str) -> None:
+        subprocess.run(["scontrol", "update", f"NodeName={node}", *words], env=cluster.slurm_env(layout),
+                       capture_output=True, check=False, timeout=30)
+
+    update("State=DOWN", "Reason=testbench: restoring after a fault")
+    update("State=RESUME")  # idle once its slurmd (started by `up` where it is gone) answers
+    cluster.up(layout)
+    procs.wait_for(lambda: cluster.node_states(layout).get(node) in ("idle", "mix", "alloc"), 60,
+                   f"node {node} back in service", interval=0.5)
+
+
+def _parent(pid: int) -> int | None:
+    with contextlib.suppress(OSError, ValueError, IndexError):
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    return None

@@ -17,6 +17,8 @@ and reports all go through RunDir).
         heartbeats/      rank-N.json: each rank's step and time; rank-N.stack: its Python stacks when asked
                          (toolkit.workloads.heartbeat)
         hang.json        what the hang watchdog found when it ended the job (HPC_HANG_TIMEOUT)
+        restarts.jsonl   a job with spares (toolkit.job.spares): one line per restart on other nodes (when, which
+                         nodes were left out and why, drained or not, the last step the heartbeats saw)
         task-000/ ...    a sweep's dir only: one run dir per grid point
 
 The runs root is $HPC_RUNS_DIR, else ~/hpc-runs (home is shared with the compute nodes on ParallelCluster).
@@ -49,6 +51,7 @@ PLAN = "plan.json"
 RESULT = "result.json"
 FAILURES = "failures"
 SUBMITIT = "submitit"
+RESTARTS = "restarts.jsonl"
 TRAINER_LOG = f"logs/{LOG_NAME}"  # our trainer's log, when the recipe keeps its logs dir under the run
 LOG_PATTERNS = ("*.out", "*.err", "*.log", "*.jsonl", "*.txt", "*.json")
 RECORDS = (METADATA, PLAN, RESULT)  # the toolkit's own files: never logs
@@ -370,6 +373,26 @@ class RunDir:
     def hang(self) -> dict[str, Any] | None:
         """What the hang watchdog recorded when it ended the job, None if it did not."""
         return read_json(self.path / heartbeat.HANG_FILE)
+
+    def restarts(self) -> list[dict[str, Any]]:
+        """The spares supervisor's records, oldest first (toolkit.job.spares; unreadable lines left out)."""
+        try:
+            lines = (self.path / RESTARTS).read_text().splitlines()
+        except OSError:
+            return []
+        found = []
+        for line in lines:
+            try:
+                entry = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(entry, dict):
+                found.append(entry)
+        return found
+
+    def add_restart(self, entry: Mapping[str, Any]) -> None:
+        with open(self.path / RESTARTS, "a") as handle:  # one line, appended: readers never see half of one
+            handle.write(json.dumps(entry) + "\n")
 
     def failures(self) -> list[RankRecord]:
         """The failed ranks' records (unreadable ones left out)."""

@@ -45,6 +45,27 @@ def _progress_lines(progress: dict | None) -> list[str]:
     return lines
 
 
+def _restart_lines(restarts: list[dict]) -> list[str]:
+    """The spares supervisor's records (toolkit.job.spares): each restart, and whether it gave up."""
+    import datetime as dt
+
+    lines = []
+    for entry in restarts:
+        when = dt.datetime.fromtimestamp(entry.get("time", 0), dt.timezone.utc).strftime("%H:%M:%S UTC")
+        if entry.get("gave_up"):
+            lines.append(f"  gave up at {when}: {entry.get('why')}" + ("; requeued" if entry.get("requeued") else ""))
+            continue
+        nodes = ",".join(entry.get("nodes") or []) or "no node"
+        drained = entry.get("drained") or []
+        what = (f"{nodes} left out" + (", drained" if drained else "") +
+                "".join(f"; {n} not drained: {why}" for n, why in (entry.get("not_drained") or {}).items()))
+        label = "pre-flight" if entry.get("trigger") == "pre-flight probe" else f"restart {entry.get('round')}"
+        lines.append(f"  {label}: at {when}, {what} ({entry.get('trigger')}); last step "
+                     f"{entry.get('last_step', '?')}; next on {','.join(entry.get('next_nodes') or []) or '-'}")
+        lines.append(f"    why: {entry.get('why')}")
+    return lines
+
+
 def _task_counts(row: dict) -> str:
     """" (3 COMPLETED, 1 FAILED)" for an array (a sweep), else nothing."""
     tasks = row.get("tasks") or {}
@@ -73,6 +94,7 @@ def status(job_id: str = typer.Argument(..., help="Slurm job id (an array task: 
     data["network"] = network.to_json() if network and network.transport.name else None  # None: NCCL said nothing
     slurm_id = None if s.source == "local" else job_id  # a local run's id is a pid, not a Slurm job
     data["progress"] = run and runs.progress(run, slurm_id, s.state == State.RUNNING, stall_after, stacks)
+    data["restarts"] = [r for r in run.restarts() if str(r.get("job_id")) == str(s.job_id)] if run else []
     if stacks and s.state != State.RUNNING:
         warn(f"job {s.job_id} is {s.state}, not running: no stacks to collect")
 
@@ -85,7 +107,7 @@ def status(job_id: str = typer.Argument(..., help="Slurm job id (an array task: 
             lines.append(f"  tasks: {sum(d['tasks'].values())}:{_task_counts(d)}")
         if d["network"]:
             lines.append(f"  network: {d['network']['label']} ({d['network']['evidence']})")
-        return "\n".join(lines + _progress_lines(d["progress"]))
+        return "\n".join(lines + _restart_lines(d["restarts"]) + _progress_lines(d["progress"]))
 
     emit(data, json_, human)
     if data["network"] and data["network"]["problem"]:

@@ -104,6 +104,9 @@ TIME = typer.Option(None, "--time", "-t", metavar="TIME", help="Time limit, as s
 HANG_TIMEOUT = typer.Option(None, "--hang-timeout", min=1, metavar="SECONDS",
                             help="End the job once a rank has made no progress (heartbeat step) for this long, "
                                  "naming it (resources.hang_timeout_s; default: never).")
+SPARES = typer.Option(None, "--spares", min=0, metavar="K",
+                      help="Hold K nodes beyond --nodes and, when a node or a rank is lost, restart on healthy ones of "
+                           "the same allocation from the last checkpoint (resources.spares; Slurm, sbatch).")
 ENV = typer.Option([], "--env", metavar="NAME=VALUE", help="Set a variable in the job (env.NAME). Repeatable.")
 VENV = typer.Option(None, "--venv", metavar="DIR", help="Virtual environment the nodes activate (software.venv; "
                                                         "default: the recipe's, for `hpc run` the one hpc runs in).")
@@ -136,6 +139,7 @@ class JobOptions:
     reservation: Optional[str] = None
     dependency: Optional[str] = None
     hang_timeout: Optional[int] = None
+    spares: Optional[int] = None
 
     def slurm_options(self) -> dict[str, str | None]:
         return {"account": self.account, "qos": self.qos, "reservation": self.reservation,
@@ -153,9 +157,9 @@ class JobOptions:
                                                     else ""))
 
     def recipe_overrides(self) -> tuple[str, ...]:
-        """--time, --env, --venv and --hang-timeout as the recipe values they set, then each --set (the user's
-        last word)."""
-        return (*_job_values(self.time, self.env, self.venv, self.hang_timeout), *self.overrides)
+        """--time, --env, --venv, --hang-timeout and --spares as the recipe values they set, then each --set (the
+        user's last word)."""
+        return (*_job_values(self.time, self.env, self.venv, self.hang_timeout, self.spares), *self.overrides)
 
 
 _FLAGS = {"overrides": "--set", "sweeps": "--sweep"}
@@ -184,8 +188,8 @@ def check_time(time: str | None) -> None:
                              "or DAYS-HOURS:MINUTES:SECONDS, e.g. --time 01:30:00")
 
 
-def _job_values(time, env, venv, hang_timeout=None) -> list[str]:
-    """--time/--env/--venv/--hang-timeout as `--set` items (values JSON-quoted: YAML would read 01:00:00 as a number)."""
+def _job_values(time, env, venv, hang_timeout=None, spares=None) -> list[str]:
+    """--time/--env/--venv/--hang-timeout/--spares as `--set` items (values JSON-quoted: YAML would read 01:00:00 as a number)."""
     from toolkit.recipes.user import parse_env, venv_dir
 
     check_time(time)
@@ -193,4 +197,5 @@ def _job_values(time, env, venv, hang_timeout=None) -> list[str]:
     items += [f"env.{name}={json.dumps(text)}" for name, text in parse_env(env).items()]
     items += [f"software.venv={json.dumps(venv_dir(str(venv)))}"] if venv else []
     items += [f"resources.hang_timeout_s={hang_timeout}"] if hang_timeout else []
+    items += [f"resources.spares={spares}"] if spares is not None else []
     return items

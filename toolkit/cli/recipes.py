@@ -108,7 +108,8 @@ def new(name: str = typer.Argument(..., help="Recipe name ([a-z0-9_-]); the file
                                             "or torchrun (one torchrun per node starts its ranks)."),
         max_restarts: Optional[int] = typer.Option(None, "--max-restarts", min=0, help="torchrun restarts."),
         profile: Optional[str] = o.PROFILE, overrides: list[str] = o.SET, sweeps: list[str] = o.SWEEP,
-        time: Optional[str] = o.TIME, hang_timeout: Optional[int] = o.HANG_TIMEOUT, env: list[str] = o.ENV,
+        time: Optional[str] = o.TIME, hang_timeout: Optional[int] = o.HANG_TIMEOUT,
+        spares: Optional[int] = o.SPARES, env: list[str] = o.ENV,
         venv: Optional[Path] = o.VENV, account: Optional[str] = o.ACCOUNT, qos: Optional[str] = o.QOS,
         reservation: Optional[str] = o.RESERVATION, dependency: Optional[str] = o.DEPENDENCY,
         output: Optional[str] = typer.Option(None, "--output", "-o", metavar="FILE|DIR|-",
@@ -142,7 +143,7 @@ def new(name: str = typer.Argument(..., help="Recipe name ([a-z0-9_-]); the file
     o.check_time(time)
     data = user_recipe(target, script_args or [], name=name, nodes=nodes, style=launcher.value, time=time,
                        max_restarts=max_restarts, venv=str(venv) if venv else None, env=parse_env(env),
-                       hang_timeout_s=hang_timeout)
+                       hang_timeout_s=hang_timeout, spares=spares)
     if script is not None and not Path(script).is_file():
         raise UsageError(f"--script {script} does not exist", fix="give the path of an existing .py file")
     load_recipe(name, overrides=overrides, data=data)  # validated before anything is written, --set named
@@ -163,7 +164,8 @@ def new(name: str = typer.Argument(..., help="Recipe name ([a-z0-9_-]); the file
 @app.command()
 def render(name: str = o.RECIPE, nodes: Optional[int] = o.NODES, cluster: Optional[Path] = o.CLUSTER,
            queue: Optional[str] = o.QUEUE, profile: Optional[str] = o.PROFILE, overrides: list[str] = o.SET,
-           time: Optional[str] = o.TIME, hang_timeout: Optional[int] = o.HANG_TIMEOUT, env: list[str] = o.ENV,
+           time: Optional[str] = o.TIME, hang_timeout: Optional[int] = o.HANG_TIMEOUT,
+           spares: Optional[int] = o.SPARES, env: list[str] = o.ENV,
            venv: Optional[Path] = o.VENV, account: Optional[str] = o.ACCOUNT, qos: Optional[str] = o.QOS,
            reservation: Optional[str] = o.RESERVATION, dependency: Optional[str] = o.DEPENDENCY,
            run_dir: Optional[Path] = RUN_DIR,
@@ -174,7 +176,8 @@ def render(name: str = o.RECIPE, nodes: Optional[int] = o.NODES, cluster: Option
     """Render a recipe as an sbatch script for a queue and node count."""
     from toolkit.job.render import render_script
 
-    job = JobOptions(overrides, (), profile, time, env, venv, account, qos, reservation, dependency, hang_timeout)
+    job = JobOptions(overrides, (), profile, time, env, venv, account, qos, reservation, dependency, hang_timeout,
+                     spares)
     _, spec = _spec(name, nodes, cluster, queue, job, run_dir)
     script = render_script(spec)
     path = output_target(output, f"{spec.job_name}.sbatch")
@@ -192,7 +195,8 @@ def render(name: str = o.RECIPE, nodes: Optional[int] = o.NODES, cluster: Option
 def submit(name: str = o.RECIPE, nodes: Optional[int] = o.NODES, cluster: Optional[Path] = o.CLUSTER,
            queue: Optional[str] = o.QUEUE, profile: Optional[str] = o.PROFILE, overrides: list[str] = o.SET,
            sweeps: list[str] = o.SWEEP, array_parallelism: Optional[int] = o.ARRAY_PARALLELISM,
-           time: Optional[str] = o.TIME, hang_timeout: Optional[int] = o.HANG_TIMEOUT, env: list[str] = o.ENV,
+           time: Optional[str] = o.TIME, hang_timeout: Optional[int] = o.HANG_TIMEOUT,
+           spares: Optional[int] = o.SPARES, env: list[str] = o.ENV,
            venv: Optional[Path] = o.VENV, account: Optional[str] = o.ACCOUNT, qos: Optional[str] = o.QOS,
            reservation: Optional[str] = o.RESERVATION, dependency: Optional[str] = o.DEPENDENCY, executor: Optional[o.Executor] = o.EXECUTOR,
            dry_run: bool = o.DRY_RUN, verbose: bool = o.VERBOSE, wait: bool = o.WAIT,
@@ -200,7 +204,8 @@ def submit(name: str = o.RECIPE, nodes: Optional[int] = o.NODES, cluster: Option
     """Submit a recipe through submitit (srun starts one rank per GPU, or per declared CPU rank)."""
     from toolkit.submit import plan as plans
 
-    job = JobOptions(overrides, sweeps, profile, time, env, venv, account, qos, reservation, dependency, hang_timeout)
+    job = JobOptions(overrides, sweeps, profile, time, env, venv, account, qos, reservation, dependency, hang_timeout,
+                     spares)
     request = plans.SubmitRequest(name, nodes, str(cluster) if cluster else None, queue, profile,
                                   job.recipe_overrides(), job.slurm_options(), o.value(executor))
     submit_any(request, sweeps, array_parallelism, dry_run, wait, as_json, verbose)

@@ -50,9 +50,14 @@ Arg = Union[str, RankVar, tuple[Union[str, RankVar], ...]]
 RANK0_PREVIEW = {"RANK": "0", "LOCAL_RANK": "0", "MASTER_ADDR": "$MASTER_ADDR", "MASTER_PORT": "$MASTER_PORT"}
 
 
-def master_port(job_id: int) -> int:
-    """The rendezvous port of a job (the set-up block computes the same in shell)."""
-    return MASTER_PORT_BASE + job_id % MASTER_PORT_SPAN
+# A job with spares starts a fresh rendezvous after each restart (toolkit.job.spares), this many ids further: the
+# old store's port may still be held, and jobs this far apart in id rarely share a first node.
+RESTART_PORT_STRIDE = 1009
+
+
+def master_port(job_id: int, restart: int = 0) -> int:
+    """The rendezvous port of a job (the set-up block computes the same in shell), after `restart` restarts."""
+    return MASTER_PORT_BASE + (job_id + restart * RESTART_PORT_STRIDE) % MASTER_PORT_SPAN
 
 
 @dataclasses.dataclass(frozen=True)

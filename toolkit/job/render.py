@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 import os
 import shlex
+import sys
 
 from toolkit.job.container import container_words, pyxis_options
 from toolkit.job.env import COMMUNICATION_PREFIXES, submit_env_allowlist
@@ -24,7 +25,7 @@ def job_options(spec: JobSpec) -> dict[str, str | int | bool]:
     No --mem: ParallelCluster schedules without memory unless EnableMemoryBasedScheduling is on.
     """
     options: dict[str, str | int | bool] = {
-        "job-name": spec.job_name, "partition": spec.partition, "nodes": spec.nodes,
+        "job-name": spec.job_name, "partition": spec.partition, "nodes": spec.nodes + spec.spares,
         "ntasks-per-node": spec.slurm_tasks_per_node,
     }
     if spec.gpus_per_node:
@@ -36,6 +37,8 @@ def job_options(spec: JobSpec) -> dict[str, str | int | bool]:
         options["wait-all-nodes"] = 1
     # Explicit both ways: Slurm's own default (JobRequeue=1) would requeue a benchmark after a node failure.
     options["requeue" if spec.requeue else "no-requeue"] = True
+    if spec.spares:  # keep the allocation when a node fails: the spares supervisor restarts on the others
+        options["no-kill"] = True
     options.update(spec.slurm_options)  # account, qos, reservation, dependency: passed through
     return options
 
@@ -54,6 +57,8 @@ def srun_options(spec: JobSpec) -> list[str]:
     """srun's options: the step's shape is spelled out (Slurm >= 22.05 srun does not inherit --cpus-per-task)."""
     options = ["--export=ALL", f"--nodes={spec.nodes}", f"--ntasks-per-node={spec.slurm_tasks_per_node}",
                f"--cpus-per-task={spec.slurm_cpus_per_task}", "--kill-on-bad-exit=1"]
+    if spec.spares:  # the job's SLURM_NTASKS counts the spares' tasks too
+        options.insert(2, f"--ntasks={spec.nodes * spec.slurm_tasks_per_node}")
     if spec.mpi:
         options.append(f"--mpi={spec.mpi}")
     return options + list(spec.srun_binding) + pyxis_options(spec.software.container, spec.env, spec.style)
@@ -129,6 +134,29 @@ def setup_block(spec: JobSpec) -> str:
 SHARED_LOG_SRUN_OPTIONS = ("--label",)
 
 
+def spares_supervisor(spec: JobSpec) -> list[str]:
+    """The command that runs a job with spares' srun line round after round (toolkit.job.spares), else none."""
+    if not spec.spares:
+        return []
+    from toolkit.workloads.heartbeat import DIR_VAR
+
+    words = [node_python(spec), "-m", "toolkit.job.spares", "--nodes", str(spec.nodes), "--spares", str(spec.spares),
+             "--run-dir", spec.run_dir, "--heartbeat-dir", spec.environ.get(DIR_VAR, f"{spec.run_dir}/heartbeats")]
+    if spec.hang_timeout_s:
+        words += ["--hang-timeout", str(spec.hang_timeout_s)]
+    return [*words, "--"]
+
+
+def node_python(spec: JobSpec) -> str:
+    """The Python that runs the toolkit's own code on the nodes (submitit's per-rank code, the spares supervisor):
+    the recipe's environment's, else the one running hpc."""
+    if spec.software.venv:
+        return f"{spec.software.venv}/bin/python"  # in a container: mounted there (software.container.mounts)
+    if spec.software.conda_root or spec.software.modules or spec.software.container:
+        return "python"  # whatever the set-up lines (or the container's image) put first on PATH
+    return sys.executable
+
+
 def render_script(spec: JobSpec) -> str:
     """The sbatch script of a job: srun starts the job's rank program (toolkit.job.rank) on every task."""
     program = spec.program
@@ -136,6 +164,6 @@ def render_script(spec: JobSpec) -> str:
         **_setup_context(spec),
         directives=sbatch_directives(spec),
         array_lines=array_lines(program.words),
-        srun_options=shlex.join([*SHARED_LOG_SRUN_OPTIONS, *srun_options(spec)]),
+        launch=shlex.join([*spares_supervisor(spec), "srun", *SHARED_LOG_SRUN_OPTIONS, *srun_options(spec)]),
         rank_script=shlex.quote(program.script),
     )

@@ -113,6 +113,7 @@ class JobSpec:
     dirs: Mapping[str, str] = dataclasses.field(default_factory=dict)  # data / checkpoints / logs, as resolved
     style: LauncherStyle = "script"  # torchrun: one Slurm task per node starts that node's tasks_per_node ranks
     hang_timeout_s: int | None = None  # resources.hang_timeout_s: the watchdog ends a job stalled this long
+    spares: int = 0  # resources.spares: nodes held beyond `nodes` to restart on (toolkit.job.spares)
     # Slurm's part (on_slurm): the scheduler-neutral spec leaves these empty
     wait_all_nodes: bool = False
     srun_binding: tuple[str, ...] = ()  # srun CPU-binding options (GPU ranks unbound, HPU ranks on their cores)
@@ -136,8 +137,10 @@ class JobSpec:
     def program(self) -> RankProgram:
         """What srun starts on every Slurm task, on every submission path (toolkit.job.rank)."""
         # The heartbeat dir is the run dir's: per task of a sweep, so in the rank program, not in the shared batch
-        # script's set-up (the recipe's env.HPC_HEARTBEAT_DIR, if any, wins).
-        heartbeats = "; ".join(export_line(var) for var in heartbeat_env(self.run_dir, self.hang_timeout_s)
+        # script's set-up (the recipe's env.HPC_HEARTBEAT_DIR, if any, wins). With spares the supervisor watches for
+        # hangs and ends only the step (toolkit.job.spares), not rank 0's watchdog, which would end the job.
+        hang_timeout = None if self.spares else self.hang_timeout_s
+        heartbeats = "; ".join(export_line(var) for var in heartbeat_env(self.run_dir, hang_timeout)
                                if var.name not in self.environ)
         container = prelude(self.software, self.env) if self.software.container else ""
         resume = checkpoint_repair_script(self.launcher, self.dirs.get("checkpoints"))
@@ -284,9 +287,13 @@ def resources(recipe: Recipe, target: Target, nodes: int | None) -> Resources:
                        f"{target.name} ({instance.name}) has {has}",
                        fix="choose another queue with --cluster FILE --queue Q")
     nodes = nodes or recipe.resources.nodes
-    if nodes > target.max_nodes:
-        raise HpcError(f"{nodes} nodes requested; queue {target.name} has at most {target.max_nodes}",
-                       fix=f"use --nodes 1..{target.max_nodes} or a bigger queue")
+    spares = recipe.resources.spares
+    if nodes + spares > target.max_nodes:
+        asked = f"{nodes} nodes" + (f" and {spares} spare(s)" if spares else "")
+        room = target.max_nodes - spares
+        raise HpcError(f"{asked} requested; queue {target.name} has at most {target.max_nodes}",
+                       fix=(f"use --nodes 1..{room}" + (" (or fewer --spares)" if spares else "") if room >= 1 else
+                            f"use at most --spares {target.max_nodes - 1}") + " or a bigger queue")
     tasks, cpus = target.tasks_per_node, target.cpus_per_task
     return Resources(device, nodes, tasks, cpus, None if device != "cpu" else cpus,
                      instance.gpus if device == "gpu" else 0, (
@@ -447,7 +454,7 @@ def job_spec(recipe: Recipe, target: Target, nodes: int | None = None, *, profil
         command=tuple(command), prepare=prepare, root=root, run_dir=where.run_dir,
         derived=(*res.derived, root_rule, *derived, *where.derived, *ds_derived, *launch, *advice),
         warnings=tuple(warnings), files=files, dirs=where.paths, style=launcher.style,
-        hang_timeout_s=recipe.resources.hang_timeout_s,
+        hang_timeout_s=recipe.resources.hang_timeout_s, spares=recipe.resources.spares,
     )
 
 

@@ -184,6 +184,9 @@ class Resources(StrictModel):
     # End the job once a rank has made no progress (heartbeat step) for this long, naming it, instead of waiting
     # for the time limit (toolkit.workloads.heartbeat; --hang-timeout). None: never.
     hang_timeout_s: PositiveInt | None = None
+    # Hot spares: hold this many nodes beyond `nodes` and, when a node or a rank is lost, run again on healthy
+    # ones of the same allocation from the last checkpoint (toolkit.job.spares; --spares).
+    spares: int = Field(0, ge=0)
     runs_on: list[Literal["gpu", "hpu", "cpu"]] = Field(["gpu", "cpu"], min_length=1)  # hpu: Habana Gaudi
 
 
@@ -293,6 +296,16 @@ class Recipe(StrictModel):
     def origin(self, path: tuple[str, ...]) -> str | None:
         """The profile or override that set the value at `path` (or a mapping above it); None: the recipe file."""
         return next((self._origins[path[:i]] for i in range(len(path), 0, -1) if path[:i] in self._origins), None)
+
+    @model_validator(mode="after")
+    def _spares_restart_training(self) -> Recipe:
+        if self.resources.spares and not self.resources.requeue:
+            raise ValueError("resources.spares restart a training job on other nodes; a benchmark "
+                             "(resources.requeue: false) is never restarted: remove resources.spares")
+        if self.resources.spares and self.launcher.mpi:
+            raise ValueError("resources.spares: an MPI binary (launcher.mpi) cannot resume from a checkpoint: "
+                             "remove resources.spares")
+        return self
 
     @model_validator(mode="after")
     def _deepspeed_fits_launcher(self) -> Recipe:

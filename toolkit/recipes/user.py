@@ -51,7 +51,8 @@ def user_recipe(target: str, script_args: Sequence[str], *, name: str | None = N
                 style: str = "script", time: str | None = None, max_restarts: int | None = None,
                 venv: str | None = None, env: Mapping[str, str] | None = None,
                 rendezvous_timeout_s: int | None = None, container: str | None = None,
-                container_mounts: Sequence[str] = (), hang_timeout_s: int | None = None) -> dict[str, Any]:
+                container_mounts: Sequence[str] = (), hang_timeout_s: int | None = None,
+                spares: int | None = None) -> dict[str, Any]:
     """The recipe (as data) that runs `python TARGET SCRIPT_ARGS...` on every rank."""
     if style not in ("script", "torchrun"):
         raise UsageError(f"--launcher {style!r} is not one of script, torchrun",
@@ -73,7 +74,8 @@ def user_recipe(target: str, script_args: Sequence[str], *, name: str | None = N
                   "'Your own training script')",
         "launcher": launcher,
         "resources": {"nodes": nodes or 1, **({"time": time} if time else {}),
-                      **({"hang_timeout_s": hang_timeout_s} if hang_timeout_s else {})},
+                      **({"hang_timeout_s": hang_timeout_s} if hang_timeout_s else {}),
+                      **({"spares": spares} if spares else {})},
     }
     if venv:
         recipe["software"] = {"venv": venv_dir(venv)}

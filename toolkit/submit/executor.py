@@ -16,13 +16,12 @@ from __future__ import annotations
 import contextlib
 import os
 import shlex
-import sys
 from pathlib import Path
 from typing import Any, Sequence
 
 from toolkit.errors import HpcError
 from toolkit.job.env import filter_submit_env
-from toolkit.job.render import job_options, setup_block, srun_options
+from toolkit.job.render import job_options, node_python, setup_block, srun_options
 from toolkit.job.spec import JobSpec
 from toolkit.rundir import Executor
 
@@ -31,7 +30,7 @@ from toolkit.rundir import Executor
 MAX_TIME_LIMIT_REQUEUES = 1000
 
 
-def choose_executor(requested: str | None, *, mpi: bool = False) -> tuple[Executor, str | None]:
+def choose_executor(requested: str | None, *, mpi: bool = False, spares: int = 0) -> tuple[Executor, str | None]:
     """The executor, and a note when it was chosen for the user (local only where no Slurm is installed)."""
     from toolkit.slurm.commands import slurm_installed
 
@@ -40,6 +39,15 @@ def choose_executor(requested: str | None, *, mpi: bool = False) -> tuple[Execut
         raise HpcError(f"--executor {requested!r} is not one of {', '.join(names)}",
                        fix=f"use --executor {' | '.join(names)}", exit_code=2)
     kind = Executor(requested) if requested else None
+    if spares:
+        if kind not in (None, Executor.SBATCH) or not slurm_installed():
+            raise HpcError(f"--spares {spares}: spare nodes are a Slurm allocation's, restarted on by the rendered "
+                           "script (toolkit.job.spares)" + ("" if slurm_installed() else "; no Slurm is installed here"),
+                           fix="submit to a Slurm cluster without --executor (or with --executor sbatch), or drop "
+                               "--spares")
+        return Executor.SBATCH, (None if kind == Executor.SBATCH else
+                                 f"{spares} spare node(s): the rendered script goes to sbatch (toolkit.job.spares "
+                                 "restarts its ranks on them)")
     if mpi:
         if kind == Executor.LOCAL or (kind is None and not slurm_installed()):
             raise HpcError("this recipe runs an MPI binary, which only Slurm can start (srun --mpi)",
@@ -51,15 +59,6 @@ def choose_executor(requested: str | None, *, mpi: bool = False) -> tuple[Execut
     if slurm_installed():
         return Executor.SLURM, None
     return Executor.LOCAL, "no Slurm is installed here (no sbatch on PATH or in /opt/slurm/bin): running on this machine"
-
-
-def node_python(spec: JobSpec) -> str:
-    """The Python that runs submitit's per-rank code on the nodes: the recipe's environment's, else ours."""
-    if spec.software.venv:
-        return f"{spec.software.venv}/bin/python"  # in a container: mounted there (software.container.mounts)
-    if spec.software.conda_root or spec.software.modules or spec.software.container:
-        return "python"  # whatever the set-up lines (or the container's image) put first on PATH
-    return sys.executable
 
 
 def slurm_parameters(spec: JobSpec) -> dict[str, Any]:

@@ -199,7 +199,7 @@ def plan(request, sweeps: Sequence[str], parallelism: int | None = None,
         raise UsageError("a sweep runs as a Slurm job array; the local executor has none",
                          fix="submit the sweep to a Slurm cluster (--executor slurm), or submit points one by one")
     if first.executor == Executor.SBATCH:
-        raise HpcError(f"recipe {first.recipe.name} goes to sbatch as its rendered script (an MPI binary, or "
+        raise HpcError(f"recipe {first.recipe.name} goes to sbatch as its rendered script (an MPI binary, --spares, or "
                        "--executor sbatch): a sweep is a submitit job array",
                        fix="submit each variation with `hpc recipes submit --set ...` (or sweep with --executor slurm)")
     shared = _flat(first.parameters)

@@ -1,0 +1,359 @@
+"""Hot spares: a job holds N + K nodes, runs its ranks on N, and when a node or a rank is lost runs them again on N
+healthy nodes of the same allocation, resuming from the last checkpoint, instead of ending and waiting in the queue.
+
+    python -m toolkit.job.spares --nodes N --spares K --run-dir DIR [--hang-timeout S] -- srun OPTIONS... PROGRAM...
+
+The rendered script runs this in place of its srun line (the batch shell's stop trap signals it as it would srun).
+It rests on Slurm's own rules (sbatch(1), srun(1)):
+
+  - `sbatch --no-kill` keeps the allocation when a node fails; the job "assumes all responsibilities for
+    fault-tolerance" and later steps run on the nodes left.
+  - A node whose slurmd is gone is not known as lost until SlurmdTimeout (ParallelCluster: 180 s); meanwhile srun
+    waits for its tasks, and the step keeps its CPUs on every node. So a lost node is found here, not by Slurm:
+    srun's own `srun: error: NODE: task N: ...` line for a rank that died, the heartbeats (toolkit.workloads.
+    heartbeat) of ranks that stopped writing or (with --hang-timeout) stopped making progress, then a probe step
+    on each node (`srun --overlap -w NODE true`: a node without a slurmd fails it after MessageTimeout). The old
+    step is then cancelled, its srun ended, and the next one started with `--overlap`: the old step still holds
+    CPUs until the dead node is declared down (measured on Slurm 22.05: without --overlap the next step waits).
+  - Before the first round the same probe is the pre-flight: a node that fails it never gets ranks.
+
+Which nodes train: the first N healthy ones, the batch host last. It runs this supervisor, so its loss ends the
+job whatever happens (Slurm requeues it on node failure, as today); kept out of training while a spare is left, it
+is also kept out of what breaks training nodes. A node that failed the probe is drained with a reason where Slurm
+lets this user (root, SlurmUser, operators); a node whose rank died but that passes the probe is only left out of
+this job. Each restart is a line of <run dir>/restarts.jsonl (when, which nodes, why, the last step the
+heartbeats saw). After K restarts, or with fewer than N healthy nodes, a job that lost a node is requeued as
+Slurm would (`scontrol requeue`); one whose rank failed on a healthy node ends with that rank's status, as today.
+
+Each round gets a fresh rendezvous: the first chosen node and toolkit.job.rank.master_port(job, round), exported
+to srun as MASTER_ADDR/MASTER_PORT (and torchrun's PET_RDZV_ENDPOINT), so the rank contract is the same in every
+round. Standard library only: it runs in the batch shell's Python.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import dataclasses
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Sequence
+
+from toolkit.job.rank import master_port
+from toolkit.rundir import RunDir
+from toolkit.workloads import heartbeat
+
+PROBE_TIMEOUT_S = 60  # a probe step on a node without slurmd fails after MessageTimeout (Slurm's default 10 s)
+END_STEP_GRACE_S = 5  # after srun is told to end the step, before it is killed
+POLL_S = 0.5
+# srun's line for a task that ended badly (src/srun/... "%s: task %s: %s"): `srun: error: c2: task 1: Killed`,
+# `srun: error: c1: tasks 0-1: Exited with exit code 1`.
+TASK_FAILED = re.compile(r"^srun: error: (?P<node>[^\s:]+): tasks? (?P<tasks>[\d,\-\[\]]+): (?P<what>.+)$")
+
+
+@dataclasses.dataclass
+class Failure:
+    """Why a round ended early: what noticed it, and the nodes it points at (before probing)."""
+
+    trigger: str
+    suspects: list[str]
+
+
+@dataclasses.dataclass
+class Round:
+    number: int
+    nodes: list[str]
+    started: float
+    proc: subprocess.Popen | None = None
+    failure: Failure | None = None
+
+
+def ordered_nodes(allocated: Sequence[str], batch_host: str) -> list[str]:
+    """The allocation's nodes in the order they take ranks: the batch host last."""
+    return [n for n in allocated if n != batch_host] + [n for n in allocated if n == batch_host]
+
+
+def round_env(environ: dict[str, str], chosen: Sequence[str], job_id: int, number: int) -> dict[str, str]:
+    """The environment of a round's srun: a fresh rendezvous on its first node."""
+    env = dict(environ, MASTER_ADDR=chosen[0], MASTER_PORT=str(master_port(job_id, number)))
+    if "PET_RDZV_ENDPOINT" in env:  # torchrun (templates/setup.sh.j2)
+        env["PET_RDZV_ENDPOINT"] = f"{env['MASTER_ADDR']}:{env['MASTER_PORT']}"
+    return env
+
+
+def round_argv(srun: Sequence[str], chosen: Sequence[str], number: int) -> list[str]:
+    """The round's srun: on the chosen nodes; after a restart --overlap, since the lost step keeps its CPUs
+    until Slurm declares the lost node down."""
+    return [srun[0], f"--nodelist={','.join(chosen)}", *(["--overlap"] if number else []), *srun[1:]]
+
+
+def failed_task(line: str) -> tuple[str, str] | None:
+    """(node, what) of an srun line reporting a task that ended badly, else None."""
+    found = TASK_FAILED.match(line.strip())
+    return (found["node"], found["what"]) if found else None
+
+
+def silent_nodes(beats: Sequence[heartbeat.Beat], since: float, now: float) -> tuple[list[str], list[int]]:
+    """Nodes and ranks whose heartbeat (written this round) stopped: the writer thread writes every interval
+    whatever the training does, so a file older than SILENT_INTERVALS intervals means the process is gone or
+    frozen."""
+    silent = [b for b in beats if b.time >= since and now - b.time > heartbeat.SILENT_INTERVALS * b.interval]
+    return sorted({b.node for b in silent}), [b.rank for b in silent]
+
+
+def probe(nodes: Sequence[str], job_id: str, timeout: float = PROBE_TIMEOUT_S) -> dict[str, str | None]:
+    """One step per node (`true`), all at once: None for a node that ran it, else why it did not."""
+    def one(node: str) -> str | None:
+        argv = ["srun", f"--jobid={job_id}", "--overlap", "--nodes=1", "--ntasks=1", f"--nodelist={node}",
+                "--cpus-per-task=1", "--export=ALL", "true"]
+        try:
+            res = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            return f"a probe step did not end within {timeout:g} s"
+        if res.returncode == 0:
+            return None
+        lines = [l for l in res.stderr.splitlines() if "error" in l.lower()] or res.stderr.splitlines()
+        return f"a probe step failed: {lines[0].strip() if lines else f'exit {res.returncode}'}"
+
+    with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, len(nodes))) as pool:
+        return dict(zip(nodes, pool.map(one, nodes)))
+
+
+def drain(node: str, reason: str) -> str | None:
+    """Drain a node with a reason; None when done, else why not (only root, SlurmUser and operators may)."""
+    try:
+        res = subprocess.run(["scontrol", "update", f"NodeName={node}", "State=DRAIN", f"Reason={reason}"],
+                             capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return str(exc)
+    return None if res.returncode == 0 else (res.stderr or res.stdout).strip() or f"exit {res.returncode}"
+
+
+def last_step(directory: Path) -> int | None:
+    steps = [b.step for b in heartbeat.read_beats(directory) if b.step is not None]
+    return max(steps) if steps else None
+
+
+class Supervisor:
+    def __init__(self, srun: Sequence[str], nodes: int, spares: int, run_dir: Path, heartbeat_dir: Path,
+                 hang_timeout: float | None, job_id: str, allocated: Sequence[str], batch_host: str) -> None:
+        self.srun, self.n, self.spares, self.run_dir = list(srun), nodes, spares, run_dir
+        self.heartbeat_dir, self.hang_timeout, self.job_id = heartbeat_dir, hang_timeout, job_id
+        self.order = ordered_nodes(allocated, batch_host)
+        self.excluded: dict[str, str] = {}  # node -> why
+        self.stopping = False
+        self.current: Round | None = None
+
+    # -- the loop ---------------------------------------------------------------------------------------------
+
+    def run(self) -> int:
+        signal.signal(signal.SIGUSR2, self._forward)  # the batch shell's stop trap: save and requeue
+        signal.signal(signal.SIGTERM, self._forward)
+        self.preflight()
+        number, status = 0, 1
+        while True:
+            healthy = [n for n in self.order if n not in self.excluded]
+            if len(healthy) < self.n:
+                return self.give_up(number, f"{len(healthy)} healthy node(s) left of {len(self.order)}, "
+                                            f"{self.n} needed", status)
+            chosen = healthy[:self.n]
+            status, failure, probed = self.run_round(number, chosen)
+            if status == 0 and failure is None:
+                return 0
+            if self.stopping:
+                return status
+            if failure is None:
+                failure = Failure(f"srun exited {status}", [])
+            self.restart(number, chosen, failure, probed or probe(chosen, self.job_id))
+            if number >= self.spares:
+                return self.give_up(number + 1, f"all {self.spares} spare(s) used", status)
+            number += 1
+
+    def preflight(self) -> None:
+        bad = {node: why for node, why in probe(self.order, self.job_id).items() if why}
+        if bad:
+            self.exclude(bad, round_number=0, trigger="pre-flight probe", last=None, drain_them=True)
+
+    def run_round(self, number: int, chosen: list[str]) -> tuple[int, Failure | None, dict | None]:
+        """Run one round's srun to its end; (its status, why it failed, the probe of its nodes when one was
+        needed to end it)."""
+        for path in self.heartbeat_dir.glob("rank-*.json"):  # this round's ranks write their own
+            path.unlink(missing_ok=True)
+        env = round_env(dict(os.environ), chosen, int(self.job_id), number)
+        spare = [n for n in self.order if n not in self.excluded and n not in chosen]
+        say(f"round {number}: {self.n} node(s) {','.join(chosen)}, spare {','.join(spare) or 'none'}, "
+            f"rendezvous {env['MASTER_ADDR']}:{env['MASTER_PORT']}")
+        current = Round(number, chosen, time.time())
+        current.proc = subprocess.Popen(round_argv(self.srun, chosen, number), env=env, stderr=subprocess.PIPE,
+                                        text=True, errors="replace", bufsize=1)
+        self.current = current
+        reader = threading.Thread(target=self._read_stderr, args=(current,), daemon=True)
+        reader.start()
+        probed = None
+        while current.proc.poll() is None:
+            if current.failure is None and not self.stopping:
+                current.failure = self._heartbeat_failure(current)
+            if current.failure is not None and not self.stopping:
+                # Probe while the step ends: a lost node's part never ends, and its probe takes MessageTimeout.
+                with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
+                    probing = pool.submit(probe, chosen, self.job_id)
+                    self._end_step(current)
+                    probed = probing.result()
+                break
+            time.sleep(POLL_S)
+        reader.join(timeout=5)
+        status = current.proc.returncode
+        return status, (None if self.stopping else current.failure), probed
+
+    def restart(self, number: int, chosen: list[str], failure: Failure, probed: dict[str, str | None]) -> None:
+        """Leave out the round's lost nodes: those that failed the probe, else those the failure points at."""
+        last = last_step(self.heartbeat_dir)
+        dead = {node: why for node, why in probed.items() if why}
+        if dead:
+            self.exclude(dead, number + 1, failure.trigger, last, drain_them=True)
+        else:
+            suspects = [n for n in failure.suspects if n in chosen]
+            if not suspects:  # nothing points at a node: leave out none, but still count the restart
+                self.record({"round": number + 1, "nodes": [], "why": "no node failed the probe",
+                             "trigger": failure.trigger, "last_step": last, "drained": []})
+                return
+            self.exclude({n: "its rank failed; the node passed the probe" for n in suspects}, number + 1,
+                         failure.trigger, last, drain_them=False)
+
+    def exclude(self, nodes: dict[str, str], round_number: int, trigger: str, last: int | None,
+                drain_them: bool) -> None:
+        drained, not_drained = [], {}
+        for node, why in nodes.items():
+            self.excluded[node] = why
+            if drain_them:
+                error = drain(node, f"hpc: job {self.job_id}: {why}"[:200])
+                if error is None:
+                    drained.append(node)
+                else:
+                    not_drained[node] = error
+        healthy = [n for n in self.order if n not in self.excluded]
+        self.record({"round": round_number, "nodes": sorted(nodes), "why": "; ".join(f"{n}: {w}" for n, w in
+                                                                                     sorted(nodes.items())),
+                     "trigger": trigger, "last_step": last, "drained": drained, "not_drained": not_drained,
+                     "next_nodes": healthy[:self.n], "spares_left": max(0, len(healthy) - self.n)})
+
+    def give_up(self, number: int, why: str, status: int) -> int:
+        lost_node = any(e.get("drained") or e.get("not_drained") for e in self.records())
+        record = {"round": number, "gave_up": True, "why": why, "requeued": lost_node}
+        self.record(record)
+        if lost_node:  # as Slurm would after a node failure: the rerun gets a fresh allocation
+            say(f"giving up: {why}; requeueing job {self.job_id}")
+            subprocess.run(["scontrol", "requeue", self.job_id], check=False)
+            return 0
+        say(f"giving up: {why}")
+        return status or 1
+
+    # -- what a round watches ---------------------------------------------------------------------------------
+
+    def _read_stderr(self, current: Round) -> None:
+        assert current.proc is not None and current.proc.stderr is not None
+        for line in current.proc.stderr:
+            sys.stderr.write(line)
+            found = failed_task(line)
+            if found and current.failure is None and not self.stopping:
+                node, what = found
+                current.failure = Failure(f"srun: {node}: {what}", [node])
+        sys.stderr.flush()
+
+    def _heartbeat_failure(self, current: Round) -> Failure | None:
+        beats = heartbeat.read_beats(self.heartbeat_dir)
+        now = time.time()
+        nodes, ranks = silent_nodes(beats, current.started, now)
+        if nodes:
+            return Failure(f"heartbeats silent: {heartbeat._ranges(ranks)} on {','.join(nodes)}", nodes)
+        if self.hang_timeout:
+            found = heartbeat.diagnose([b for b in beats if b.time >= current.started], now, self.hang_timeout)
+            if found.stalled:
+                for line in found.lines():
+                    say(f"hang: {line}")
+                return Failure(f"no progress for {self.hang_timeout:g} s: "
+                               f"{heartbeat._ranges([s.rank for s in found.stalled])}",
+                               sorted({s.node for s in found.stalled}))
+        return None
+
+    def _end_step(self, current: Round) -> None:
+        """End a failed round's step: srun's own abort (SIGINT twice), then SIGKILL; the lost node's part of the
+        step cannot answer, so srun may never end by itself."""
+        proc = current.proc
+        assert proc is not None
+        say(f"round {current.number} failed ({current.failure.trigger}): ending its step")
+        for _ in range(2):
+            with_ignored(proc.send_signal, signal.SIGINT)
+            time.sleep(0.2)
+        try:
+            proc.wait(END_STEP_GRACE_S)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+    def _forward(self, signum, frame) -> None:
+        self.stopping = True
+        if self.current is not None and self.current.proc is not None:
+            with_ignored(self.current.proc.send_signal, signum)
+
+    # -- the record -------------------------------------------------------------------------------------------
+
+    def record(self, entry: dict) -> None:
+        entry = {"time": time.time(), "job_id": self.job_id, **entry}
+        RunDir(self.run_dir).add_restart(entry)
+        say(f"restart record: {json.dumps(entry)}")
+
+    def records(self) -> list[dict]:
+        return [e for e in RunDir(self.run_dir).restarts() if str(e.get("job_id")) == self.job_id]
+
+
+def with_ignored(call, *args) -> None:
+    try:
+        call(*args)
+    except OSError:
+        pass
+
+
+def say(text: str) -> None:
+    sys.stderr.write(f"hpc: spares: {text}\n")
+    sys.stderr.flush()
+
+
+def allocation() -> tuple[str, list[str], str]:
+    """(job id, the allocation's nodes, the batch host) from the batch shell's environment."""
+    job_id = os.environ["SLURM_JOB_ID"]
+    res = subprocess.run(["scontrol", "show", "hostnames", os.environ["SLURM_JOB_NODELIST"]], capture_output=True,
+                         text=True, check=True, timeout=30)
+    host = os.environ.get("SLURMD_NODENAME") or socket.gethostname()
+    return job_id, res.stdout.split(), host
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m toolkit.job.spares", description=__doc__.split("\n")[0])
+    parser.add_argument("--nodes", type=int, required=True, help="nodes the ranks run on")
+    parser.add_argument("--spares", type=int, required=True, help="nodes held beyond them")
+    parser.add_argument("--run-dir", type=Path, required=True)
+    parser.add_argument("--heartbeat-dir", type=Path, help="default: RUN_DIR/heartbeats")
+    parser.add_argument("--hang-timeout", type=float, help="end a round whose ranks made no progress this long")
+    parser.add_argument("srun", nargs=argparse.REMAINDER, help="-- srun OPTIONS... PROGRAM...")
+    args = parser.parse_args(argv)
+    srun = args.srun[1:] if args.srun[:1] == ["--"] else args.srun
+    if not srun:
+        parser.error("give the srun command line after --")
+    job_id, allocated, host = allocation()
+    supervisor = Supervisor(srun, args.nodes, args.spares, args.run_dir,
+                            args.heartbeat_dir or args.run_dir / "heartbeats", args.hang_timeout, job_id, allocated,
+                            host)
+    return supervisor.run()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
