@@ -69,6 +69,7 @@ def render_configs(layout: Layout) -> dict[Path, str]:
                   slurmdbd_port=lane.slurmdbd_port, min_job_age=MIN_JOB_AGE, max_array_size=MAX_ARRAY_SIZE,
                   cpu_nodes=lane.cpu_nodes, p3dn_nodes=lane.p3dn_nodes, gpus_per_node=FAKE_GPUS_PER_NODE,
                   accounting=lane.accounting, first_job_id=lane.first_job_id,
+                  expedited_requeue=tuple(map(int, lane.slurm.split("."))) >= (25, 11),
                   plugstack=lane.containers and layout.plugstack_conf)
     configs = {
         layout.slurm_conf: env.get_template("slurm.conf.j2").render(values),

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+
 import pytest
 
 from toolkit.errors import HpcError
@@ -44,3 +46,25 @@ def test_what_rendered_gpu_jobs_need_is_named_when_missing():
     joined = "\n".join(missing)
     for needle in ("older than 20.11", "pmix", "select/cons_tres", "GresTypes lacks gpu"):
         assert needle in joined
+
+
+@pytest.mark.parametrize("found,parameters,expected,asked", [
+    ("slurm 25.11.0", "enable_expedited_requeue", True, 2),
+    ("slurm-wlm 26.05.5", "idle_on_node_suspend,enable_expedited_requeue", True, 2),
+    ("slurm 25.11.2", "", False, 2),  # 26.05 refuses --requeue=expedite without the parameter
+    ("slurm 24.11.5", "enable_expedited_requeue", False, 1),  # 24.11's sbatch refuses any --requeue value
+])
+def test_expedited_requeue_needs_25_11_and_the_controller_parameter(monkeypatch, found, parameters, expected,
+                                                                     asked):
+    calls = []
+
+    def run(args, timeout=None, **kwargs):
+        calls.append(args)
+        out = found if args[1] == "version" else f"SlurmctldParameters     = {parameters}\nKillWait = 5 sec\n"
+        return subprocess.CompletedProcess(args, 0, out, "")
+
+    monkeypatch.setattr(version.commands, "run", run)
+    monkeypatch.setattr(version.commands, "slurm_installed", lambda: True)
+    monkeypatch.setenv("SLURM_CONF", f"/etc/slurm-{found}-{parameters}.conf")  # one answer per cluster
+    assert version.expedited_requeue() is expected
+    assert version.expedited_requeue() is expected and len(calls) == asked  # asked once

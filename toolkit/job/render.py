@@ -36,7 +36,7 @@ def job_options(spec: JobSpec) -> dict[str, str | int | bool]:
     if spec.wait_all_nodes:
         options["wait-all-nodes"] = 1
     # Explicit both ways: Slurm's own default (JobRequeue=1) would requeue a benchmark after a node failure.
-    options["requeue" if spec.requeue else "no-requeue"] = True
+    options["requeue" if spec.requeue else "no-requeue"] = "expedite" if spec.expedited_requeue else True
     if spec.spares:  # keep the allocation when a node fails: the spares supervisor restarts on the others
         options["no-kill"] = True
     options.update(spec.slurm_options)  # account, qos, reservation, dependency: passed through

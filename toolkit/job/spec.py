@@ -114,6 +114,7 @@ class JobSpec:
     style: LauncherStyle = "script"  # torchrun: one Slurm task per node starts that node's tasks_per_node ranks
     hang_timeout_s: int | None = None  # resources.hang_timeout_s: the watchdog ends a job stalled this long
     spares: int = 0  # resources.spares: nodes held beyond `nodes` to restart on (toolkit.job.spares)
+    expedited_requeue: bool = False  # Slurm's part: sbatch --requeue=expedite (toolkit.slurm.version)
     # Slurm's part (on_slurm): the scheduler-neutral spec leaves these empty
     wait_all_nodes: bool = False
     srun_binding: tuple[str, ...] = ()  # srun CPU-binding options (GPU ranks unbound, HPU ranks on their cores)
@@ -287,13 +288,9 @@ def resources(recipe: Recipe, target: Target, nodes: int | None) -> Resources:
                        f"{target.name} ({instance.name}) has {has}",
                        fix="choose another queue with --cluster FILE --queue Q")
     nodes = nodes or recipe.resources.nodes
-    spares = recipe.resources.spares
-    if nodes + spares > target.max_nodes:
-        asked = f"{nodes} nodes" + (f" and {spares} spare(s)" if spares else "")
-        room = target.max_nodes - spares
-        raise HpcError(f"{asked} requested; queue {target.name} has at most {target.max_nodes}",
-                       fix=(f"use --nodes 1..{room}" + (" (or fewer --spares)" if spares else "") if room >= 1 else
-                            f"use at most --spares {target.max_nodes - 1}") + " or a bigger queue")
+    if nodes > target.max_nodes:
+        raise HpcError(f"{nodes} nodes requested; queue {target.name} has at most {target.max_nodes}",
+                       fix=f"use --nodes 1..{target.max_nodes} or a bigger queue")
     tasks, cpus = target.tasks_per_node, target.cpus_per_task
     return Resources(device, nodes, tasks, cpus, None if device != "cpu" else cpus,
                      instance.gpus if device == "gpu" else 0, (
@@ -472,6 +469,11 @@ def on_slurm(spec: JobSpec, queue: Queue, slurm_options: Mapping[str, str | None
     options = {name: value for name, value in slurm_options.items() if value is not None}
     for what, value in (("run dir", spec.run_dir), ("partition", queue.name), *options.items()):
         _check_directive(what, value)
+    if spec.spares and spec.nodes + spec.spares > queue.max_nodes:  # the allocation holds the spares too
+        room = queue.max_nodes - spec.spares
+        raise HpcError(f"{spec.nodes} nodes and {spec.spares} spare(s) requested; queue {queue.name} has at most "
+                       f"{queue.max_nodes}", fix=(f"use --nodes 1..{room} or fewer --spares" if room >= 1 else
+                                                  f"use at most --spares {queue.max_nodes - 1}") + ", or a bigger queue")
     derived = [Derived("--wait-all-nodes", "1" if queue.has_dynamic_nodes else "not set",
                        f"queue {queue.name} starts nodes on demand: run only once every node has booted"
                        if queue.has_dynamic_nodes else f"queue {queue.name}'s nodes are all static (MinCount = MaxCount)")]

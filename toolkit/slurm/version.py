@@ -16,7 +16,8 @@ doc/man/man1/sbatch.1; measured on 26.05.5); nothing we send is refused:
 - `--requeue` takes a value since 25.11: `--requeue=expedite` (22.05 and 24.11 refuse any value as a usage
   error). 26.05.1 refuses any other value ("Invalid --requeue specification", src/common/slurm_opt.c
   arg_set_requeue), and `expedite` is refused at submission ("Requested operation not supported on this
-  system") unless slurm.conf has SlurmctldParameters=enable_expedited_requeue. We render a bare `--requeue`.
+  system") unless slurm.conf has SlurmctldParameters=enable_expedited_requeue. We render a bare `--requeue`,
+  and `--requeue=expedite` where the cluster we plan on has both (expedited_requeue()).
 - 26.05: `--gres=gpu:N` and `--gpus-per-node` are mutually exclusive (sbatch exits "fatal"); we render only
   --gpus-per-node.
 - Since 25.05 a job whose login environment (`--get-user-env`, implied by the rendered script's --export=LIST)
@@ -32,6 +33,8 @@ doc/man/man1/sbatch.1; measured on 26.05.5); nothing we send is refused:
 from __future__ import annotations
 
 import dataclasses
+import functools
+import os
 import re
 
 from toolkit.errors import HpcError
@@ -62,10 +65,37 @@ def detect() -> SlurmVersion:
     return parse(commands.run(["scontrol", "version"]).stdout)
 
 
-def show_config() -> dict[str, str]:
+def show_config(timeout: float = commands.DEFAULT_TIMEOUT) -> dict[str, str]:
     """`scontrol show config` as KEY -> value."""
-    out = commands.run(["scontrol", "show", "config"]).stdout
+    out = commands.run(["scontrol", "show", "config"], timeout=timeout).stdout
     return {m.group(1): m.group(2).strip() for m in re.finditer(r"^(\w+)\s+=\s?(.*)$", out, re.M)}
+
+
+# sbatch --requeue=expedite (25.11): on node failure the job requeues at once, first in line, its nodes held for
+# it (SchedMD/slurm CHANGELOG/slurm-25.11.md; sbatch(1) --requeue). Only where slurm.conf allows it.
+EXPEDITED_REQUEUE = SlurmVersion(25, 11)
+EXPEDITED_REQUEUE_PARAMETER = "enable_expedited_requeue"
+
+
+def expedited_requeue() -> bool:
+    """Whether the Slurm here takes `sbatch --requeue=expedite`: 25.11 or newer, with SlurmctldParameters=
+    enable_expedited_requeue (else 26.05 refuses the job). False where Slurm is missing or does not answer: a
+    bare --requeue runs everywhere. Asked once per cluster (SLURM_CONF) and Slurm install (PATH): a sweep plans
+    every task."""
+    return _expedited_requeue(os.environ.get("SLURM_CONF"), os.environ.get("PATH"))
+
+
+@functools.cache
+def _expedited_requeue(slurm_conf: str | None, path: str | None) -> bool:
+    if not commands.slurm_installed():
+        return False
+    try:
+        if detect() < EXPEDITED_REQUEUE:
+            return False
+        parameters = show_config(timeout=5).get("SlurmctldParameters", "")
+    except HpcError:
+        return False
+    return EXPEDITED_REQUEUE_PARAMETER in parameters.split(",")
 
 
 # The oldest Slurm whose sbatch/srun accept every option our rendered scripts use: --gpus-per-node (19.05),

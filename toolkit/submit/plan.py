@@ -97,8 +97,24 @@ def plan_job(request: SubmitRequest, run_dir: Path | None = None,
                          data=request.recipe_data)
     spec = build_job_spec(recipe, queue, request.nodes, profile=request.profile,
                           slurm_options=request.slurm_options, run_dir=str(run_dir))
+    if spec.requeue:
+        spec = expedite_requeue(spec)
     notes += check_arguments(recipe, spec)
     return recipe, queue, spec, run_dir, notes
+
+
+def expedite_requeue(spec):
+    """--requeue=expedite where the Slurm here takes it (toolkit.slurm.version.expedited_requeue)."""
+    import dataclasses as dc
+
+    from toolkit.job.spec import Derived
+    from toolkit.slurm.version import EXPEDITED_REQUEUE_PARAMETER, expedited_requeue
+
+    if not expedited_requeue():
+        return spec
+    why = (f"Slurm here is 25.11+ with SlurmctldParameters={EXPEDITED_REQUEUE_PARAMETER}: on a node failure the "
+           "job requeues at once, first in line")
+    return dc.replace(spec, expedited_requeue=True, derived=(*spec.derived, Derived("--requeue", "expedite", why)))
 
 
 def refuse_conflicts(request: SubmitRequest) -> None:
