@@ -4,6 +4,7 @@ refusals. The real thing on the local Slurm: tests/test_spares_slurm.py."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 
 import pytest
@@ -41,7 +42,7 @@ def test_each_round_has_its_nodes_and_a_fresh_rendezvous():
     ("srun: error: c2: task 1: Killed", ("c2", "Killed")),
     ("srun: error: c1: tasks 0-1: Exited with exit code 1", ("c1", "Exited with exit code 1")),
     ("srun: error: p5-st-p5-1: tasks 0,3: Terminated\n", ("p5-st-p5-1", "Terminated")),
-    ("srun: error: Node failure on c2", None),
+    ("srun: error: Node failure on c2", ("c2", "Node failure")),  # at SlurmdTimeout; srun then exits 0
     ("1: srun: error: c2: task 1: Killed", None),  # a rank's own output (labelled by srun --label)
     ("srun: Job step aborted: Waiting up to 7 seconds for job step to finish.", None),
 ])
@@ -115,9 +116,96 @@ def test_spares_go_to_sbatch_and_nowhere_else(monkeypatch):
 
 def test_restarts_are_told_in_words():
     lines = _restart_lines([
-        {"time": 0, "round": 1, "nodes": ["c2"], "why": "c2: a probe step failed: ...", "trigger": "heartbeats "
-         "silent: ranks 0-1 on c2", "last_step": 12, "drained": ["c2"], "not_drained": {}, "next_nodes": ["c1"]},
-        {"time": 60, "round": 2, "gave_up": True, "why": "all 1 spare(s) used", "requeued": True}])
-    assert lines[0] == ("  restart 1: at 00:00:00 UTC, c2 left out, drained (heartbeats silent: ranks 0-1 on c2); "
-                        "last step 12; next on c1")
-    assert lines[-1] == "  gave up at 00:01:00 UTC: all 1 spare(s) used; requeued"
+        {"kind": "restart", "time": 0, "round": 1, "nodes": ["c2"], "why": "c2: its ranks' heartbeats stopped",
+         "trigger": "heartbeats silent: ranks 0-1 on c2", "last_step": 12, "next_nodes": ["c1"]},
+        {"kind": "probe", "time": 11, "round": 1, "nodes": ["c2"], "why": "c2: a probe step failed: ...",
+         "drained": ["c2"], "not_drained": {}},
+        {"kind": "gave_up", "time": 60, "round": 2, "why": "all 1 spare(s) used", "requeued": True}])
+    assert lines == [
+        "  restart 1: at 00:00:00 UTC, c2 left out (heartbeats silent: ranks 0-1 on c2); last step 12; next on c1",
+        "    why: c2: its ranks' heartbeats stopped",
+        "  probe (restart 1): c2 failed it; drained c2",
+        "    why: c2: a probe step failed: ...",
+        "  gave up at 00:01:00 UTC: all 1 spare(s) used; requeued"]
+
+
+# The supervisor's decisions, round after round, with stand-ins for Slurm's commands (no Slurm here): a stub srun
+# that runs a round's command on the listed node only where STUB_FAILING does not name it (else it prints srun's
+# own failure line and exits 1), answers probe steps (`... true`) except on STUB_DEAD nodes, and logs its calls;
+# a stub scontrol that logs drains and requeues.
+STUB_SRUN = r"""#!/usr/bin/env python3
+import os, subprocess, sys
+args = sys.argv[1:]
+with open(os.environ["STUB_LOG"], "a") as log:
+    log.write("srun " + " ".join(args) + "\n")
+node = next(a.split("=", 1)[1] for a in args if a.startswith("--nodelist="))
+if args[-1] == "true":  # a probe step
+    if node in os.environ.get("STUB_DEAD", "").split(","):
+        sys.stderr.write(f"srun: error: Task launch for StepId=1.9 failed on node {node}: Communication connection failure\n")
+        sys.exit(1)
+    sys.exit(0)
+if node in os.environ.get("STUB_FAILING", "").split(","):
+    sys.stderr.write(f"srun: error: {node}: task 0: Exited with exit code 1\n")
+    sys.exit(1)
+sys.exit(subprocess.call(args[args.index("bash"):]))
+"""
+STUB_SCONTROL = r"""#!/bin/bash
+echo "scontrol $*" >> "$STUB_LOG"
+"""
+
+
+@pytest.fixture
+def stub_slurm(tmp_path, monkeypatch):
+    from tests.stubs import write_executable
+
+    write_executable(tmp_path / "bin" / "srun", STUB_SRUN)
+    write_executable(tmp_path / "bin" / "scontrol", STUB_SCONTROL)
+    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}:{os.environ['PATH']}")
+    monkeypatch.setenv("STUB_LOG", str(tmp_path / "calls.log"))
+    return tmp_path
+
+
+def supervise(tmp_path, nodes: int, spares_count: int, allocated: list[str]) -> tuple[int, list[dict], list[str]]:
+    from toolkit.rundir import RunDir
+
+    srun = ["srun", "--nodes=1", "bash", "-c", 'echo "ran on $MASTER_ADDR"']
+    supervisor = spares.Supervisor(srun, nodes, spares_count, tmp_path, tmp_path / "heartbeats", None, "77",
+                                   allocated, allocated[0])
+    status = supervisor.run()
+    return status, RunDir(tmp_path).restarts(), (tmp_path / "calls.log").read_text().splitlines()
+
+
+def test_a_rank_failing_on_a_node_moves_the_job_to_the_spare(stub_slurm, monkeypatch):
+    monkeypatch.setenv("STUB_FAILING", "c2")
+    status, records, calls = supervise(stub_slurm, 1, 1, ["c1", "c2"])
+    assert status == 0
+    [restart] = records
+    assert (restart["kind"], restart["nodes"], restart["next_nodes"], restart["trigger"]) == (
+        "restart", ["c2"], ["c1"], "srun: c2: Exited with exit code 1")
+    rounds = [c for c in calls if "bash" in c]
+    assert rounds[0].startswith("srun --nodelist=c2 --nodes=1") and rounds[1].startswith("srun --nodelist=c1 --overlap")
+    assert not [c for c in calls if c.startswith("scontrol")]  # c2 answered its probe: not drained
+
+
+def test_a_node_failing_the_pre_flight_probe_never_gets_ranks_and_is_drained(stub_slurm, monkeypatch):
+    monkeypatch.setenv("STUB_DEAD", "c3")
+    status, records, calls = supervise(stub_slurm, 1, 2, ["c1", "c2", "c3"])
+    assert status == 0
+    assert [(r["kind"], r["nodes"]) for r in records] == [("pre-flight", ["c3"]), ("probe", ["c3"])]
+    assert records[1]["drained"] == ["c3"]
+    assert "scontrol update NodeName=c3 State=DRAIN Reason=hpc: job 77: a probe step failed: srun: error: Task " \
+           "launch for StepId=1.9 failed on node c3: Communication connection failure" in calls
+    assert [c.split()[1] for c in calls if "bash" in c] == ["--nodelist=c2"]
+
+
+def test_out_of_spares_a_rank_failure_ends_the_job_and_a_lost_node_requeues_it(stub_slurm, monkeypatch):
+    monkeypatch.setenv("STUB_FAILING", "c1,c2")
+    status, records, calls = supervise(stub_slurm, 1, 1, ["c1", "c2"])
+    assert status == 1 and records[-1]["kind"] == "gave_up" and not records[-1]["requeued"]
+    assert not [c for c in calls if "requeue" in c]
+
+    (stub_slurm / "restarts.jsonl").unlink()
+    monkeypatch.setenv("STUB_DEAD", "c2")
+    status, records, calls = supervise(stub_slurm, 1, 1, ["c1", "c2"])
+    assert status == 0 and records[-1]["kind"] == "gave_up" and records[-1]["requeued"]
+    assert calls[-1] == "scontrol requeue 77"

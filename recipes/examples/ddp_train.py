@@ -40,9 +40,9 @@ def parse_args():
 
 
 def emit(record):
-    """One JSON line in one write: under torchrun a node's ranks share a log, and print() writes the text and
-    the newline separately, so two ranks' lines could interleave."""
-    sys.stdout.write(json.dumps(record) + "\n")
+    """One JSON line in one write, with its time (Unix seconds): under torchrun a node's ranks share a log, and
+    print() writes the text and the newline separately, so two ranks' lines could interleave."""
+    sys.stdout.write(json.dumps({**record, "time": round(time.time(), 3)}) + "\n")
     sys.stdout.flush()
 
 

@@ -46,23 +46,27 @@ def _progress_lines(progress: dict | None) -> list[str]:
 
 
 def _restart_lines(restarts: list[dict]) -> list[str]:
-    """The spares supervisor's records (toolkit.job.spares): each restart, and whether it gave up."""
+    """The spares supervisor's records (toolkit.job.spares): restarts, the probes' drains, giving up."""
     import datetime as dt
 
     lines = []
     for entry in restarts:
         when = dt.datetime.fromtimestamp(entry.get("time", 0), dt.timezone.utc).strftime("%H:%M:%S UTC")
-        if entry.get("gave_up"):
-            lines.append(f"  gave up at {when}: {entry.get('why')}" + ("; requeued" if entry.get("requeued") else ""))
-            continue
         nodes = ",".join(entry.get("nodes") or []) or "no node"
-        drained = entry.get("drained") or []
-        what = (f"{nodes} left out" + (", drained" if drained else "") +
-                "".join(f"; {n} not drained: {why}" for n, why in (entry.get("not_drained") or {}).items()))
-        label = "pre-flight" if entry.get("trigger") == "pre-flight probe" else f"restart {entry.get('round')}"
-        lines.append(f"  {label}: at {when}, {what} ({entry.get('trigger')}); last step "
-                     f"{entry.get('last_step', '?')}; next on {','.join(entry.get('next_nodes') or []) or '-'}")
-        lines.append(f"    why: {entry.get('why')}")
+        kind = entry.get("kind")
+        if kind == "gave_up":
+            lines.append(f"  gave up at {when}: {entry.get('why')}" + ("; requeued" if entry.get("requeued") else ""))
+        elif kind == "probe":
+            done = [f"drained {','.join(entry['drained'])}"] if entry.get("drained") else []
+            done += [f"{n} not drained: {why}" for n, why in (entry.get("not_drained") or {}).items()]
+            lines.append(f"  probe ({'pre-flight' if not entry.get('round') else 'restart ' + str(entry['round'])}): "
+                         f"{nodes} failed it; {'; '.join(done)}")
+            lines.append(f"    why: {entry.get('why')}")
+        else:
+            label = "pre-flight" if kind == "pre-flight" else f"restart {entry.get('round')}"
+            lines.append(f"  {label}: at {when}, {nodes} left out ({entry.get('trigger')}); last step "
+                         f"{entry.get('last_step', '?')}; next on {','.join(entry.get('next_nodes') or []) or '-'}")
+            lines.append(f"    why: {entry.get('why')}")
     return lines
 
 

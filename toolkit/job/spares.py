@@ -10,20 +10,25 @@ It rests on Slurm's own rules (sbatch(1), srun(1)):
     fault-tolerance" and later steps run on the nodes left.
   - A node whose slurmd is gone is not known as lost until SlurmdTimeout (ParallelCluster: 180 s); meanwhile srun
     waits for its tasks, and the step keeps its CPUs on every node. So a lost node is found here, not by Slurm:
-    srun's own `srun: error: NODE: task N: ...` line for a rank that died, the heartbeats (toolkit.workloads.
-    heartbeat) of ranks that stopped writing or (with --hang-timeout) stopped making progress, then a probe step
-    on each node (`srun --overlap -w NODE true`: a node without a slurmd fails it after MessageTimeout). The old
-    step is then cancelled, its srun ended, and the next one started with `--overlap`: the old step still holds
-    CPUs until the dead node is declared down (measured on Slurm 22.05: without --overlap the next step waits).
+      * srun's own line for a rank that died (`srun: error: c2: task 1: Killed`; the same on 22.05 and 26.05);
+        a probe step on each of the round's nodes (`srun --overlap -w NODE true`; a node without a slurmd fails
+        it after MessageTimeout) then tells a lost node (drained) from one whose rank failed (only left out);
+      * heartbeats (toolkit.workloads.heartbeat) that stopped while srun heard nothing of those ranks: their node
+        or processes are gone, so it is left out at once, and drained when its probe, run meanwhile, fails;
+      * with --hang-timeout, ranks that made no step for that long (the supervisor is then the watchdog, and
+        ends the step, not the job).
+    The failed step is ended (srun's abort, then SIGKILL: a lost node's part never ends) and the next one started
+    with `--overlap`: the old step holds its CPUs until the lost node is declared down (measured on 22.05:
+    without --overlap the next step waits).
   - Before the first round the same probe is the pre-flight: a node that fails it never gets ranks.
 
 Which nodes train: the first N healthy ones, the batch host last. It runs this supervisor, so its loss ends the
 job whatever happens (Slurm requeues it on node failure, as today); kept out of training while a spare is left, it
-is also kept out of what breaks training nodes. A node that failed the probe is drained with a reason where Slurm
-lets this user (root, SlurmUser, operators); a node whose rank died but that passes the probe is only left out of
-this job. Each restart is a line of <run dir>/restarts.jsonl (when, which nodes, why, the last step the
-heartbeats saw). After K restarts, or with fewer than N healthy nodes, a job that lost a node is requeued as
-Slurm would (`scontrol requeue`); one whose rank failed on a healthy node ends with that rank's status, as today.
+is also kept out of what breaks training nodes. Drains carry a reason and need root, SlurmUser or an operator;
+where refused, the record says so. Each restart, probe and giving up is a line of <run dir>/restarts.jsonl
+(RunDir.restarts: when, which nodes, why, the last step the heartbeats saw). After K restarts, or with fewer than
+N healthy nodes, a job that lost a node is requeued as Slurm would (`scontrol requeue`); one whose rank failed on
+a healthy node ends with that rank's status, as today.
 
 Each round gets a fresh rendezvous: the first chosen node and toolkit.job.rank.master_port(job, round), exported
 to srun as MASTER_ADDR/MASTER_PORT (and torchrun's PET_RDZV_ENDPOINT), so the rank contract is the same in every
@@ -50,21 +55,27 @@ from typing import Sequence
 from toolkit.job.rank import master_port
 from toolkit.rundir import RunDir
 from toolkit.workloads import heartbeat
+from toolkit.workloads.stopping import EXIT_STOPPED
 
 PROBE_TIMEOUT_S = 60  # a probe step on a node without slurmd fails after MessageTimeout (Slurm's default 10 s)
 END_STEP_GRACE_S = 5  # after srun is told to end the step, before it is killed
 POLL_S = 0.5
-# srun's line for a task that ended badly (src/srun/... "%s: task %s: %s"): `srun: error: c2: task 1: Killed`,
+# srun's line for a task that ended badly, as 22.05 and 26.05 print it: `srun: error: c2: task 1: Killed`,
 # `srun: error: c1: tasks 0-1: Exited with exit code 1`.
 TASK_FAILED = re.compile(r"^srun: error: (?P<node>[^\s:]+): tasks? (?P<tasks>[\d,\-\[\]]+): (?P<what>.+)$")
+# Once Slurm declares a node of the step down (SlurmdTimeout), srun says so and ends, with status 0 on 22.05.
+NODE_FAILED = re.compile(r"^srun: error: (?P<what>Node failure) on (?P<node>\S+)$")
 
 
 @dataclasses.dataclass
 class Failure:
-    """Why a round ended early: what noticed it, and the nodes it points at (before probing)."""
+    """Why a round ended early: what noticed it, and the nodes it points at (before probing). `lost`: the
+    evidence says the nodes are gone (their ranks stopped writing heartbeats and srun heard nothing of them), so
+    the restart need not wait for the probe."""
 
     trigger: str
     suspects: list[str]
+    lost: bool = False
 
 
 @dataclasses.dataclass
@@ -96,8 +107,8 @@ def round_argv(srun: Sequence[str], chosen: Sequence[str], number: int) -> list[
 
 
 def failed_task(line: str) -> tuple[str, str] | None:
-    """(node, what) of an srun line reporting a task that ended badly, else None."""
-    found = TASK_FAILED.match(line.strip())
+    """(node, what) of an srun line reporting a task that ended badly or a node that failed, else None."""
+    found = TASK_FAILED.match(line.strip()) or NODE_FAILED.match(line.strip())
     return (found["node"], found["what"]) if found else None
 
 
@@ -151,12 +162,20 @@ class Supervisor:
         self.excluded: dict[str, str] = {}  # node -> why
         self.stopping = False
         self.current: Round | None = None
+        self.probes = concurrent.futures.ThreadPoolExecutor(max_workers=4)
+        self.pending: list[tuple[int, concurrent.futures.Future]] = []  # probes of nodes already left out
 
     # -- the loop ---------------------------------------------------------------------------------------------
 
     def run(self) -> int:
         signal.signal(signal.SIGUSR2, self._forward)  # the batch shell's stop trap: save and requeue
         signal.signal(signal.SIGTERM, self._forward)
+        try:
+            return self._rounds()
+        finally:
+            self.finish_probes(wait=True)
+
+    def _rounds(self) -> int:
         self.preflight()
         number, status = 0, 1
         while True:
@@ -165,14 +184,13 @@ class Supervisor:
                 return self.give_up(number, f"{len(healthy)} healthy node(s) left of {len(self.order)}, "
                                             f"{self.n} needed", status)
             chosen = healthy[:self.n]
-            status, failure, probed = self.run_round(number, chosen)
+            status, failure, probing = self.run_round(number, chosen)
             if status == 0 and failure is None:
                 return 0
             if self.stopping:
                 return status
-            if failure is None:
-                failure = Failure(f"srun exited {status}", [])
-            self.restart(number, chosen, failure, probed or probe(chosen, self.job_id))
+            self.restart(number + 1, chosen, failure or Failure(f"srun exited {status}", []),
+                         probing or self.probes.submit(probe, chosen, self.job_id))
             if number >= self.spares:
                 return self.give_up(number + 1, f"all {self.spares} spare(s) used", status)
             number += 1
@@ -180,11 +198,12 @@ class Supervisor:
     def preflight(self) -> None:
         bad = {node: why for node, why in probe(self.order, self.job_id).items() if why}
         if bad:
-            self.exclude(bad, round_number=0, trigger="pre-flight probe", last=None, drain_them=True)
+            self.exclude(bad, "pre-flight", 0, "pre-flight probe", None)
+            self.drain_failed(0, bad)
 
-    def run_round(self, number: int, chosen: list[str]) -> tuple[int, Failure | None, dict | None]:
-        """Run one round's srun to its end; (its status, why it failed, the probe of its nodes when one was
-        needed to end it)."""
+    def run_round(self, number: int, chosen: list[str]) -> tuple[int, Failure | None, concurrent.futures.Future | None]:
+        """Run one round's srun to its end: (its status, why it failed, the probe of its nodes started as it
+        failed)."""
         for path in self.heartbeat_dir.glob("rank-*.json"):  # this round's ranks write their own
             path.unlink(missing_ok=True)
         env = round_env(dict(os.environ), chosen, int(self.job_id), number)
@@ -197,58 +216,70 @@ class Supervisor:
         self.current = current
         reader = threading.Thread(target=self._read_stderr, args=(current,), daemon=True)
         reader.start()
-        probed = None
+        probing = None
         while current.proc.poll() is None:
+            self.finish_probes(wait=False)
             if current.failure is None and not self.stopping:
                 current.failure = self._heartbeat_failure(current)
             if current.failure is not None and not self.stopping:
                 # Probe while the step ends: a lost node's part never ends, and its probe takes MessageTimeout.
-                with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
-                    probing = pool.submit(probe, chosen, self.job_id)
-                    self._end_step(current)
-                    probed = probing.result()
+                probing = self.probes.submit(probe, chosen, self.job_id)
+                self._end_step(current)
                 break
             time.sleep(POLL_S)
         reader.join(timeout=5)
-        status = current.proc.returncode
-        return status, (None if self.stopping else current.failure), probed
+        return current.proc.returncode, (None if self.stopping else current.failure), probing
 
-    def restart(self, number: int, chosen: list[str], failure: Failure, probed: dict[str, str | None]) -> None:
-        """Leave out the round's lost nodes: those that failed the probe, else those the failure points at."""
+    def restart(self, number: int, chosen: list[str], failure: Failure, probing: concurrent.futures.Future) -> None:
+        """Leave out the round's lost nodes and record the restart. Lost by the evidence: at once, the probe
+        deciding the drain when it ends. Otherwise the probe decides: the nodes that fail it (drained), else
+        those the failure points at (a rank died on a node that answers: left out, not drained)."""
         last = last_step(self.heartbeat_dir)
-        dead = {node: why for node, why in probed.items() if why}
-        if dead:
-            self.exclude(dead, number + 1, failure.trigger, last, drain_them=True)
-        else:
-            suspects = [n for n in failure.suspects if n in chosen]
-            if not suspects:  # nothing points at a node: leave out none, but still count the restart
-                self.record({"round": number + 1, "nodes": [], "why": "no node failed the probe",
-                             "trigger": failure.trigger, "last_step": last, "drained": []})
-                return
-            self.exclude({n: "its rank failed; the node passed the probe" for n in suspects}, number + 1,
-                         failure.trigger, last, drain_them=False)
+        if failure.lost:
+            self.exclude({n: "its ranks' heartbeats stopped and srun heard nothing of them" for n in failure.suspects},
+                         "restart", number, failure.trigger, last)
+            self.pending.append((number, probing))
+            return
+        dead = {node: why for node, why in probing.result().items() if why}
+        suspects = dead or {n: "its rank failed; the node passed the probe" for n in failure.suspects if n in chosen}
+        self.exclude(suspects, "restart", number, failure.trigger, last)
+        self.drain_failed(number, dead)
 
-    def exclude(self, nodes: dict[str, str], round_number: int, trigger: str, last: int | None,
-                drain_them: bool) -> None:
-        drained, not_drained = [], {}
-        for node, why in nodes.items():
-            self.excluded[node] = why
-            if drain_them:
-                error = drain(node, f"hpc: job {self.job_id}: {why}"[:200])
-                if error is None:
-                    drained.append(node)
-                else:
-                    not_drained[node] = error
+    def exclude(self, nodes: dict[str, str], kind: str, number: int, trigger: str, last: int | None) -> None:
+        self.excluded.update(nodes)
         healthy = [n for n in self.order if n not in self.excluded]
-        self.record({"round": round_number, "nodes": sorted(nodes), "why": "; ".join(f"{n}: {w}" for n, w in
-                                                                                     sorted(nodes.items())),
-                     "trigger": trigger, "last_step": last, "drained": drained, "not_drained": not_drained,
-                     "next_nodes": healthy[:self.n], "spares_left": max(0, len(healthy) - self.n)})
+        self.record({"kind": kind, "round": number, "nodes": sorted(nodes),
+                     "why": "; ".join(f"{n}: {w}" for n, w in sorted(nodes.items())) or "no node failed the probe",
+                     "trigger": trigger, "last_step": last, "next_nodes": healthy[:self.n],
+                     "spares_left": max(0, len(healthy) - self.n)})
+
+    def drain_failed(self, number: int, failed: dict[str, str]) -> None:
+        """Drain the nodes that failed a probe, with its reason (where Slurm lets this user), and record it."""
+        if not failed:
+            return
+        drained, not_drained = [], {}
+        for node, why in sorted(failed.items()):
+            error = drain(node, f"hpc: job {self.job_id}: {why}"[:200])
+            if error is None:
+                drained.append(node)
+            else:
+                not_drained[node] = error
+        self.record({"kind": "probe", "round": number, "nodes": sorted(failed),
+                     "why": "; ".join(f"{n}: {w}" for n, w in sorted(failed.items())), "drained": drained,
+                     "not_drained": not_drained})
+
+    def finish_probes(self, wait: bool) -> None:
+        """Drain the nodes of finished probes (all of them, waiting, when the job ends)."""
+        for entry in list(self.pending):
+            number, probing = entry
+            if wait or probing.done():
+                self.pending.remove(entry)
+                self.drain_failed(number, {n: why for n, why in probing.result().items() if why})
 
     def give_up(self, number: int, why: str, status: int) -> int:
-        lost_node = any(e.get("drained") or e.get("not_drained") for e in self.records())
-        record = {"round": number, "gave_up": True, "why": why, "requeued": lost_node}
-        self.record(record)
+        self.finish_probes(wait=True)
+        lost_node = any(e.get("kind") == "probe" for e in self.records())
+        self.record({"kind": "gave_up", "round": number, "why": why, "requeued": lost_node})
         if lost_node:  # as Slurm would after a node failure: the rerun gets a fresh allocation
             say(f"giving up: {why}; requeueing job {self.job_id}")
             subprocess.run(["scontrol", "requeue", self.job_id], check=False)
@@ -263,7 +294,9 @@ class Supervisor:
         for line in current.proc.stderr:
             sys.stderr.write(line)
             found = failed_task(line)
-            if found and current.failure is None and not self.stopping:
+            # A rank that saved and stopped on request (Slurm's SIGTERM of a requeue, the stop signal) did not fail.
+            if found and found[1] != f"Exited with exit code {EXIT_STOPPED}" and current.failure is None \
+                    and not self.stopping:
                 node, what = found
                 current.failure = Failure(f"srun: {node}: {what}", [node])
         sys.stderr.flush()
@@ -273,7 +306,7 @@ class Supervisor:
         now = time.time()
         nodes, ranks = silent_nodes(beats, current.started, now)
         if nodes:
-            return Failure(f"heartbeats silent: {heartbeat._ranges(ranks)} on {','.join(nodes)}", nodes)
+            return Failure(f"heartbeats silent: {heartbeat._ranges(ranks)} on {','.join(nodes)}", nodes, lost=True)
         if self.hang_timeout:
             found = heartbeat.diagnose([b for b in beats if b.time >= current.started], now, self.hang_timeout)
             if found.stalled:
@@ -288,7 +321,7 @@ class Supervisor:
         """End a failed round's step: srun's own abort (SIGINT twice), then SIGKILL; the lost node's part of the
         step cannot answer, so srun may never end by itself."""
         proc = current.proc
-        assert proc is not None
+        assert proc is not None and current.failure is not None
         say(f"round {current.number} failed ({current.failure.trigger}): ending its step")
         for _ in range(2):
             with_ignored(proc.send_signal, signal.SIGINT)
@@ -309,7 +342,7 @@ class Supervisor:
     def record(self, entry: dict) -> None:
         entry = {"time": time.time(), "job_id": self.job_id, **entry}
         RunDir(self.run_dir).add_restart(entry)
-        say(f"restart record: {json.dumps(entry)}")
+        say(f"{entry['kind']}: {json.dumps(entry)}")
 
     def records(self) -> list[dict]:
         return [e for e in RunDir(self.run_dir).restarts() if str(e.get("job_id")) == self.job_id]

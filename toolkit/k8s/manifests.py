@@ -334,6 +334,9 @@ def render(recipe, instance_type: str, nodes: int, *, profile: str | None = None
     from toolkit.job.argcheck import check_arguments
 
     notes = check_arguments(recipe, spec)  # the launcher's own parser, as for a Slurm plan (toolkit.submit.plan)
+    if spec.spares:
+        notes.append(f"resources.spares {spec.spares} is for Slurm (spare nodes held in the allocation): on "
+                     "Kubernetes the operator recreates a failed pod on whatever node the scheduler gives it")
     if image is None:
         image = FILL_IN + (f"an image with the EFA installer, aws-ofi-nccl, Open MPI, and "
                            f"{image_program(recipe.launcher.program or '')} built against them>" if kind == "MPIJob"

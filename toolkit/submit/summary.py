@@ -73,7 +73,7 @@ def summary(p: Any) -> dict[str, Any]:
     device = DEVICE_OF_ACCELERATOR[queue.instance.accelerator]
     config, config_source = cluster_source(p.request)
     return {
-        "job": spec.job_name, "nodes": spec.nodes, "device": device,
+        "job": spec.job_name, "nodes": spec.nodes, "spares": spec.spares, "device": device,
         "devices_per_node": queue.instance.gpus if device != "cpu" else queue.cpus_per_node,
         "instance_type": spec.instance_type, "ranks": spec.world_size, "ranks_per_node": spec.tasks_per_node,
         "launcher_style": spec.style,
@@ -139,7 +139,7 @@ def lines(s: dict[str, Any]) -> list[str]:
     cluster = s["cluster"]
     out = [f"{s['job']}: {s['nodes']} node{'s' * (s['nodes'] != 1)} x {s['devices_per_node']} "
            f"{DEVICE_UNITS[s['device']]} ({s['instance_type']}), {s['ranks']} ranks ({s['ranks_per_node']} per "
-           f"node{torchrun})",
+           f"node{torchrun})" + (f"; {s['spares']} spare node(s) to restart on" if s.get("spares") else ""),
            f"queue:       {s['queue']['name']}, {s['queue']['source']}",
            f"cluster:     {cluster['config'] + ', from ' if cluster['config'] else ''}{cluster['source']}; "
            "--cluster FILE picks another",
