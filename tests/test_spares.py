@@ -201,11 +201,14 @@ def test_a_node_failing_the_pre_flight_probe_never_gets_ranks_and_is_drained(stu
 def test_out_of_spares_a_rank_failure_ends_the_job_and_a_lost_node_requeues_it(stub_slurm, monkeypatch):
     monkeypatch.setenv("STUB_FAILING", "c1,c2")
     status, records, calls = supervise(stub_slurm, 1, 1, ["c1", "c2"])
-    assert status == 1 and records[-1]["kind"] == "gave_up" and not records[-1]["requeued"]
+    assert status == 1 and [r["kind"] for r in records] == ["restart", "gave_up"] and not records[-1]["requeued"]
+    assert records[-1]["why"] == "all 1 spare(s) used; the last round ended on srun: c1: Exited with exit code 1"
     assert not [c for c in calls if "requeue" in c]
 
     (stub_slurm / "restarts.jsonl").unlink()
     monkeypatch.setenv("STUB_DEAD", "c2")
     status, records, calls = supervise(stub_slurm, 1, 1, ["c1", "c2"])
-    assert status == 0 and records[-1]["kind"] == "gave_up" and records[-1]["requeued"]
+    # c2 fails the pre-flight (drained), c1's rank fails: no healthy node left, and a node was lost: requeue.
+    assert [r["kind"] for r in records] == ["pre-flight", "probe", "restart", "gave_up"]
+    assert status == 0 and records[-1]["requeued"]
     assert calls[-1] == "scontrol requeue 77"

@@ -189,10 +189,13 @@ class Supervisor:
                 return 0
             if self.stopping:
                 return status
-            self.restart(number + 1, chosen, failure or Failure(f"srun exited {status}", []),
-                         probing or self.probes.submit(probe, chosen, self.job_id))
-            if number >= self.spares:
-                return self.give_up(number + 1, f"all {self.spares} spare(s) used", status)
+            failure = failure or Failure(f"srun exited {status}", [])
+            probing = probing or self.probes.submit(probe, chosen, self.job_id)
+            if number >= self.spares:  # no restart left: drain what the probe finds, then requeue or fail
+                self.drain_failed(number + 1, {n: why for n, why in probing.result().items() if why})
+                return self.give_up(number + 1, f"all {self.spares} spare(s) used; the last round ended on "
+                                                f"{failure.trigger}", status)
+            self.restart(number + 1, chosen, failure, probing)
             number += 1
 
     def preflight(self) -> None:
@@ -285,7 +288,7 @@ class Supervisor:
             subprocess.run(["scontrol", "requeue", self.job_id], check=False)
             return 0
         say(f"giving up: {why}")
-        return status or 1
+        return status if status > 0 else 1  # srun ended by a signal (negative) is a failure too
 
     # -- what a round watches ---------------------------------------------------------------------------------
 
