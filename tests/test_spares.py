@@ -5,6 +5,7 @@ refusals. The real thing on the local Slurm: tests/test_spares_slurm.py."""
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 
 import pytest
@@ -147,10 +148,22 @@ if args[-1] == "true":  # a probe step
 if node in os.environ.get("STUB_FAILING", "").split(","):
     sys.stderr.write(f"srun: error: {node}: task 0: Exited with exit code 1\n")
     sys.exit(1)
+if os.environ.get("STUB_STOPPABLE"):  # a workload that saves and exits 75 on the stop signal srun passes on
+    import signal
+    def stop(signum, frame):
+        with open(os.environ["STUB_LOG"], "a") as log:
+            log.write(f"srun got signal {signum}\n")
+        sys.stderr.write(f"srun: error: {node}: task 0: Exited with exit code 75\n")
+        sys.exit(75)
+    signal.signal(signal.SIGUSR2, stop)
+    with open(os.environ["STUB_LOG"], "a") as log:
+        log.write("round running\n")
+    signal.pause()
 sys.exit(subprocess.call(args[args.index("bash"):]))
 """
 STUB_SCONTROL = r"""#!/bin/bash
 echo "scontrol $*" >> "$STUB_LOG"
+if [[ $1 == show && $2 == hostnames ]]; then printf '%s\n' c1 c2; fi
 """
 
 
@@ -212,3 +225,29 @@ def test_out_of_spares_a_rank_failure_ends_the_job_and_a_lost_node_requeues_it(s
     assert [r["kind"] for r in records] == ["pre-flight", "probe", "restart", "gave_up"]
     assert status == 0 and records[-1]["requeued"]
     assert calls[-1] == "scontrol requeue 77"
+
+
+def test_the_stop_signal_reaches_the_round_and_nothing_restarts(stub_slurm, monkeypatch):
+    """As the rendered script runs it (python -m toolkit.job.spares, its trap sending SIGUSR2): the signal goes on
+    to srun, the round's exit 75 (saved and stopped) is no failure, and the supervisor exits with it."""
+    import sys
+    import time
+
+    from toolkit.rundir import RunDir
+
+    monkeypatch.setenv("STUB_STOPPABLE", "1")
+    env = dict(os.environ, SLURM_JOB_ID="77", SLURM_JOB_NODELIST="c[1-2]", SLURMD_NODENAME="c1")
+    proc = subprocess.Popen([sys.executable, "-m", "toolkit.job.spares", "--nodes", "1", "--spares", "1",
+                             "--run-dir", str(stub_slurm), "--", "srun", "--nodes=1", "bash", "-c", "exit 0"],
+                            env=env, stderr=subprocess.PIPE, text=True)
+    log = stub_slurm / "calls.log"
+    deadline = time.monotonic() + 30
+    while "round running" not in (log.read_text() if log.exists() else ""):
+        assert time.monotonic() < deadline and proc.poll() is None, proc.stderr.read()
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGUSR2)
+    assert proc.wait(30) == 75, proc.stderr.read()
+    calls = log.read_text().splitlines()
+    assert f"srun got signal {int(signal.SIGUSR2)}" in calls
+    assert [c.split()[1] for c in calls if "bash" in c] == ["--nodelist=c2"]  # one round, no restart
+    assert RunDir(stub_slurm).restarts() == [] and not [c for c in calls if "requeue" in c or "DRAIN" in c]
