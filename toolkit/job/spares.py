@@ -309,14 +309,14 @@ class Supervisor:
         now = time.time()
         nodes, ranks = silent_nodes(beats, current.started, now)
         if nodes:
-            return Failure(f"heartbeats silent: {heartbeat._ranges(ranks)} on {','.join(nodes)}", nodes, lost=True)
+            return Failure(f"heartbeats silent: {heartbeat.rank_ranges(ranks)} on {','.join(nodes)}", nodes, lost=True)
         if self.hang_timeout:
             found = heartbeat.diagnose([b for b in beats if b.time >= current.started], now, self.hang_timeout)
             if found.stalled:
                 for line in found.lines():
                     say(f"hang: {line}")
                 return Failure(f"no progress for {self.hang_timeout:g} s: "
-                               f"{heartbeat._ranges([s.rank for s in found.stalled])}",
+                               f"{heartbeat.rank_ranges([s.rank for s in found.stalled])}",
                                sorted({s.node for s in found.stalled}))
         return None
 

@@ -281,7 +281,7 @@ class Diagnosis:
     def lines(self) -> list[str]:
         lines = [s.line() for s in self.stalled]
         if self.waiting:
-            lines.append(f"{_ranges(self.waiting)} wait for it: {self.why}")
+            lines.append(f"{rank_ranges(self.waiting)} wait for it: {self.why}")
         elif self.stalled and self.why:
             lines.append(self.why)
         return lines
@@ -334,7 +334,7 @@ def _frame(frames: list[tuple[str, int, str]] | None) -> str | None:
     return f"{os.path.basename(path)}:{line} in {func}"
 
 
-def _ranges(ranks: list[int]) -> str:
+def rank_ranges(ranks: list[int]) -> str:
     """[0, 1, 2, 5] -> "ranks 0-2, 5"."""
     parts, start = [], None
     for i, rank in enumerate(ranks):
