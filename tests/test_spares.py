@@ -142,7 +142,8 @@ with open(os.environ["STUB_LOG"], "a") as log:
 node = next(a.split("=", 1)[1] for a in args if a.startswith("--nodelist="))
 if args[-1] == "true":  # a probe step
     if node in os.environ.get("STUB_DEAD", "").split(","):
-        sys.stderr.write(f"srun: error: Task launch for StepId=1.9 failed on node {node}: Communication connection failure\n")
+        sys.stderr.write(f"srun: error: Task launch for StepId=1.9 failed on node {node}: "
+                         "Communication connection failure\n")
         sys.exit(1)
     sys.exit(0)
 if node in os.environ.get("STUB_FAILING", "").split(","):

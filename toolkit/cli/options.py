@@ -189,7 +189,8 @@ def check_time(time: str | None) -> None:
 
 
 def _job_values(time, env, venv, hang_timeout=None, spares=None) -> list[str]:
-    """--time/--env/--venv/--hang-timeout/--spares as `--set` items (values JSON-quoted: YAML would read 01:00:00 as a number)."""
+    """--time/--env/--venv/--hang-timeout/--spares as `--set` items (values JSON-quoted: YAML would read 01:00:00
+    as a number)."""
     from toolkit.recipes.user import parse_env, venv_dir
 
     check_time(time)

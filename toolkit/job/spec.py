@@ -471,9 +471,9 @@ def on_slurm(spec: JobSpec, queue: Queue, slurm_options: Mapping[str, str | None
         _check_directive(what, value)
     if spec.spares and spec.nodes + spec.spares > queue.max_nodes:  # the allocation holds the spares too
         room = queue.max_nodes - spec.spares
+        fix = f"use --nodes 1..{room} or fewer --spares" if room >= 1 else f"use at most --spares {queue.max_nodes - 1}"
         raise HpcError(f"{spec.nodes} nodes and {spec.spares} spare(s) requested; queue {queue.name} has at most "
-                       f"{queue.max_nodes}", fix=(f"use --nodes 1..{room} or fewer --spares" if room >= 1 else
-                                                  f"use at most --spares {queue.max_nodes - 1}") + ", or a bigger queue")
+                       f"{queue.max_nodes}", fix=f"{fix}, or a bigger queue")
     derived = [Derived("--wait-all-nodes", "1" if queue.has_dynamic_nodes else "not set",
                        f"queue {queue.name} starts nodes on demand: run only once every node has booted"
                        if queue.has_dynamic_nodes else f"queue {queue.name}'s nodes are all static (MinCount = MaxCount)")]

@@ -41,8 +41,9 @@ def choose_executor(requested: str | None, *, mpi: bool = False, spares: int = 0
     kind = Executor(requested) if requested else None
     if spares:
         if kind not in (None, Executor.SBATCH) or not slurm_installed():
+            missing = "" if slurm_installed() else "; no Slurm is installed here"
             raise HpcError(f"--spares {spares}: spare nodes are a Slurm allocation's, restarted on by the rendered "
-                           "script (toolkit.job.spares)" + ("" if slurm_installed() else "; no Slurm is installed here"),
+                           f"script (toolkit.job.spares){missing}",
                            fix="submit to a Slurm cluster without --executor (or with --executor sbatch), or drop "
                                "--spares")
         return Executor.SBATCH, (None if kind == Executor.SBATCH else
