@@ -54,7 +54,7 @@ def daemons(layout: Layout) -> list[Daemon]:
         *accounting,
         Daemon("slurmctld", comm("slurmctld"), layout.pid_file("slurmctld"), slurm),
         *(Daemon(f"slurmd-{n.name}", comm("slurmd"), layout.pid_file("slurmd", n.name), slurm, n)
-          for n in layout.lane.cpu_nodes),
+          for n in layout.lane.slurmd_nodes),
     ]
 
 
@@ -67,7 +67,8 @@ def render_configs(layout: Layout) -> dict[Path, str]:
     lane = layout.lane
     values = dict(layout=layout, cluster_name=CLUSTER_NAME, slurmctld_port=lane.slurmctld_port,
                   slurmdbd_port=lane.slurmdbd_port, min_job_age=MIN_JOB_AGE, max_array_size=MAX_ARRAY_SIZE,
-                  cpu_nodes=lane.cpu_nodes, p3dn_nodes=lane.p3dn_nodes, gpus_per_node=FAKE_GPUS_PER_NODE,
+                  cpu_nodes=lane.cpu_nodes, p3dn_nodes=lane.p3dn_nodes, wide_nodes=lane.wide_nodes,
+                  gpus_per_node=FAKE_GPUS_PER_NODE,
                   accounting=lane.accounting, first_job_id=lane.first_job_id,
                   expedited_requeue=tuple(map(int, lane.slurm.split("."))) >= (25, 11),
                   plugstack=lane.containers and layout.plugstack_conf)
@@ -96,7 +97,7 @@ def write_configs(layout: Layout) -> set[Path]:
 
 def _prepare_dirs(layout: Layout) -> None:
     for d in (layout.root, layout.etc, layout.run, layout.log, layout.spool, layout.gpu_devices,
-              layout.spool / "slurmctld", *(layout.spool / f"slurmd-{n.name}" for n in layout.lane.cpu_nodes)):
+              layout.spool / "slurmctld", *(layout.spool / f"slurmd-{n.name}" for n in layout.lane.slurmd_nodes)):
         d.mkdir(parents=True, exist_ok=True)
     layout.root.chmod(0o755)  # munge and mysql users must reach their dirs
     if layout.lane.containers:  # this machine's daemons under the lane's own process names (Lane.comm)
@@ -225,7 +226,10 @@ def _start_slurmd(layout: Layout, node: Node) -> None:
     if layout.lane.containers:  # pyxis passes enroot only PATH: the node's own enroot comes first on it
         env["PATH"] = containers.node_path(node, env.get("PATH", os.defpath))
     start = 'node="$1"; shift; hostname "$node" && exec "$@" -N "$node"'
-    _run(["unshare", "--uts", "--", "/bin/sh", "-c", start, "sh", node.name, *_daemon(layout, "slurmd")], env=env)
+    # Its own mount namespace too (mounts of this machine still reach it: slave propagation): a fault can take a
+    # file system away from one node (testbench.faults.missing_mount), and its steps inherit that view.
+    _run(["unshare", "--uts", "--mount", "--propagation", "slave", "--", "/bin/sh", "-c", start, "sh", node.name,
+          *_daemon(layout, "slurmd")], env=env)
 
 
 def _start(layout: Layout, daemon: Daemon) -> None:
@@ -260,7 +264,7 @@ def node_states(layout: Layout) -> dict[str, str]:
 
 
 def _wait_for_nodes(layout: Layout) -> None:
-    names = [n.name for n in layout.lane.cpu_nodes]
+    names = [n.name for n in layout.lane.slurmd_nodes]
 
     def ready() -> bool:  # registered and usable: no flag suffix such as * (not responding)
         states = node_states(layout)

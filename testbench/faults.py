@@ -4,6 +4,10 @@ toolkit.job.spares use them).
 lost_node: a node lost as a crashed machine is, by SIGKILL to its slurmd, the slurmstepd of each step it runs and
 every task, at once; nothing on it answers any more, and Slurm learns of it only at SlurmdTimeout.
 
+missing_mount: a node whose shared file system is missing, as after a failed mount at boot: an empty read-only
+file system over a directory in that node's own mount namespace (testbench.cluster starts each slurmd in one), which
+every step started there inherits; the other nodes and this machine still see the directory.
+
 slow_node: a node made slow the way a throttled or shared machine is, by a CPU limit on its slurmd and everything
 running on it. The simulated nodes are slurmd processes on this one machine; the steps a slurmd starts inherit
 its cgroups, and Slurm's task/cgroup plugin moves them in the cpuset, memory and devices hierarchies only, so a
@@ -62,6 +66,20 @@ def slow_node(node: str, cpu_fraction: float, layout: Layout | None = None) -> I
                 (CPU_CGROUP / "cgroup.procs").write_text(left)
         with contextlib.suppress(OSError):
             group.rmdir()
+
+
+@contextlib.contextmanager
+def missing_mount(node: str, directory: Path, layout: Layout | None = None) -> Iterator[None]:
+    """Hide `directory` from node `node`'s steps (module docstring); undone on exit."""
+    layout = layout or Layout.current()
+    pid = layout.pid_file("slurmd", node).read_text().strip()
+    enter = ["nsenter", "-t", pid, "-m"]
+    subprocess.run([*enter, "mount", "-t", "tmpfs", "-o", "ro,size=1m", "hpc-missing", str(directory)], check=True,
+                   capture_output=True, timeout=30)
+    try:
+        yield
+    finally:
+        subprocess.run([*enter, "umount", "-l", str(directory)], check=False, capture_output=True, timeout=30)
 
 
 def lost_node(node: str, layout: Layout | None = None) -> list[int]:

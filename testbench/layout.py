@@ -35,7 +35,10 @@ class Node:
 CPU_NODES = tuple(Node(f"c{i}", f"127.0.1.{10 + i}", 6920 + i, True) for i in (1, 2))
 # Named like ParallelCluster names a static compute resource's nodes: {queue}-st-{resource}-N.
 P3DN_NODES = tuple(Node(f"p3dn-st-p3dn-24xl-{i}", f"127.0.1.{100 + i}", 6930 + i, False) for i in range(1, 9))
-NODES = CPU_NODES + P3DN_NODES
+# Sixteen more nodes (2 CPUs each, all on this machine's 2 cores) for what needs many nodes (the bad-node search, toolkit.health.nodesearch), in a partition
+# of their own so that every other job keeps the two cpu nodes. Only on this machine's Slurm (the default lane).
+WIDE_NODES = tuple(Node(f"w{i}", f"127.0.1.{40 + i}", 6940 + i, True) for i in range(1, 17))
+NODES = CPU_NODES + P3DN_NODES + WIDE_NODES
 FAKE_GPUS_PER_NODE = 8
 
 
@@ -57,10 +60,16 @@ class Lane:
     # Test payloads derive ports from job ids (all nodes share one network): lanes number jobs apart.
     first_job_id: int | None = None
     containers: bool = False  # pyxis in its plugstack.conf, an enroot per node (testbench.containers)
+    wide_nodes: tuple[Node, ...] = ()  # the `wide` partition's nodes (WIDE_NODES)
 
     @property
     def nodes(self) -> tuple[Node, ...]:
-        return self.cpu_nodes + self.p3dn_nodes
+        return self.cpu_nodes + self.p3dn_nodes + self.wide_nodes
+
+    @property
+    def slurmd_nodes(self) -> tuple[Node, ...]:
+        """The nodes that run a slurmd here (the p3dn ones only exist for `sbatch --test-only`)."""
+        return self.cpu_nodes + self.wide_nodes
 
     def comm(self, daemon: str) -> str:
         """The process name its daemon runs under. A chroot lane's daemons carry the version (through a
@@ -72,7 +81,8 @@ class Lane:
 
 
 LANES = {
-    "22.05": Lane("22.05", DEFAULT_STATE_DIR, SLURMCTLD_PORT, SLURMDBD_PORT, CPU_NODES, P3DN_NODES, True),
+    "22.05": Lane("22.05", DEFAULT_STATE_DIR, SLURMCTLD_PORT, SLURMDBD_PORT, CPU_NODES, P3DN_NODES, True,
+                  wide_nodes=WIDE_NODES),
     # Ports 7017+ and 127.0.2.x: both lanes run at once. No accounting, like ParallelCluster's default (and
     # trixie's slurmdbd 24.11.5 dies on trixie's MariaDB 11.8: "_check_mysql_concat_is_sane: null result",
     # client error 5027, seen Nov 2026).

@@ -191,6 +191,8 @@ def test_rendered_bert_5b_gives_each_rank_deepspeeds_environment(tmp_path, nodes
     MASTER_ADDR, MASTER_PORT (the rank contract) and the argv preview_argv gives; the config file is written."""
     root = tmp_path / "root"
     write_executable(root / "envs" / "habana" / "bin" / "activate", "# stub venv\n")
+    # a stand-in for the venv's Python, which the batch shell runs the pre-flight with (tests/test_preflight*.py)
+    write_executable(root / "envs" / "habana" / "bin" / "python", "#!/bin/sh\nexit 0\n")
     spec = build_job_spec(load_recipe("bert-5b", overrides=[f"dirs.root={root}"]), DL1, nodes)
     proc, ranks = run_script(render_script(spec), tmp_path, install_stubs(tmp_path))
     assert proc.returncode == 0, proc.stderr.decode(errors="replace")

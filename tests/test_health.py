@@ -50,6 +50,23 @@ def fake_program(path: Path, outputs: dict[str, tuple[int, str]]) -> None:
     write(path, f'#!/bin/sh\ncase "$*" in\n{cases}  *) exit 3;;\nesac\n', 0o755)
 
 
+ECC_QUERY = "--query-gpu=index,pci.bus_id,ecc.errors.uncorrected.volatile.total --format=csv,noheader,nounits"
+REMAP_QUERY = "--query-remapped-rows=gpu_bus_id,remapped_rows.pending,remapped_rows.failure --format=csv,noheader"
+
+
+def fake_nvidia_smi(root: Path, gpus: int, ecc: dict[int, int] | None = None,
+                    remap: dict[int, tuple[str, str]] | None = None) -> None:
+    """A stand-in for nvidia-smi (no GPU here): `-L`, and the ECC and remapped-rows queries as the real one answers
+    them (per GPU `index, bus id, count`; `bus id, pending, failure`); V100s have no row remapper: [N/A]."""
+    ecc, remap = ecc or {}, remap or {}
+    bus = [f"00000000:{16 + i:02X}:1C.0" for i in range(gpus)]
+    fake_program(root / "usr/bin/nvidia-smi", {
+        "-L": (0, "".join(f"GPU {i}: {V100} (UUID: GPU-{i:08d})\n" for i in range(gpus))),
+        ECC_QUERY: (0, "".join(f"{i}, {bus[i]}, {ecc.get(i, 0)}\n" for i in range(gpus))),
+        REMAP_QUERY: (0, "".join(f"{bus[i]}, {', '.join(remap.get(i, ('[N/A]', '[N/A]')))}\n" for i in range(gpus))),
+    })
+
+
 def healthy_tree(root: Path, *, gpus: int = 8, ofi_version: str = "1.7.4-aws", libfabric: str = "1.18.2amzn1.0",
                  efa_devices: tuple[str, ...] = ("rdmap0s6",)) -> Path:
     """A p3dn-like node: EFA device + driver, ib_uverbs, fi_info, 8 V100s, FSx on /fsx, NCCL and aws-ofi-nccl."""
@@ -62,8 +79,7 @@ def healthy_tree(root: Path, *, gpus: int = 8, ofi_version: str = "1.7.4-aws", l
     domains = "".join(FI_INFO_EFA.replace("rdmap0s6", d) for d in efa_devices)
     fake_program(root / "opt/amazon/efa/bin/fi_info",
                  {"-p efa": (0, domains), "--version": (0, f"fi_info: {libfabric}\nlibfabric: {libfabric}\nlibfabric api: 1.18\n")})
-    fake_program(root / "usr/bin/nvidia-smi",
-                 {"-L": (0, "".join(f"GPU {i}: {V100} (UUID: GPU-{i:08d})\n" for i in range(gpus)))})
+    fake_nvidia_smi(root, gpus)
     write(root / "opt/amazon/efa_installed_packages", "# EFA installer version: 1.26.1\n# Debug packages installed: no\n")
     write(root / "proc/mounts", "/dev/nvme0n1p1 / ext4 rw 0 0\n10.0.0.5@tcp:/abcdefgh /fsx lustre rw,flock 0 0\n")
     lib = write(root / "usr/local/cuda/lib64/libnccl.so.2.18.3", b"\x7fELF...")
@@ -95,14 +111,15 @@ def test_healthy_p3dn_node_passes_every_check(tmp_path):
     assert facts["mounts"] == {"/fsx": "lustre"}
     checks = evaluate(facts, P3DN)
     assert [c.name for c in checks] == list(CHECKS)
-    assert {c.name: c.status for c in checks} == dict.fromkeys(CHECKS, "ok"), checks
+    assert {c.name: c.status for c in checks} == {**dict.fromkeys(CHECKS, "ok"), "hpus": "n/a"}, checks
     assert "8 x Tesla V100-SXM2-32GB" in check(facts, P3DN, "gpus").detail
 
 
 def test_bare_node_on_an_efa_gpu_queue_gets_findings_with_fixes_not_crashes(tmp_path):
     facts = gather(node(tmp_path), ["/fsx"])
-    assert statuses(facts, P3DN) == {"efa": "FAIL", "ib_uverbs": "FAIL", "gpus": "FAIL", "fsx": "FAIL",
-                                     "nccl": "warn", "aws-ofi-nccl": "FAIL", "efa-stack": "warn"}
+    assert statuses(facts, P3DN) == {"efa": "FAIL", "ib_uverbs": "FAIL", "gpus": "FAIL", "gpu-health": "n/a",
+                                     "hpus": "n/a", "fsx": "FAIL", "nccl": "warn", "aws-ofi-nccl": "FAIL",
+                                     "efa-stack": "warn"}
     efa = check(facts, P3DN, "efa")
     assert "fi_info not found" in efa.detail and "EFA installer" in efa.fix
     gpus = check(facts, P3DN, "gpus")
@@ -114,9 +131,39 @@ def test_bare_node_on_an_efa_gpu_queue_gets_findings_with_fixes_not_crashes(tmp_
 
 def test_bare_node_on_a_cpu_queue_says_not_present_and_not_applicable(tmp_path):
     facts = gather(node(tmp_path), [])
-    assert statuses(facts, CPU) == {"efa": "absent", "ib_uverbs": "absent", "gpus": "absent", "fsx": "n/a",
-                                    "nccl": "absent", "aws-ofi-nccl": "absent", "efa-stack": "n/a"}
+    assert statuses(facts, CPU) == {"efa": "absent", "ib_uverbs": "absent", "gpus": "absent", "gpu-health": "n/a",
+                                    "hpus": "n/a", "fsx": "n/a", "nccl": "absent", "aws-ofi-nccl": "absent",
+                                    "efa-stack": "n/a"}
     assert "m5.xlarge has no EFA" in check(facts, CPU, "efa").detail
+
+
+def test_gpu_memory_errors_fail_the_node_naming_each_gpu(tmp_path):
+    """Stand-in GPUs (a fake nvidia-smi answering as a GPU with memory errors does): uncorrected ECC errors, a row
+    remap pending or failed each fail gpu-health with the GPU's index and bus id; clean counters pass."""
+    root = healthy_tree(tmp_path)
+    fake_nvidia_smi(root, 8, ecc={3: 2}, remap={5: ("Yes", "No"), 6: ("0", "1")})
+    facts = gather(node(root), ["/fsx"])
+    assert facts["gpus"]["health"][3] == {"index": 3, "bus_id": "00000000:13:1C.0", "ecc_uncorrected": 2,
+                                          "remap_pending": None, "remap_failure": None}
+    health = check(facts, P3DN, "gpu-health")
+    assert health.status == "FAIL" and "drain" in health.fix
+    assert "GPU 3 (00000000:13:1C.0): 2 uncorrected ECC error(s)" in health.detail
+    assert "GPU 5 (00000000:15:1C.0): a row remap pending" in health.detail
+    assert "GPU 6 (00000000:16:1C.0): row remapping failed" in health.detail
+    assert "GPU 0" not in health.detail
+
+
+def test_gaudi_hpus_counted_with_hl_smi(tmp_path):
+    """Stand-in hl-smi (no Gaudi here), answering `-Q index,bus_id -f csv,noheader` as the real one does."""
+    dl1 = Queue("dl1", "dl1.24xlarge", 4, efa_stack="modern", efa_enabled=True)
+    assert check(gather(node(tmp_path / "bare"), []), dl1, "hpus").status == "FAIL"
+    for count, status in ((8, "ok"), (7, "FAIL")):
+        root = tmp_path / str(count)
+        fake_program(root / "usr/bin/hl-smi", {"-Q index,bus_id -f csv,noheader": (
+            0, "".join(f"{i}, 0000:{16 + i:02x}:00.0\n" for i in range(count)))})
+        hpus = check(gather(node(root), []), dl1, "hpus")
+        assert hpus.status == status and hpus.detail.startswith(f"{count}"), hpus
+    assert check(gather(node(root), []), P3DN, "hpus").status == "n/a"
 
 
 def test_efa_device_missing_or_fewer_than_the_catalog_says(tmp_path):

@@ -29,7 +29,7 @@ from toolkit.k8s.manifests import k8s_target
 from toolkit.recipes.load import load_recipe
 
 DL1 = load_queues(REPO / "jobs" / "dl1-cluster.yaml")["dl1"]
-SLURM_ONLY = {"--wait-all-nodes", "software", "srun cpu binding", "--gpus-per-node"}
+SLURM_ONLY = {"--wait-all-nodes", "software", "srun cpu binding", "--gpus-per-node", "pre-flight"}
 
 
 def test_resources_of_a_cpu_queue_and_of_a_gpu_queue():
@@ -101,7 +101,9 @@ def test_slurm_adds_its_part_to_the_neutral_spec_and_changes_nothing_else(recipe
     assert {d.key for d in slurm.derived[len(neutral.derived):]} <= SLURM_ONLY
     assert slurm.slurm_options == {"account": "ml"} and job_options(slurm)["account"] == "ml"
     assert dataclasses.replace(slurm, derived=neutral.derived, wait_all_nodes=False, srun_binding=(),
-                               slurm_options={}, software=neutral.software) == neutral
+                               slurm_options={}, software=neutral.software, preflight_args=()) == neutral
+    # what the pre-flight checks each node against comes from the queue (neutral: whether to run it at all)
+    assert bool(slurm.preflight_args) == neutral.preflight == recipe.resources.requeue
 
 
 def test_slurm_options_are_checked_where_slurm_is_made():

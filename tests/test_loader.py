@@ -22,7 +22,7 @@ from tests.jobhelpers import P3DN
 from toolkit.cluster.queues import Queue
 from toolkit.health import loader
 from toolkit.health.loader_check import plugin_names
-from toolkit.job.spec import build_job_spec
+from toolkit.job.spec import build_job_spec, loader_check_arguments
 from toolkit.recipes.load import load_recipe
 
 pytestmark = pytest.mark.skipif(shutil.which("gcc") is None, reason="the stand-in libraries are compiled with gcc")
@@ -131,7 +131,7 @@ def test_nccl_net_plugin_names_follow_nccls_rules(standin):
 
 def test_a_tcp_queue_needs_no_plugin_and_a_missing_program_is_a_failure(standin):
     tcp = Queue("p3", "p3.16xlarge", 2, efa_stack="none")
-    assert loader.check_arguments(nccl_tests(standin, tcp), tcp.fabric) == ["--program", f"{standin}/bin/all_reduce_perf"]
+    assert loader_check_arguments(nccl_tests(standin, tcp), tcp.fabric) == ["--program", f"{standin}/bin/all_reduce_perf"]
     gone = check(build_job_spec(load_recipe("nccl-tests", overrides=["launcher.program=/nonexistent/all_reduce_perf"]),
                                 tcp, 1, run_dir="/tmp/r"), tcp)
     (only,) = gone.checks
@@ -140,8 +140,8 @@ def test_a_tcp_queue_needs_no_plugin_and_a_missing_program_is_a_failure(standin)
 
 def test_gaudi_efa_jobs_need_the_hccl_ofi_wrapper(standin):
     spec = build_job_spec(load_recipe("resnet50"), DL1, 1, run_dir="/fsx/runs/r")
-    assert loader.check_arguments(spec, DL1.fabric) == ["--library", "libhccl_ofi_wrapper.so"]
-    assert loader.check_arguments(spec, "none") == []  # no EFA: no HCCL scale-out through libfabric
+    assert loader_check_arguments(spec, DL1.fabric) == ["--library", "libhccl_ofi_wrapper.so"]
+    assert loader_check_arguments(spec, "none") == []  # no EFA: no HCCL scale-out through libfabric
     no_venv = check(spec, DL1)  # the recipe's venv is on /fsx, which this machine lacks: the set-up itself fails
     assert not no_venv.ok and not no_venv.checks and "/fsx/envs/train/bin/activate" in no_venv.error
     # software.venv null: the nodes use the venv the toolkit runs in (toolkit.job.spec.on_slurm)
@@ -171,7 +171,7 @@ def test_a_pytorch_gpu_job_asks_the_loader_for_torchs_own_nccl():
     import importlib.util
 
     spec = build_job_spec(load_recipe("roberta", overrides=["software.venv=null"]), P3DN, 1, run_dir="/fsx/runs/r")
-    assert loader.check_arguments(spec, P3DN.fabric) == ["--torch-nccl", "--nccl-net-plugin"]
+    assert loader_check_arguments(spec, P3DN.fabric) == ["--torch-nccl", "--nccl-net-plugin"]
     libs = check(spec).checks
     torch_lib = Path(importlib.util.find_spec("torch").origin).parent / "lib/libtorch_cuda.so"
     nccl = next(c for c in libs if c.library.startswith("libnccl"))

@@ -30,6 +30,8 @@ def make_root(workdir: Path) -> Path:
     """A dirs.root with the recipes' venv (an activate that does nothing) and a recording nccl-tests binary."""
     root = workdir / "root"
     write_executable(root / "envs" / "train" / "bin" / "activate", "# stub venv\n")
+    # a stand-in for the venv's Python, which the batch shell runs the pre-flight with (tests/test_preflight*.py)
+    write_executable(root / "envs" / "train" / "bin" / "python", "#!/bin/sh\nexit 0\n")
     write_executable(root / "nccl-tests" / "build" / "all_reduce_perf", RECORD)
     return root
 

@@ -52,6 +52,7 @@ RESULT = "result.json"
 FAILURES = "failures"
 SUBMITIT = "submitit"
 RESTARTS = "restarts.jsonl"
+PREFLIGHTS = "preflight.jsonl"  # toolkit.health.preflight: what each start of the job found on its nodes
 TRAINER_LOG = f"logs/{LOG_NAME}"  # our trainer's log, when the recipe keeps its logs dir under the run
 LOG_PATTERNS = ("*.out", "*.err", "*.log", "*.jsonl", "*.txt", "*.json")
 RECORDS = (METADATA, PLAN, RESULT)  # the toolkit's own files: never logs
@@ -249,6 +250,13 @@ def task_dir_name(index: int, count: int) -> str:
     return f"task-{index:0{max(3, len(str(count - 1)))}d}"
 
 
+def batch_dir(run_dir: str | Path) -> Path:
+    """The dir a job's batch shell writes to: the sweep's for a sweep task's run dir (the tasks of one job array
+    share one batch script, so it cannot know its task's), else the run dir itself."""
+    path = Path(run_dir)
+    return path.parent if re.fullmatch(r"task-\d{3,}", path.name) else path
+
+
 def base_metadata(recipe_name: str, recipe_path: Path | None) -> dict[str, Any]:
     """Who submitted which recipe (from which commit of it), when, with which toolkit."""
     import getpass
@@ -374,10 +382,10 @@ class RunDir:
         """What the hang watchdog recorded when it ended the job, None if it did not."""
         return read_json(self.path / heartbeat.HANG_FILE)
 
-    def restarts(self) -> list[dict[str, Any]]:
-        """The spares supervisor's records, oldest first (toolkit.job.spares; unreadable lines left out)."""
+    def _records(self, name: str) -> list[dict[str, Any]]:
+        """A JSON-lines file's records, oldest first (unreadable lines left out)."""
         try:
-            lines = (self.path / RESTARTS).read_text().splitlines()
+            lines = (self.path / name).read_text().splitlines()
         except OSError:
             return []
         found = []
@@ -390,9 +398,24 @@ class RunDir:
                 found.append(entry)
         return found
 
-    def add_restart(self, entry: Mapping[str, Any]) -> None:
-        with open(self.path / RESTARTS, "a") as handle:  # one line, appended: readers never see half of one
+    def _append(self, name: str, entry: Mapping[str, Any]) -> None:
+        with open(self.path / name, "a") as handle:  # one line, appended: readers never see half of one
             handle.write(json.dumps(entry) + "\n")
+
+    def restarts(self) -> list[dict[str, Any]]:
+        """The spares supervisor's records, oldest first (toolkit.job.spares)."""
+        return self._records(RESTARTS)
+
+    def add_restart(self, entry: Mapping[str, Any]) -> None:
+        self._append(RESTARTS, entry)
+
+    def preflights(self) -> list[dict[str, Any]]:
+        """The pre-flight's records, one per start of a job, oldest first (toolkit.health.preflight); a sweep
+        task's are in its sweep's dir (batch_dir), with its array's other tasks'."""
+        return RunDir(batch_dir(self.path))._records(PREFLIGHTS)
+
+    def add_preflight(self, entry: Mapping[str, Any]) -> None:
+        self._append(PREFLIGHTS, entry)
 
     def failures(self) -> list[RankRecord]:
         """The failed ranks' records (unreadable ones left out)."""

@@ -87,6 +87,7 @@ def status(job_id: str = typer.Argument(..., help="Slurm job id (an array task: 
            json_: bool = JSON_OPTION) -> None:
     """State of one job (with the requeue count; array jobs: a count per state), its ranks' progress from their
     heartbeats, and the ranks that stopped progressing (exit 1 when one did)."""
+    from toolkit.health.preflight import summary_lines
     from toolkit.rundir import RunDir
     from toolkit.slurm.status import State
     from toolkit.submit import runs
@@ -99,6 +100,7 @@ def status(job_id: str = typer.Argument(..., help="Slurm job id (an array task: 
     slurm_id = None if s.source == "local" else job_id  # a local run's id is a pid, not a Slurm job
     data["progress"] = run and runs.progress(run, slurm_id, s.state == State.RUNNING, stall_after, stacks)
     data["restarts"] = [r for r in run.restarts() if str(r.get("job_id")) == str(s.job_id)] if run else []
+    data["preflight"] = [r for r in run.preflights() if str(r.get("job")) == str(s.job_id)] if run else []
     if stacks and s.state != State.RUNNING:
         warn(f"job {s.job_id} is {s.state}, not running: no stacks to collect")
 
@@ -111,7 +113,8 @@ def status(job_id: str = typer.Argument(..., help="Slurm job id (an array task: 
             lines.append(f"  tasks: {sum(d['tasks'].values())}:{_task_counts(d)}")
         if d["network"]:
             lines.append(f"  network: {d['network']['label']} ({d['network']['evidence']})")
-        return "\n".join(lines + _restart_lines(d["restarts"]) + _progress_lines(d["progress"]))
+        return "\n".join(lines + summary_lines(d["preflight"]) + _restart_lines(d["restarts"])
+                         + _progress_lines(d["progress"]))
 
     emit(data, json_, human)
     if data["network"] and data["network"]["problem"]:

@@ -107,6 +107,9 @@ HANG_TIMEOUT = typer.Option(None, "--hang-timeout", min=1, metavar="SECONDS",
 SPARES = typer.Option(None, "--spares", min=0, metavar="K",
                       help="Hold K nodes beyond --nodes and, when a node or a rank is lost, restart on healthy ones of "
                            "the same allocation from the last checkpoint (resources.spares; Slurm, sbatch).")
+PREFLIGHT = typer.Option(None, "--preflight/--no-preflight",
+                         help="Check every node against its queue (devices, EFA, loader, shared file system, memory, "
+                              "disk) before the ranks start (resources.preflight; default: on for training jobs).")
 ENV = typer.Option([], "--env", metavar="NAME=VALUE", help="Set a variable in the job (env.NAME). Repeatable.")
 VENV = typer.Option(None, "--venv", metavar="DIR", help="Virtual environment the nodes activate (software.venv; "
                                                         "default: the recipe's, for `hpc run` the one hpc runs in).")
@@ -140,6 +143,7 @@ class JobOptions:
     dependency: Optional[str] = None
     hang_timeout: Optional[int] = None
     spares: Optional[int] = None
+    preflight: Optional[bool] = None
 
     def slurm_options(self) -> dict[str, str | None]:
         return {"account": self.account, "qos": self.qos, "reservation": self.reservation,
@@ -157,9 +161,10 @@ class JobOptions:
                                                     else ""))
 
     def recipe_overrides(self) -> tuple[str, ...]:
-        """--time, --env, --venv, --hang-timeout and --spares as the recipe values they set, then each --set (the
-        user's last word)."""
-        return (*_job_values(self.time, self.env, self.venv, self.hang_timeout, self.spares), *self.overrides)
+        """--time, --env, --venv, --hang-timeout, --spares and --preflight as the recipe values they set, then each
+        --set (the user's last word)."""
+        return (*_job_values(self.time, self.env, self.venv, self.hang_timeout, self.spares, self.preflight),
+                *self.overrides)
 
 
 _FLAGS = {"overrides": "--set", "sweeps": "--sweep"}
@@ -175,6 +180,11 @@ def _flag(field: str) -> str:
     return _FLAGS.get(field, "--" + field)
 
 
+def preflight_override(preflight: bool | None) -> list[str]:
+    """--preflight / --no-preflight as the `--set` item it stands for."""
+    return [f"resources.preflight={json.dumps(preflight)}"] if preflight is not None else []
+
+
 def check_time(time: str | None) -> None:
     """--time in one of sbatch's forms (sbatch(1), --time), said in words, not as the schema's pattern."""
     import re
@@ -188,8 +198,8 @@ def check_time(time: str | None) -> None:
                              "or DAYS-HOURS:MINUTES:SECONDS, e.g. --time 01:30:00")
 
 
-def _job_values(time, env, venv, hang_timeout=None, spares=None) -> list[str]:
-    """--time/--env/--venv/--hang-timeout/--spares as `--set` items (values JSON-quoted: YAML would read 01:00:00
+def _job_values(time, env, venv, hang_timeout=None, spares=None, preflight=None) -> list[str]:
+    """--time/--env/--venv/--hang-timeout/--spares/--preflight as `--set` items (values JSON-quoted: YAML would read 01:00:00
     as a number)."""
     from toolkit.recipes.user import parse_env, venv_dir
 
@@ -199,4 +209,4 @@ def _job_values(time, env, venv, hang_timeout=None, spares=None) -> list[str]:
     items += [f"software.venv={json.dumps(venv_dir(str(venv)))}"] if venv else []
     items += [f"resources.hang_timeout_s={hang_timeout}"] if hang_timeout else []
     items += [f"resources.spares={spares}"] if spares is not None else []
-    return items
+    return items + preflight_override(preflight)

@@ -165,7 +165,7 @@ def new(name: str = typer.Argument(..., help="Recipe name ([a-z0-9_-]); the file
 def render(name: str = o.RECIPE, nodes: Optional[int] = o.NODES, cluster: Optional[Path] = o.CLUSTER,
            queue: Optional[str] = o.QUEUE, profile: Optional[str] = o.PROFILE, overrides: list[str] = o.SET,
            time: Optional[str] = o.TIME, hang_timeout: Optional[int] = o.HANG_TIMEOUT,
-           spares: Optional[int] = o.SPARES, env: list[str] = o.ENV,
+           spares: Optional[int] = o.SPARES, preflight: Optional[bool] = o.PREFLIGHT, env: list[str] = o.ENV,
            venv: Optional[Path] = o.VENV, account: Optional[str] = o.ACCOUNT, qos: Optional[str] = o.QOS,
            reservation: Optional[str] = o.RESERVATION, dependency: Optional[str] = o.DEPENDENCY,
            run_dir: Optional[Path] = RUN_DIR,
@@ -177,7 +177,7 @@ def render(name: str = o.RECIPE, nodes: Optional[int] = o.NODES, cluster: Option
     from toolkit.job.render import render_script
 
     job = JobOptions(overrides, (), profile, time, env, venv, account, qos, reservation, dependency, hang_timeout,
-                     spares)
+                     spares, preflight)
     _, spec = _spec(name, nodes, cluster, queue, job, run_dir)
     script = render_script(spec)
     path = output_target(output, f"{spec.job_name}.sbatch")
@@ -196,7 +196,7 @@ def submit(name: str = o.RECIPE, nodes: Optional[int] = o.NODES, cluster: Option
            queue: Optional[str] = o.QUEUE, profile: Optional[str] = o.PROFILE, overrides: list[str] = o.SET,
            sweeps: list[str] = o.SWEEP, array_parallelism: Optional[int] = o.ARRAY_PARALLELISM,
            time: Optional[str] = o.TIME, hang_timeout: Optional[int] = o.HANG_TIMEOUT,
-           spares: Optional[int] = o.SPARES, env: list[str] = o.ENV,
+           spares: Optional[int] = o.SPARES, preflight: Optional[bool] = o.PREFLIGHT, env: list[str] = o.ENV,
            venv: Optional[Path] = o.VENV, account: Optional[str] = o.ACCOUNT, qos: Optional[str] = o.QOS,
            reservation: Optional[str] = o.RESERVATION, dependency: Optional[str] = o.DEPENDENCY, executor: Optional[o.Executor] = o.EXECUTOR,
            dry_run: bool = o.DRY_RUN, verbose: bool = o.VERBOSE, wait: bool = o.WAIT,
@@ -205,7 +205,7 @@ def submit(name: str = o.RECIPE, nodes: Optional[int] = o.NODES, cluster: Option
     from toolkit.submit import plan as plans
 
     job = JobOptions(overrides, sweeps, profile, time, env, venv, account, qos, reservation, dependency, hang_timeout,
-                     spares)
+                     spares, preflight)
     request = plans.SubmitRequest(name, nodes, str(cluster) if cluster else None, queue, profile,
                                   job.recipe_overrides(), job.slurm_options(), o.value(executor))
     submit_any(request, sweeps, array_parallelism, dry_run, wait, as_json, verbose)
@@ -251,10 +251,13 @@ def submit_request(request, dry_run: bool, wait: bool, as_json: bool, verbose: b
             _print_outcome(result)
     emit(result, as_json, lambda r: f"{r['job_id']}" + (f" {r['state']}" if "state" in r else ""))
     if wait and result["state"] != State.COMPLETED:
+        from toolkit.health.preflight import one_line
         from toolkit.submit.runs import failure_reason
 
         log = result.get("failed_rank_log")
         reason = failure_reason(log) if log else None
+        if result.get("preflight"):
+            reason = f"pre-flight FAILED on {one_line(result['preflight']['failed'])}; {result['preflight']['action']}"
         message = (f"job {result['job_id']} ended {result['state']}" + (f": {reason}" if reason else "")
                    + (f" (see {log})" if log else ""))
         info(message)

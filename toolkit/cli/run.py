@@ -40,7 +40,7 @@ def run(target: str = typer.Argument(..., metavar="SCRIPT_OR_MODULE",
         profile: Optional[str] = o.PROFILE, overrides: list[str] = o.SET, sweeps: list[str] = o.SWEEP,
         array_parallelism: Optional[int] = o.ARRAY_PARALLELISM,
         time: Optional[str] = o.TIME, hang_timeout: Optional[int] = o.HANG_TIMEOUT,
-        spares: Optional[int] = o.SPARES, env: list[str] = o.ENV,
+        spares: Optional[int] = o.SPARES, preflight: Optional[bool] = o.PREFLIGHT, env: list[str] = o.ENV,
         venv: Optional[Path] = o.VENV,
         account: Optional[str] = o.ACCOUNT, qos: Optional[str] = o.QOS, reservation: Optional[str] = o.RESERVATION,
         dependency: Optional[str] = o.DEPENDENCY, executor: Optional[o.Executor] = o.EXECUTOR,
@@ -64,6 +64,7 @@ def run(target: str = typer.Argument(..., metavar="SCRIPT_OR_MODULE",
                        container_mounts=container_mount, hang_timeout_s=hang_timeout,
                        spares=spares)
     request = SubmitRequest(data["name"], nodes, str(cluster) if cluster else None, queue,
-                            overrides=tuple(overrides), slurm_options=job.slurm_options(),
+                            overrides=(*o.preflight_override(preflight), *overrides),
+                            slurm_options=job.slurm_options(),
                             executor=o.value(executor), recipe_data=data)
     submit_any(request, sweeps, array_parallelism, dry_run, wait, as_json, verbose)

@@ -20,7 +20,7 @@ from typing import Any, Literal
 from toolkit.cluster.queues import Queue
 
 Status = Literal["ok", "FAIL", "warn", "absent", "n/a"]
-CHECKS = ("efa", "ib_uverbs", "gpus", "fsx", "nccl", "aws-ofi-nccl", "efa-stack")
+CHECKS = ("efa", "ib_uverbs", "gpus", "gpu-health", "hpus", "fsx", "nccl", "aws-ofi-nccl", "efa-stack")
 MODERN_OFI_NCCL = (1, 7)
 MODERN_LIBFABRIC = (1, 18)
 
@@ -119,6 +119,44 @@ def check_gpus(facts: dict, queue: Queue) -> Check:
     return Check("gpus", "ok", f"{count} x {names}")
 
 
+def check_gpu_health(facts: dict, queue: Queue) -> Check:
+    """Uncorrected ECC errors and row remapping (NVIDIA's GPU memory error recovery guide: a pending remap needs a
+    GPU reset, a failed one a new GPU); facts from toolkit.health.node_check.gpu_facts."""
+    if not queue.instance.is_gpu:
+        return Check("gpu-health", "n/a", "no NVIDIA GPUs on this queue")
+    health = facts["gpus"].get("health") or []
+    if not health:
+        return Check("gpu-health", "n/a", "nvidia-smi reported no per-GPU memory health")
+    bad = []
+    for gpu in health:
+        what = [f"{gpu['ecc_uncorrected']} uncorrected ECC error(s)" if gpu["ecc_uncorrected"] else "",
+                "row remapping failed" if gpu["remap_failure"] else "",
+                "a row remap pending (needs a GPU reset)" if gpu["remap_pending"] else ""]
+        if any(what):
+            bad.append(f"GPU {gpu['index']} ({gpu['bus_id']}): {', '.join(w for w in what if w)}")
+    if bad:
+        return Check("gpu-health", "FAIL", "; ".join(bad),
+                     "drain the node (`scontrol update nodename=NODE state=drain reason=gpu-ecc`): a pending remap "
+                     "clears with a GPU reset (`nvidia-smi -r` with no process on it, or a reboot); a failed remap "
+                     "or uncorrected errors that return mean the GPU must be replaced")
+    return Check("gpu-health", "ok", f"{len(health)} GPU(s): no uncorrected ECC error, no row remap pending or failed")
+
+
+def check_hpus(facts: dict, queue: Queue) -> Check:
+    if queue.instance.accelerator != "gaudi":
+        return Check("hpus", "n/a", "no Gaudi accelerators on this queue")
+    hpus, expected = facts.get("hpus") or {}, queue.gpus_per_node
+    fix = ("install the Habana driver and hl-smi (habanalabs-firmware-tools; the Habana DLAMI has them) or drain "
+           "and replace the node (`scontrol update nodename=NODE state=drain reason=hpu`)")
+    if not hpus.get("hl_smi"):
+        return Check("hpus", "FAIL", "hl-smi not found: no Habana driver tools", fix)
+    if hpus.get("error"):
+        return Check("hpus", "FAIL", f"hl-smi failed: {hpus['error']}", fix)
+    if (hpus.get("count") or 0) < expected:
+        return Check("hpus", "FAIL", f"{hpus.get('count') or 0} of {expected} HPUs visible", fix)
+    return Check("hpus", "ok", f"{hpus['count']} HPU(s)")
+
+
 def check_fsx(facts: dict, queue: Queue) -> Check:
     mount = queue.fsx_mount
     if mount is None:
@@ -213,6 +251,8 @@ def evaluate(facts: dict[str, Any], queue: Queue) -> list[Check]:
         check_efa(facts, queue, needs_efa),
         check_ib_uverbs(facts, needs_efa),
         check_gpus(facts, queue),
+        check_gpu_health(facts, queue),
+        check_hpus(facts, queue),
         check_fsx(facts, queue),
         check_nccl(facts, queue),
         check_ofi_nccl(facts, queue, needs_efa),

@@ -17,14 +17,11 @@ import subprocess
 from importlib import resources
 from typing import Callable
 
-from toolkit.catalog import instance
-from toolkit.job.env import (HCCL_OFI_WRAPPER_DIRS, LIBFABRIC_DIR, OFI_NCCL_DIRS, OPENMPI_DIR, filter_submit_env,
-                             submit_env_allowlist)
-from toolkit.job.spec import JobSpec
+from toolkit.job.env import (HCCL_OFI_WRAPPER, HCCL_OFI_WRAPPER_DIRS, LIBFABRIC_DIR, OFI_NCCL_DIRS, OPENMPI_DIR,
+                             filter_submit_env, submit_env_allowlist)
+from toolkit.job.spec import JobSpec, loader_check_arguments
 
 JOB_NAME = "hpc-doctor"
-HCCL_OFI_WRAPPER = "libhccl_ofi_wrapper.so"  # HabanaAI/hccl_ofi_wrapper README.md: the library HCCL loads
-PYTHON_LAUNCHERS = ("fairseq", "python-module", "python-script", "deepspeed")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,26 +57,11 @@ def loader_check_source() -> str:
     return resources.files("toolkit.health").joinpath("loader_check.py").read_text()
 
 
-def check_arguments(spec: JobSpec, fabric: str) -> list[str]:
-    """What the job loads, as loader_check's arguments (`fabric`: its queue's, toolkit.cluster.queues.Queue.fabric)."""
-    args: list[str] = []
-    environ = spec.environ
-    if spec.launcher == "binary":
-        args += ["--program", str(spec.command[0])]
-    if spec.gpus_per_node and spec.launcher in PYTHON_LAUNCHERS:
-        args.append("--torch-nccl")
-    if spec.gpus_per_node and "NCCL_NET" in environ:  # NCCL_NET names a plugin's network: without it NCCL stops
-        args.append("--nccl-net-plugin")
-    if instance(spec.instance_type).accelerator == "gaudi" and fabric != "none":  # HCCL scale-out over EFA
-        args += ["--library", HCCL_OFI_WRAPPER]
-    return args
-
-
 def check_script(spec: JobSpec, fabric: str) -> str:
     """bash: the job's environment, then the loader check in it (one JSON line)."""
     from toolkit.job.render import environment_lines
 
-    check = shlex.join(["python3", "-c", loader_check_source(), "--json", *check_arguments(spec, fabric)])
+    check = shlex.join(["python3", "-c", loader_check_source(), "--json", *loader_check_arguments(spec, fabric)])
     return "\n".join(["set -eu", *environment_lines(spec), f"exec {check}", ""])
 
 

@@ -114,10 +114,22 @@ def entry(library, wanted_by, path=None, error=None, applicable=True):
             "path": path, "detail": error}
 
 
+def is_script(path):
+    """A file that starts with #! (its interpreter loads what it needs, not the loader at exec)."""
+    try:
+        with open(path, "rb") as f:
+            return f.read(2) == b"#!"
+    except OSError:
+        return False
+
+
 def program_facts(program):
     """Every library the program needs that is NCCL or MPI, or that the loader does not find."""
-    listed, error = loader_list(program)
     wanted_by = "ld.so trace of " + program
+    if is_script(program):
+        return [entry("libnccl", wanted_by, error="{} is a script: no loader trace".format(program),
+                      applicable=False)]
+    listed, error = loader_list(program)
     if error:
         return [entry("libnccl", wanted_by, error=error)]
     found = []

@@ -113,10 +113,23 @@ def module_loaded(node: Node, name: str) -> bool:
     return any(line.split(" ", 1)[0] == name for line in (node.read("/proc/modules") or "").splitlines())
 
 
+def _yes(text: str):
+    """nvidia-smi's Yes/No (or 1/0) cell; None for [N/A] and the like."""
+    word = text.strip().lower()
+    return True if word in ("yes", "1", "true") else False if word in ("no", "0", "false") else None
+
+
+def _count(text: str):
+    return int(text) if text.strip().isdigit() else None
+
+
 def gpu_facts(node: Node) -> dict:
-    """NVIDIA GPUs as `nvidia-smi -L` lists them ("GPU 0: Tesla V100-SXM2-32GB (UUID: ...)")."""
+    """NVIDIA GPUs as `nvidia-smi -L` lists them ("GPU 0: Tesla V100-SXM2-32GB (UUID: ...)"), and each one's memory
+    health: uncorrected ECC errors since the driver loaded (`--query-gpu=ecc.errors.uncorrected.volatile.total`)
+    and row remapping pending or failed (`--query-remapped-rows`, A100 and later), None where a GPU has no such
+    counter. NVIDIA's guidance: either needs a GPU reset (pending) or the GPU replaced (failure)."""
     smi = node.which("nvidia-smi")
-    facts = {"nvidia_smi": smi, "count": None, "names": [], "error": None}
+    facts = {"nvidia_smi": smi, "count": None, "names": [], "error": None, "health": []}
     if smi:
         code, out, err = node.run([smi, "-L"])
         if code == 0:
@@ -124,7 +137,78 @@ def gpu_facts(node: Node) -> dict:
             facts.update(count=len(names), names=names)
         else:
             facts["error"] = first_line(out, err) or "exit {}".format(code)
+    if facts["count"]:
+        health = {}
+        code, out, _ = node.run([smi, "--query-gpu=index,pci.bus_id,ecc.errors.uncorrected.volatile.total",
+                                 "--format=csv,noheader,nounits"])
+        for line in out.splitlines() if code == 0 else ():
+            cells = [c.strip() for c in line.split(",")]
+            if len(cells) == 3 and cells[0].isdigit():
+                health[cells[1].lower()] = {"index": int(cells[0]), "bus_id": cells[1],
+                                            "ecc_uncorrected": _count(cells[2]), "remap_pending": None,
+                                            "remap_failure": None}
+        code, out, _ = node.run([smi, "--query-remapped-rows=gpu_bus_id,remapped_rows.pending,"
+                                      "remapped_rows.failure", "--format=csv,noheader"])
+        for line in out.splitlines() if code == 0 else ():
+            cells = [c.strip() for c in line.split(",")]
+            if len(cells) == 3 and cells[0].lower() in health:
+                health[cells[0].lower()].update(remap_pending=_yes(cells[1]), remap_failure=_yes(cells[2]))
+        facts["health"] = sorted(health.values(), key=lambda g: g["index"])
     return facts
+
+
+def hpu_facts(node: Node) -> dict:
+    """Habana Gaudi HPUs as `hl-smi -Q index,bus_id -f csv,noheader` lists them (hl-smi's nvidia-smi-like query)."""
+    smi = node.which("hl-smi", ("/usr/bin", "/opt/habanalabs/bin"))
+    facts = {"hl_smi": smi, "count": None, "bus_ids": [], "error": None}
+    if smi:
+        code, out, err = node.run([smi, "-Q", "index,bus_id", "-f", "csv,noheader"])
+        if code == 0:
+            rows = [[c.strip() for c in line.split(",")] for line in out.splitlines() if line.strip()]
+            facts.update(count=len(rows), bus_ids=[r[1] for r in rows if len(r) > 1])
+        else:
+            facts["error"] = first_line(out, err) or "exit {}".format(code)
+    return facts
+
+
+def memory_facts(node: Node) -> dict:
+    """MemTotal and MemAvailable (bytes) from /proc/meminfo: what a job can still have without swapping."""
+    found = {}
+    for line in (node.read("/proc/meminfo") or "").splitlines():
+        match = re.match(r"^(MemTotal|MemAvailable):\s+(\d+) kB", line)
+        if match:
+            found[match.group(1)] = int(match.group(2)) * 1024
+    return {"total": found.get("MemTotal"), "available": found.get("MemAvailable")}
+
+
+def disk_facts(node: Node, paths) -> dict:
+    """Free bytes (for an unprivileged user) of the file system holding each path; None when it is missing."""
+    free = {}
+    for path in paths:
+        try:
+            st = os.statvfs(node.path(path))
+            free[path] = st.f_bavail * st.f_frsize
+        except OSError:
+            free[path] = None
+    return free
+
+
+def write_probe(node: Node, directory: str, name: str) -> dict:
+    """Write, read back and remove a file in `directory` (the job's run dir on the shared file system): whether
+    this node sees it and may write there. The error names what failed."""
+    path = node.path(os.path.join(directory, ".probe-{}-{}".format(name, os.getpid())))
+    token = "{} {}".format(name, os.getpid())
+    try:
+        with open(path, "w") as f:
+            f.write(token)
+            f.flush()
+            os.fsync(f.fileno())
+        with open(path) as f:
+            same = f.read() == token
+        os.unlink(path)
+    except OSError as exc:
+        return {"path": directory, "writable": False, "error": "{}: {}".format(type(exc).__name__, exc.strerror)}
+    return {"path": directory, "writable": same, "error": None if same else "read back something else"}
 
 
 def mount_facts(node: Node, wanted) -> dict:
@@ -180,19 +264,25 @@ def enroot_facts(node: Node) -> dict:
     return {"path": path, "version": first_line(out) if code == 0 else None}
 
 
-def gather(node: Node, mounts=()) -> dict:
-    """All facts of this node, JSON-ready."""
+def gather(node: Node, mounts=(), probe_dir=None, disk_paths=()) -> dict:
+    """All facts of this node, JSON-ready; with `probe_dir`, whether it can write there; with `disk_paths`, the
+    free space where they are."""
     environ = node.environ
+    name = environ.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
     return {
-        "node": environ.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0],
+        "node": name,
         "hostname": socket.gethostname(),
         "efa": efa_facts(node),
         "ib_uverbs": module_loaded(node, "ib_uverbs"),
         "gpus": gpu_facts(node),
+        "hpus": hpu_facts(node),
         "mounts": mount_facts(node, mounts),
         "nccl": find_libraries(node, NCCL_DIRS, NCCL_NAMES, NCCL_VERSION),
         "aws_ofi_nccl": find_libraries(node, OFI_NCCL_DIRS, OFI_NCCL_NAMES, OFI_NCCL_VERSION),
         "enroot": enroot_facts(node),
+        "memory": memory_facts(node),
+        "disk": disk_facts(node, disk_paths),
+        "probe": write_probe(node, probe_dir, name) if probe_dir else None,
     }
 
 
@@ -200,9 +290,11 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python3 -m toolkit.health.node_check", description=__doc__.split("\n")[0])
     parser.add_argument("--json", action="store_true", help="one JSON line (what `hpc cluster doctor` reads)")
     parser.add_argument("--mount", action="append", default=[], help="a mount point to report (e.g. /fsx)")
+    parser.add_argument("--probe", help="a directory to write a file in and read it back (the run dir)")
+    parser.add_argument("--disk", action="append", default=[], help="a path whose file system's free space to report")
     parser.add_argument("--root", default="/", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    facts = gather(Node(args.root), args.mount)
+    facts = gather(Node(args.root), args.mount, args.probe, args.disk)
     if args.json:
         print(json.dumps(facts, sort_keys=True), flush=True)
     else:

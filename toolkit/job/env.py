@@ -38,6 +38,7 @@ OFI_NCCL_DIRS = ("/opt/amazon/ofi-nccl/lib", "/opt/aws-ofi-nccl/lib")
 # installs it in /usr/lib/habanalabs and puts that on LD_LIBRARY_PATH; HabanaAI/Model-References 1.8.0
 # PyTorch/nlp/pretraining/deepspeed-bert/README.md (DL1 multi-server) has it where it was built, /root/hccl_ofi_wrapper,
 # then /opt/amazon/openmpi/lib and /opt/amazon/efa/lib.
+HCCL_OFI_WRAPPER = "libhccl_ofi_wrapper.so"  # HabanaAI/hccl_ofi_wrapper README.md: the library HCCL loads
 HCCL_OFI_WRAPPER_DIRS = ("/usr/lib/habanalabs", "/root/hccl_ofi_wrapper")
 LIBRARY_PATH = "LD_LIBRARY_PATH"
 

@@ -112,9 +112,20 @@ def prepare_line(spec: JobSpec) -> str:
     return shlex.join([*step, *container_words(spec.software, spec.env, spec.prepare)])
 
 
+def preflight_line(spec: JobSpec) -> str:
+    """The pre-flight's command (toolkit.health.preflight) in the batch shell, else nothing."""
+    if not spec.preflight_args:
+        return ""
+    from toolkit.rundir import batch_dir
+
+    return shlex.join([node_python(spec), "-m", "toolkit.health.preflight", "--run-dir", str(batch_dir(spec.run_dir)),
+                       *spec.preflight_args])
+
+
 def _setup_context(spec: JobSpec) -> dict:
     return dict(
         spec=spec,
+        preflight=preflight_line(spec),
         setup=setup_lines(spec),
         prepare=prepare_line(spec),
         port_base=MASTER_PORT_BASE,

@@ -199,7 +199,15 @@ class Supervisor:
             number += 1
 
     def preflight(self) -> None:
-        bad = {node: why for node, why in probe(self.order, self.job_id).items() if why}
+        """The nodes the job's pre-flight failed (toolkit.health.preflight, run before this), then a probe step on
+        the others: neither gets ranks."""
+        checked = [r for r in RunDir(self.run_dir).preflights() if str(r.get("job")) == self.job_id]
+        failed = (checked[-1].get("failed") or {}) if checked else {}
+        if failed:
+            self.exclude({node: "; ".join(f"{c['name']}: {c['detail']}" for c in checks)
+                          for node, checks in failed.items()}, "pre-flight", 0, "pre-flight checks", None)
+        left = [n for n in self.order if n not in self.excluded]
+        bad = {node: why for node, why in probe(left, self.job_id).items() if why}
         if bad:
             self.exclude(bad, "pre-flight", 0, "pre-flight probe", None)
             self.drain_failed(0, bad)

@@ -19,12 +19,12 @@ import sys
 from pathlib import Path
 from typing import Literal, Mapping
 
-from toolkit.catalog import InstanceType
+from toolkit.catalog import InstanceType, instance
 from toolkit.cluster.queues import Queue
 from toolkit.errors import HpcError
 from toolkit.job.advice import advise
 from toolkit.job.container import ContainerEnv, prelude, resolve
-from toolkit.job.env import EnvVar, heartbeat_env, job_env
+from toolkit.job.env import HCCL_OFI_WRAPPER, EnvVar, heartbeat_env, job_env
 from toolkit.job.rank import Arg, RankProgram, RankVar, rank_program
 from toolkit.job.resume import checkpoint_repair_script
 from toolkit.job.scaling import Derived, apply_scaling
@@ -115,10 +115,12 @@ class JobSpec:
     hang_timeout_s: int | None = None  # resources.hang_timeout_s: the watchdog ends a job stalled this long
     spares: int = 0  # resources.spares: nodes held beyond `nodes` to restart on (toolkit.job.spares)
     expedited_requeue: bool = False  # Slurm's part: sbatch --requeue=expedite (toolkit.slurm.version)
+    preflight: bool = False  # check every node before the ranks start (resources.preflight; toolkit.health.preflight)
     # Slurm's part (on_slurm): the scheduler-neutral spec leaves these empty
     wait_all_nodes: bool = False
     srun_binding: tuple[str, ...] = ()  # srun CPU-binding options (GPU ranks unbound, HPU ranks on their cores)
     slurm_options: Mapping[str, str] = dataclasses.field(default_factory=dict)  # account, qos, ... for sbatch
+    preflight_args: tuple[str, ...] = ()  # the queue's promises, as toolkit.health.preflight's arguments
 
     @property
     def world_size(self) -> int:
@@ -452,6 +454,8 @@ def job_spec(recipe: Recipe, target: Target, nodes: int | None = None, *, profil
         derived=(*res.derived, root_rule, *derived, *where.derived, *ds_derived, *launch, *advice),
         warnings=tuple(warnings), files=files, dirs=where.paths, style=launcher.style,
         hang_timeout_s=recipe.resources.hang_timeout_s, spares=recipe.resources.spares,
+        preflight=(recipe.resources.preflight if recipe.resources.preflight is not None
+                   else recipe.resources.requeue and recipe.software.container is None),
     )
 
 
@@ -507,8 +511,44 @@ def on_slurm(spec: JobSpec, queue: Queue, slurm_options: Mapping[str, str | None
         software = dataclasses.replace(software, venv=sys.prefix)  # same Python on every node, as submitit's
         derived.append(Derived("software", sys.prefix, "the recipe names no software: the nodes use the venv "
                                                        "this toolkit runs in (it must be on a shared filesystem)"))
-    return dataclasses.replace(spec, wait_all_nodes=queue.has_dynamic_nodes, slurm_options=options,
-                               srun_binding=binding, software=software, derived=(*spec.derived, *derived))
+    spec = dataclasses.replace(spec, wait_all_nodes=queue.has_dynamic_nodes, slurm_options=options,
+                               srun_binding=binding, software=software)
+    preflight = preflight_args(spec, queue) if spec.preflight else ()
+    derived.append(Derived("pre-flight", "on" if spec.preflight else "off",
+                           "every node is checked against the queue before the ranks start; a failed node stops "
+                           "the job" + (", which is requeued without it" if spec.requeue else "")
+                           if spec.preflight else "resources.preflight (training jobs outside containers: on)"))
+    return dataclasses.replace(spec, preflight_args=preflight, derived=(*spec.derived, *derived))
+
+
+def preflight_args(spec: JobSpec, queue: Queue) -> tuple[str, ...]:
+    """What toolkit.health.preflight checks each node against: the queue's instance type, EFA and FSx, and what
+    the job loads (loader_check_arguments)."""
+    args = ["--instance-type", queue.instance_type, "--efa-stack", queue.efa_stack, "--partition", queue.name]
+    args += ["--efa"] if queue.efa_enabled else []
+    args += ["--fsx", queue.fsx_mount] if queue.fsx_mount else []
+    args += ["--spares", str(spec.spares)] if spec.spares else []
+    args += ["--requeue"] if spec.requeue else []
+    return (*args, *(f"--loader={a}" for a in loader_check_arguments(spec, queue.fabric)))
+
+
+PYTHON_LAUNCHERS = ("fairseq", "python-module", "python-script", "deepspeed")
+
+
+def loader_check_arguments(spec: JobSpec, fabric: str) -> list[str]:
+    """What the job loads, as toolkit.health.loader_check's arguments (`fabric`: its queue's,
+    toolkit.cluster.queues.Queue.fabric): the pre-flight's and `hpc cluster doctor --recipe`'s question."""
+    args: list[str] = []
+    environ = spec.environ
+    if spec.launcher == "binary":
+        args += ["--program", str(spec.command[0])]
+    if spec.gpus_per_node and spec.launcher in PYTHON_LAUNCHERS:
+        args.append("--torch-nccl")
+    if spec.gpus_per_node and "NCCL_NET" in environ:  # NCCL_NET names a plugin's network: without it NCCL stops
+        args.append("--nccl-net-plugin")
+    if instance(spec.instance_type).accelerator == "gaudi" and fabric != "none":  # HCCL scale-out over EFA
+        args += ["--library", HCCL_OFI_WRAPPER]
+    return args
 
 
 def _python_program(launcher, root: str, nodes: int, tasks: int) -> tuple[list[Arg], Derived]:

@@ -1,0 +1,165 @@
+"""The pre-flight's parts (toolkit.health.preflight): its node step run for real on this machine, its judgement of
+the facts, its decision, and the helper job that requeues without the failed nodes. The same on the local Slurm
+with a node's shared file system taken away for real: tests/test_preflight_slurm.py."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.test_health import fake_nvidia_smi, healthy_tree, write
+from toolkit.health import preflight
+from toolkit.health.node_check import Node, gather
+from toolkit.health.preflight import Expectation, decide, failures, judge
+
+CPU = Expectation("m5.xlarge", "none", False, None, "cpu")
+P3DN = Expectation("p3dn.24xlarge", "modern", True, "/fsx", "p3dn")
+
+
+def step_script(argv: list[str]) -> list[str]:
+    """The node step's own command (what srun starts on each node): from `bash` on."""
+    return argv[argv.index("bash"):]
+
+
+def test_the_node_step_reports_each_node_as_one_json_line_and_the_loader_answers_apart(tmp_path):
+    """The step's command, run here as srun would run it on a node: the node check's facts (with the run dir
+    written and read back) and, with loader arguments, the loader's answers, told apart by the parser."""
+    argv = preflight.step_argv(2, str(tmp_path), CPU, ["--library", "libc.so.6"])
+    assert argv[:6] == ["srun", "--export=ALL", "--nodes=2", "--ntasks=2", "--ntasks-per-node=1",
+                        "--cpus-per-task=1"]
+    res = subprocess.run(step_script(argv), capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "SLURMD_NODENAME": "n7"})
+    assert res.returncode == 0, res.stderr
+    reports, loaders = preflight.parse_reports(res.stdout)
+    assert set(reports) == set(loaders) == {"n7"}
+    facts = reports["n7"]
+    assert facts["probe"] == {"path": str(tmp_path), "writable": True, "error": None}
+    assert facts["memory"]["available"] > 0 and set(facts["disk"]) == {str(tmp_path), os.environ.get("TMPDIR", "/tmp")}
+    assert [lib["library"] for lib in loaders["n7"]["libraries"]] == ["libc.so.6"]
+    assert not list(tmp_path.iterdir())  # the probe file is gone again
+    checks = {c.name: c.status for c in judge(facts, loaders["n7"], CPU, str(tmp_path))}
+    assert checks["shared-fs"] == checks["memory"] == checks["loader:libc.so.6"] == "ok"
+    assert "FAIL" not in checks.values(), checks
+
+
+def test_a_gpu_queue_step_asks_for_every_gpu():
+    """A step without GPUs sees none where the cgroup constrains devices: the check would fail every node."""
+    assert "--gpus-per-node=8" in preflight.step_argv(2, "/fsx/run", P3DN, [])
+    assert not any(a.startswith("--gpus") for a in preflight.step_argv(2, "/fsx/run", CPU, []))
+
+
+def test_a_missing_run_dir_low_memory_and_a_full_disk_each_fail_with_their_fix(tmp_path):
+    root = tmp_path / "node"
+    write(root / "proc/meminfo", "MemTotal:       16384000 kB\nMemFree:  100 kB\nMemAvailable:     400000 kB\n")
+    facts = gather(Node(str(root), {"PATH": "/usr/bin"}), probe_dir="/shared/run", disk_paths=["/tmp"])
+    assert facts["probe"]["writable"] is False and "FileNotFoundError" in facts["probe"]["error"]
+    facts["disk"] = {"/shared/run": None, "/tmp": 200 << 20}  # 200 MiB left where the job writes
+    failed = {c.name: c for c in judge(facts, None, CPU, "/shared/run") if c.status == "FAIL"}
+    assert set(failed) == {"shared-fs", "memory", "disk"}
+    assert "/shared/run cannot be written from this node" in failed["shared-fs"].detail
+    assert failed["memory"].detail == "0.4 GiB of 15.6 GiB available" and "ps aux" in failed["memory"].fix
+    assert failed["disk"].detail == "0.2 GiB free at /tmp" and "df -h /tmp" in failed["disk"].fix
+
+
+def test_stand_in_gpus_with_memory_errors_fail_the_preflight_on_a_gpu_queue(tmp_path):
+    """A stand-in for a GPU with ECC errors (a fake nvidia-smi; no GPU here) on an otherwise healthy p3dn node."""
+    root = healthy_tree(tmp_path)
+    fake_nvidia_smi(root, 8, ecc={2: 1})
+    write(root / "proc/meminfo", "MemTotal: 800000000 kB\nMemAvailable: 790000000 kB\n")
+    (root / "fsx/run").mkdir(parents=True)
+    facts = gather(Node(str(root), {"PATH": "/usr/bin:/bin", "SLURMD_NODENAME": "p3dn-1"}), ["/fsx"],
+                   probe_dir="/fsx/run")
+    failed = failures({"p3dn-1": facts}, {}, ["p3dn-1", "p3dn-2"], P3DN, "/fsx/run", None)
+    assert [c["name"] for c in failed["p3dn-1"]] == ["gpu-health"]
+    assert failed["p3dn-2"][0]["name"] == "report"  # no report came back from it
+    assert preflight.one_line({"p3dn-1": failed["p3dn-1"]}).startswith(
+        "p3dn-1: gpu-health: GPU 2 (00000000:12:1C.0): 1 uncorrected ECC error(s)")
+
+
+DISK = [{"name": "disk"}]
+LOADER = [{"name": "loader:libnccl.so.2"}]
+
+
+@pytest.mark.parametrize("failed, nodes, spares, requeue, earlier, room, action", [
+    ({}, ["a", "b"], 0, True, 0, None, "go"),
+    ({"b": DISK}, ["a", "b"], 0, True, 0, None, "requeue"),
+    ({"b": DISK}, ["a", "b"], 0, True, 0, 2, "requeue"),  # the partition still has 2 nodes for it
+    ({"b": DISK}, ["a", "b"], 0, True, 0, 1, "stop"),  # excluding b leaves 1: it would pend forever
+    ({"b": DISK}, ["a", "b"], 1, True, 0, None, "go"),  # the spares supervisor leaves it out
+    ({"a": DISK, "b": DISK}, ["a", "b", "c"], 1, True, 0, None, "requeue"),  # more failed than spares
+    ({"a": DISK, "b": DISK}, ["a", "b"], 0, True, 0, None, "stop"),  # every node: not a node's fault
+    ({"a": DISK}, ["a"], 0, True, 0, None, "requeue"),  # one node: cannot tell, bounded by MAX_REQUEUES
+    ({"a": LOADER}, ["a"], 0, True, 0, None, "stop"),  # the job's own environment, on any node
+    ({"b": LOADER}, ["a", "b"], 0, True, 0, None, "requeue"),  # one node's libraries differ from the others'
+    ({"b": DISK}, ["a", "b"], 0, True, preflight.MAX_REQUEUES, None, "stop"),
+    ({"b": DISK}, ["a", "b"], 0, False, 0, None, "stop"),  # a benchmark is never requeued
+])
+def test_what_a_failed_preflight_does(failed, nodes, spares, requeue, earlier, room, action):
+    assert decide(failed, nodes, spares, requeue, earlier, room)[0] == action
+
+
+def test_an_array_task_is_named_as_scontrol_takes_it(monkeypatch):
+    """A sweep's task: SLURM_JOB_ID of its first task is the array's own id, which scontrol takes for every task."""
+    monkeypatch.setenv("SLURM_JOB_ID", "1528")
+    monkeypatch.delenv("SLURM_ARRAY_JOB_ID", raising=False)
+    assert preflight.job_reference() == "1528"
+    monkeypatch.setenv("SLURM_ARRAY_JOB_ID", "1528")
+    monkeypatch.setenv("SLURM_ARRAY_TASK_ID", "0")
+    assert preflight.job_reference() == "1528_0"
+
+
+def test_the_exclude_helper_job_quotes_what_reaches_its_shell_and_writes_nothing(monkeypatch):
+    monkeypatch.setenv("SLURM_CONF", "/etc/slurm/slurm.conf")
+    argv = preflight.exclude_job_argv("1234", ["w2", "w5"], "wide", "proj-a")
+    assert {"--job-name=hpc-exclude-1234", "--output=/dev/null", "--chdir=/", "--no-requeue", "--partition=wide",
+            "--account=proj-a", "--export=SLURM_CONF"} <= set(argv)
+    wrap = argv[argv.index("--wrap") + 1]
+    assert "update JobId=1234 ExcNodeList=w2,w5" in wrap and "release 1234" in wrap
+    assert subprocess.run(["bash", "-n", "-c", wrap]).returncode == 0
+
+
+def test_a_waiter_sees_a_fresh_requeue_by_the_preflight_as_a_hold_that_ends():
+    now = time.time()
+    requeued = {"job": "7", "time": now - 5, "action": "requeued, excluding w2 (job 8 excludes them ...)"}
+    assert preflight.awaiting_release([requeued], "7", now) == requeued
+    assert preflight.awaiting_release([requeued], "9", now) is None  # another job's
+    assert preflight.awaiting_release([{**requeued, "time": now - 3600}], "7", now) is None  # a hold that stays
+    assert preflight.awaiting_release([requeued, {"job": "7", "time": now, "action": "passed"}], "7", now) is None
+
+
+def test_a_benchmark_whose_nodes_all_fail_stops_with_one_line_and_a_record(tmp_path, monkeypatch, capsys):
+    """main() as the batch shell runs it, with a stub srun and scontrol standing in for Slurm's (named so): every
+    node's task reports a run dir it cannot write; nothing is requeued, the job stops with status 1."""
+    bin_dir = tmp_path / "bin"
+    write(bin_dir / "scontrol", '#!/bin/sh\n[ "$1 $2" = "show hostnames" ] && printf "n1\\nn2\\n"\n', 0o755)
+    # what a node whose shared file system is gone reports (gathered from an empty node tree)
+    node_report = json.dumps(gather(Node(str(tmp_path / "empty"), {"SLURMD_NODENAME": "NODE"}),
+                                    probe_dir="/shared/run"))
+    write(bin_dir / "srun", "#!/bin/sh\n" + "".join(
+        f"echo '{node_report.replace('NODE', n)}'\n" for n in ("n1", "n2")), 0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    monkeypatch.setenv("SLURM_JOB_ID", "41")
+    monkeypatch.setenv("SLURM_JOB_NODELIST", "n[1-2]")
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    assert preflight.main(["--run-dir", str(run_dir), "--instance-type", "m5.xlarge", "--partition", "cpu"]) == 1
+    out = capsys.readouterr().out
+    assert "hpc: pre-flight: FAILED on n1: shared-fs: the run dir" in out
+    assert "job 41 stops (every node fails: the job's environment or the queue's, not a node's)" in out
+    record = json.loads((run_dir / "preflight.jsonl").read_text())
+    assert record["job"] == "41" and set(record["failed"]) == {"n1", "n2"}
+    assert record["action"].startswith("stopped: every node fails")
+
+
+def test_a_script_run_as_the_program_is_not_traced_by_the_loader():
+    """A `binary` launcher's program may be a #! script: no loader trace applies (its interpreter loads what it
+    needs), so the pre-flight does not fail it."""
+    from toolkit.health.loader_check import program_facts
+
+    facts = program_facts(str(Path(__file__).parent / "payloads" / "probe.py"))
+    assert [f["resolves"] for f in facts] == [None] and "is a script" in facts[0]["detail"]

@@ -1,0 +1,65 @@
+"""The pre-flight on the local Slurm (toolkit.health.preflight), with a fault made for real: node w2 of the `wide`
+partition loses the shared file system the run dir is on (testbench.faults.missing_mount: an empty read-only file
+system over it in w2's own mount namespace, which its steps inherit). A 2-node training job that lands on w1 and
+w2 stops before any rank starts, names w2 and the check, is requeued held, and its hpc-exclude helper adds w2 to
+its ExcNodeList and releases it: it then runs on two other nodes and completes. Every other E2E training job of
+the suite runs the pre-flight too and must pass it (the clean runs: no false alarm)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+import pytest
+
+from tests.conftest import REPO, cli_json, run_hpc, slurm_env, wait_until
+from testbench.faults import missing_mount
+from toolkit.rundir import RunDir
+
+pytestmark = [pytest.mark.slurm]
+PRINT_ENV = REPO / "tests" / "payloads" / "print_env.py"
+
+
+def test_a_node_without_the_shared_file_system_is_named_and_the_job_requeued_without_it(slurm_sandbox, tmp_path):
+    env = dict(slurm_env(slurm_sandbox), HPC_RUNS_DIR=str(tmp_path / "runs"))
+    # w1 and w2 are the partition's first idle nodes: the job lands on them, and the batch host w1 keeps its view
+    with missing_mount("w2", tmp_path):
+        res = run_hpc("run", str(PRINT_ENV), "--nodes", "2", "--queue", "wide", "--time", "5", "--wait", "--json",
+                      env=env, cwd=tmp_path)
+    assert res.returncode == 0, res.stdout + res.stderr
+    job = cli_json(res)
+    assert job["state"] == "COMPLETED" and job["requeues"] == 1
+    assert f"job {job['job_id']}: pre-flight FAILED on w2: shared-fs: the run dir" in res.stderr
+    assert "; requeued, excluding w2 (job " in res.stderr
+
+    records = RunDir(job["run_dir"]).preflights()
+    assert [r["job"] for r in records] == [job["job_id"]] * 2
+    failed, passed = records
+    assert failed["nodes"] == ["w1", "w2"] and list(failed["failed"]) == ["w2"]
+    assert [c["name"] for c in failed["failed"]["w2"]] == ["shared-fs"]
+    assert f"the run dir {job['run_dir']} cannot be written from this node" in failed["failed"]["w2"][0]["detail"]
+    assert failed["action"].startswith("requeued, excluding w2 (job ")
+    assert passed["action"] == "passed" and "w2" not in passed["nodes"] and passed["seconds"] < 30
+
+    # the job's log says it in one line, then the clean start; no rank ran on the first allocation
+    log = "".join(p.read_text() for p in RunDir(job["run_dir"]).path.glob("submitit/*_0_log.out"))
+    assert f"hpc: pre-flight: FAILED on w2: shared-fs: the run dir {job['run_dir']}" in log
+    assert "hpc: pre-flight: 2 node(s) passed" in log
+    ranks = [json.loads(line) for p in RunDir(job["run_dir"]).path.glob("submitit/*_log.out")
+             for line in p.read_text().splitlines() if line.startswith('{"env"')]
+    assert sorted(r["env"]["RANK"] for r in ranks) == ["0", "1"]
+
+    status = run_hpc("jobs", "status", job["job_id"], env=env)
+    assert f"pre-flight: FAILED on w2: shared-fs: the run dir {job['run_dir']}" in status.stdout
+    assert "then: requeued, excluding w2" in status.stdout and "pre-flight: passed on 2 node(s)" in status.stdout
+    shown = cli_json(run_hpc("jobs", "status", job["job_id"], "--json", env=env))
+    assert [r["action"] for r in shown["preflight"]] == [failed["action"], "passed"]
+
+    helper = failed["action"].split("(job ")[1].split()[0]
+    wait_until(lambda: _state(slurm_sandbox, helper) == "COMPLETED", 60, "the exclude helper's end")
+
+
+def _state(sandbox, job_id: str) -> str:
+    res = subprocess.run(["sacct", "-n", "-X", "-j", job_id, "-o", "State"], capture_output=True, text=True,
+                         env=slurm_env(sandbox), timeout=60)
+    return res.stdout.strip()

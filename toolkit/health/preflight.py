@@ -1,0 +1,387 @@
+"""Pre-flight: before any rank starts, one task on every node of the job checks that the node has what its queue
+promises, and a node that does not stops the job there, named with the check, instead of hanging the ranks.
+
+    python -m toolkit.health.preflight --run-dir DIR --instance-type T [--efa-stack S --efa] [--fsx M]
+        [--spares K] [--requeue] [--loader=ARG]...
+
+The job's set-up runs this in its batch shell as the job's first step (toolkit/job/templates/setup.sh.j2), never
+in a Slurm prolog: a check that hangs there hangs the node (aws-parallelcluster#6777, the DCGM prolog on p4d/p5).
+The step is `srun` with one task per node and the job's environment (its modules, venv and exports). Each task runs
+toolkit.health.node_check's and (on GPU/Gaudi queues) toolkit.health.loader_check's source with `python3 -c`, as
+`hpc cluster doctor` does, so a node needs only a python3, and reports facts; this process judges them:
+
+  - toolkit.health.evaluate's checks against the queue (GPU count and memory health, HPUs, EFA devices, ib_uverbs,
+    the FSx mount, NCCL and aws-ofi-nccl, the EFA stack), with the catalog's numbers for the instance type;
+  - the run dir (on the shared file system) written and read back from the node;
+  - free memory (MemAvailable) and free disk where the job writes (the run dir, TMPDIR);
+  - the dynamic loader's answer, in the job's environment, for the NCCL, net plugin or HCCL wrapper it loads.
+
+Only FAIL counts. A node that fails stops the job with one line naming the node and the check, and a record in
+<run dir>/preflight.jsonl (`hpc jobs status` shows it). Then:
+
+  - with spares (toolkit.job.spares) and no more failed nodes than spares: the job goes on, its supervisor leaves
+    them out;
+  - with requeue on (training jobs), some nodes passing and fewer than MAX_REQUEUES requeues so far: the job is
+    requeued with the failed nodes excluded. Slurm lets a job's ExcNodeList change only while it is pending
+    (`scontrol update` on a running job: "Job is no longer pending execution"), and a requeue ends every process
+    of the job. So the job is requeued held (`scontrol requeuehold`) and a one-task job of the user's,
+    hpc-exclude-<job id>, adds the nodes to its ExcNodeList and releases it. Nobody needs to be an operator; an
+    admin drains the node with the line printed (ParallelCluster then replaces it);
+  - otherwise (a benchmark, or every node failing the same way: the job's environment or the queue's, not a node)
+    the job ends with status 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import re
+import shlex
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Sequence
+
+STEP_TIMEOUT_S = 120  # the whole step; a node whose task did not report by then fails the "report" check
+MIN_FREE_DISK = 1 << 30  # bytes free where the job writes (run dir, TMPDIR): less fails the node
+MIN_AVAILABLE_MEMORY = 0.05  # of MemTotal: less means another job's (or a leak's) memory is still held
+MAX_REQUEUES = 3  # requeues for failed pre-flights, per job: beyond, the failure is not one bad node's
+EXCLUDE_WAIT_S = 300  # how long hpc-exclude-<job> retries until the held job is pending (KillWait, epilogs)
+
+
+@dataclasses.dataclass(frozen=True)
+class Expectation:
+    """What the job's queue promises on each node (the job's Slurm part: toolkit.job.spec.on_slurm)."""
+
+    instance_type: str
+    efa_stack: str = "none"
+    efa: bool = False
+    fsx: str | None = None
+    partition: str = "preflight"
+
+    def queue(self):
+        from toolkit.cluster.queues import Queue
+
+        return Queue(self.partition, self.instance_type, 1, self.efa_stack, fsx_mount=self.fsx, efa_enabled=self.efa)
+
+
+def _check(name: str, status: str, detail: str, fix: str | None = None):
+    from toolkit.health.evaluate import Check
+
+    return Check(name, status, detail, fix)
+
+
+def _gib(n: int) -> str:
+    return f"{n / (1 << 30):.1f} GiB"
+
+
+def host_checks(facts: dict, run_dir: str) -> list:
+    """What every job needs of a node whatever its queue: the run dir, memory and disk."""
+    checks = []
+    probe = facts.get("probe") or {}
+    if probe.get("writable"):
+        checks.append(_check("shared-fs", "ok", f"{run_dir} written and read back"))
+    else:
+        checks.append(_check("shared-fs", "FAIL", f"the run dir {run_dir} cannot be written from this node "
+                                                  f"({probe.get('error') or 'no answer'})",
+                             "the shared file system is not mounted here (or mounted read-only): check the node's "
+                             "mounts (`findmnt`) against the others' and drain it until it is fixed"))
+    memory = facts.get("memory") or {}
+    total, available = memory.get("total"), memory.get("available")
+    if total and available is not None:
+        ok = available >= MIN_AVAILABLE_MEMORY * total
+        checks.append(_check("memory", "ok" if ok else "FAIL", f"{_gib(available)} of {_gib(total)} available",
+                             None if ok else "memory is held by something else on the node (a process left by an "
+                                             "earlier job?): `ps aux --sort=-rss | head` there, or drain it"))
+    for path, free in sorted((facts.get("disk") or {}).items()):
+        if free is None:
+            continue  # a missing run dir is shared-fs's failure
+        ok = free >= MIN_FREE_DISK
+        checks.append(_check("disk", "ok" if ok else "FAIL", f"{_gib(free)} free at {path}",
+                             None if ok else f"free space at {path} (`df -h {path}`): the job writes logs, "
+                                             "checkpoints and temporary files there"))
+    return checks
+
+
+def loader_checks(facts: dict | None) -> list:
+    """The loader's answers for what the job loads (toolkit.health.loader_check facts)."""
+    if facts is None:
+        return []
+    checks = []
+    for lib in facts.get("libraries", []):
+        if lib["resolves"] is None:
+            continue
+        where = f" ({lib['path']})" if lib.get("path") else ""
+        checks.append(_check(
+            f"loader:{lib['library']}", "ok" if lib["resolves"] else "FAIL",
+            f"{lib['library']} {'resolves' if lib['resolves'] else 'does not resolve'}{where}"
+            + (f": {lib['detail']}" if lib.get("detail") and not lib["resolves"] else ""),
+            None if lib["resolves"] else "`hpc cluster doctor --recipe RECIPE` names the directory the job's "
+                                         "environment lacks (software.library_path in the recipe)"))
+    return checks
+
+
+def judge(facts: dict, loader: dict | None, expect: Expectation, run_dir: str) -> list:
+    """Every check of one node, in the order printed."""
+    from toolkit.health.evaluate import evaluate
+
+    return [*evaluate(facts, expect.queue()), *host_checks(facts, run_dir), *loader_checks(loader)]
+
+
+def parse_reports(stdout: str) -> tuple[dict[str, dict], dict[str, dict]]:
+    """(node -> node_check facts, node -> loader_check facts) from the step's JSON lines."""
+    facts, loaders = {}, {}
+    for line in stdout.splitlines():
+        if not line.startswith("{"):
+            continue
+        try:
+            report = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(report, dict) and report.get("node"):
+            (loaders if "libraries" in report else facts)[report["node"]] = report
+    return facts, loaders
+
+
+def failures(reports: dict[str, dict], loaders: dict[str, dict], nodes: Sequence[str], expect: Expectation,
+             run_dir: str, step_error: str | None) -> dict[str, list[dict]]:
+    """Node -> its failed checks (as dicts); a node with no report fails the "report" check."""
+    failed = {}
+    for node in nodes:
+        if node not in reports:
+            failed[node] = [{"name": "report", "status": "FAIL",
+                             "detail": f"no report from the node's task ({step_error or 'it printed nothing'})",
+                             "fix": "the node cannot run a step or python3: see its slurmd log, or drain it"}]
+            continue
+        bad = [dataclasses.asdict(c) for c in judge(reports[node], loaders.get(node), expect, run_dir)
+               if c.status == "FAIL"]
+        if bad:
+            failed[node] = bad
+    return failed
+
+
+def one_line(failed: dict[str, list[dict]]) -> str:
+    """`c2: shared-fs: the run dir ... cannot be written ...; c5: gpus: 7 of 8 GPUs visible`."""
+    return "; ".join(f"{node}: " + ", ".join(f"{c['name']}: {c['detail']}" for c in checks)
+                     for node, checks in sorted(failed.items()))
+
+
+def step_argv(nodes: int, run_dir: str, expect: Expectation, loader_args: Sequence[str]) -> list[str]:
+    """One task per node: the node check, then (where the job loads NCCL or HCCL) the loader check, each one JSON
+    line; in the job's environment (--export=ALL), never in a container (the node's own devices and mounts)."""
+    from importlib import resources
+
+    source = resources.files("toolkit.health")
+    node_args = ["--json", "--probe", run_dir, "--disk", run_dir, "--disk", os.environ.get("TMPDIR") or "/tmp"]
+    if expect.fsx:
+        node_args += ["--mount", expect.fsx]
+    script = 'node="$1" loader="$2" count="$3"; shift 3; python3 -c "$node" "${@:1:count}"'
+    if loader_args:
+        script += '; python3 -c "$loader" --json "${@:count+1}"'
+    words = [source.joinpath("node_check.py").read_text(), source.joinpath("loader_check.py").read_text(),
+             str(len(node_args)), *node_args, *loader_args]
+    argv = ["srun", "--export=ALL", f"--nodes={nodes}", f"--ntasks={nodes}", "--ntasks-per-node=1",
+            "--cpus-per-task=1", "--kill-on-bad-exit=0", "--job-name=hpc-preflight"]
+    queue = expect.queue()
+    if queue.instance.is_gpu:  # every GPU, as the doctor asks: a step without them sees none (ConstrainDevices)
+        argv.append(f"--gpus-per-node={queue.gpus_per_node}")
+    return [*argv, "bash", "-c", script, "preflight", *words]
+
+
+def run_step(argv: list[str], timeout: float = STEP_TIMEOUT_S) -> tuple[str, str | None]:
+    """(stdout, srun's complaint or None)."""
+    try:
+        res = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired as exc:
+        out = exc.stdout.decode() if isinstance(exc.stdout, bytes) else (exc.stdout or "")
+        return out, f"the step did not end within {timeout:.0f} s"
+    except OSError as exc:
+        return "", str(exc)
+    lines = [line for line in res.stderr.splitlines() if line.strip()]
+    return res.stdout, (lines[-1] if lines else f"srun exited {res.returncode}") if res.returncode else None
+
+
+def excluded_now(job_id: str) -> list[str]:
+    """The job's ExcNodeList (the user's --exclude and earlier pre-flights'), expanded."""
+    res = subprocess.run(["scontrol", "show", "job", "-o", job_id], capture_output=True, text=True, timeout=30)
+    match = re.search(r"\bExcNodeList=(\S+)", res.stdout)
+    if not match or match.group(1) == "(null)":
+        return []
+    names = subprocess.run(["scontrol", "show", "hostnames", match.group(1)], capture_output=True, text=True,
+                           timeout=30)
+    return names.stdout.split()
+
+
+def exclude_job_argv(job_id: str, exclude: Sequence[str], partition: str | None, account: str | None) -> list[str]:
+    """sbatch of hpc-exclude-<job>: once the held job is pending, add `exclude` to its ExcNodeList and release it.
+    Its own output goes nowhere and it starts in /: it may run on the very node whose file system is missing."""
+    import shutil
+
+    scontrol = shutil.which("scontrol") or "scontrol"
+    update = shlex.join([scontrol, "update", f"JobId={job_id}", f"ExcNodeList={','.join(exclude)}"])
+    release = shlex.join([scontrol, "release", job_id])
+    wrap = (f"for i in $(seq {EXCLUDE_WAIT_S}); do if {update} 2>/dev/null; then exec {release}; fi; sleep 1; "
+            f"done; exit 1")
+    argv = ["sbatch", "--parsable", f"--job-name=hpc-exclude-{job_id}", "--nodes=1", "--ntasks=1", "--time=10",
+            "--chdir=/", "--output=/dev/null", "--no-requeue",
+            "--export=" + ("SLURM_CONF" if os.environ.get("SLURM_CONF") else "NONE")]
+    if partition:
+        argv.append(f"--partition={partition}")
+    if account:
+        argv.append(f"--account={account}")
+    return [*argv, "--wrap", wrap]
+
+
+def requeue_excluding(job_id: str, failed: Sequence[str]) -> str:
+    """Requeue held, then hpc-exclude-<job> excludes `failed` and releases the job; returns what was done."""
+    exclude = sorted(set(excluded_now(job_id)) | set(failed))
+    from toolkit.submit.executor import clean_sbatch_env
+
+    # The helper first: if it cannot be submitted, the job is not left held with nobody to release it.
+    env = clean_sbatch_env(dict(os.environ))  # never this job's SLURM_* (sbatch would take its options)
+    helper = subprocess.run(exclude_job_argv(job_id, exclude, os.environ.get("SLURM_JOB_PARTITION"),
+                                             os.environ.get("SLURM_JOB_ACCOUNT")),
+                            capture_output=True, text=True, timeout=60, env=env)
+    if helper.returncode != 0:
+        raise RuntimeError(f"sbatch of hpc-exclude-{job_id} failed: {(helper.stderr or helper.stdout).strip()}")
+    held = subprocess.run(["scontrol", "requeuehold", job_id], capture_output=True, text=True, timeout=60)
+    if held.returncode != 0:
+        subprocess.run(["scancel", helper.stdout.strip().split(";")[0]], capture_output=True, timeout=60)
+        raise RuntimeError(f"scontrol requeuehold {job_id} failed: {(held.stderr or held.stdout).strip()}")
+    return f"requeued, excluding {','.join(exclude)} (job {helper.stdout.strip()} excludes them and releases it)"
+
+
+def awaiting_release(records: Sequence[dict], job_id: str, now: float | None = None) -> dict | None:
+    """The record of a pre-flight that requeued job `job_id` held moments ago (hpc-exclude-<job> is about to
+    release it), else None: a waiter should not take that hold for one that lasts."""
+    mine = [r for r in records if str(r.get("job")) == str(job_id)]
+    last = mine[-1] if mine else None
+    if last and str(last.get("action", "")).startswith("requeued") and \
+            (now or time.time()) - float(last.get("time", 0)) < EXCLUDE_WAIT_S + 60:
+        return last
+    return None
+
+
+def summary_lines(records: Sequence[dict]) -> list[str]:
+    """`hpc jobs status`'s lines for a job's pre-flights, one per start of the job."""
+    lines = []
+    for r in records:
+        if not r.get("failed"):
+            lines.append(f"  pre-flight: passed on {len(r.get('nodes') or [])} node(s) in {r.get('seconds', 0):.1f} s")
+        else:
+            lines.append(f"  pre-flight: FAILED on {one_line(r['failed'])}")
+            lines.append(f"    then: {r.get('action')}")
+    return lines
+
+
+def say(text: str) -> None:
+    print(f"hpc: pre-flight: {text}", flush=True)
+
+
+def decide(failed: dict[str, list[dict]], nodes: Sequence[str], spares: int, requeue: bool,
+           requeues_so_far: int, room: int | None = None) -> tuple[str, str]:
+    """(what to do, why): "go" (all passed, or spares cover the failed nodes), "requeue" or "stop". `room`: the
+    nodes the partition would have left for the job once the failed ones are excluded (None: not known)."""
+    if not failed:
+        return "go", "every node passed"
+    if spares and len(failed) <= spares:
+        return "go", f"the spares supervisor leaves {', '.join(sorted(failed))} out"
+    if len(nodes) > 1 and len(failed) == len(nodes):
+        # the job's environment or the queue's, which no other node fixes
+        return "stop", "every node fails: the job's environment or the queue's, not a node's"
+    if len(failed) == len(nodes) and all(c["name"].startswith("loader:") for cs in failed.values() for c in cs):
+        return "stop", "what the job loads does not resolve in its environment (its set-up's doing on any node)"
+    if not requeue:
+        return "stop", "a benchmark is not requeued"
+    if room is not None and room < len(nodes):
+        return "stop", f"excluding {', '.join(sorted(failed))} would leave the partition {room} node(s) for it"
+    if requeues_so_far >= MAX_REQUEUES:
+        return "stop", f"{requeues_so_far} requeue(s) for failed pre-flights already"
+    return "requeue", "requeue without the failed nodes"
+
+
+def job_reference() -> str:
+    """The id scontrol takes for this job: ARRAY_TASK for a task of a job array (a sweep), whose SLURM_JOB_ID may
+    be the array's own id, else SLURM_JOB_ID."""
+    array, task = os.environ.get("SLURM_ARRAY_JOB_ID"), os.environ.get("SLURM_ARRAY_TASK_ID")
+    return f"{array}_{task}" if array and task else os.environ["SLURM_JOB_ID"]
+
+
+def room_after_excluding(job_id: str, partition: str, failed: Sequence[str]) -> int | None:
+    """The partition's nodes that the job could still get once `failed` and its ExcNodeList are excluded."""
+    from toolkit.slurm.commands import hostnames
+
+    try:
+        res = subprocess.run(["scontrol", "show", "partition", "-o", partition], capture_output=True, text=True,
+                             timeout=30)
+        match = re.search(r"\bNodes=(\S+)", res.stdout)
+        if not match:
+            return None
+        return len(set(hostnames(match.group(1))) - set(excluded_now(job_id)) - set(failed))
+    except Exception:  # noqa: BLE001 - an unknown partition or a slow controller: decide without it
+        return None
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m toolkit.health.preflight", description=__doc__.split("\n")[0])
+    parser.add_argument("--run-dir", required=True)
+    parser.add_argument("--instance-type", required=True)
+    parser.add_argument("--efa-stack", default="none")
+    parser.add_argument("--efa", action="store_true", help="the queue has EFA enabled")
+    parser.add_argument("--fsx", help="the FSx for Lustre mount the queue declares")
+    parser.add_argument("--partition", default=os.environ.get("SLURM_JOB_PARTITION", "preflight"))
+    parser.add_argument("--spares", type=int, default=0)
+    parser.add_argument("--requeue", action="store_true", help="requeue excluding failed nodes (training jobs)")
+    parser.add_argument("--loader", action="append", default=[], help="a loader_check argument (repeatable)")
+    args = parser.parse_args(argv)
+    from toolkit.rundir import RunDir
+    from toolkit.slurm.commands import hostnames
+
+    start = time.monotonic()
+    job_id = job_reference()
+    nodes = hostnames(os.environ["SLURM_JOB_NODELIST"])
+    expect = Expectation(args.instance_type, args.efa_stack, args.efa, args.fsx, args.partition)
+    stdout, step_error = run_step(step_argv(len(nodes), args.run_dir, expect, args.loader))
+    reports, loaders = parse_reports(stdout)
+    failed = failures(reports, loaders, nodes, expect, args.run_dir, step_error)
+    run = RunDir(Path(args.run_dir))
+    earlier = [r for r in run.preflights() if r.get("job") == job_id and r.get("action", "").startswith("requeued")]
+    room = room_after_excluding(job_id, args.partition, sorted(failed)) if failed and args.requeue else None
+    action, why = decide(failed, nodes, args.spares, args.requeue, len(earlier), room)
+    seconds = round(time.monotonic() - start, 2)
+    record = {"job": job_id, "time": time.time(), "seconds": seconds, "nodes": nodes, "failed": failed,
+              "left_out": sorted(failed) if action == "go" else []}
+    if not failed:
+        say(f"{len(nodes)} node(s) passed in {seconds:.1f} s")
+        record["action"] = "passed"
+    elif action == "go":
+        say(f"FAILED on {one_line(failed)}; {why}")
+        record["action"] = "left out for spares"
+    elif action == "requeue":
+        try:
+            record["action"] = requeue_excluding(job_id, sorted(failed))
+        except (RuntimeError, OSError, subprocess.SubprocessError) as exc:
+            record["action"] = f"stopped: the requeue failed: {exc}"
+            action = "stop"
+        say(f"FAILED on {one_line(failed)}; job {job_id} {record['action']}")
+    else:
+        record["action"] = f"stopped: {why}"
+        say(f"FAILED on {one_line(failed)}; job {job_id} stops ({why})")
+    if failed:
+        for node, checks in sorted(failed.items()):
+            for check in checks:
+                if check.get("fix"):
+                    say(f"{node}: {check['name']}: fix: {check['fix']}")
+        say("an admin takes a node out with: scontrol update NodeName=NODE State=DRAIN Reason='hpc pre-flight'")
+    try:
+        run.add_preflight(record)
+    except OSError as exc:  # e.g. the batch host is the node without the shared file system
+        say(f"could not record in {args.run_dir}: {exc}")
+    return 0 if action == "go" else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
