@@ -83,6 +83,7 @@ bench: venv train-env slurm-up container-lane bench-deps
 	$(BIN)/python benchmarks/bench_heartbeat.py
 	$(BIN)/python benchmarks/bench_stragglers.py
 	$(LOCAL_CLUSTER) $(BIN)/python benchmarks/bench_spares.py
+	$(LOCAL_CLUSTER) $(BIN)/python benchmarks/bench_nodesearch.py
 
 # What only the benchmarks compare against: NVIDIA's straggler detector (nvidia-resiliency-ext 0.4.1, the newest
 # release for Python 3.11) and the CUPTI 12 library it loads at start even when it times on the host. In a folder

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shlex
 from pathlib import Path
 from typing import List, Optional
 
@@ -279,6 +280,75 @@ def doctor(
     emit(report.as_dict(), as_json, _doctor_text)
     if not report.ok:
         raise fail(f"a node of queue {chosen.name} failed a check")
+
+
+def _bad_nodes_text(data: dict) -> str:
+    rows = [(r["node"], f"{r['busbw']:.3g}" if r["busbw"] is not None else "-", r["verdict"],
+             f"{','.join(r['group'])} (round {r['round']})", r.get("error") or "") for r in data["per_node"]]
+    lines = [table(rows, ("node", "busbw GB/s", "verdict", "last group", "error"))]
+    lines.append(f"{len(data['rounds'])} round(s) for {len(data['nodes'])} nodes (goal <= {data['goal_rounds']}; "
+                 f"all pairs: {data['all_pairs']} runs)")
+    for node, state in data["skipped"].items():
+        lines.append(f"not tested: {node} ({state})")
+    if data["unresolved"]:
+        lines.append(f"unresolved (no healthy node left to pair with): {', '.join(data['unresolved'])}")
+    if data["drain_plan"]:
+        lines.append(("drained:" if data["applied"] else "drain plan (run with --apply, as root or a Slurm operator):"))
+        lines += [f"  {command}" for command in data["drain_plan"]]
+    else:
+        lines.append("no slow or failing node found")
+    return "\n".join(lines)
+
+
+@app.command("find-bad-nodes")
+def find_bad_nodes(
+    queue: Optional[str] = typer.Option(None, "--queue", "-p", metavar="QUEUE", help="The Slurm partition to test "
+                                        "(default: every node Slurm has, with --nodes: those)."),
+    nodes: Optional[str] = typer.Option(None, "--nodes", metavar="HOSTLIST", help="Only these nodes (e.g. "
+                                        "queue1-st-p5-[1-16])."),
+    group_size: int = typer.Option(2, "--group-size", min=2, help="Nodes per group in the first round (2: pairs; "
+                                   "the number of nodes: plain bisection)."),
+    threshold: float = typer.Option(0.5, "--threshold", min=0.05, max=0.95, metavar="FRACTION",
+                                    help="A group is slow below (1 - this) x the round's best bus bandwidth."),
+    min_busbw: Optional[float] = typer.Option(None, "--min-busbw", metavar="GB/S", help="Also slow below this bus "
+                                              "bandwidth (a cluster slow everywhere looks healthy otherwise)."),
+    size: str = typer.Option("64M", "--size", help="The all_reduce's message size (nccl-tests' syntax: 1M, 64M)."),
+    iters: int = typer.Option(20, "--iters", min=1, help="Timed iterations per group."),
+    timeout: float = typer.Option(1800.0, "--timeout", min=1, help="Seconds to wait for the search job's answer."),
+    plot: Optional[Path] = typer.Option(None, "--plot", metavar="FILE.png", help="Per-node bus bandwidth as a PNG."),
+    apply: bool = typer.Option(False, "--apply", help="Drain the bad nodes (scontrol update ... State=DRAIN)."),
+    as_json: bool = JSON_OPTION,
+) -> None:
+    """Find the slow or failing nodes with short all_reduce runs over groups of nodes, splitting the slow groups
+    (at most ceil(log2 N) + 2 rounds, not all pairs); print a table and a drain plan, applied with --apply
+    (exit 1 when a node is bad)."""
+    import math
+
+    from toolkit.health import nodesearch
+    from toolkit.rundir import run_dir_path
+
+    options = ["--group-size", str(group_size), "--threshold", str(threshold), "--size", size, "--iters", str(iters)]
+    options += ["--min-busbw", str(min_busbw)] if min_busbw is not None else []
+    job = nodesearch.submit(queue, nodes, run_dir_path("find-bad-nodes"), options)
+    info(f"search job {job.job_id} on {len(job.nodes)} node(s); run dir {job.run_dir}")
+    result = nodesearch.wait(job, info, timeout)
+    plan = nodesearch.drain_commands(result["bad"])
+    data = {**result, "job_id": job.job_id, "run_dir": str(job.run_dir), "skipped": job.skipped,
+            "per_node": nodesearch.node_rows(result), "goal_rounds": nodesearch.max_rounds(len(job.nodes)),
+            "all_pairs": math.comb(len(job.nodes), 2), "drain_plan": [shlex.join(c) for c in plan], "applied": False}
+    if plot is not None:
+        from toolkit.reports.plots import nodes_figure, save_png
+
+        data["plot"] = str(save_png(nodes_figure(data["per_node"]), plot))
+    if apply and plan:
+        from toolkit.slurm.commands import run
+
+        for command in plan:
+            run(command)
+        data["applied"] = True
+    emit(data, as_json, _bad_nodes_text)
+    if result["bad"] or result["unresolved"]:
+        raise fail(f"bad node(s): {', '.join(sorted(result['bad']) + result['unresolved'])}")
 
 
 queue_app = typer.Typer(help="Add, change or remove queues of a cluster config in place (comments and layout "

@@ -95,6 +95,26 @@ def stragglers_figure(ranks: list[dict], baseline_own_ms: float, threshold: floa
     return fig
 
 
+def nodes_figure(rows: list[dict], title: str = "") -> Figure:
+    """Each node's all_reduce bus bandwidth in the last group it ran in (toolkit.health.nodesearch.node_rows); bad
+    nodes red, unresolved orange, failed runs as an empty red bar at the axis."""
+    fig = _figure()
+    ax = fig.add_subplot()
+    colors = {"bad": "tab:red", "unresolved": "tab:orange"}
+    names = [r["node"] for r in rows]
+    heights = [r["busbw"] or 0.0 for r in rows]
+    ax.bar(names, heights, color=[colors.get(r["verdict"], "tab:blue") for r in rows])
+    for i, r in enumerate(rows):
+        if r["busbw"] is None:
+            ax.annotate("failed", (i, 0), ha="center", va="bottom", color="tab:red", fontsize=8, rotation=90)
+    ax.set_xlabel("node")
+    ax.set_ylabel("all_reduce bus bandwidth (GB/s)")
+    ax.set_title(title or "per-node bus bandwidth (hpc cluster find-bad-nodes)")
+    ax.tick_params(axis="x", labelrotation=90)
+    ax.grid(True, axis="y", alpha=0.3)
+    return fig
+
+
 def save_png(fig: Figure, path: str | Path) -> Path:
     path = Path(path)
     if path.suffix.lower() != ".png":

@@ -27,7 +27,7 @@ def slurm_installed() -> bool:
 
 
 def run(args: list[str], timeout: float = DEFAULT_TIMEOUT, check: bool = True,
-        input: str | None = None) -> subprocess.CompletedProcess:
+        input: str | None = None, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     """Run a Slurm command; a missing program, a timeout or (with check) a failure is an HpcError."""
     program = find(args[0])
     if program is None:
@@ -35,7 +35,8 @@ def run(args: list[str], timeout: float = DEFAULT_TIMEOUT, check: bool = True,
                        fix="run on a Slurm login/head node (or put Slurm's client commands on PATH), "
                            "or use --executor local")
     try:
-        res = subprocess.run([program, *args[1:]], capture_output=True, text=True, timeout=timeout, input=input)
+        res = subprocess.run([program, *args[1:]], capture_output=True, text=True, timeout=timeout, input=input,
+                             env=env)
     except subprocess.TimeoutExpired:
         raise HpcError(f"`{' '.join(args[:2])}` did not answer within {timeout:.0f} s: slurmctld may be down",
                        fix="check that slurmctld runs (`scontrol ping`) and SLURM_CONF names your cluster's "

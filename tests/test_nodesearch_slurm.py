@@ -1,0 +1,47 @@
+"""`hpc cluster find-bad-nodes` on the local Slurm's eight `wide` nodes, with a node made bad for real: w6 loses
+the file system the toolkit and its Python live on (testbench.faults.missing_mount, in w6's own mount namespace),
+so every collective it joins fails. The search names w6 alone within ceil(log2 8) + 2 rounds, its concurrent
+groups on disjoint nodes, draws the per-node plot, and --apply drains w6 with the measurement as the reason. A
+slow node (a CPU limit on its slurmd) and clean runs: benchmarks/bench_nodesearch.py."""
+
+from __future__ import annotations
+
+import subprocess
+
+import pytest
+
+from tests.conftest import REPO, cli_envelope, run_hpc, slurm_env
+from testbench.faults import missing_mount
+
+pytestmark = [pytest.mark.slurm]
+
+
+def test_a_failing_node_is_found_in_a_few_rounds_and_drained_with_apply(slurm_sandbox, tmp_path):
+    env = dict(slurm_env(slurm_sandbox), HPC_RUNS_DIR=str(tmp_path / "runs"))
+    plot = tmp_path / "nodes.png"
+    try:
+        with missing_mount("w6", REPO):
+            res = run_hpc("cluster", "find-bad-nodes", "-p", "wide", "--nodes", "w[1-8]", "--size", "256K",
+                          "--iters", "5", "--plot", str(plot), "--apply", "--json", env=env)
+        assert res.returncode == 1, res.stdout + res.stderr
+        envelope = cli_envelope(res)
+        data = envelope["data"]
+        assert envelope["error"]["message"] == "bad node(s): w6"
+        assert list(data["bad"]) == ["w6"] and data["unresolved"] == []
+        why = data["bad"]["w6"]
+        assert why.startswith("the collective failed: ") and "No such file or directory" in why
+        assert 2 <= len(data["rounds"]) <= data["goal_rounds"] == 5 and data["all_pairs"] == 28
+        for entry in data["rounds"]:  # every group of a round ran at once, each node in one group
+            members = [n for g in entry["groups"] for n in g["nodes"]]
+            assert len(members) == len(set(members))
+        healthy = [r for r in data["per_node"] if r["node"] != "w6"]
+        assert all(r["verdict"] == "ok" and r["busbw"] > 0 for r in healthy)
+        assert data["applied"] and data["drain_plan"][0].startswith("scontrol update NodeName=w6 State=DRAIN")
+        assert plot.stat().st_size > 0
+        shown = subprocess.run(["sinfo", "-h", "-n", "w6", "-o", "%T %E"], capture_output=True, text=True,
+                               env=env, timeout=60).stdout
+        assert shown.startswith("drained") and "hpc find-bad-nodes: the collective failed" in shown
+        assert "round 1: 4 group(s) at once" in res.stderr  # progress, one line per round
+    finally:
+        subprocess.run(["scontrol", "update", "NodeName=w6", "State=RESUME"], env=env, capture_output=True,
+                       timeout=60)
