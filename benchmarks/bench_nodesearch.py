@@ -49,7 +49,7 @@ def hpc(*args: str, env: dict, ok=(0,)) -> dict:
 
 
 def find(nodes: int, env: dict, slow: str | None, fraction: float, size: str) -> dict:
-    args = ["cluster", "find-bad-nodes", "-p", "wide", "--nodes", f"w[1-{nodes}]", "--size", size, "--iters", "10"]
+    args = ["cluster", "find-bad-nodes", "-p", "wide", "--nodelist", f"w[1-{nodes}]", "--size", size, "--iters", "10"]
     if slow is None:
         return hpc(*args, env=env, ok=(0, 1))
     with slow_node(slow, fraction):

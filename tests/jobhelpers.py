@@ -78,7 +78,9 @@ def probe_recipe(tmp_path: Path, **env: str) -> Path:
         "name": "probe", "description": "records each rank's argv and environment", "source": "tests",
         "launcher": {"kind": "binary", "program": str(PROBE)},
         "args": {"--text": HOSTILE.format(canary=canary), "--count": 3, "--flag": True},
-        "resources": {"nodes": 2, "time": "00:05:00"},
+        # No pre-flight: its tests submit with write_cluster's config, whose FSx at /shared the local nodes lack
+        # (the pre-flight would rightly stop the job: tests/test_preflight_slurm.py).
+        "resources": {"nodes": 2, "time": "00:05:00", "preflight": False},
         "env": {"PROBE_OUT": str(tmp_path / "probe"), **env},
     }
     return write_recipe(tmp_path, recipe, "probe.yaml")
@@ -113,7 +115,8 @@ def sweep_probe_recipe(tmp_path: Path, **env: str) -> Path:
         "name": "probe", "description": "records each rank's argv and environment", "source": "tests",
         "launcher": {"kind": "binary", "program": str(PROBE)},
         "args": {"--count": 0},
-        "resources": {"nodes": 1, "time": "00:05:00", "exclusive": False},
+        # No pre-flight, as probe_recipe (write_cluster's FSx at /shared)
+        "resources": {"nodes": 1, "time": "00:05:00", "exclusive": False, "preflight": False},
         "env": {"PROBE_OUT": str(tmp_path / "probe"), "PYTHONPATH": str(REPO), **env},
     }
     return write_recipe(tmp_path, recipe, "probe.yaml")

@@ -28,12 +28,13 @@ def test_doctor_on_the_cpu_queue_reports_both_nodes_honestly(slurm_sandbox):
     assert [n["facts"]["hostname"] for n in data["nodes"]] == ["c1", "c2"]  # each check ran on its own node
     for node in data["nodes"]:
         assert {c["name"]: c["status"] for c in node["checks"]} == {
-            "efa": "absent", "ib_uverbs": "absent", "gpus": "absent", "fsx": "n/a", "nccl": "absent",
-            "aws-ofi-nccl": "absent", "efa-stack": "n/a"}
+            "efa": "absent", "ib_uverbs": "absent", "gpus": "absent", "gpu-health": "n/a", "hpus": "n/a",
+            "fsx": "n/a", "nccl": "absent", "aws-ofi-nccl": "absent", "efa-stack": "n/a"}
     text = doctor(slurm_sandbox, "--cluster", str(slurm_sandbox.cluster_config), "--queue", "cpu", "--check-nodes", "1")
     assert text.returncode == 0, text.stderr
     table = text.stdout.splitlines()
-    assert table[2].split() == ["NODE", "efa", "ib_uverbs", "gpus", "fsx", "nccl", "aws-ofi-nccl", "efa-stack"]
+    assert table[2].split() == ["NODE", "efa", "ib_uverbs", "gpus", "gpu-health", "hpus", "fsx", "nccl", "aws-ofi-nccl",
+                                "efa-stack"]
     assert len([line for line in table if line.startswith(("c1 ", "c2 "))]) == 1
     assert "not needed: m5.xlarge has no EFA" in text.stdout and "ok: every node passed" in text.stdout
 

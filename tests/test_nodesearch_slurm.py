@@ -21,7 +21,7 @@ def test_a_failing_node_is_found_in_a_few_rounds_and_drained_with_apply(slurm_sa
     plot = tmp_path / "nodes.png"
     try:
         with missing_mount("w6", REPO):
-            res = run_hpc("cluster", "find-bad-nodes", "-p", "wide", "--nodes", "w[1-8]", "--size", "256K",
+            res = run_hpc("cluster", "find-bad-nodes", "-p", "wide", "--nodelist", "w[1-8]", "--size", "256K",
                           "--iters", "5", "--plot", str(plot), "--apply", "--json", env=env)
         assert res.returncode == 1, res.stdout + res.stderr
         envelope = cli_envelope(res)

@@ -91,9 +91,12 @@ def test_ddp_example_runs_on_two_nodes_and_dry_run_is_what_ran(slurm_sandbox, tm
     status = run_hpc("jobs", "status", result["job_id"], "--json",
                      env=dict(slurm_env(slurm_sandbox), HPC_RUNS_DIR=str(tmp_path / "runs")))
     assert status.returncode == 0, status.stdout + status.stderr
-    progress = cli_json(status)["progress"]
+    shown = cli_json(status)
+    progress = shown["progress"]
     assert progress["ranks"] == 4 and progress["steps"] == [40, 40] and progress["lines"] == []
     assert progress["hang"] is None and not (run / "hang.json").exists()
+    # The pre-flight ran once, on both nodes, before the ranks, and found nothing wrong (no false alarm).
+    assert [(r["action"], r["nodes"], r["failed"]) for r in shown["preflight"]] == [("passed", ["c1", "c2"], {})]
 
 
 def test_the_torchrun_tutorials_script_runs_unchanged(slurm_sandbox, tmp_path):

@@ -22,10 +22,10 @@ from tests.conftest import cli_json, run_hpc, slurm_env, submit_json, wait_until
 from toolkit.workloads.train_log import read_log
 
 pytestmark = [pytest.mark.slurm, pytest.mark.training]
-RESNET = ["resnet50", "--profile", "smoke", "--nodes", "1", "--set", "args.--epochs=2", "--set", "args.--max-steps=40",
+RESNET = ["resnet50", "--profile", "smoke", "--nodes", "1", "--set", "args.--epochs=2", "--set", "args.--max-steps=32",
           "--set", "args.--log-every-steps=1", "--set", "args.--checkpoint-every-steps=10"]
-ROBERTA = ["roberta", "--profile", "smoke", "--nodes", "1", "--set", "args.--max-update=300",
-           "--set", "args.--total-num-update=300", "--set", "args.--max-epoch=1000",
+ROBERTA = ["roberta", "--profile", "smoke", "--nodes", "1", "--set", "args.--max-update=160",
+           "--set", "args.--total-num-update=160", "--set", "args.--max-epoch=1000",
            "--set", "args.--save-interval-updates=10", "--set", "args.--log-interval=5"]
 
 
@@ -101,7 +101,7 @@ def test_resnet_resumes_exactly_after_scontrol_requeue_and_the_stop_signal(inter
     records = read_log(run / "logs" / "train_log.jsonl")
     starts = [r for r in records if r["event"] == "start"]
     ends = [r for r in records if r["event"] == "end"]
-    assert len(starts) >= 3 and ends[-1]["status"] == "max_steps" and ends[-1]["step"] == 40
+    assert len(starts) >= 3 and ends[-1]["status"] == "max_steps" and ends[-1]["step"] == 32
     # scontrol requeue: back at most one checkpoint interval (10 steps) behind where it was.
     assert before_requeue - starts[1]["resumed_from_step"] <= 10
     # the stop signal: an agreed stop, a save and a resume at exactly that step (nothing repeated).
@@ -114,7 +114,7 @@ def test_resnet_resumes_exactly_after_scontrol_requeue_and_the_stop_signal(inter
     reference = submit_json(*RESNET + ["--wait"], env=env, cwd=tmp)
     expected = {r["step"]: r["loss"] for r in train_steps(Path(reference["run_dir"]))}
     got = {r["step"]: r["loss"] for r in train_steps(run)}  # a repeated step keeps its last record
-    assert sorted(got) == sorted(expected) == list(range(1, 41))
+    assert sorted(got) == sorted(expected) == list(range(1, 33))
     assert got == expected
     assert not stray_processes(str(run))
 
@@ -127,7 +127,7 @@ def test_fairseq_finishes_after_scontrol_requeue_and_the_stop_signal(interrupted
     loaded = [int(u) for u in re.findall(r"Loaded checkpoint \S+ \(epoch \d+ @ (\d+) updates\)", log)]
     assert len(loaded) >= 2, "fairseq did not resume from its checkpoint after each requeue"
     assert before_requeue - loaded[0] <= 10  # at most one --save-interval-updates repeated
-    assert max(fairseq_updates(interrupted["roberta_log"])) == 300
+    assert max(fairseq_updates(interrupted["roberta_log"])) == 160
     assert "done training" in log
     assert not stray_processes(job["run_dir"])
 

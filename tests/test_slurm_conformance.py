@@ -199,6 +199,10 @@ def _render_requeueable(lane, tmp_path: Path) -> tuple[Path, dict[str, str]]:
 def test_rendered_job_requeues_once_and_finishes(lane, tmp_path, how):
     from toolkit.slurm import status
 
+    if lane.slurm == "22.05" and how == "sigusr2":  # the suite's budget: the same behaviour, once per lane
+        pytest.skip("on 22.05: tests/test_requeue_slurm.py::test_rendered_script_stops_saves_and_requeues_on_the_"
+                    "batch_shells_signal sends the rendered script the same signal and sees it requeue and finish")
+
     script, env = _render_requeueable(lane, tmp_path)
     out = re.search(r"^#SBATCH --output=(.*)$", script.read_text(), re.M).group(1)
     Path(out).parent.mkdir(parents=True, exist_ok=True)

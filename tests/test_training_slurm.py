@@ -44,7 +44,9 @@ def falls(losses: list[float]) -> bool:
     return all(math.isfinite(x) for x in losses) and sum(losses[-2:]) / 2 < sum(losses[:2]) / 2
 
 
-@pytest.mark.parametrize("recipe", ["transformer", "roberta"])
+# Our part (the fairseq launcher, its rendezvous and flags on 2 nodes x 2 ranks) is the same for both recipes;
+# roberta's masked-LM task training is fairseq's own (a canary; roberta also trains, requeued, in test_requeue_slurm).
+@pytest.mark.parametrize("recipe", ["transformer", pytest.param("roberta", marks=pytest.mark.canary)])
 def test_fairseq_recipe_trains_on_four_ranks(smoke, recipe):
     result = smoke(recipe)
     logs = Path(result["run_dir"]) / "submitit"
@@ -125,8 +127,8 @@ def test_resnet50_at_one_and_two_nodes_gives_a_scaling_table_json_and_png(smoke)
     assert "rank 0 exit code 0" in res.stdout
 
 
-def test_roberta_run_is_read_from_rank0_stdout(smoke):
-    run = Path(smoke("roberta")["run_dir"])
+def test_a_fairseq_run_is_read_from_rank0_stdout(smoke):
+    run = Path(smoke("transformer")["run_dir"])
     res = run_hpc("report", "run", str(run), "--json", env=smoke.env, cwd=smoke.cwd)
     assert res.returncode == 0, res.stderr
     summary = cli_json(res)

@@ -303,9 +303,9 @@ def _bad_nodes_text(data: dict) -> str:
 @app.command("find-bad-nodes")
 def find_bad_nodes(
     queue: Optional[str] = typer.Option(None, "--queue", "-p", metavar="QUEUE", help="The Slurm partition to test "
-                                        "(default: every node Slurm has, with --nodes: those)."),
-    nodes: Optional[str] = typer.Option(None, "--nodes", metavar="HOSTLIST", help="Only these nodes (e.g. "
-                                        "queue1-st-p5-[1-16])."),
+                                        "(default: every node Slurm has, or those of --nodelist)."),
+    nodelist: Optional[str] = typer.Option(None, "--nodelist", "-w", metavar="HOSTLIST", help="Only these nodes, as "
+                                           "sbatch -w takes them (e.g. queue1-st-p5-[1-16])."),
     group_size: int = typer.Option(2, "--group-size", min=2, help="Nodes per group in the first round (2: pairs; "
                                    "the number of nodes: plain bisection)."),
     threshold: float = typer.Option(0.5, "--threshold", min=0.05, max=0.95, metavar="FRACTION",
@@ -329,7 +329,7 @@ def find_bad_nodes(
 
     options = ["--group-size", str(group_size), "--threshold", str(threshold), "--size", size, "--iters", str(iters)]
     options += ["--min-busbw", str(min_busbw)] if min_busbw is not None else []
-    job = nodesearch.submit(queue, nodes, run_dir_path("find-bad-nodes"), options)
+    job = nodesearch.submit(queue, nodelist, run_dir_path("find-bad-nodes"), options)
     info(f"search job {job.job_id} on {len(job.nodes)} node(s); run dir {job.run_dir}")
     result = nodesearch.wait(job, info, timeout)
     plan = nodesearch.drain_commands(result["bad"])

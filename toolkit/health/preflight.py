@@ -312,6 +312,7 @@ def job_reference() -> str:
 
 def room_after_excluding(job_id: str, partition: str, failed: Sequence[str]) -> int | None:
     """The partition's nodes that the job could still get once `failed` and its ExcNodeList are excluded."""
+    from toolkit.errors import HpcError
     from toolkit.slurm.commands import hostnames
 
     try:
@@ -321,7 +322,7 @@ def room_after_excluding(job_id: str, partition: str, failed: Sequence[str]) -> 
         if not match:
             return None
         return len(set(hostnames(match.group(1))) - set(excluded_now(job_id)) - set(failed))
-    except Exception:  # noqa: BLE001 - an unknown partition or a slow controller: decide without it
+    except (OSError, subprocess.SubprocessError, HpcError):  # a slow controller: decide without it
         return None
 
 
