@@ -314,6 +314,8 @@ def find_bad_nodes(
                                               "bandwidth (a cluster slow everywhere looks healthy otherwise)."),
     size: str = typer.Option("64M", "--size", help="The all_reduce's message size (nccl-tests' syntax: 1M, 64M)."),
     iters: int = typer.Option(20, "--iters", min=1, help="Timed iterations per group."),
+    concurrency: int = typer.Option(0, "--concurrency", min=0, help="Group runs at a time (0: all of a round at "
+                                    "once; 1 where nodes share hardware, e.g. simulated nodes)."),
     timeout: float = typer.Option(1800.0, "--timeout", min=1, help="Seconds to wait for the search job's answer."),
     plot: Optional[Path] = typer.Option(None, "--plot", metavar="FILE.png", help="Per-node bus bandwidth as a PNG."),
     apply: bool = typer.Option(False, "--apply", help="Drain the bad nodes (scontrol update ... State=DRAIN)."),
@@ -327,7 +329,8 @@ def find_bad_nodes(
     from toolkit.health import nodesearch
     from toolkit.rundir import run_dir_path
 
-    options = ["--group-size", str(group_size), "--threshold", str(threshold), "--size", size, "--iters", str(iters)]
+    options = ["--group-size", str(group_size), "--threshold", str(threshold), "--size", size, "--iters", str(iters),
+               "--concurrency", str(concurrency)]
     options += ["--min-busbw", str(min_busbw)] if min_busbw is not None else []
     job = nodesearch.submit(queue, nodelist, run_dir_path("find-bad-nodes"), options)
     info(f"search job {job.job_id} on {len(job.nodes)} node(s); run dir {job.run_dir}")

@@ -337,9 +337,12 @@ def run_group(argv: list[str], group: tuple[str, ...], timeout: float) -> GroupR
     return GroupRun(group, busbw, None, seconds)
 
 
-def slurm_measure(job_id: int, python: str, collective: Sequence[str], timeout: float, cpus: int) -> Measure:
+def slurm_measure(job_id: int, python: str, collective: Sequence[str], timeout: float, cpus: int,
+                  concurrency: int = 0) -> Measure:
+    """A round's groups at once (`concurrency` 0), or that many at a time: nodes that share hardware (simulated
+    nodes on one machine) would otherwise slow each other's runs."""
     def measure(number: int, groups: list[tuple[str, ...]]) -> list[GroupRun]:
-        with concurrent.futures.ThreadPoolExecutor(max_workers=len(groups)) as pool:
+        with concurrent.futures.ThreadPoolExecutor(max_workers=concurrency or len(groups)) as pool:
             futures = [pool.submit(run_group, group_argv(g, PORT_BASE + (job_id * 131 + number * 17 + i) % PORT_SPAN,
                                                          python, collective, cpus), g, timeout)
                        for i, g in enumerate(groups)]
@@ -357,6 +360,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--iters", type=int, default=20)
     parser.add_argument("--device", default="auto")
     parser.add_argument("--timeout", type=float, default=300, help="per group run")
+    parser.add_argument("--concurrency", type=int, default=0, help="group runs at a time (0: a round's all)")
     args = parser.parse_args(argv)
     from toolkit.slurm.commands import hostnames
 
@@ -365,7 +369,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                   "--device", args.device]
     # the whole node (the job holds it --exclusive): SLURM_CPUS_ON_NODE of the batch host, as nodes of one partition
     cpus = int(os.environ.get("SLURM_CPUS_ON_NODE") or 1)
-    measure = slurm_measure(int(os.environ["SLURM_JOB_ID"]), sys.executable, collective, args.timeout, cpus)
+    measure = slurm_measure(int(os.environ["SLURM_JOB_ID"]), sys.executable, collective, args.timeout, cpus,
+                            args.concurrency)
 
     def on_round(entry: dict) -> None:
         with open(args.run_dir / ROUNDS_FILE, "a") as handle:
