@@ -250,6 +250,28 @@ def task_dir_name(index: int, count: int) -> str:
     return f"task-{index:0{max(3, len(str(count - 1)))}d}"
 
 
+def read_records(path: Path) -> list[dict[str, Any]]:
+    """A JSON-lines file's records, oldest first (unreadable lines left out; none when there is no file)."""
+    try:
+        lines = path.read_text().splitlines()
+    except OSError:
+        return []
+    found = []
+    for line in lines:
+        try:
+            entry = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(entry, dict):
+            found.append(entry)
+    return found
+
+
+def append_record(path: Path, entry: Mapping[str, Any]) -> None:
+    with open(path, "a") as handle:  # one line, appended: readers never see half of one
+        handle.write(json.dumps(entry) + "\n")
+
+
 def batch_dir(run_dir: str | Path) -> Path:
     """The dir a job's batch shell writes to: the sweep's for a sweep task's run dir (the tasks of one job array
     share one batch script, so it cannot know its task's), else the run dir itself."""
@@ -382,40 +404,20 @@ class RunDir:
         """What the hang watchdog recorded when it ended the job, None if it did not."""
         return read_json(self.path / heartbeat.HANG_FILE)
 
-    def _records(self, name: str) -> list[dict[str, Any]]:
-        """A JSON-lines file's records, oldest first (unreadable lines left out)."""
-        try:
-            lines = (self.path / name).read_text().splitlines()
-        except OSError:
-            return []
-        found = []
-        for line in lines:
-            try:
-                entry = json.loads(line)
-            except ValueError:
-                continue
-            if isinstance(entry, dict):
-                found.append(entry)
-        return found
-
-    def _append(self, name: str, entry: Mapping[str, Any]) -> None:
-        with open(self.path / name, "a") as handle:  # one line, appended: readers never see half of one
-            handle.write(json.dumps(entry) + "\n")
-
     def restarts(self) -> list[dict[str, Any]]:
         """The spares supervisor's records, oldest first (toolkit.job.spares)."""
-        return self._records(RESTARTS)
+        return read_records(self.path / RESTARTS)
 
     def add_restart(self, entry: Mapping[str, Any]) -> None:
-        self._append(RESTARTS, entry)
+        append_record(self.path / RESTARTS, entry)
 
     def preflights(self) -> list[dict[str, Any]]:
         """The pre-flight's records, one per start of a job, oldest first (toolkit.health.preflight); a sweep
         task's are in its sweep's dir (batch_dir), with its array's other tasks'."""
-        return RunDir(batch_dir(self.path))._records(PREFLIGHTS)
+        return read_records(batch_dir(self.path) / PREFLIGHTS)
 
     def add_preflight(self, entry: Mapping[str, Any]) -> None:
-        self._append(PREFLIGHTS, entry)
+        append_record(self.path / PREFLIGHTS, entry)
 
     def failures(self) -> list[RankRecord]:
         """The failed ranks' records (unreadable ones left out)."""

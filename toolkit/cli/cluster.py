@@ -307,7 +307,7 @@ def find_bad_nodes(
     nodelist: Optional[str] = typer.Option(None, "--nodelist", "-w", metavar="HOSTLIST", help="Only these nodes, as "
                                            "sbatch -w takes them (e.g. queue1-st-p5-[1-16])."),
     group_size: int = typer.Option(2, "--group-size", min=2, help="Nodes per group in the first round (2: pairs; "
-                                   "the number of nodes: plain bisection)."),
+                                   "half the nodes or more: plain bisection)."),
     threshold: float = typer.Option(0.5, "--threshold", min=0.05, max=0.95, metavar="FRACTION",
                                     help="A group is slow below (1 - this) x the round's best bus bandwidth."),
     min_busbw: Optional[float] = typer.Option(None, "--min-busbw", metavar="GB/S", help="Also slow below this bus "

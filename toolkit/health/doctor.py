@@ -10,10 +10,10 @@ import dataclasses
 import json
 import signal
 import subprocess
-from importlib import resources
 
 from toolkit.cluster.queues import Queue
 from toolkit.errors import HpcError, UsageError
+from toolkit.health import standalone_source
 from toolkit.health.containers import ContainerCheck, pyxis_loaded, start_argv, started_check
 from toolkit.health.evaluate import Check, evaluate
 from toolkit.job.env import submit_env_allowlist
@@ -86,7 +86,7 @@ def partition_nodes(partition: str) -> list[tuple[str, str]]:
 
 
 def node_check_source() -> str:
-    return resources.files("toolkit.health").joinpath("node_check.py").read_text()
+    return standalone_source("node_check")
 
 
 def srun_argv(queue: Queue, nodes: int, nodelist: list[str] | None, python: str = "python3") -> list[str]:

@@ -14,9 +14,9 @@ import dataclasses
 import json
 import shlex
 import subprocess
-from importlib import resources
 from typing import Callable
 
+from toolkit.health import standalone_source
 from toolkit.job.env import (HCCL_OFI_WRAPPER, HCCL_OFI_WRAPPER_DIRS, LIBFABRIC_DIR, OFI_NCCL_DIRS, OPENMPI_DIR,
                              filter_submit_env, submit_env_allowlist)
 from toolkit.job.spec import JobSpec, loader_check_arguments
@@ -54,7 +54,7 @@ class JobLoaderReport:
 
 
 def loader_check_source() -> str:
-    return resources.files("toolkit.health").joinpath("loader_check.py").read_text()
+    return standalone_source("loader_check")
 
 
 def check_script(spec: JobSpec, fabric: str) -> str:

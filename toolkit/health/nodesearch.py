@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import concurrent.futures
 import dataclasses
-import json
 import math
 import os
 import re
@@ -246,37 +245,23 @@ def submit(partition: str | None, nodelist: str | None, run_dir: Path, options: 
     return SearchJob(res.stdout.strip().split(";")[0], run_dir, nodes, skipped)
 
 
-def read_rounds(run_dir: Path) -> list[dict]:
-    try:
-        lines = (run_dir / ROUNDS_FILE).read_text().splitlines()
-    except OSError:
-        return []
-    return [json.loads(line) for line in lines if line.strip()]
-
-
-def read_result(run_dir: Path) -> dict | None:
-    try:
-        return json.loads((run_dir / RESULT_FILE).read_text())
-    except (OSError, ValueError):
-        return None
-
-
 def wait(job: SearchJob, progress: Callable[[str], None], timeout: float, poll_s: float = 1.0) -> dict:
     """Follow the search job's rounds until its answer is written; its log's last line if it ends without one."""
     from toolkit.errors import HpcError
+    from toolkit.rundir import read_json, read_records
     from toolkit.slurm.status import query
 
     start, shown = time.monotonic(), 0
     while True:
-        rounds = read_rounds(job.run_dir)
+        rounds = read_records(job.run_dir / ROUNDS_FILE)
         for entry in rounds[shown:]:
             progress(round_line(entry))
         shown = len(rounds)
-        result = read_result(job.run_dir)
+        result = read_json(job.run_dir / RESULT_FILE)
         if result is not None:
             return result
         status = query([job.job_id]).get(job.job_id)
-        if status is not None and status.done and read_result(job.run_dir) is None:
+        if status is not None and status.done and read_json(job.run_dir / RESULT_FILE) is None:
             log = sorted(job.run_dir.glob("search-*.out"))
             lines = [line for line in (log[0].read_text().splitlines() if log else []) if line.strip()]
             raise HpcError(f"the search job {job.job_id} ended without an answer"
@@ -362,6 +347,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--timeout", type=float, default=300, help="per group run")
     parser.add_argument("--concurrency", type=int, default=0, help="group runs at a time (0: a round's all)")
     args = parser.parse_args(argv)
+    from toolkit.rundir import append_record, write_json
     from toolkit.slurm.commands import hostnames
 
     nodes = hostnames(os.environ["SLURM_JOB_NODELIST"])
@@ -373,17 +359,14 @@ def main(argv: Sequence[str] | None = None) -> int:
                             args.concurrency)
 
     def on_round(entry: dict) -> None:
-        with open(args.run_dir / ROUNDS_FILE, "a") as handle:
-            handle.write(json.dumps(entry) + "\n")
+        append_record(args.run_dir / ROUNDS_FILE, entry)
         slow = [g for g in entry["groups"] if g["slow"]]
         print(f"hpc: find-bad-nodes: round {entry['round']}: {len(entry['groups'])} group(s), best "
               f"{entry['reference_busbw'] or 0:.3g} GB/s; slow: "
               + (", ".join(",".join(g["nodes"]) for g in slow) or "none"), flush=True)
 
     result = search(nodes, measure, args.group_size, args.threshold, args.min_busbw, on_round)
-    tmp = args.run_dir / (RESULT_FILE + ".tmp")
-    tmp.write_text(json.dumps(result.as_dict(), indent=2))
-    tmp.replace(args.run_dir / RESULT_FILE)
+    write_json(args.run_dir / RESULT_FILE, result.as_dict())
     return 0
 
 

@@ -172,17 +172,16 @@ def one_line(failed: dict[str, list[dict]]) -> str:
 def step_argv(nodes: int, run_dir: str, expect: Expectation, loader_args: Sequence[str]) -> list[str]:
     """One task per node: the node check, then (where the job loads NCCL or HCCL) the loader check, each one JSON
     line; in the job's environment (--export=ALL), never in a container (the node's own devices and mounts)."""
-    from importlib import resources
+    from toolkit.health import standalone_source
 
-    source = resources.files("toolkit.health")
     node_args = ["--json", "--probe", run_dir, "--disk", run_dir, "--disk", os.environ.get("TMPDIR") or "/tmp"]
     if expect.fsx:
         node_args += ["--mount", expect.fsx]
     script = 'node="$1" loader="$2" count="$3"; shift 3; python3 -c "$node" "${@:1:count}"'
     if loader_args:
         script += '; python3 -c "$loader" --json "${@:count+1}"'
-    words = [source.joinpath("node_check.py").read_text(), source.joinpath("loader_check.py").read_text(),
-             str(len(node_args)), *node_args, *loader_args]
+    words = [standalone_source("node_check"), standalone_source("loader_check"), str(len(node_args)), *node_args,
+             *loader_args]
     argv = ["srun", "--export=ALL", f"--nodes={nodes}", f"--ntasks={nodes}", "--ntasks-per-node=1",
             "--cpus-per-task=1", "--kill-on-bad-exit=0", "--job-name=hpc-preflight"]
     queue = expect.queue()
@@ -206,13 +205,10 @@ def run_step(argv: list[str], timeout: float = STEP_TIMEOUT_S) -> tuple[str, str
 
 def excluded_now(job_id: str) -> list[str]:
     """The job's ExcNodeList (the user's --exclude and earlier pre-flights'), expanded."""
-    res = subprocess.run(["scontrol", "show", "job", "-o", job_id], capture_output=True, text=True, timeout=30)
-    match = re.search(r"\bExcNodeList=(\S+)", res.stdout)
-    if not match or match.group(1) == "(null)":
-        return []
-    names = subprocess.run(["scontrol", "show", "hostnames", match.group(1)], capture_output=True, text=True,
-                           timeout=30)
-    return names.stdout.split()
+    from toolkit.slurm.commands import hostnames, run
+
+    match = re.search(r"\bExcNodeList=(\S+)", run(["scontrol", "show", "job", "-o", job_id], check=False).stdout)
+    return hostnames(match.group(1)) if match and match.group(1) != "(null)" else []
 
 
 def exclude_job_argv(job_id: str, exclude: Sequence[str], partition: str | None, account: str | None) -> list[str]:
