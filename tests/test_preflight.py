@@ -126,10 +126,10 @@ def test_the_exclude_helper_job_quotes_what_reaches_its_shell_and_writes_nothing
 def test_a_waiter_sees_a_fresh_requeue_by_the_preflight_as_a_hold_that_ends():
     now = time.time()
     requeued = {"job": "7", "time": now - 5, "action": "requeued, excluding w2 (job 8 excludes them ...)"}
-    assert preflight.awaiting_release([requeued], "7", now) == requeued
-    assert preflight.awaiting_release([requeued], "9", now) is None  # another job's
-    assert preflight.awaiting_release([{**requeued, "time": now - 3600}], "7", now) is None  # a hold that stays
-    assert preflight.awaiting_release([requeued, {"job": "7", "time": now, "action": "passed"}], "7", now) is None
+    assert preflight.awaiting_release([requeued], now) == requeued
+    assert preflight.awaiting_release([], now) is None  # no pre-flight of this job requeued it
+    assert preflight.awaiting_release([{**requeued, "time": now - 3600}], now) is None  # a hold that stays
+    assert preflight.awaiting_release([requeued, {"job": "7", "time": now, "action": "passed"}], now) is None
 
 
 def test_a_benchmark_whose_nodes_all_fail_stops_with_one_line_and_a_record(tmp_path, monkeypatch, capsys):
@@ -163,3 +163,16 @@ def test_a_script_run_as_the_program_is_not_traced_by_the_loader():
 
     facts = program_facts(str(Path(__file__).parent / "payloads" / "probe.py"))
     assert [f["resolves"] for f in facts] == [None] and "is a script" in facts[0]["detail"]
+
+
+def test_a_jobs_records_are_its_own_and_a_sweep_tasks_are_read_from_the_sweep_dir(tmp_path):
+    from toolkit.rundir import RunDir
+
+    sweep = RunDir(tmp_path / "sweep")
+    sweep.path.mkdir()
+    for job in ("7_0", "7_1", "9"):
+        sweep.add_preflight({"job": job, "action": "passed"})
+    task = RunDir(tmp_path / "sweep" / "task-001")
+    assert [r["job"] for r in task.preflights("7_1")] == ["7_1"]  # the task's batch shell wrote to the sweep dir
+    assert [r["job"] for r in sweep.preflights()] == ["7_0", "7_1", "9"]
+    assert RunDir(tmp_path / "other").preflights("9") == []

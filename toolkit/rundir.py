@@ -411,10 +411,11 @@ class RunDir:
     def add_restart(self, entry: Mapping[str, Any]) -> None:
         append_record(self.path / RESTARTS, entry)
 
-    def preflights(self) -> list[dict[str, Any]]:
-        """The pre-flight's records, one per start of a job, oldest first (toolkit.health.preflight); a sweep
-        task's are in its sweep's dir (batch_dir), with its array's other tasks'."""
-        return read_records(batch_dir(self.path) / PREFLIGHTS)
+    def preflights(self, job_id: str | None = None) -> list[dict[str, Any]]:
+        """The pre-flight's records, one per start of a job, oldest first (toolkit.health.preflight); only job
+        `job_id`'s when given. A sweep task's are in its sweep's dir (batch_dir), with its array's other tasks'."""
+        records = read_records(batch_dir(self.path) / PREFLIGHTS)
+        return records if job_id is None else [r for r in records if str(r.get("job")) == str(job_id)]
 
     def add_preflight(self, entry: Mapping[str, Any]) -> None:
         append_record(self.path / PREFLIGHTS, entry)

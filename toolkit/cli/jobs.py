@@ -100,7 +100,7 @@ def status(job_id: str = typer.Argument(..., help="Slurm job id (an array task: 
     slurm_id = None if s.source == "local" else job_id  # a local run's id is a pid, not a Slurm job
     data["progress"] = run and runs.progress(run, slurm_id, s.state == State.RUNNING, stall_after, stacks)
     data["restarts"] = [r for r in run.restarts() if str(r.get("job_id")) == str(s.job_id)] if run else []
-    data["preflight"] = [r for r in run.preflights() if str(r.get("job")) == str(s.job_id)] if run else []
+    data["preflight"] = run.preflights(s.job_id) if run else []
     if stacks and s.state != State.RUNNING:
         warn(f"job {s.job_id} is {s.state}, not running: no stacks to collect")
 

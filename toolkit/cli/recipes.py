@@ -251,13 +251,13 @@ def submit_request(request, dry_run: bool, wait: bool, as_json: bool, verbose: b
             _print_outcome(result)
     emit(result, as_json, lambda r: f"{r['job_id']}" + (f" {r['state']}" if "state" in r else ""))
     if wait and result["state"] != State.COMPLETED:
-        from toolkit.health.preflight import one_line
+        from toolkit.health.preflight import failure_line
         from toolkit.submit.runs import failure_reason
 
         log = result.get("failed_rank_log")
         reason = failure_reason(log) if log else None
         if result.get("preflight"):
-            reason = f"pre-flight FAILED on {one_line(result['preflight']['failed'])}; {result['preflight']['action']}"
+            reason = failure_line(result["preflight"])
         message = (f"job {result['job_id']} ended {result['state']}" + (f": {reason}" if reason else "")
                    + (f" (see {log})" if log else ""))
         info(message)

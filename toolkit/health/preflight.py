@@ -250,15 +250,20 @@ def requeue_excluding(job_id: str, failed: Sequence[str]) -> str:
     return f"requeued, excluding {','.join(exclude)} (job {helper.stdout.strip()} excludes them and releases it)"
 
 
-def awaiting_release(records: Sequence[dict], job_id: str, now: float | None = None) -> dict | None:
-    """The record of a pre-flight that requeued job `job_id` held moments ago (hpc-exclude-<job> is about to
-    release it), else None: a waiter should not take that hold for one that lasts."""
-    mine = [r for r in records if str(r.get("job")) == str(job_id)]
-    last = mine[-1] if mine else None
+def awaiting_release(records: Sequence[dict], now: float | None = None) -> dict | None:
+    """The record of a pre-flight that requeued its job held moments ago (hpc-exclude-<job> is about to release
+    it), from that job's records (RunDir.preflights(job)), else None: a waiter should not take that hold for one
+    that lasts."""
+    last = records[-1] if records else None
     if last and str(last.get("action", "")).startswith("requeued") and \
             (now or time.time()) - float(last.get("time", 0)) < EXCLUDE_WAIT_S + 60:
         return last
     return None
+
+
+def failure_line(record: dict) -> str:
+    """`pre-flight FAILED on w2: shared-fs: ...; requeued, excluding w2 (...)`: a failed record in one line."""
+    return f"pre-flight FAILED on {one_line(record['failed'])}; {record.get('action')}"
 
 
 def summary_lines(records: Sequence[dict]) -> list[str]:
@@ -345,7 +350,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     reports, loaders = parse_reports(stdout)
     failed = failures(reports, loaders, nodes, expect, args.run_dir, step_error)
     run = RunDir(Path(args.run_dir))
-    earlier = [r for r in run.preflights() if r.get("job") == job_id and r.get("action", "").startswith("requeued")]
+    earlier = [r for r in run.preflights(job_id) if r.get("action", "").startswith("requeued")]
     room = room_after_excluding(job_id, args.partition, sorted(failed)) if failed and args.requeue else None
     action, why = decide(failed, nodes, args.spares, args.requeue, len(earlier), room)
     seconds = round(time.monotonic() - start, 2)

@@ -201,7 +201,7 @@ class Supervisor:
     def preflight(self) -> None:
         """The nodes the job's pre-flight failed (toolkit.health.preflight, run before this), then a probe step on
         the others: neither gets ranks."""
-        checked = [r for r in RunDir(self.run_dir).preflights() if str(r.get("job")) == self.job_id]
+        checked = RunDir(self.run_dir).preflights(self.job_id)
         failed = (checked[-1].get("failed") or {}) if checked else {}
         if failed:
             self.exclude({node: "; ".join(f"{c['name']}: {c['detail']}" for c in checks)

@@ -28,7 +28,7 @@ def submit(request: SubmitRequest, progress: Callable[[str], None] = lambda _m: 
 def wait(job_id: str, run: Path, progress: Callable[[str], None], poll_s: float = 1.0,
          timeout_s: float | None = None) -> dict[str, Any]:
     """Poll until the job ends; report state changes. Returns the final status and, on failure, the culprit."""
-    from toolkit.health.preflight import awaiting_release, one_line
+    from toolkit.health.preflight import awaiting_release, failure_line
     from toolkit.rundir import RunDir
     from toolkit.slurm.status import State, held
     from toolkit.submit import runs
@@ -41,14 +41,14 @@ def wait(job_id: str, run: Path, progress: Callable[[str], None], poll_s: float 
             last = status.state
         if status.done:
             break
-        records = [r for r in RunDir(run).preflights() if str(r.get("job")) == str(job_id)]
+        records = RunDir(run).preflights(job_id)
         for record in records[announced:]:
             if record.get("failed"):
-                progress(f"job {job_id}: pre-flight FAILED on {one_line(record['failed'])}; {record.get('action')}")
+                progress(f"job {job_id}: {failure_line(record)}")
         announced = len(records)
         # Held by its own failed pre-flight, hpc-exclude-<job> releases it without the failed nodes; another hold
         # would last forever.
-        if held(status.state, status.reason) and not awaiting_release(records, job_id):
+        if held(status.state, status.reason) and not awaiting_release(records):
             raise HpcError(f"job {job_id} is held by Slurm ({status.reason}): it will not start until released",
                            fix="Slurm >= 25.05 holds a job whose nodes cannot load the submitter's login environment "
                                "(`su - USER -c env`, which --export=LIST implies): fix that login, then "
@@ -61,7 +61,7 @@ def wait(job_id: str, run: Path, progress: Callable[[str], None], poll_s: float 
     if status.state != State.COMPLETED:
         log = RunDir(run).failed_rank_log(job_id)  # whatever executor ran it
         outcome["failed_rank_log"] = str(log) if log else None
-        mine = [r for r in RunDir(run).preflights() if str(r.get("job")) == str(job_id)]
+        mine = RunDir(run).preflights(job_id)
         if mine and mine[-1].get("failed"):  # stopped by its pre-flight: that is the reason, not a rank's log
             outcome["preflight"] = mine[-1]
     return outcome
