@@ -210,7 +210,7 @@ def test_without_the_sources_the_lane_says_what_to_provide(monkeypatch, tmp_path
 
 
 def test_the_node_check_reports_enroots_version(tmp_path):
-    from toolkit.health.node_check import Node, gather
+    from toolkit.node.node_check import Node, gather
 
     enroot = tmp_path / "usr/bin/enroot"
     enroot.parent.mkdir(parents=True)

@@ -191,10 +191,12 @@ def test_rendered_bert_5b_gives_each_rank_deepspeeds_environment(tmp_path, nodes
     MASTER_ADDR, MASTER_PORT (the rank contract) and the argv preview_argv gives; the config file is written."""
     root = tmp_path / "root"
     write_executable(root / "envs" / "habana" / "bin" / "activate", "# stub venv\n")
-    # a stand-in for the venv's Python, which the batch shell runs the pre-flight with (tests/test_preflight*.py)
-    write_executable(root / "envs" / "habana" / "bin" / "python", "#!/bin/sh\nexit 0\n")
     spec = build_job_spec(load_recipe("bert-5b", overrides=[f"dirs.root={root}"]), DL1, nodes)
-    proc, ranks = run_script(render_script(spec), tmp_path, install_stubs(tmp_path))
+    bin_dir = install_stubs(tmp_path)
+    # a stand-in for the node's python3, which the batch shell runs the pre-flight with (the pre-flight itself:
+    # tests/test_preflight*.py, tests/test_node_contract.py); the ranks run the venv's `python` (a recording stub)
+    write_executable(bin_dir / "python3", "#!/bin/sh\nexit 0\n")
+    proc, ranks = run_script(render_script(spec), tmp_path, bin_dir)
     assert proc.returncode == 0, proc.stderr.decode(errors="replace")
     assert sorted(ranks) == list(range(8 * nodes))
     for rank, (argv, env) in ranks.items():

@@ -13,8 +13,8 @@ import pytest
 
 from toolkit.cluster.queues import Queue
 from toolkit.health import doctor
-from toolkit.health.evaluate import CHECKS, evaluate, version_tuple
-from toolkit.health.node_check import Node, gather
+from toolkit.node.evaluate import CHECKS, evaluate, version_tuple
+from toolkit.node.node_check import Node, gather
 
 P3DN = Queue("p3dn", "p3dn.24xlarge", 8, efa_stack="modern", fsx_mount="/fsx", efa_enabled=True)
 P4D = Queue("p4d", "p4d.24xlarge", 8, efa_stack="modern", fsx_mount="/fsx", efa_enabled=True)
@@ -93,11 +93,11 @@ def node(root: Path, **env: str) -> Node:
 
 
 def statuses(facts: dict, queue: Queue) -> dict[str, str]:
-    return {c.name: c.status for c in evaluate(facts, queue)}
+    return {c.name: c.status for c in evaluate(facts, queue.promise())}
 
 
 def check(facts: dict, queue: Queue, name: str):
-    return next(c for c in evaluate(facts, queue) if c.name == name)
+    return next(c for c in evaluate(facts, queue.promise()) if c.name == name)
 
 
 def test_healthy_p3dn_node_passes_every_check(tmp_path):
@@ -109,7 +109,7 @@ def test_healthy_p3dn_node_passes_every_check(tmp_path):
     assert facts["nccl"] == [{"path": "/usr/local/cuda/lib64/libnccl.so.2", "version": "2.18.3"}]
     assert facts["aws_ofi_nccl"] == [{"path": "/opt/amazon/ofi-nccl/lib/libnccl-net.so", "version": "1.7.4-aws"}]
     assert facts["mounts"] == {"/fsx": "lustre"}
-    checks = evaluate(facts, P3DN)
+    checks = evaluate(facts, P3DN.promise())
     assert [c.name for c in checks] == list(CHECKS)
     assert {c.name: c.status for c in checks} == {**dict.fromkeys(CHECKS, "ok"), "hpus": "n/a"}, checks
     assert "8 x Tesla V100-SXM2-32GB" in check(facts, P3DN, "gpus").detail
@@ -126,7 +126,7 @@ def test_bare_node_on_an_efa_gpu_queue_gets_findings_with_fixes_not_crashes(tmp_
     assert "nvidia-smi not found" in gpus.detail and "proprietary driver" in gpus.fix and "CustomAmi" in gpus.fix
     assert check(facts, P3DN, "fsx").detail == "/fsx is not mounted"
     assert "TCP" in check(facts, P3DN, "aws-ofi-nccl").detail
-    assert all(c.fix for c in evaluate(facts, P3DN) if c.status in ("FAIL", "warn"))
+    assert all(c.fix for c in evaluate(facts, P3DN.promise()) if c.status in ("FAIL", "warn"))
 
 
 def test_bare_node_on_a_cpu_queue_says_not_present_and_not_applicable(tmp_path):

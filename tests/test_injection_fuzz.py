@@ -97,7 +97,8 @@ def test_the_submitit_batch_script_exports_values_literally_and_runs_nothing(env
         write_executable(bin_dir / "srun", SRUN_RECORD)
         write_executable(bin_dir / "module", MODULE_RECORD)
         write_executable(bin_dir / "scontrol", SCONTROL)
-        write_executable(bin_dir / "python", "#!/bin/sh\nexit 0\n")  # runs the pre-flight: tests/test_preflight*.py
+        # a stand-in for the node's python3, which runs the pre-flight (tests/test_preflight*.py, test_node_contract.py)
+        write_executable(bin_dir / "python3", "#!/bin/sh\nexit 0\n")
         (work / "job.sh").write_text(text)
         proc = subprocess.run(["bash", str(work / "job.sh")], cwd=work, capture_output=True, timeout=60, env={
             "PATH": f"{bin_dir}:/usr/bin:/bin", "STUB_OUT": str(out), "SLURM_JOB_ID": "4242",

@@ -21,7 +21,7 @@ from tests.conftest import cli_json, run_hpc
 from tests.jobhelpers import P3DN
 from toolkit.cluster.queues import Queue
 from toolkit.health import loader
-from toolkit.health.loader_check import plugin_names
+from toolkit.node.loader_check import plugin_names
 from toolkit.job.spec import build_job_spec, loader_check_arguments
 from toolkit.recipes.load import load_recipe
 

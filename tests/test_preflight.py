@@ -1,4 +1,4 @@
-"""The pre-flight's parts (toolkit.health.preflight): its node step run for real on this machine, its judgement of
+"""The pre-flight's parts (toolkit.node.preflight): its node step run for real on this machine, its judgement of
 the facts, its decision, and the helper job that requeues without the failed nodes. The same on the local Slurm
 with a node's shared file system taken away for real: tests/test_preflight_slurm.py."""
 
@@ -13,12 +13,13 @@ from pathlib import Path
 import pytest
 
 from tests.test_health import fake_nvidia_smi, healthy_tree, write
-from toolkit.health import preflight
-from toolkit.health.node_check import Node, gather
-from toolkit.health.preflight import Expectation, decide, failures, judge
+from toolkit.node import preflight
+from toolkit.node.node_check import Node, gather
+from toolkit.cluster.queues import Queue
+from toolkit.node.preflight import decide, failures, judge
 
-CPU = Expectation("m5.xlarge", "none", False, None, "cpu")
-P3DN = Expectation("p3dn.24xlarge", "modern", True, "/fsx", "p3dn")
+CPU = Queue("cpu", "m5.xlarge", 1, "none").promise()
+P3DN = Queue("p3dn", "p3dn.24xlarge", 1, "modern", fsx_mount="/fsx", efa_enabled=True).promise()
 
 
 def step_script(argv: list[str]) -> list[str]:
@@ -147,7 +148,7 @@ def test_a_benchmark_whose_nodes_all_fail_stops_with_one_line_and_a_record(tmp_p
     monkeypatch.setenv("SLURM_JOB_NODELIST", "n[1-2]")
     run_dir = tmp_path / "run"
     run_dir.mkdir()
-    assert preflight.main(["--run-dir", str(run_dir), "--instance-type", "m5.xlarge", "--partition", "cpu"]) == 1
+    assert preflight.main(["--run-dir", str(run_dir), "--promise", CPU.to_json(), "--partition", "cpu"]) == 1
     out = capsys.readouterr().out
     assert "hpc: pre-flight: FAILED on n1: shared-fs: the run dir" in out
     assert "job 41 stops (every node fails: the job's environment or the queue's, not a node's)" in out
@@ -159,7 +160,7 @@ def test_a_benchmark_whose_nodes_all_fail_stops_with_one_line_and_a_record(tmp_p
 def test_a_script_run_as_the_program_is_not_traced_by_the_loader():
     """A `binary` launcher's program may be a #! script: no loader trace applies (its interpreter loads what it
     needs), so the pre-flight does not fail it."""
-    from toolkit.health.loader_check import program_facts
+    from toolkit.node.loader_check import program_facts
 
     facts = program_facts(str(Path(__file__).parent / "payloads" / "probe.py"))
     assert [f["resolves"] for f in facts] == [None] and "is a script" in facts[0]["detail"]

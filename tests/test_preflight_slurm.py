@@ -1,4 +1,4 @@
-"""The pre-flight on the local Slurm (toolkit.health.preflight), with a fault made for real: node w2 of the `wide`
+"""The pre-flight on the local Slurm (toolkit.node.preflight), with a fault made for real: node w2 of the `wide`
 partition loses the shared file system the run dir is on (testbench.faults.missing_mount: an empty read-only file
 system over it in w2's own mount namespace, which its steps inherit). A 2-node training job that lands on w1 and
 w2 stops before any rank starts, names w2 and the check, is requeued held, and its hpc-exclude helper adds w2 to

@@ -30,14 +30,16 @@ def make_root(workdir: Path) -> Path:
     """A dirs.root with the recipes' venv (an activate that does nothing) and a recording nccl-tests binary."""
     root = workdir / "root"
     write_executable(root / "envs" / "train" / "bin" / "activate", "# stub venv\n")
-    # a stand-in for the venv's Python, which the batch shell runs the pre-flight with (tests/test_preflight*.py)
-    write_executable(root / "envs" / "train" / "bin" / "python", "#!/bin/sh\nexit 0\n")
     write_executable(root / "nccl-tests" / "build" / "all_reduce_perf", RECORD)
     return root
 
 
 def execute(spec, workdir: Path):
-    proc, ranks = run_script(render_script(spec), workdir, install_stubs(workdir))
+    bin_dir = install_stubs(workdir)
+    # a stand-in for the node's python3, which the batch shell runs the pre-flight with (the pre-flight itself:
+    # tests/test_preflight*.py, tests/test_node_contract.py)
+    write_executable(bin_dir / "python3", "#!/bin/sh\nexit 0\n")
+    proc, ranks = run_script(render_script(spec), workdir, bin_dir)
     assert not (workdir / CANARY).exists(), "a value ran as a command"
     assert proc.returncode == 0, proc.stderr.decode(errors="replace")
     assert sorted(ranks) == list(range(spec.world_size))

@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable, Iterator, Mapping
 
 from toolkit.errors import HpcError
+from toolkit.node.records import PREFLIGHTS, append_record, batch_dir, read_records  # the node side writes them
 from toolkit.workloads import heartbeat  # standard library only
 from toolkit.workloads.train_log import LOG_NAME  # standard library only
 
@@ -52,7 +53,6 @@ RESULT = "result.json"
 FAILURES = "failures"
 SUBMITIT = "submitit"
 RESTARTS = "restarts.jsonl"
-PREFLIGHTS = "preflight.jsonl"  # toolkit.health.preflight: what each start of the job found on its nodes
 TRAINER_LOG = f"logs/{LOG_NAME}"  # our trainer's log, when the recipe keeps its logs dir under the run
 LOG_PATTERNS = ("*.out", "*.err", "*.log", "*.jsonl", "*.txt", "*.json")
 RECORDS = (METADATA, PLAN, RESULT)  # the toolkit's own files: never logs
@@ -250,35 +250,6 @@ def task_dir_name(index: int, count: int) -> str:
     return f"task-{index:0{max(3, len(str(count - 1)))}d}"
 
 
-def read_records(path: Path) -> list[dict[str, Any]]:
-    """A JSON-lines file's records, oldest first (unreadable lines left out; none when there is no file)."""
-    try:
-        lines = path.read_text().splitlines()
-    except OSError:
-        return []
-    found = []
-    for line in lines:
-        try:
-            entry = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(entry, dict):
-            found.append(entry)
-    return found
-
-
-def append_record(path: Path, entry: Mapping[str, Any]) -> None:
-    with open(path, "a") as handle:  # one line, appended: readers never see half of one
-        handle.write(json.dumps(entry) + "\n")
-
-
-def batch_dir(run_dir: str | Path) -> Path:
-    """The dir a job's batch shell writes to: the sweep's for a sweep task's run dir (the tasks of one job array
-    share one batch script, so it cannot know its task's), else the run dir itself."""
-    path = Path(run_dir)
-    return path.parent if re.fullmatch(r"task-\d{3,}", path.name) else path
-
-
 def base_metadata(recipe_name: str, recipe_path: Path | None) -> dict[str, Any]:
     """Who submitted which recipe (from which commit of it), when, with which toolkit."""
     import getpass
@@ -412,7 +383,7 @@ class RunDir:
         append_record(self.path / RESTARTS, entry)
 
     def preflights(self, job_id: str | None = None) -> list[dict[str, Any]]:
-        """The pre-flight's records, one per start of a job, oldest first (toolkit.health.preflight); only job
+        """The pre-flight's records, one per start of a job, oldest first (toolkit.node.preflight); only job
         `job_id`'s when given. A sweep task's are in its sweep's dir (batch_dir), with its array's other tasks'."""
         records = read_records(batch_dir(self.path) / PREFLIGHTS)
         return records if job_id is None else [r for r in records if str(r.get("job")) == str(job_id)]

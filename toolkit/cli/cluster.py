@@ -158,7 +158,7 @@ STATUS_ORDER = ("FAIL", "warn", "ok", "absent", "n/a")
 
 
 def _doctor_text(data: dict) -> str:
-    from toolkit.health.evaluate import CHECKS
+    from toolkit.node.evaluate import CHECKS
 
     q = data["queue"]
     lines = [f"queue {q['name']}: {q['instance_type']}, {q['gpus_per_node']} GPUs, {q['efa_interfaces']} EFA, "

@@ -87,7 +87,7 @@ def status(job_id: str = typer.Argument(..., help="Slurm job id (an array task: 
            json_: bool = JSON_OPTION) -> None:
     """State of one job (with the requeue count; array jobs: a count per state), its ranks' progress from their
     heartbeats, and the ranks that stopped progressing (exit 1 when one did)."""
-    from toolkit.health.preflight import summary_lines
+    from toolkit.node.preflight import summary_lines
     from toolkit.rundir import RunDir
     from toolkit.slurm.status import State
     from toolkit.submit import runs

@@ -22,6 +22,7 @@ from typing import Any, Literal
 
 from toolkit.catalog import InstanceType, catalog, instance
 from toolkit.errors import HpcError
+from toolkit.node.promise import Promise
 from toolkit.textfile import read_text
 
 EfaStack = Literal["modern", "legacy", "none"]
@@ -50,6 +51,14 @@ class Queue:
     @property
     def instance(self) -> InstanceType:
         return instance(self.instance_type)
+
+    def promise(self) -> Promise:
+        """What a node of this queue must have, for the node-side checks (toolkit.node.promise)."""
+        it = self.instance
+        return Promise(queue=self.name, instance_type=self.instance_type, accelerator=it.accelerator,
+                       gpus=self.gpus_per_node, gpu_model=it.gpu_model, proprietary_driver=it.proprietary_driver,
+                       efa_interfaces=it.efa_interfaces, efa_stack=self.efa_stack, fabric=self.fabric,
+                       fsx_mount=self.fsx_mount)
 
     @property
     def gpus_per_node(self) -> int:

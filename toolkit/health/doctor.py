@@ -1,6 +1,6 @@
 """`hpc cluster doctor`: one task on every node (or N nodes) of a queue gathers facts; each node's checks follow.
 
-The task is toolkit.health.node_check's source run as `python3 -c SOURCE` under srun, so the nodes need no
+The task is toolkit.node.node_check's source run as `python3 -c SOURCE` under srun, so the nodes need no
 toolkit install. Nodes Slurm cannot run on (down, drained, not responding) are reported, not waited for.
 """
 
@@ -13,9 +13,9 @@ import subprocess
 
 from toolkit.cluster.queues import Queue
 from toolkit.errors import HpcError, UsageError
-from toolkit.health import standalone_source
 from toolkit.health.containers import ContainerCheck, pyxis_loaded, start_argv, started_check
-from toolkit.health.evaluate import Check, evaluate
+from toolkit.node import standalone_source
+from toolkit.node.evaluate import Check, evaluate
 from toolkit.job.env import submit_env_allowlist
 
 JOB_NAME = "hpc-doctor"
@@ -185,7 +185,7 @@ def run_doctor(queue: Queue, nodes: int | None = None, timeout: float = DEFAULT_
     if res.returncode != 0:
         lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
         job_error = lines[-1] if lines else f"srun exited {res.returncode}"
-    checked = [NodeReport(name, tuple(evaluate(facts, queue)), facts) for name, facts in sorted(reports.items())]
+    checked = [NodeReport(name, tuple(evaluate(facts, queue.promise())), facts) for name, facts in sorted(reports.items())]
     expected = usable if not nodes else []
     missing = [NodeReport(name, error=f"no report: {job_error or 'the node check printed nothing'}")
                for name in expected if name not in reports]

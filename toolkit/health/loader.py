@@ -2,7 +2,7 @@
 
 The job's set-up lines (its modules, venv and exports, LD_LIBRARY_PATH among them: toolkit.job.render.
 environment_lines) run in bash on one node of the job's queue, started by srun with only the submitter variables a
-job gets (toolkit.job.env.SUBMIT_ENV_ALLOWLIST), then toolkit.health.loader_check asks the loader. What a job
+job gets (toolkit.job.env.SUBMIT_ENV_ALLOWLIST), then toolkit.node.loader_check asks the loader. What a job
 needs follows its spec: an MPI/NCCL program's libraries (nccl-tests: libnccl, libmpi), PyTorch's NCCL on GPU
 queues, NCCL's net plugin where NCCL_NET makes it mandatory (EFA queues fail closed), HCCL's OFI wrapper on
 Gaudi EFA queues.
@@ -16,7 +16,7 @@ import shlex
 import subprocess
 from typing import Callable
 
-from toolkit.health import standalone_source
+from toolkit.node import standalone_source
 from toolkit.job.env import (HCCL_OFI_WRAPPER, HCCL_OFI_WRAPPER_DIRS, LIBFABRIC_DIR, OFI_NCCL_DIRS, OPENMPI_DIR,
                              filter_submit_env, submit_env_allowlist)
 from toolkit.job.spec import JobSpec, loader_check_arguments

@@ -16,6 +16,7 @@ from toolkit.job.env import COMMUNICATION_PREFIXES, submit_env_allowlist
 from toolkit.job.rank import MASTER_PORT_BASE, MASTER_PORT_SPAN
 from toolkit.job.shell import activation_lines, export_line
 from toolkit.job.spec import JobSpec
+from toolkit.job.staging import node_command, unpack_lines
 
 
 def job_options(spec: JobSpec) -> dict[str, str | int | bool]:
@@ -113,19 +114,24 @@ def prepare_line(spec: JobSpec) -> str:
 
 
 def preflight_line(spec: JobSpec) -> str:
-    """The pre-flight's command (toolkit.health.preflight) in the batch shell, else nothing."""
+    """The pre-flight's command (toolkit.node.preflight, from the staged bundle) in the batch shell, else nothing."""
     if not spec.preflight_args:
         return ""
-    from toolkit.rundir import batch_dir
+    from toolkit.node.records import batch_dir
 
-    return shlex.join([node_python(spec), "-m", "toolkit.health.preflight", "--run-dir", str(batch_dir(spec.run_dir)),
-                       *spec.preflight_args])
+    return node_command(spec.run_dir, "preflight", "--run-dir", str(batch_dir(spec.run_dir)), *spec.preflight_args)
+
+
+def staging_lines(spec: JobSpec) -> list[str]:
+    """The node-side bundle's unpacking (toolkit.job.staging), where the job runs node-side code of ours."""
+    return unpack_lines(spec.run_dir) if spec.preflight_args else []
 
 
 def _setup_context(spec: JobSpec) -> dict:
     return dict(
         spec=spec,
         preflight=preflight_line(spec),
+        staging=staging_lines(spec),
         setup=setup_lines(spec),
         prepare=prepare_line(spec),
         port_base=MASTER_PORT_BASE,

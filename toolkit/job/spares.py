@@ -199,7 +199,7 @@ class Supervisor:
             number += 1
 
     def preflight(self) -> None:
-        """The nodes the job's pre-flight failed (toolkit.health.preflight, run before this), then a probe step on
+        """The nodes the job's pre-flight failed (toolkit.node.preflight, run before this), then a probe step on
         the others: neither gets ranks."""
         checked = RunDir(self.run_dir).preflights(self.job_id)
         failed = (checked[-1].get("failed") or {}) if checked else {}

@@ -115,12 +115,12 @@ class JobSpec:
     hang_timeout_s: int | None = None  # resources.hang_timeout_s: the watchdog ends a job stalled this long
     spares: int = 0  # resources.spares: nodes held beyond `nodes` to restart on (toolkit.job.spares)
     expedited_requeue: bool = False  # Slurm's part: sbatch --requeue=expedite (toolkit.slurm.version)
-    preflight: bool = False  # check every node before the ranks start (resources.preflight; toolkit.health.preflight)
+    preflight: bool = False  # check every node before the ranks start (resources.preflight; toolkit.node.preflight)
     # Slurm's part (on_slurm): the scheduler-neutral spec leaves these empty
     wait_all_nodes: bool = False
     srun_binding: tuple[str, ...] = ()  # srun CPU-binding options (GPU ranks unbound, HPU ranks on their cores)
     slurm_options: Mapping[str, str] = dataclasses.field(default_factory=dict)  # account, qos, ... for sbatch
-    preflight_args: tuple[str, ...] = ()  # the queue's promises, as toolkit.health.preflight's arguments
+    preflight_args: tuple[str, ...] = ()  # the queue's promises, as toolkit.node.preflight's arguments
 
     @property
     def world_size(self) -> int:
@@ -522,11 +522,9 @@ def on_slurm(spec: JobSpec, queue: Queue, slurm_options: Mapping[str, str | None
 
 
 def preflight_args(spec: JobSpec, queue: Queue) -> tuple[str, ...]:
-    """What toolkit.health.preflight checks each node against: the queue's instance type, EFA and FSx, and what
-    the job loads (loader_check_arguments)."""
-    args = ["--instance-type", queue.instance_type, "--efa-stack", queue.efa_stack, "--partition", queue.name]
-    args += ["--efa"] if queue.efa_enabled else []
-    args += ["--fsx", queue.fsx_mount] if queue.fsx_mount else []
+    """What toolkit.node.preflight checks each node against: the queue's promise (instance type's devices, EFA,
+    FSx, resolved here from the catalog: the node reads no catalog), and what the job loads (loader_check_arguments)."""
+    args = ["--promise", queue.promise().to_json(), "--partition", queue.name]
     args += ["--spares", str(spec.spares)] if spec.spares else []
     args += ["--requeue"] if spec.requeue else []
     return (*args, *(f"--loader={a}" for a in loader_check_arguments(spec, queue.fabric)))
@@ -536,7 +534,7 @@ PYTHON_LAUNCHERS = ("fairseq", "python-module", "python-script", "deepspeed")
 
 
 def loader_check_arguments(spec: JobSpec, fabric: str) -> list[str]:
-    """What the job loads, as toolkit.health.loader_check's arguments (`fabric`: its queue's,
+    """What the job loads, as toolkit.node.loader_check's arguments (`fabric`: its queue's,
     toolkit.cluster.queues.Queue.fabric): the pre-flight's and `hpc cluster doctor --recipe`'s question."""
     args: list[str] = []
     environ = spec.environ

@@ -187,7 +187,7 @@ class Resources(StrictModel):
     # Hot spares: hold this many nodes beyond `nodes` and, when a node or a rank is lost, run again on healthy
     # ones of the same allocation from the last checkpoint (toolkit.job.spares; --spares).
     spares: int = Field(0, ge=0)
-    # Pre-flight (toolkit.health.preflight): before any rank starts, check every node against its queue (devices,
+    # Pre-flight (toolkit.node.preflight): before any rank starts, check every node against its queue (devices,
     # EFA, the loader, the shared file system, memory, disk). null: on for training jobs (requeue: true) outside
     # containers, off for benchmarks (--preflight / --no-preflight).
     preflight: bool | None = None

@@ -1,17 +1,19 @@
 """Pre-flight: before any rank starts, one task on every node of the job checks that the node has what its queue
 promises, and a node that does not stops the job there, named with the check, instead of hanging the ranks.
 
-    python -m toolkit.health.preflight --run-dir DIR --instance-type T [--efa-stack S --efa] [--fsx M]
-        [--spares K] [--requeue] [--loader=ARG]...
+    python3 BUNDLE preflight --run-dir DIR --promise JSON [--spares K] [--requeue] [--loader=ARG]...
+
+BUNDLE is the node-side package staged in the run dir (toolkit.node's contract: the node's own python3 >= 3.9,
+standard library only); JSON is the queue's promise (toolkit.node.promise), resolved when the job was planned.
 
 The job's set-up runs this in its batch shell as the job's first step (toolkit/job/templates/setup.sh.j2), never
 in a Slurm prolog: a check that hangs there hangs the node (aws-parallelcluster#6777, the DCGM prolog on p4d/p5).
 The step is `srun` with one task per node and the job's environment (its modules, venv and exports). Each task runs
-toolkit.health.node_check's and (on GPU/Gaudi queues) toolkit.health.loader_check's source with `python3 -c`, as
+node_check's and (on GPU/Gaudi queues) loader_check's source with `python3 -c`, as
 `hpc cluster doctor` does, so a node needs only a python3, and reports facts; this process judges them:
 
-  - toolkit.health.evaluate's checks against the queue (GPU count and memory health, HPUs, EFA devices, ib_uverbs,
-    the FSx mount, NCCL and aws-ofi-nccl, the EFA stack), with the catalog's numbers for the instance type;
+  - evaluate's checks against the queue's promise (GPU count and memory health, HPUs, EFA devices, ib_uverbs,
+    the FSx mount, NCCL and aws-ofi-nccl, the EFA stack), with the catalog's numbers for the instance type (in the promise);
   - the run dir (on the shared file system) written and read back from the node;
   - free memory (MemAvailable) and free disk where the job writes (the run dir, TMPDIR);
   - the dynamic loader's answer, in the job's environment, for the NCCL, net plugin or HCCL wrapper it loads.
@@ -43,7 +45,12 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Sequence
+from typing import List, Optional, Sequence
+
+from . import slurm, standalone_source
+from .evaluate import Check, evaluate
+from .promise import Promise
+from .records import PREFLIGHTS, append_record, job_records
 
 STEP_TIMEOUT_S = 120  # the whole step; a node whose task did not report by then fails the "report" check
 MIN_FREE_DISK = 1 << 30  # bytes free where the job writes (run dir, TMPDIR): less fails the node
@@ -52,26 +59,8 @@ MAX_REQUEUES = 3  # requeues for failed pre-flights, per job: beyond, the failur
 EXCLUDE_WAIT_S = 300  # how long hpc-exclude-<job> retries until the held job is pending (KillWait, epilogs)
 
 
-@dataclasses.dataclass(frozen=True)
-class Expectation:
-    """What the job's queue promises on each node (the job's Slurm part: toolkit.job.spec.on_slurm)."""
-
-    instance_type: str
-    efa_stack: str = "none"
-    efa: bool = False
-    fsx: str | None = None
-    partition: str = "preflight"
-
-    def queue(self):
-        from toolkit.cluster.queues import Queue
-
-        return Queue(self.partition, self.instance_type, 1, self.efa_stack, fsx_mount=self.fsx, efa_enabled=self.efa)
-
-
-def _check(name: str, status: str, detail: str, fix: str | None = None):
-    from toolkit.health.evaluate import Check
-
-    return Check(name, status, detail, fix)
+def _check(name: str, status: str, detail: str, fix: Optional[str] = None) -> Check:
+    return Check(name, status, detail, fix)  # type: ignore[arg-type]  # status is one of evaluate.Status
 
 
 def _gib(n: int) -> str:
@@ -107,7 +96,7 @@ def host_checks(facts: dict, run_dir: str) -> list:
 
 
 def loader_checks(facts: dict | None) -> list:
-    """The loader's answers for what the job loads (toolkit.health.loader_check facts)."""
+    """The loader's answers for what the job loads (toolkit.node.loader_check facts)."""
     if facts is None:
         return []
     checks = []
@@ -124,11 +113,9 @@ def loader_checks(facts: dict | None) -> list:
     return checks
 
 
-def judge(facts: dict, loader: dict | None, expect: Expectation, run_dir: str) -> list:
+def judge(facts: dict, loader: Optional[dict], promise: Promise, run_dir: str) -> list:
     """Every check of one node, in the order printed."""
-    from toolkit.health.evaluate import evaluate
-
-    return [*evaluate(facts, expect.queue()), *host_checks(facts, run_dir), *loader_checks(loader)]
+    return [*evaluate(facts, promise), *host_checks(facts, run_dir), *loader_checks(loader)]
 
 
 def parse_reports(stdout: str) -> tuple[dict[str, dict], dict[str, dict]]:
@@ -146,8 +133,8 @@ def parse_reports(stdout: str) -> tuple[dict[str, dict], dict[str, dict]]:
     return facts, loaders
 
 
-def failures(reports: dict[str, dict], loaders: dict[str, dict], nodes: Sequence[str], expect: Expectation,
-             run_dir: str, step_error: str | None) -> dict[str, list[dict]]:
+def failures(reports: dict[str, dict], loaders: dict[str, dict], nodes: Sequence[str], promise: Promise,
+             run_dir: str, step_error: Optional[str]) -> dict[str, list[dict]]:
     """Node -> its failed checks (as dicts); a node with no report fails the "report" check."""
     failed = {}
     for node in nodes:
@@ -156,7 +143,7 @@ def failures(reports: dict[str, dict], loaders: dict[str, dict], nodes: Sequence
                              "detail": f"no report from the node's task ({step_error or 'it printed nothing'})",
                              "fix": "the node cannot run a step or python3: see its slurmd log, or drain it"}]
             continue
-        bad = [dataclasses.asdict(c) for c in judge(reports[node], loaders.get(node), expect, run_dir)
+        bad = [dataclasses.asdict(c) for c in judge(reports[node], loaders.get(node), promise, run_dir)
                if c.status == "FAIL"]
         if bad:
             failed[node] = bad
@@ -169,14 +156,12 @@ def one_line(failed: dict[str, list[dict]]) -> str:
                      for node, checks in sorted(failed.items()))
 
 
-def step_argv(nodes: int, run_dir: str, expect: Expectation, loader_args: Sequence[str]) -> list[str]:
+def step_argv(nodes: int, run_dir: str, promise: Promise, loader_args: Sequence[str]) -> List[str]:
     """One task per node: the node check, then (where the job loads NCCL or HCCL) the loader check, each one JSON
     line; in the job's environment (--export=ALL), never in a container (the node's own devices and mounts)."""
-    from toolkit.health import standalone_source
-
     node_args = ["--json", "--probe", run_dir, "--disk", run_dir, "--disk", os.environ.get("TMPDIR") or "/tmp"]
-    if expect.fsx:
-        node_args += ["--mount", expect.fsx]
+    if promise.fsx_mount:
+        node_args += ["--mount", promise.fsx_mount]
     script = 'node="$1" loader="$2" count="$3"; shift 3; python3 -c "$node" "${@:1:count}"'
     if loader_args:
         script += '; python3 -c "$loader" --json "${@:count+1}"'
@@ -184,9 +169,8 @@ def step_argv(nodes: int, run_dir: str, expect: Expectation, loader_args: Sequen
              *loader_args]
     argv = ["srun", "--export=ALL", f"--nodes={nodes}", f"--ntasks={nodes}", "--ntasks-per-node=1",
             "--cpus-per-task=1", "--kill-on-bad-exit=0", "--job-name=hpc-preflight"]
-    queue = expect.queue()
-    if queue.instance.is_gpu:  # every GPU, as the doctor asks: a step without them sees none (ConstrainDevices)
-        argv.append(f"--gpus-per-node={queue.gpus_per_node}")
+    if promise.is_gpu:  # every GPU, as the doctor asks: a step without them sees none (ConstrainDevices)
+        argv.append(f"--gpus-per-node={promise.gpus}")
     return [*argv, "bash", "-c", script, "preflight", *words]
 
 
@@ -205,10 +189,8 @@ def run_step(argv: list[str], timeout: float = STEP_TIMEOUT_S) -> tuple[str, str
 
 def excluded_now(job_id: str) -> list[str]:
     """The job's ExcNodeList (the user's --exclude and earlier pre-flights'), expanded."""
-    from toolkit.slurm.commands import hostnames, run
-
-    match = re.search(r"\bExcNodeList=(\S+)", run(["scontrol", "show", "job", "-o", job_id], check=False).stdout)
-    return hostnames(match.group(1)) if match and match.group(1) != "(null)" else []
+    match = re.search(r"\bExcNodeList=(\S+)", slurm.run(["scontrol", "show", "job", "-o", job_id], check=False).stdout)
+    return slurm.hostnames(match.group(1)) if match and match.group(1) != "(null)" else []
 
 
 def exclude_job_argv(job_id: str, exclude: Sequence[str], partition: str | None, account: str | None) -> list[str]:
@@ -234,10 +216,8 @@ def exclude_job_argv(job_id: str, exclude: Sequence[str], partition: str | None,
 def requeue_excluding(job_id: str, failed: Sequence[str]) -> str:
     """Requeue held, then hpc-exclude-<job> excludes `failed` and releases the job; returns what was done."""
     exclude = sorted(set(excluded_now(job_id)) | set(failed))
-    from toolkit.submit.executor import clean_sbatch_env
-
     # The helper first: if it cannot be submitted, the job is not left held with nobody to release it.
-    env = clean_sbatch_env(dict(os.environ))  # never this job's SLURM_* (sbatch would take its options)
+    env = slurm.submit_env(os.environ)  # never this job's SLURM_* (sbatch would take its options)
     helper = subprocess.run(exclude_job_argv(job_id, exclude, os.environ.get("SLURM_JOB_PARTITION"),
                                              os.environ.get("SLURM_JOB_ACCOUNT")),
                             capture_output=True, text=True, timeout=60, env=env)
@@ -313,45 +293,37 @@ def job_reference() -> str:
 
 def room_after_excluding(job_id: str, partition: str, failed: Sequence[str]) -> int | None:
     """The partition's nodes that the job could still get once `failed` and its ExcNodeList are excluded."""
-    from toolkit.errors import HpcError
-    from toolkit.slurm.commands import hostnames
-
     try:
         res = subprocess.run(["scontrol", "show", "partition", "-o", partition], capture_output=True, text=True,
                              timeout=30)
         match = re.search(r"\bNodes=(\S+)", res.stdout)
         if not match:
             return None
-        return len(set(hostnames(match.group(1))) - set(excluded_now(job_id)) - set(failed))
-    except (OSError, subprocess.SubprocessError, HpcError):  # a slow controller: decide without it
+        return len(set(slurm.hostnames(match.group(1))) - set(excluded_now(job_id)) - set(failed))
+    except (OSError, subprocess.SubprocessError, slurm.SlurmCommandError):  # a slow controller: decide without it
         return None
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m toolkit.health.preflight", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python3 BUNDLE preflight", description=__doc__.split("\n")[0])
     parser.add_argument("--run-dir", required=True)
-    parser.add_argument("--instance-type", required=True)
-    parser.add_argument("--efa-stack", default="none")
-    parser.add_argument("--efa", action="store_true", help="the queue has EFA enabled")
-    parser.add_argument("--fsx", help="the FSx for Lustre mount the queue declares")
-    parser.add_argument("--partition", default=os.environ.get("SLURM_JOB_PARTITION", "preflight"))
+    parser.add_argument("--promise", required=True, type=Promise.from_json, help="the queue's promise (JSON)")
+    parser.add_argument("--partition", default=os.environ.get("SLURM_JOB_PARTITION"))
     parser.add_argument("--spares", type=int, default=0)
     parser.add_argument("--requeue", action="store_true", help="requeue excluding failed nodes (training jobs)")
     parser.add_argument("--loader", action="append", default=[], help="a loader_check argument (repeatable)")
     args = parser.parse_args(argv)
-    from toolkit.rundir import RunDir
-    from toolkit.slurm.commands import hostnames
-
     start = time.monotonic()
     job_id = job_reference()
-    nodes = hostnames(os.environ["SLURM_JOB_NODELIST"])
-    expect = Expectation(args.instance_type, args.efa_stack, args.efa, args.fsx, args.partition)
-    stdout, step_error = run_step(step_argv(len(nodes), args.run_dir, expect, args.loader))
+    nodes = slurm.hostnames(os.environ["SLURM_JOB_NODELIST"])
+    promise: Promise = args.promise
+    partition = args.partition or promise.queue
+    stdout, step_error = run_step(step_argv(len(nodes), args.run_dir, promise, args.loader))
     reports, loaders = parse_reports(stdout)
-    failed = failures(reports, loaders, nodes, expect, args.run_dir, step_error)
-    run = RunDir(Path(args.run_dir))
-    earlier = [r for r in run.preflights(job_id) if r.get("action", "").startswith("requeued")]
-    room = room_after_excluding(job_id, args.partition, sorted(failed)) if failed and args.requeue else None
+    failed = failures(reports, loaders, nodes, promise, args.run_dir, step_error)
+    records = Path(args.run_dir) / PREFLIGHTS
+    earlier = [r for r in job_records(records, job_id) if str(r.get("action", "")).startswith("requeued")]
+    room = room_after_excluding(job_id, partition, sorted(failed)) if failed and args.requeue else None
     action, why = decide(failed, nodes, args.spares, args.requeue, len(earlier), room)
     seconds = round(time.monotonic() - start, 2)
     record = {"job": job_id, "time": time.time(), "seconds": seconds, "nodes": nodes, "failed": failed,
@@ -379,7 +351,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     say(f"{node}: {check['name']}: fix: {check['fix']}")
         say("an admin takes a node out with: scontrol update NodeName=NODE State=DRAIN Reason='hpc pre-flight'")
     try:
-        run.add_preflight(record)
+        append_record(records, record)
     except OSError as exc:  # e.g. the batch host is the node without the shared file system
         say(f"could not record in {args.run_dir}: {exc}")
     return 0 if action == "go" else 1

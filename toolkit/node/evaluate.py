@@ -1,4 +1,4 @@
-"""One node's facts (toolkit.health.node_check) judged against what its queue declares: a list of checks.
+"""One node's facts (toolkit.node.node_check) judged against what its queue declares: a list of checks.
 
 Statuses: ok; FAIL (the queue needs it and it is missing or wrong: the doctor exits 1); warn (works, but not as
 declared or not as recommended); absent (not present, and this queue does not need it); n/a (the check does not
@@ -17,7 +17,7 @@ import dataclasses
 import re
 from typing import Any, Literal
 
-from toolkit.cluster.queues import Queue
+from .promise import Promise
 
 Status = Literal["ok", "FAIL", "warn", "absent", "n/a"]
 CHECKS = ("efa", "ib_uverbs", "gpus", "gpu-health", "hpus", "fsx", "nccl", "aws-ofi-nccl", "efa-stack")
@@ -53,12 +53,12 @@ def _library(lib: dict) -> str:
     return f"{lib['version'] or 'version unknown'} ({lib['path']})"
 
 
-def check_efa(facts: dict, queue: Queue, needs_efa: bool) -> Check:
-    efa, expected = facts["efa"], queue.instance.efa_interfaces
+def check_efa(facts: dict, promise: Promise, needs_efa: bool) -> Check:
+    efa, expected = facts["efa"], promise.efa_interfaces
     devices = efa["fi_info_devices"] if efa["fi_info_devices"] is not None else efa["sysfs_devices"]
     if not needs_efa:
-        why = (f"{queue.instance_type} has no EFA" if not queue.instance.has_efa
-               else f"queue {queue.name} declares efa-stack none (jobs use TCP)")
+        why = (f"{promise.instance_type} has no EFA" if not promise.has_efa
+               else f"queue {promise.queue} declares efa-stack none (jobs use TCP)")
         if devices:
             return Check("efa", "ok", f"{len(devices)} EFA device(s) present ({', '.join(devices)}), not used: {why}")
         return Check("efa", "absent", f"not present; not needed: {why}")
@@ -73,7 +73,7 @@ def check_efa(facts: dict, queue: Queue, needs_efa: bool) -> Check:
                      "check the efa kernel module is loaded (`lsmod | grep efa`); re-run the EFA installer if not")
     if len(devices) < expected:
         return Check("efa", "FAIL", f"{len(devices)} of {expected} EFA devices ({', '.join(devices)})",
-                     f"{queue.instance_type} has {expected} EFA interfaces: the node lost some; drain and replace it "
+                     f"{promise.instance_type} has {expected} EFA interfaces: the node lost some; drain and replace it "
                      "(`scontrol update nodename=NODE state=drain reason=efa`)")
     return Check("efa", "ok", f"{len(devices)} EFA device(s): {', '.join(devices)}")
 
@@ -90,15 +90,15 @@ def check_ib_uverbs(facts: dict, needs_efa: bool) -> Check:
                  "ib_uverbs.ko, the installer upgrades the kernel if not)")
 
 
-def check_gpus(facts: dict, queue: Queue) -> Check:
-    gpus, instance = facts["gpus"], queue.instance
+def check_gpus(facts: dict, promise: Promise) -> Check:
+    gpus, instance = facts["gpus"], promise
     if instance.accelerator == "gaudi":
-        return Check("gpus", "n/a", f"{queue.instance_type} has Gaudi accelerators: check them with hl-smi")
+        return Check("gpus", "n/a", f"{promise.instance_type} has Gaudi accelerators: check them with hl-smi")
     if not instance.is_gpu:
         if gpus["count"]:
             return Check("gpus", "ok", f"{gpus['count']} GPU(s) present, not used by a CPU queue")
         return Check("gpus", "absent", "no NVIDIA GPU or nvidia-smi; not needed on a CPU queue")
-    expected = queue.gpus_per_node
+    expected = promise.gpus
     driver_fix = ("install NVIDIA's driver" + (
         f": {instance.gpu_model} needs the proprietary driver, which official ParallelCluster AMIs (OpenRM, "
         "3.9 and later) lack: use a CustomAmi such as a Deep Learning AMI" if instance.proprietary_driver
@@ -114,15 +114,15 @@ def check_gpus(facts: dict, queue: Queue) -> Check:
                      "a GPU fell off the bus or its driver failed (look for Xid errors in `dmesg`): drain and "
                      "replace the node (`scontrol update nodename=NODE state=drain reason=gpu`)")
     if count > expected:
-        return Check("gpus", "warn", f"{count} GPUs visible, the catalog says {expected} for {queue.instance_type}",
+        return Check("gpus", "warn", f"{count} GPUs visible, the catalog says {expected} for {promise.instance_type}",
                      "check the queue's instance type in the cluster config and toolkit/catalog.yaml")
     return Check("gpus", "ok", f"{count} x {names}")
 
 
-def check_gpu_health(facts: dict, queue: Queue) -> Check:
+def check_gpu_health(facts: dict, promise: Promise) -> Check:
     """Uncorrected ECC errors and row remapping (NVIDIA's GPU memory error recovery guide: a pending remap needs a
-    GPU reset, a failed one a new GPU); facts from toolkit.health.node_check.gpu_facts."""
-    if not queue.instance.is_gpu:
+    GPU reset, a failed one a new GPU); facts from toolkit.node.node_check.gpu_facts."""
+    if not promise.is_gpu:
         return Check("gpu-health", "n/a", "no NVIDIA GPUs on this queue")
     health = facts["gpus"].get("health") or []
     if not health:
@@ -142,10 +142,10 @@ def check_gpu_health(facts: dict, queue: Queue) -> Check:
     return Check("gpu-health", "ok", f"{len(health)} GPU(s): no uncorrected ECC error, no row remap pending or failed")
 
 
-def check_hpus(facts: dict, queue: Queue) -> Check:
-    if queue.instance.accelerator != "gaudi":
+def check_hpus(facts: dict, promise: Promise) -> Check:
+    if promise.accelerator != "gaudi":
         return Check("hpus", "n/a", "no Gaudi accelerators on this queue")
-    hpus, expected = facts.get("hpus") or {}, queue.gpus_per_node
+    hpus, expected = facts.get("hpus") or {}, promise.gpus
     fix = ("install the Habana driver and hl-smi (habanalabs-firmware-tools; the Habana DLAMI has them) or drain "
            "and replace the node (`scontrol update nodename=NODE state=drain reason=hpu`)")
     if not hpus.get("hl_smi"):
@@ -157,8 +157,8 @@ def check_hpus(facts: dict, queue: Queue) -> Check:
     return Check("hpus", "ok", f"{hpus['count']} HPU(s)")
 
 
-def check_fsx(facts: dict, queue: Queue) -> Check:
-    mount = queue.fsx_mount
+def check_fsx(facts: dict, promise: Promise) -> Check:
+    mount = promise.fsx_mount
     if mount is None:
         return Check("fsx", "n/a", "the cluster config declares no FSx for Lustre storage")
     fstype = facts["mounts"].get(mount)
@@ -173,9 +173,9 @@ def check_fsx(facts: dict, queue: Queue) -> Check:
                  "ParallelCluster logs the mount in /var/log/cloud-init-output.log")
 
 
-def check_nccl(facts: dict, queue: Queue) -> Check:
+def check_nccl(facts: dict, promise: Promise) -> Check:
     lib = _first(facts["nccl"])
-    if not queue.instance.is_gpu:
+    if not promise.is_gpu:
         return Check("nccl", "ok" if lib else "absent",
                      f"{_library(lib)}, not used by a CPU queue" if lib else "not present; CPU queues use gloo")
     if lib is None:
@@ -190,10 +190,10 @@ def check_nccl(facts: dict, queue: Queue) -> Check:
     return Check("nccl", "ok", _library(lib))
 
 
-def check_ofi_nccl(facts: dict, queue: Queue, needs_efa: bool) -> Check:
+def check_ofi_nccl(facts: dict, promise: Promise, needs_efa: bool) -> Check:
     lib = _first(facts["aws_ofi_nccl"])
-    if not (queue.instance.is_gpu and needs_efa):
-        why = "CPU queues do not use NCCL" if not queue.instance.is_gpu else "NCCL uses TCP without EFA"
+    if not (promise.is_gpu and needs_efa):
+        why = "CPU queues do not use NCCL" if not promise.is_gpu else "NCCL uses TCP without EFA"
         return Check("aws-ofi-nccl", "ok" if lib else "absent",
                      f"{_library(lib)}, not used: {why}" if lib else f"not present; not needed: {why}")
     if lib is None:
@@ -215,15 +215,15 @@ def installed_stack(facts: dict) -> str | None:
     return "modern" if fabric is None or fabric >= MODERN_LIBFABRIC else "legacy"
 
 
-def check_efa_stack(facts: dict, queue: Queue) -> Check:
-    declared, has_efa, gpu = queue.efa_stack, queue.instance.has_efa, queue.instance.is_gpu
+def check_efa_stack(facts: dict, promise: Promise) -> Check:
+    declared, has_efa, gpu = promise.efa_stack, promise.has_efa, promise.is_gpu
     found = installed_stack(facts)
     versions = (f"aws-ofi-nccl {(_first(facts['aws_ofi_nccl']) or {}).get('version') or '-'}, "
                 f"libfabric {facts['efa']['libfabric_version'] or '-'}")
     if not gpu:
         return Check("efa-stack", "n/a", f"declared {declared}; the EFA/NCCL environment only matters to NCCL jobs")
     if not has_efa:
-        return Check("efa-stack", "n/a", f"{queue.instance_type} has no EFA: NCCL uses TCP")
+        return Check("efa-stack", "n/a", f"{promise.instance_type} has no EFA: NCCL uses TCP")
     if declared == "none":
         if facts["efa"]["fi_info_devices"]:
             return Check("efa-stack", "warn", f"queue declares efa-stack none, but this node has working EFA "
@@ -244,17 +244,17 @@ def check_efa_stack(facts: dict, queue: Queue) -> Check:
                  "tag the queue hpc:efa-stack=modern in the cluster config")
 
 
-def evaluate(facts: dict[str, Any], queue: Queue) -> list[Check]:
+def evaluate(facts: dict[str, Any], promise: Promise) -> list[Check]:
     """The checks of one node, in CHECKS order."""
-    needs_efa = queue.fabric != "none"
+    needs_efa = promise.fabric != "none"
     return [
-        check_efa(facts, queue, needs_efa),
+        check_efa(facts, promise, needs_efa),
         check_ib_uverbs(facts, needs_efa),
-        check_gpus(facts, queue),
-        check_gpu_health(facts, queue),
-        check_hpus(facts, queue),
-        check_fsx(facts, queue),
-        check_nccl(facts, queue),
-        check_ofi_nccl(facts, queue, needs_efa),
-        check_efa_stack(facts, queue),
+        check_gpus(facts, promise),
+        check_gpu_health(facts, promise),
+        check_hpus(facts, promise),
+        check_fsx(facts, promise),
+        check_nccl(facts, promise),
+        check_ofi_nccl(facts, promise, needs_efa),
+        check_efa_stack(facts, promise),
     ]

@@ -1,10 +1,10 @@
 """What one node has of the fabric and GPU software AWS guides tell admins to check by hand, as facts.
 
-    python3 -m toolkit.health.node_check --json [--mount /fsx]
+    python3 -m toolkit.node.node_check --json [--mount /fsx]
 
 Standalone on purpose (standard library only, Python 3.7 syntax, no toolkit imports): `hpc cluster doctor`
 sends this file's source to every node as `python3 -c SOURCE`, so a node needs only the python3 that every
-ParallelCluster AMI has, not the toolkit. It reports facts and judges nothing: toolkit.health.evaluate compares
+ParallelCluster AMI has, not the toolkit. It reports facts and judges nothing: toolkit.node.evaluate compares
 them with what the queue declares (catalog GPUs and EFA count, efa-stack tag, FSx mount).
 
 Every path is read under `root` and programs are found through it, so tests run it on a fake tree.
@@ -287,7 +287,7 @@ def gather(node: Node, mounts=(), probe_dir=None, disk_paths=()) -> dict:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python3 -m toolkit.health.node_check", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python3 -m toolkit.node.node_check", description=__doc__.split("\n")[0])
     parser.add_argument("--json", action="store_true", help="one JSON line (what `hpc cluster doctor` reads)")
     parser.add_argument("--mount", action="append", default=[], help="a mount point to report (e.g. /fsx)")
     parser.add_argument("--probe", help="a directory to write a file in and read it back (the run dir)")

@@ -1,0 +1,153 @@
+"""The node-side contract (toolkit.node): what hpc runs on a compute node needs only that node's own python3
+(>= 3.9, standard library) and the shared file system, never the submitter's venv, home or checkout. Held here
+for the code itself (imports, grammar), for the bundle a job stages (toolkit.job.staging), and for the rendered
+script's unpacking; tests/test_node_lane.py runs it on nodes built unlike this machine (Debian bullseye)."""
+
+from __future__ import annotations
+
+import ast
+import json
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+from tests.conftest import REPO
+from tests.test_health import write
+from toolkit.job import staging
+
+NODE = REPO / "toolkit" / "node"
+SYSTEM_PYTHON = "/usr/bin/python3"  # this machine's own, outside the venv: it has nothing of ours
+
+
+def node_modules() -> list[Path]:
+    return sorted(NODE.glob("*.py"))
+
+
+def test_node_modules_import_only_the_standard_library_and_each_other():
+    """No `toolkit...` import (the bundle is renamed hpc_node) and no third-party module, lazy imports included."""
+    wrong = []
+    for path in node_modules():
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = []
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0:
+                names = [node.module or ""]
+            for name in names:
+                if name.split(".")[0] not in sys.stdlib_module_names and name != "__future__":
+                    wrong.append(f"{path.name}: {name}")
+    assert wrong == []
+
+
+def test_node_modules_parse_as_python_3_9():
+    """No 3.10+ syntax (match, parenthesised context managers...): ast's feature_version check."""
+    for path in node_modules():
+        ast.parse(path.read_text(), filename=str(path), feature_version=(3, 9))
+
+
+def annotation_nodes(tree: ast.AST) -> set[int]:
+    """Every node inside an annotation (postponed by `from __future__ import annotations`: never evaluated)."""
+    roots = [n.annotation for n in ast.walk(tree) if isinstance(n, (ast.arg, ast.AnnAssign)) and n.annotation]
+    roots += [n.returns for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.returns]
+    return {id(sub) for root in roots for sub in ast.walk(root)}
+
+
+def test_node_modules_use_no_3_10_runtime_features():
+    """What feature_version cannot see: `zip(strict=...)`, and `X | None` unions evaluated at run time (3.10+)
+    rather than in annotations, which `from __future__ import annotations` keeps as text."""
+    wrong = []
+    for path in node_modules():
+        text = path.read_text()
+        tree = ast.parse(text)
+        inside = annotation_nodes(tree)
+        if inside and "from __future__ import annotations" not in text:
+            wrong.append(f"{path.name}: annotations without `from __future__ import annotations`")
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Call) and getattr(node.func, "id", "") == "zip" and \
+                    any(k.arg == "strict" for k in node.keywords):
+                wrong.append(f"{path.name}:{node.lineno}: zip(strict=)")
+            if isinstance(node, ast.BinOp) and isinstance(node.op, ast.BitOr) and id(node) not in inside and \
+                    any(isinstance(side, ast.Constant) and side.value is None or
+                        isinstance(side, ast.Name) and side.id in ("str", "int", "float", "dict", "list", "tuple")
+                        for side in (node.left, node.right)):
+                wrong.append(f"{path.name}:{node.lineno}: a `|` union evaluated at run time")
+    assert wrong == []
+
+
+def test_the_bundle_holds_every_node_module_and_packs_the_same_bytes_each_time():
+    data = staging.bundle()
+    staging.bundle.cache_clear()
+    assert staging.bundle() == data
+    with zipfile.ZipFile(__import__("io").BytesIO(data)) as archive:
+        names = set(archive.namelist())
+    assert names == {"__main__.py", *(f"hpc_node/{p.name}" for p in node_modules())}
+    assert staging.bundle_name().startswith("hpc-node-") and staging.bundle_path("/fsx/runs/r/task-003") == \
+        f"/fsx/runs/r/.hpc/{staging.bundle_name()}"  # a sweep's tasks share their batch dir's
+
+
+def unpack(tmp_path: Path, run_dir: Path) -> Path:
+    """The rendered script's unpacking lines, run by bash as the batch shell runs them."""
+    script = tmp_path / "unpack.sh"
+    script.write_text("set -euo pipefail\n" + "\n".join(staging.unpack_lines(run_dir)) + "\n")
+    res = subprocess.run(["bash", str(script)], capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0, res.stderr
+    return Path(staging.bundle_path(run_dir))
+
+
+def test_the_scripts_lines_unpack_the_bundle_byte_for_byte_and_keep_one_already_there(tmp_path):
+    run_dir = tmp_path / "run dir's"  # quoting
+    path = unpack(tmp_path, run_dir)
+    assert path.read_bytes() == staging.bundle()
+    path.write_bytes(path.read_bytes())
+    before = path.stat().st_mtime_ns
+    unpack(tmp_path, run_dir)  # a requeue of the same job: the file is there, nothing rewritten
+    assert path.stat().st_mtime_ns == before
+    assert [p.name for p in path.parent.iterdir()] == [path.name]  # no partial file left beside it
+
+
+def test_the_bundle_runs_on_a_python_with_nothing_of_ours(tmp_path):
+    """The pre-flight from the unpacked bundle under this machine's system python3, isolated (-I: no user site, no
+    PYTHONPATH, not the venv), from a directory without the checkout: as the batch shell of a node runs it. Stub
+    srun and scontrol (named so) stand in for Slurm's: each node's task reports a run dir it cannot write."""
+    path = unpack(tmp_path, tmp_path / "run")
+    bin_dir = tmp_path / "bin"
+    report = json.dumps({"node": "NODE", "probe": {"writable": False, "error": "Read-only file system"},
+                         "memory": {}, "disk": {}, "efa": {"fi_info": None, "fi_info_devices": None,
+                                                           "sysfs_devices": [], "libfabric_version": None,
+                                                           "fi_info_error": None},
+                         "ib_uverbs": False, "gpus": {"count": 0, "nvidia_smi": None}, "mounts": {},
+                         "nccl": [], "aws_ofi_nccl": []})
+    write(bin_dir / "scontrol", '#!/bin/sh\n[ "$1 $2" = "show hostnames" ] && printf "n1\\nn2\\n"\n', 0o755)
+    write(bin_dir / "srun", "#!/bin/sh\n" + "".join(
+        f"echo '{report.replace('NODE', n)}'\n" for n in ("n1", "n2")), 0o755)
+    promise = json.dumps({"queue": "cpu", "instance_type": "m5.xlarge"})
+    env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "SLURM_JOB_ID": "41", "SLURM_JOB_NODELIST": "n[1-2]"}
+    res = subprocess.run([SYSTEM_PYTHON, "-I", str(path), "preflight", "--run-dir", str(tmp_path / "run"),
+                          "--promise", promise], capture_output=True, text=True, timeout=60, env=env, cwd="/")
+    assert res.returncode == 1, res.stderr
+    assert "hpc: pre-flight: FAILED on n1: shared-fs" in res.stdout and "Traceback" not in res.stderr
+    record = json.loads((tmp_path / "run" / "preflight.jsonl").read_text())
+    assert record["job"] == "41" and set(record["failed"]) == {"n1", "n2"}
+
+
+def test_an_unknown_command_or_an_old_python_says_so_in_one_line(tmp_path):
+    path = unpack(tmp_path, tmp_path / "run")
+    res = subprocess.run([SYSTEM_PYTHON, "-I", str(path), "nonsense"], capture_output=True, text=True, timeout=60)
+    assert res.returncode == 2 and res.stderr.startswith("usage: python3 BUNDLE {preflight")
+    # the version gate, as an older python3 meets it (sys.version_info seen as 3.8's)
+    code = ("import sys, zipimport; sys.path.insert(0, %r); import hpc_node.__main__ as m; "
+            "sys.version_info = (3, 8, 10); sys.exit(m.main(['preflight']))" % str(path))
+    res = subprocess.run([SYSTEM_PYTHON, "-I", "-c", code], capture_output=True, text=True, timeout=60)
+    assert res.returncode == 2 and "python3 is 3.8; hpc's node-side code needs python3 >= 3.9" in res.stderr
+
+
+def test_a_reviewed_render_runs_its_preflight_from_the_run_dir_not_the_submitters_python():
+    """jobs/bert-5b-16xdl1.sbatch (kept as today's render by tests/test_render.py) is the DL1 job that stopped at
+    its pre-flight line on every DL1 node (Python 3.8/3.10 venvs, no toolkit there)."""
+    script = (REPO / "jobs" / "bert-5b-16xdl1.sbatch").read_text()
+    before_ranks = script.split("COMMAND=(")[0]
+    assert "-m toolkit." not in before_ranks and ".venv" not in before_ranks
+    bundle = f"/fsx/runs/bert-5b-16xdl1/.hpc/{staging.bundle_name()}"
+    assert f'"$HPC_PYTHON" {bundle} preflight --run-dir /fsx/runs/bert-5b-16xdl1 --promise ' in before_ranks
+    assert before_ranks.index("<<'HPC_NODE_BUNDLE'") < before_ranks.index(f'"$HPC_PYTHON" {bundle} preflight')

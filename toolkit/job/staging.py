@@ -1,0 +1,89 @@
+"""The node-side bundle: toolkit/node packed as the `hpc_node` zip that a job's batch shell unpacks into its run dir.
+
+Compute nodes share only the shared file systems with the submitter (toolkit.node's contract), so the code hpc
+runs there travels with the job: the rendered script carries it (base64, unpacked once per run dir), which keeps a
+script rendered on a laptop and sent by hand as complete as one submitted by hpc, and leaves in the run dir the
+exact code that ran. Python runs a zip with a __main__.py and imports from it (zipimport), so the node needs
+nothing but its own python3.
+"""
+
+from __future__ import annotations
+
+import base64
+import functools
+import hashlib
+import io
+import shlex
+import zipfile
+from importlib import resources
+from pathlib import Path
+
+from toolkit.node import BUNDLE_PACKAGE
+from toolkit.node.records import batch_dir
+
+STAGE_DIR = ".hpc"  # in the run dir (its batch dir, for a sweep): hpc's own files
+_EPOCH = (1980, 1, 1, 0, 0, 0)  # fixed member times: the same code always packs to the same bytes
+_ROOT_MAIN = (
+    "# `python3 hpc-node-*.pyz COMMAND ...`: the node-side command (toolkit/node/__main__.py)\n"
+    "import sys\n\nfrom %s.__main__ import main\n\nsys.exit(main(sys.argv[1:]))\n" % BUNDLE_PACKAGE
+)
+
+
+def _members() -> list[tuple[str, bytes]]:
+    package = resources.files("toolkit.node")
+    files = sorted((p.name, p.read_bytes()) for p in package.iterdir() if p.name.endswith(".py"))
+    return [("__main__.py", _ROOT_MAIN.encode()), *((f"{BUNDLE_PACKAGE}/{name}", data) for name, data in files)]
+
+
+@functools.cache
+def bundle() -> bytes:
+    """The zip's bytes: deterministic for the same sources."""
+    out = io.BytesIO()
+    with zipfile.ZipFile(out, "w", zipfile.ZIP_DEFLATED, compresslevel=9) as archive:
+        for name, data in _members():
+            info = zipfile.ZipInfo(name, _EPOCH)
+            info.compress_type = zipfile.ZIP_DEFLATED
+            info.external_attr = 0o644 << 16
+            archive.writestr(info, data)
+    return out.getvalue()
+
+
+def bundle_name() -> str:
+    """`hpc-node-<digest>.pyz`: named by its content, so a requeue reuses it and two versions never mix."""
+    return f"hpc-node-{hashlib.sha256(bundle()).hexdigest()[:12]}.pyz"
+
+
+def bundle_path(run_dir: str | Path) -> str:
+    """Where a job's batch shell unpacks the bundle (on the shared file system, as the run dir is)."""
+    return str(batch_dir(run_dir) / STAGE_DIR / bundle_name())
+
+
+# The interpreter for node-side code: the job's python3 (its venv's, once the set-up ran) if it is new enough, else
+# the node's own. A Habana SynapseAI 1.8 venv is Python 3.8 while the node's /usr/bin/python3 may be 3.10.
+PYTHONS = ("python3", "/usr/bin/python3", "/usr/local/bin/python3", "python3.13", "python3.12", "python3.11",
+           "python3.10", "python3.9")
+_MIN = "import sys; sys.exit(sys.version_info < (3, 9))"
+PYTHON_VAR = "HPC_PYTHON"
+
+
+def unpack_lines(run_dir: str | Path) -> list[str]:
+    """Shell lines that choose the node-side python3 and write the bundle unless it is there already (written
+    aside, then moved: a node reading it never sees half a file)."""
+    path = bundle_path(run_dir)
+    quoted, partial = shlex.quote(path), shlex.quote(path) + '".$$"'
+    text = base64.encodebytes(bundle()).decode().rstrip("\n")
+    choose = [f"{PYTHON_VAR}=", f"for candidate in {' '.join(PYTHONS)}; do",
+              f"  if \"$candidate\" -c {shlex.quote(_MIN)} 2>/dev/null; then {PYTHON_VAR}=$(command -v \"$candidate\"); break; fi",
+              "done",
+              f"if [ -z \"${PYTHON_VAR}\" ]; then",
+              "  echo \"hpc: no python3 >= 3.9 on $(hostname) (tried the job's PATH and the system's): hpc's node-side "
+              "code needs one; put it first on PATH in the recipe's software (a venv or module)\" >&2",
+              "  exit 1", "fi"]
+    return [*choose, f"if [ ! -s {quoted} ]; then", f"  mkdir -p {shlex.quote(str(Path(path).parent))}",
+            f"  base64 -d > {partial} <<'HPC_NODE_BUNDLE'", *text.splitlines(), "HPC_NODE_BUNDLE",
+            f"  mv -f {partial} {quoted}", "fi"]
+
+
+def node_command(run_dir: str | Path, command: str, *args: str) -> str:
+    """`"$HPC_PYTHON" BUNDLE COMMAND ARGS...` (the python3 unpack_lines chose), every other word quoted."""
+    return f'"${PYTHON_VAR}" ' + shlex.join([bundle_path(run_dir), command, *args])
