@@ -1,5 +1,6 @@
 """Running a chroot lane's programs: one `enter` script (private mounts, then chroot) used by the daemons and
-by the client wrappers (sbatch, srun, ...) that a user or test puts first on PATH.
+by the client wrappers (sbatch, srun, ...) that a user or test puts first on PATH. The node lane's nodes enter
+their root file system through a script of their own (node_enter_script), which binds far less.
 
 Every call gets its own mount namespace, so nothing stays mounted on the host: the binds vanish with the last
 process inside. Jobs run inside the root file system too (slurmd starts them there), so what they need from
@@ -112,5 +113,70 @@ def write(layout: Layout) -> None:
 
 
 def argv(layout: Layout, args: list[str]) -> list[str]:
-    """ARGS run inside the lane's root file system (unchanged for the machine's own Slurm)."""
-    return args if layout.lane.rootfs is None else [str(layout.bin / ".enter"), *args]
+    """ARGS run inside the lane's root file system (unchanged for the machine's own Slurm, and for the node lane,
+    whose clients are the machine's own)."""
+    chrooted = layout.lane.rootfs is not None and not layout.lane.rootfs_nodes_only
+    return [str(layout.bin / ".enter"), *args] if chrooted else args
+
+
+# The node lane (Lane.rootfs_nodes_only): its nodes see none of the BASE_BINDS, only what a compute node shares
+# with a login node on ParallelCluster (the shared file system) and the lane's own Slurm and munge state.
+NODE_SYSTEM_BINDS = ("/dev", "/sys")
+
+
+def node_binds(layout: Layout) -> list[str]:
+    """Host dirs every node of the node lane sees at the same path: its Slurm config, munge's socket, pid files,
+    logs and the shared dir (also seen at SHARED_MOUNT). Each node's own spool dir is bound apart."""
+    assert layout.lane.shared_dir is not None
+    return [str(p) for p in (layout.etc, layout.munge, layout.run, layout.log, layout.lane.shared_dir)]
+
+
+def node_enter_script(layout: Layout) -> str:
+    """Run a command on node $HPC_LANE_HOSTNAME: its own UTS and mount namespaces, chroot into the lane's root file
+    system, a private /tmp and /dev/shm. Of this machine it sees /dev, /sys, node_binds() and its spool dir: not the
+    checkout, the venv, this machine's Python, /root, /home or /tmp."""
+    from testbench.layout import SHARED_MOUNT
+
+    root = shlex.quote(str(layout.lane.rootfs))
+    system = " ".join(shlex.quote(d) for d in NODE_SYSTEM_BINDS)
+    dirs = " ".join(shlex.quote(d) for d in node_binds(layout))
+    spool = shlex.quote(str(layout.spool))
+    shared = shlex.quote(str(layout.lane.shared_dir))
+    return f"""#!/bin/sh
+# Written by `python -m testbench up --slurm {layout.lane.suite}`: run a command on node $HPC_LANE_HOSTNAME, inside \
+{layout.lane.suite}'s root file system.
+set -e
+[ -n "$HPC_LANE_HOSTNAME" ] || {{ echo "HPC_LANE_HOSTNAME (the node's name) is not set" >&2; exit 2; }}
+exec unshare --mount --propagation private --uts -- /bin/sh -c '
+  set -e
+  root="$1"; shift
+  mount -t proc proc "$root/proc"
+  for d in {system}; do mount --rbind "$d" "$root$d"; done
+  mount -t tmpfs -o mode=1777 tmpfs "$root/tmp"
+  mount -t tmpfs -o mode=1777 tmpfs "$root/dev/shm"
+  for d in {dirs} {spool}/slurmd-"$HPC_LANE_HOSTNAME"; do
+    mkdir -p "$d" "$root$d"
+    mount --bind "$d" "$root$d"
+  done
+  mkdir -p "$root"{shlex.quote(str(SHARED_MOUNT))}
+  mount --bind {shared} "$root"{shlex.quote(str(SHARED_MOUNT))}
+  hostname "$HPC_LANE_HOSTNAME"
+  exec chroot "$root" /bin/sh -c "cd /; exec \\"\\$@\\"" sh "$@"
+' sh {root} "$@"
+"""
+
+
+def write_node_entry(layout: Layout) -> None:
+    """The node lane's enter script, the marker and the slurmd symlink named like its process (idempotent)."""
+    root = layout.lane.rootfs
+    assert root is not None
+    layout.sbin.mkdir(parents=True, exist_ok=True)
+    text = node_enter_script(layout)
+    if not layout.node_enter.exists() or layout.node_enter.read_text() != text:
+        layout.node_enter.write_text(text)
+    layout.node_enter.chmod(0o755)
+    (root / MARKER).write_text(f"{layout.lane.suite}\n")
+    link = root / daemon_path(layout, "slurmd").lstrip("/")
+    link.parent.mkdir(parents=True, exist_ok=True)
+    if not link.is_symlink():
+        link.symlink_to(DAEMONS["slurmd"])
