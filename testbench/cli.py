@@ -20,8 +20,8 @@ app = typer.Typer(help="Start, stop and inspect the local test cluster (a real S
 SLURM_OPTION = typer.Option(None, "--slurm", help="Slurm version: 24.11 (trixie's) or 26.05 (forky's) runs from "
                             "a Debian root file system (built once under /var/tmp); 22.05-pyxis: this machine's "
                             "Slurm with NVIDIA pyxis and enroot (containers); bullseye: this machine's 22.05 "
-                            "controller with Debian bullseye nodes (slurmd 20.11, python3 3.9) that share only "
-                            "/fsx with it; default: this machine's own (22.05).")
+                            "controller and clients (srun: the nodes' 20.11) with Debian bullseye nodes (slurmd "
+                            "20.11, python3 3.9) that share only /fsx with it; default: this machine's own (22.05).")
 
 
 def _exports(data: dict) -> str:

@@ -33,6 +33,8 @@ ROOTFS_PACKAGES = ("slurmctld", "slurmd", "slurm-client", "munge", "python3")
 # The node lane's: a compute node's Slurm (slurmd, srun for steps inside jobs) and its own python3, with venv so
 # that tests can make a job venv on the shared dir with the node's Python.
 NODE_ROOTFS_PACKAGES = ("slurmd", "slurm-client", "munge", "python3", "python3-venv")
+# What the node lane runs of this machine's own: munge, the controller and the clients (no accounting).
+NODE_LANE_HOST_PACKAGES = ("slurmctld", "slurm-client", "munge")
 # A node lane's slurmd starts with this environment only, not the environment of whoever ran `up`.
 NODE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 NVIDIA_MAJOR = 195
@@ -324,7 +326,7 @@ def _up(layout: Layout) -> dict[str, Any]:
     _prepare_dirs(layout)
     lane = layout.lane
     if lane.rootfs_nodes_only:
-        installed = install.install_packages()
+        installed = install.install_packages(NODE_LANE_HOST_PACKAGES)
         built = rootfs.ensure(lane.rootfs or Path(), lane.suite or "", NODE_ROOTFS_PACKAGES, layout.log)
         installed += [f"rootfs {lane.suite}"] * built["built"] + built["installed"]
         rootfs.write_hosts(lane.rootfs or Path(), lane.nodes)
@@ -371,7 +373,7 @@ def down(layout: Layout | None = None) -> list[str]:
 
 
 def summary(layout: Layout) -> dict[str, Any]:
-    chrooted = layout.lane.rootfs is not None and not layout.lane.rootfs_nodes_only
+    chrooted = layout.lane.rootfs is not None  # the node lane: its srun (chroot.NODE_LANE_CLIENTS)
     data = {"slurm": layout.lane.slurm, "state_dir": str(layout.root), "slurm_conf": str(layout.slurm_conf),
             "cluster_config": str(layout.cluster_config), "default_queue": DEFAULT_QUEUE,
             "bin": str(layout.bin) if chrooted else None, "accounting": layout.lane.accounting}

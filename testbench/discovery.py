@@ -55,6 +55,6 @@ def discover(layout: Layout | None = None) -> Sandbox | None:
         from testbench.cluster import shared_path
 
         return Sandbox(layout.root, layout.slurm_conf, layout.cluster_config, slurm=layout.lane.slurm,
-                       shared_dir=shared_path(layout))
+                       bin_dir=layout.bin, shared_dir=shared_path(layout))
     return Sandbox(layout.root, layout.slurm_conf, layout.cluster_config, slurm=layout.lane.slurm,
                    bin_dir=layout.bin if layout.lane.rootfs is not None else None)

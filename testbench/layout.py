@@ -5,8 +5,9 @@ forky's 26.05) run from Debian root file systems under chroot, each with its own
 and munge. A fourth, the container lane (22.05-pyxis), is this machine's Slurm again with NVIDIA pyxis loaded and
 an enroot per node (testbench.containers), apart from the default lane the same way. A fifth, the node lane
 (bullseye), has compute nodes unlike the submitter (testbench.chroot.node_enter_script): this machine's Slurm
-22.05 controller and clients, and slurmd 20.11 nodes in Debian bullseye's root file system (python3 3.9) that share
-only one directory with this machine, seen at /fsx as ParallelCluster's nodes see their shared file system.
+22.05 controller and clients (but srun, testbench.chroot.NODE_LANE_CLIENTS), and slurmd 20.11 nodes in Debian
+bullseye's root file system (python3 3.9) that share only one directory with this machine, seen at /fsx as
+ParallelCluster's nodes see their shared file system.
 Pure data, no side effects: discovery, the daemons and the tests all read the same paths from here.
 """
 

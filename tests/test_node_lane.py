@@ -3,8 +3,9 @@ ParallelCluster, where compute nodes share only the shared file systems with the
 
 This machine's Slurm 22.05 controller and clients; three slurmd 20.11 nodes in Debian bullseye's root file system
 (python3 3.9) that see none of this machine's checkout, venv, Python, /root, /home or /tmp, and one shared dir at
-/fsx, which this machine sees at the same path. A test submits with `node_lane.env()` (conftest: SLURM_CONF,
-HPC_CLUSTER_CONFIG, HPC_RUNS_DIR=/fsx/hpc-runs) and puts what jobs read or write under `shared_tmp` (on /fsx).
+/fsx, which this machine sees at the same path. The submit side's srun is the nodes' 20.11 (a wrapper first on
+PATH). A test submits with `node_lane.env()` (conftest: SLURM_CONF, HPC_CLUSTER_CONFIG, PATH, HPC_RUNS_DIR=
+/fsx/hpc-runs) and puts what jobs read or write under `shared_tmp` (on /fsx).
 The unit tests check what the lane is made of; the `slurm` ones that it is what it claims.
 """
 
@@ -42,13 +43,19 @@ def test_the_node_lane_shares_nothing_with_the_other_lanes():
     assert lane("bullseye") is NODE_LANE and Layout.current("bullseye").root == NODE_LANE.state_dir
 
 
-def test_only_the_nodes_run_in_the_root_file_system(tmp_path):
+def test_only_the_nodes_and_srun_run_in_the_root_file_system(tmp_path):
     layout = Layout(tmp_path / "state", NODE_LANE)
     assert chroot.argv(layout, ["sbatch", "x"]) == ["sbatch", "x"]  # the submitter's clients: this machine's
+    # but its srun: the nodes' (this machine's 22.05 srun cannot read their slurmstepd 20.11's I/O set-up)
+    assert chroot.NODE_LANE_CLIENTS == ("srun",)
+    wrapper = chroot.wrapper_script(layout, "srun")
+    assert "bullseye's `srun`" in wrapper and f"exec {layout.bin / '.enter'} /usr/bin/srun" in wrapper
+    enter = chroot.enter_script(layout)
+    assert f'mount --bind {NODE_LANE.shared_dir} "$root"/fsx' in enter  # the submit side sees /fsx too
     assert cluster._daemon(layout, "slurmd", "-N", "c1")[-3:] == ["/usr/local/sbin/slurmd-bullseye", "-N", "c1"]
     assert cluster._daemon(layout, "slurmctld")[-1] == str(layout.sbin / "slurmctld-bulls")
     assert cluster._munge_owner(layout) == ("munge", "munge")
-    assert cluster.summary(layout)["bin"] is None
+    assert cluster.summary(layout)["bin"] == str(layout.bin)
     configs = cluster.render_configs(layout)
     conf = configs[layout.slurm_conf]
     assert "SlurmctldPort=7317\n" in conf and "FirstJobId=40000\n" in conf
@@ -94,6 +101,8 @@ def test_its_environment_puts_runs_on_the_shared_dir(tmp_path):
     sandbox = Sandbox(tmp_path, tmp_path / "slurm.conf", tmp_path / "c.yaml", shared_dir=Path("/fsx"))
     env = sandbox.env({"PATH": "/usr/bin", "HPC_RUNS_DIR": "/tmp/elsewhere"})
     assert env["HPC_RUNS_DIR"] == "/fsx/hpc-runs" and env["PATH"] == "/usr/bin"
+    with_srun = Sandbox(tmp_path, tmp_path / "s", tmp_path / "c", bin_dir=Path("/b"), shared_dir=Path("/fsx"))
+    assert with_srun.env({"PATH": "/usr/bin"})["PATH"] == "/b:/usr/bin"
     assert "HPC_RUNS_DIR" not in Sandbox(tmp_path, tmp_path / "s", tmp_path / "c").env({})
     line = _exports({"slurm_conf": "/s", "cluster_config": "/c", "bin": None, "runs_dir": "/fsx/hpc-runs"})
     assert line == "export SLURM_CONF=/s HPC_CLUSTER_CONFIG=/c HPC_RUNS_DIR=/fsx/hpc-runs"
@@ -163,6 +172,23 @@ def test_jobs_run_on_bullseye_nodes_that_see_only_the_shared_dir(node_lane, shar
     assert nodes.count("Version=20.11") == 3
     version = subprocess.run(["sbatch", "--version"], env=env, capture_output=True, text=True, timeout=30).stdout
     assert version.split()[-1].startswith("22.05")
+
+
+@pytest.mark.slurm
+def test_the_submit_sides_srun_reaches_the_nodes(node_lane, shared_tmp):
+    # hpc's health checks and the bad-node search run srun from the login node: it must get the tasks' output
+    env = node_lane.env()
+    version = subprocess.run(["srun", "--version"], env=env, capture_output=True, text=True, timeout=30).stdout
+    assert version.split()[-1].startswith("20.11")
+    res = subprocess.run(["srun", "--nodes=2", "--ntasks-per-node=1", "--time=1", "sh", "-c",
+                          'echo "$(hostname) $(python3 -c "import sys; print(sys.version_info[:2])") $PWD"'],
+                         env=env, cwd=shared_tmp, capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0, res.stderr
+    tasks = [line.split(" ", 3) for line in sorted(res.stdout.splitlines())]
+    assert len(tasks) == 2 and len({host for host, *_ in tasks}) == 2
+    # a cwd given to subprocess is the symlink's target (the kernel keeps no other): nodes see that path too
+    assert all(f"{major} {minor}" == "(3, 9)" and Path(cwd).resolve() == shared_tmp.resolve()
+               for _, major, minor, cwd in tasks)
 
 
 @pytest.mark.slurm
