@@ -11,6 +11,7 @@ The unit tests check what the lane is made of; the `slurm` ones that it is what 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 import subprocess
@@ -85,7 +86,7 @@ def test_a_node_sees_only_the_lanes_state_its_spool_dir_and_the_shared_dir(tmp_p
 
 def test_the_shared_dir_appears_at_fsx_unless_something_is_there(tmp_path, monkeypatch):
     host = tmp_path / "state" / "fsx"
-    layout = Layout(tmp_path / "state", NODE_LANE.__class__(**{**NODE_LANE.__dict__, "shared_dir": host}))
+    layout = Layout(tmp_path / "state", dataclasses.replace(NODE_LANE, shared_dir=host))
     mount = tmp_path / "fsx"
     monkeypatch.setattr(cluster, "SHARED_MOUNT", mount)
     assert cluster.shared_mount(layout) == mount and mount.resolve() == host and host.is_dir()
