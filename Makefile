@@ -51,8 +51,11 @@ slurm-down: venv
 # here, before the tests, one after the other (each may apt-get on this machine), so their 30-60 s builds on a
 # fresh machine are set-up, as the default lane's is.
 NEWER_LANES := 24.11 26.05
+# The node lane: this machine's 22.05 controller with Debian bullseye nodes (slurmd 20.11, python3 3.9) that share
+# only /fsx with the submitter (tests/test_node_lane.py); its root file system takes about a minute to build, once.
+NODE_LANES := bullseye
 slurm-lanes: venv
-	for v in $(NEWER_LANES); do $(BIN)/python -m testbench up --slurm $$v || exit 1; done
+	for v in $(NEWER_LANES) $(NODE_LANES); do $(BIN)/python -m testbench up --slurm $$v || exit 1; done
 
 # The container lane: this machine's Slurm 22.05 again with NVIDIA pyxis + enroot built from the pinned sources in
 # ../shared/containers (or $$HPC_CONTAINER_SOURCES) and a small image made with debootstrap (testbench/containers.py;

@@ -19,14 +19,18 @@ app = typer.Typer(help="Start, stop and inspect the local test cluster (a real S
 
 SLURM_OPTION = typer.Option(None, "--slurm", help="Slurm version: 24.11 (trixie's) or 26.05 (forky's) runs from "
                             "a Debian root file system (built once under /var/tmp); 22.05-pyxis: this machine's "
-                            "Slurm with NVIDIA pyxis and enroot (containers); default: this machine's own (22.05).")
+                            "Slurm with NVIDIA pyxis and enroot (containers); bullseye: this machine's 22.05 "
+                            "controller and clients (srun: the nodes' 20.11) with Debian bullseye nodes (slurmd "
+                            "20.11, python3 3.9) that share only /fsx with it; default: this machine's own (22.05).")
 
 
 def _exports(data: dict) -> str:
     """Shell lines that point Slurm's commands and hpc at the cluster, as on a real cluster (`eval` them)."""
     path = f"export PATH={shlex.quote(data['bin'])}:\"$PATH\"\n" if data.get("bin") else ""
+    # The node lane's nodes see only its shared dir: runs must be made there.
+    runs = f" HPC_RUNS_DIR={shlex.quote(data['runs_dir'])}" if data.get("runs_dir") else ""
     return (f"{path}export SLURM_CONF={shlex.quote(data['slurm_conf'])} "
-            f"{CLUSTER_CONFIG_ENV}={shlex.quote(data['cluster_config'])}")
+            f"{CLUSTER_CONFIG_ENV}={shlex.quote(data['cluster_config'])}{runs}")
 
 
 def _usage(data: dict) -> str:
@@ -90,7 +94,8 @@ def env(slurm: Optional[str] = SLURM_OPTION, as_json: bool = JSON_OPTION) -> Non
         raise HpcError(f"the local test cluster (Slurm {layout.lane.slurm}) is not running",
                        fix=f"start it: python -m testbench up{flag}")
     data = cluster.summary(layout)
-    emit({k: data[k] for k in ("slurm_conf", "cluster_config", "bin")}, as_json, _exports)
+    keys = ("slurm_conf", "cluster_config", "bin", *(k for k in ("shared_dir", "runs_dir") if k in data))
+    emit({k: data[k] for k in keys}, as_json, _exports)
 
 
 def main() -> None:

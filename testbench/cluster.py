@@ -19,7 +19,8 @@ from typing import Any
 
 from toolkit.errors import HpcError
 from testbench import chroot, containers, install, procs, rootfs
-from testbench.layout import CLUSTER_NAME, DEFAULT_QUEUE, FAKE_GPUS_PER_NODE, Layout, Node
+from testbench.discovery import RUNS_SUBDIR
+from testbench.layout import CLUSTER_NAME, DEFAULT_QUEUE, FAKE_GPUS_PER_NODE, SHARED_MOUNT, Layout, Node
 
 MIN_JOB_AGE = 30  # seconds a finished job stays in squeue/scontrol (sacct keeps it for good)
 # Below Slurm's default 1001, as many sites set it: a sweep of a few hundred tasks is split into arrays. Both the
@@ -29,6 +30,13 @@ START_TIMEOUT = 60.0
 SLURM_TIMEOUT = 20  # every Slurm command gets one
 # What a chroot lane's root file system holds (its Python runs payloads that need only the standard library).
 ROOTFS_PACKAGES = ("slurmctld", "slurmd", "slurm-client", "munge", "python3")
+# The node lane's: a compute node's Slurm (slurmd, srun for steps inside jobs) and its own python3, with venv so
+# that tests can make a job venv on the shared dir with the node's Python.
+NODE_ROOTFS_PACKAGES = ("slurmd", "slurm-client", "munge", "python3", "python3-venv")
+# What the node lane runs of this machine's own: munge, the controller and the clients (no accounting).
+NODE_LANE_HOST_PACKAGES = ("slurmctld", "slurm-client", "munge")
+# A node lane's slurmd starts with this environment only, not the environment of whoever ran `up`.
+NODE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 NVIDIA_MAJOR = 195
 
 
@@ -100,7 +108,7 @@ def _prepare_dirs(layout: Layout) -> None:
               layout.spool / "slurmctld", *(layout.spool / f"slurmd-{n.name}" for n in layout.lane.slurmd_nodes)):
         d.mkdir(parents=True, exist_ok=True)
     layout.root.chmod(0o755)  # munge and mysql users must reach their dirs
-    if layout.lane.containers:  # this machine's daemons under the lane's own process names (Lane.comm)
+    if layout.lane.containers or layout.lane.rootfs_nodes_only:  # this machine's daemons, named as Lane.comm says
         layout.sbin.mkdir(exist_ok=True)
         for name, target in chroot.DAEMONS.items():
             link = layout.sbin / layout.lane.comm(name)
@@ -129,9 +137,11 @@ def _daemon(layout: Layout, name: str, *args: str) -> list[str]:
     """How to start a daemon: by name on this machine's Slurm; in a chroot lane from its version-named symlink
     (its process name) with argv[0] the plain name, which Slurm 24.11 checks (e.g. only a program called
     `slurmctld` may load the certmgr plugin)."""
-    if layout.lane.rootfs is None and not layout.lane.containers:
+    lane = layout.lane
+    if lane.rootfs is None and not lane.containers:
         return [name, *args]
-    path = str(layout.sbin / layout.lane.comm(name)) if layout.lane.rootfs is None else chroot.daemon_path(layout, name)
+    in_rootfs = lane.rootfs is not None and (not lane.rootfs_nodes_only or name == "slurmd")
+    path = chroot.daemon_path(layout, name) if in_rootfs else str(layout.sbin / lane.comm(name))
     return ["/bin/bash", "-c", 'exec -a "$0" "$@"', name, path, *args]
 
 
@@ -153,7 +163,7 @@ def _unix_socket_open(path: Path) -> bool:
 
 def _munge_owner(layout: Layout) -> tuple[int, int] | tuple[str, str]:
     """The munge user as the daemon sees it: a root file system has its own /etc/passwd (other ids)."""
-    if layout.lane.rootfs is None:
+    if layout.lane.rootfs is None or layout.lane.rootfs_nodes_only:
         return "munge", "munge"
     for line in (layout.lane.rootfs / "etc/passwd").read_text().splitlines():
         fields = line.split(":")
@@ -218,6 +228,10 @@ def _start_slurmctld(layout: Layout) -> None:
 
 def _start_slurmd(layout: Layout, node: Node) -> None:
     # Its own UTS namespace: `hostname` inside the node's jobs says the node's name.
+    if layout.lane.rootfs_nodes_only:
+        _run([str(layout.node_enter), *_daemon(layout, "slurmd", "-N", node.name)],
+             env={"PATH": NODE_PATH, "SLURM_CONF": str(layout.slurm_conf), "HPC_LANE_HOSTNAME": node.name})
+        return
     if layout.lane.rootfs is not None:
         _run(chroot.argv(layout, _daemon(layout, "slurmd", "-N", node.name)),
              env=dict(slurm_env(layout), HPC_LANE_HOSTNAME=node.name))
@@ -311,7 +325,14 @@ def _up(layout: Layout) -> dict[str, Any]:
     refuse_foreign(layout)
     _prepare_dirs(layout)
     lane = layout.lane
-    if lane.rootfs is None:
+    if lane.rootfs_nodes_only:
+        installed = install.install_packages(NODE_LANE_HOST_PACKAGES)
+        built = rootfs.ensure(lane.rootfs or Path(), lane.suite or "", NODE_ROOTFS_PACKAGES, layout.log)
+        installed += [f"rootfs {lane.suite}"] * built["built"] + built["installed"]
+        rootfs.write_hosts(lane.rootfs or Path(), lane.nodes)
+        chroot.write_node_entry(layout)
+        shared_mount(layout)
+    elif lane.rootfs is None:
         installed = install.install_packages()
         install.add_hosts(lane.nodes)
         if lane.containers:
@@ -352,10 +373,37 @@ def down(layout: Layout | None = None) -> list[str]:
 
 
 def summary(layout: Layout) -> dict[str, Any]:
-    chrooted = layout.lane.rootfs is not None
-    return {"slurm": layout.lane.slurm, "state_dir": str(layout.root), "slurm_conf": str(layout.slurm_conf),
+    chrooted = layout.lane.rootfs is not None  # the node lane: its srun (chroot.NODE_LANE_CLIENTS)
+    data = {"slurm": layout.lane.slurm, "state_dir": str(layout.root), "slurm_conf": str(layout.slurm_conf),
             "cluster_config": str(layout.cluster_config), "default_queue": DEFAULT_QUEUE,
             "bin": str(layout.bin) if chrooted else None, "accounting": layout.lane.accounting}
+    if layout.lane.rootfs_nodes_only:
+        shared = shared_path(layout)
+        data.update(shared_dir=str(shared), runs_dir=str(shared / RUNS_SUBDIR), node_rootfs=str(layout.lane.rootfs))
+    return data
+
+
+def shared_path(layout: Layout) -> Path:
+    """Where this machine and the node lane's nodes both see the shared dir: SHARED_MOUNT when it is our symlink
+    (as a login node and its compute nodes both mount the shared file system at /fsx), else the host dir, which
+    the nodes see too (chroot.node_binds)."""
+    host = layout.lane.shared_dir
+    assert host is not None
+    if SHARED_MOUNT.is_symlink() and Path(os.readlink(SHARED_MOUNT)) == host:
+        return SHARED_MOUNT
+    return host
+
+
+def shared_mount(layout: Layout) -> Path:
+    """Create the shared dir, and SHARED_MOUNT on this machine as a symlink to it unless SHARED_MOUNT exists
+    already (a real shared file system is never shadowed); returns shared_path()."""
+    host = layout.lane.shared_dir
+    assert host is not None
+    host.mkdir(parents=True, exist_ok=True)
+    host.chmod(0o1777)  # every user's runs, like a scratch file system
+    if not SHARED_MOUNT.exists() and not SHARED_MOUNT.is_symlink():
+        SHARED_MOUNT.symlink_to(host)
+    return shared_path(layout)
 
 
 def status(layout: Layout | None = None) -> dict[str, Any]:

@@ -3,7 +3,11 @@
 Three lanes can run at once: this machine's own Slurm (Debian bookworm's 22.05) and newer ones (trixie's 24.11,
 forky's 26.05) run from Debian root file systems under chroot, each with its own state dir, ports, node addresses
 and munge. A fourth, the container lane (22.05-pyxis), is this machine's Slurm again with NVIDIA pyxis loaded and
-an enroot per node (testbench.containers), apart from the default lane the same way.
+an enroot per node (testbench.containers), apart from the default lane the same way. A fifth, the node lane
+(bullseye), has compute nodes unlike the submitter (testbench.chroot.node_enter_script): this machine's Slurm
+22.05 controller and clients (but srun, testbench.chroot.NODE_LANE_CLIENTS), and slurmd 20.11 nodes in Debian
+bullseye's root file system (python3 3.9) that share only one directory with this machine, seen at /fsx as
+ParallelCluster's nodes see their shared file system.
 Pure data, no side effects: discovery, the daemons and the tests all read the same paths from here.
 """
 
@@ -61,6 +65,10 @@ class Lane:
     first_job_id: int | None = None
     containers: bool = False  # pyxis in its plugstack.conf, an enroot per node (testbench.containers)
     wide_nodes: tuple[Node, ...] = ()  # the `wide` partition's nodes (WIDE_NODES)
+    # Only the slurmd nodes (and so their jobs) run in the root file system; munge, the controller and the
+    # clients are this machine's own, as a login node's are not its compute nodes' (the node lane).
+    rootfs_nodes_only: bool = False
+    shared_dir: Path | None = None  # the one host dir the nodes see (at SHARED_MOUNT and at this path)
 
     @property
     def nodes(self) -> tuple[Node, ...]:
@@ -77,6 +85,8 @@ class Lane:
         the other's daemons for a foreign Slurm. At most 15 characters: the kernel truncates longer names."""
         if self.containers:  # the machine's own daemons again, under names the default lane does not guard
             return f"{daemon}-pyxis"[:15]
+        if self.rootfs_nodes_only:  # the Slurm version is the machine's own: the suite tells the lane apart
+            return f"{daemon}-{self.suite}"[:15]
         return daemon if self.rootfs is None else f"{daemon}-{self.slurm}"[:15]
 
 
@@ -111,6 +121,22 @@ CONTAINER_LANES = {
                         False, first_job_id=30000, containers=True),
 }
 
+# Where the node lane's nodes see their shared directory: ParallelCluster's usual FSx for Lustre mount point.
+SHARED_MOUNT = Path("/fsx")
+NODE_LANE_STATE_DIR = Path("/var/tmp/hpc-sandbox-bullseye")
+# The node lane: nodes unlike the submitter (python3 3.9, nothing of this machine but /fsx). Three nodes: the
+# spares tests need one node and a spare, the pre-flight's a node to fail besides. Ports 7317+ and 127.0.5.x, no
+# accounting, its own job ids. Its controller is this machine's 22.05: Slurm accepts daemons two major releases
+# older than the controller (22.05 -> 21.08, 20.11), as during a rolling upgrade.
+NODE_LANES = {
+    "bullseye": Lane("22.05", NODE_LANE_STATE_DIR, 7317, 7319,
+                     tuple(Node(f"c{i}", f"127.0.5.{10 + i}", 7320 + i, True) for i in (1, 2, 3)),
+                     tuple(Node(n.name, n.addr.replace("127.0.1.", "127.0.5."), n.port + 400, False)
+                           for n in P3DN_NODES),
+                     False, "bullseye", Path("/var/tmp/hpc-rootfs-bullseye"), 40000,
+                     rootfs_nodes_only=True, shared_dir=NODE_LANE_STATE_DIR / "fsx"),
+}
+
 
 def state_dir() -> Path:
     return Path(os.environ.get(STATE_DIR_ENV) or DEFAULT_STATE_DIR)
@@ -120,7 +146,7 @@ def lane(slurm: str | None) -> Lane:
     """The lane for a Slurm version (None: this machine's own Slurm)."""
     if slurm is None:
         return DEFAULT_LANE
-    known = {**LANES, **CONTAINER_LANES}
+    known = {**LANES, **CONTAINER_LANES, **NODE_LANES}
     if slurm not in known:
         from toolkit.errors import UsageError
 
@@ -178,6 +204,11 @@ class Layout:
     def sbin(self) -> Path:
         """The container lane's daemon names (symlinks to this machine's daemons, named as Lane.comm says)."""
         return self.root / "sbin"
+
+    @property
+    def node_enter(self) -> Path:
+        """The node lane's script that runs a command on one of its nodes (testbench.chroot.node_enter_script)."""
+        return self.sbin / "enter-node"
 
     @property
     def run(self) -> Path:

@@ -222,3 +222,35 @@ def _isolated_from_local_cluster(request, monkeypatch, tmp_path):
         for name in ("SLURM_CONF", "HPC_CLUSTER_CONFIG"):
             monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("HPC_RUNS_DIR", str(tmp_path / "runs"))
+
+
+@pytest.fixture(scope="session")
+def node_lane():
+    """The node lane (`python -m testbench up --slurm bullseye`, a fast no-op when up): this machine's Slurm 22.05
+    controller and clients, with Debian bullseye nodes (slurmd 20.11, python3 3.9) that see nothing of this
+    machine but one shared dir at /fsx. Returns its testbench.Sandbox: `.env()` points Slurm, hpc and
+    HPC_RUNS_DIR (on /fsx) at it, `.shared_dir` is where both sides see the shared dir. os.environ is left alone:
+    the same session also runs the default lane's tests."""
+    from testbench import discover
+    from testbench.layout import Layout
+
+    res = run_testbench("up", "--slurm", "bullseye", "--json", timeout=900)
+    assert res.returncode == 0, f"python -m testbench up --slurm bullseye failed:\n{res.stderr}"
+    sandbox = discover(Layout.current("bullseye"))
+    assert sandbox is not None and sandbox.shared_dir is not None, "the node lane is up but discover() misses it"
+    return sandbox
+
+
+@pytest.fixture
+def shared_tmp(node_lane, request):
+    """A fresh dir on the node lane's shared dir, at the same path on this machine and on its nodes (where
+    jobs' scripts, payloads and outputs must be); removed afterwards."""
+    import re
+    import shutil
+    import uuid
+
+    name = re.sub(r"[^\w.-]", "_", request.node.name)[:60]
+    path = node_lane.shared_dir / "tests" / f"{name}-{uuid.uuid4().hex[:8]}"
+    path.mkdir(parents=True)
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
