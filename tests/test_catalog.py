@@ -39,7 +39,9 @@ def test_nccl_floors_of_one_instance_and_transport_cover_disjoint_node_counts():
     floors = nccl_floors()
     for f in floors:
         assert f.max_nodes is None or f.max_nodes >= f.min_nodes >= 2, f
-        assert f.floor_busbw_gbs < f.published_busbw_gbs and f.source, f
+        assert f.sizes and f.source, f
+        assert [s.bytes for s in f.sizes] == sorted({s.bytes for s in f.sizes}), f  # ascending, one per size
+        assert all(s.floor_busbw_gbs < s.published_busbw_gbs for s in f.sizes), f
         for g in floors:
             if g is not f and (g.instance, g.transport) == (f.instance, f.transport):
                 assert not any(f.covers(n) and g.covers(n) for n in range(2, 257)), (f, g)

@@ -93,3 +93,29 @@ def test_the_smoke_profile_keeps_its_one_forked_worker():
     spec = build_job_spec(load_recipe("resnet50", profile="smoke"), CPU, 1, profile="smoke")
     argv = list(spec.command)
     assert argv[argv.index("--workers") + 1] == "1" and "--workers" not in {d.key for d in spec.derived}
+
+
+@pytest.mark.parametrize("instance,expected", [
+    ("p5.48xlarge", "16G"), ("p5en.48xlarge", "16G"), ("p6-b200.48xlarge", "16G"), ("p4de.24xlarge", "16G"),
+    ("p4d.24xlarge", "8192M"), ("p3dn.24xlarge", "8192M"), ("dl1.24xlarge", "8192M"), ("g5.12xlarge", "4096M")])
+def test_collectives_reach_16_gib_where_the_accelerator_memory_allows(instance, expected):
+    # report nccl judges a run at its largest size, and busbw on p5-class fabrics still rises past 1 GiB
+    queue = Queue(name="q", instance_type=instance, max_nodes=4)
+    spec = build_job_spec(load_recipe("collectives"), queue, 2)
+    assert spec.command[spec.command.index("-e") + 1] == expected
+
+
+def test_collectives_on_a_cpu_queue_stop_at_the_rules_cpu_cap():
+    spec = build_job_spec(load_recipe("collectives"), CPU, 2)
+    assert spec.command[spec.command.index("-e") + 1] == "1G"
+    rule = next(d.rule for d in spec.derived if d.key == "-e")
+    assert "capped from 16384M: at most 1G on a queue without GPUs" in rule
+    smoke = build_job_spec(load_recipe("collectives", profile="smoke"), CPU, 2)
+    assert smoke.command[smoke.command.index("-e") + 1] == "1M"  # under the cap: kept
+
+
+def test_a_gpu_memory_cap_without_cpu_cap_refuses_a_cpu_queue():
+    rule = load_recipe("collectives").scaling["-e"].model_copy(update={"cpu_cap": None})
+    with pytest.raises(HpcError, match="needs a GPU's memory"):
+        apply_scaling({"-e": rule}, {"-e": "16G"}, nodes=2, ranks_per_node=1, max_nodes=2, gpu_memory_gib=None,
+                      cpus_per_rank=1)

@@ -274,7 +274,8 @@ def test_nccl_lines_of_hosts_whose_names_start_with_a_digit_are_not_rows():
     ("p4d.24xlarge", 2, 50.0, "FAIL", 60.0),   # at line rate on 2 nodes: the tree did not help, something is off
     ("p4d.24xlarge", 3, 47.0, "PASS", 40.0),   # healthy 3+ nodes reach about the line rate, not the 2-node figure
     ("p4d.24xlarge", 8, 45.0, "PASS", 40.0),
-    ("p4d.24xlarge", 4, 12.0, "FAIL", 40.0),   # a bad multi-node run (one rail, or TCP-like) still fails
+    ("p4d.24xlarge", 4, 12.0, "WARN", 40.0),   # a bad multi-node run (one rail, or TCP-like): the floor is an
+                                               # estimate (no published 3+ node run), so it warns
     ("p3dn.24xlarge", 16, 7.0, "PASS", 6.0),   # p3dn's figure is the 8-32 node one: any count
 ])
 def test_the_floor_depends_on_the_node_count(instance_type, nodes, busbw, status, floor):
@@ -283,3 +284,61 @@ def test_the_floor_depends_on_the_node_count(instance_type, nodes, busbw, status
     verdict = judge(t, instance_type)
     assert (verdict.status, verdict.floor_busbw_gbs) == (status, floor), verdict.reason
     assert f"{nodes} nodes" in verdict.reason
+
+
+# ---- judged at the largest size run, floors from published runs, estimates warn -------------------------------
+
+P5_SLOW_AT_1GIB = FIXTURES / "2024_2x-p5_slow-at-1GiB_mpirun-tagged.sample.txt"
+
+
+def test_a_healthy_2x_p5_run_slow_at_1gib_passes_judged_at_its_largest_size():
+    # the shape of the published healthy older-stack 2x p5 run: 313 GB/s at 1 GiB, higher at larger sizes
+    [t] = parse_file(P5_SLOW_AT_1GIB)
+    assert (t.ranks, t.nodes, t.rows[-1].size) == (16, 2, 8 << 30)
+    assert [r.out_of_place.busbw_gbs for r in t.rows if r.size == 1 << 30] == [313.29]
+    verdict = judge(t, "p5.48xlarge")
+    assert (verdict.status, verdict.size_bytes, verdict.measured_busbw_gbs) == ("PASS", 8 << 30, 471.6)
+    assert verdict.floor_busbw_gbs == 380.0 and not verdict.estimate  # the floor measured at 8 GiB
+    assert "at 8 GiB (the largest size run)" in verdict.reason and "awsome-distributed-training" in verdict.source
+
+
+def test_a_healthy_2x_p5_run_that_stopped_at_1gib_is_not_failed():
+    # the old rule judged every run against 350 GB/s at 1 GiB: this healthy published shape was a FAIL
+    text = "\n".join(line for line in P5_SLOW_AT_1GIB.read_text().splitlines()
+                     if not any(f" {size}  " in line for size in (1 << 31, 1 << 32, 1 << 33)))
+    [t] = parse_text(text)
+    assert t.rows[-1].size == 1 << 30
+    verdict = judge(t, "p5.48xlarge")
+    assert verdict.status == "PASS", verdict.reason
+    assert (verdict.status, verdict.size_bytes, verdict.floor_busbw_gbs) == ("PASS", 1 << 30, 250.0)
+    assert "at 1 GiB (the largest size run)" in verdict.reason
+
+
+def test_below_a_measured_floor_at_the_largest_size_fails_even_if_a_smaller_size_was_fast(tmp_path):
+    # 437.79 GB/s at 2 GiB clears that size's floor, but the run is judged at 8 GiB, where 300 is under 380
+    log = tmp_path / "slow-at-8GiB.log"
+    log.write_text(P5_SLOW_AT_1GIB.read_text().replace("471.60", "300.00"))
+    data, _ = report([log], "p5.48xlarge")
+    [test] = data["tests"]
+    assert data["status"] == "FAIL" and test["verdict"]["status"] == "FAIL"
+    assert (test["verdict"]["size_bytes"], test["verdict"]["floor_busbw_gbs"]) == (8 << 30, 380.0)
+    assert "busbw 300 GB/s at 8 GiB" in test["verdict"]["reason"]
+
+
+def test_below_an_estimated_floor_warns_and_the_report_says_warn(tmp_path):
+    # no published run of 3+ p5 nodes: the floor (80% of the line rate) is an estimate, so below it is WARN
+    (tmp_path / "p5x3.log").write_text(nccl_log(200.0, nodes=3))
+    data, _ = report([tmp_path / "p5x3.log"], "p5.48xlarge")
+    [test] = data["tests"]
+    assert data["status"] == "WARN" and test["verdict"]["status"] == "WARN" and test["verdict"]["estimate"]
+    assert "estimated floor" in test["verdict"]["reason"] and test["verdict"]["size_bytes"] == 1 << 30
+    (tmp_path / "p5x2.log").write_text(nccl_log(200.0, nodes=2))  # a measured floor among them: FAIL wins
+    assert report([tmp_path / "p5x3.log", tmp_path / "p5x2.log"], "p5.48xlarge")[0]["status"] == "FAIL"
+
+
+@pytest.mark.parametrize("largest,floor", [
+    (1 << 30, 250.0), ((1 << 30) + (1 << 29), 250.0), (1 << 31, 350.0), (1 << 34, 385.0), (1 << 36, 385.0)])
+def test_the_floor_is_the_one_measured_at_the_largest_size_up_to_the_run(largest, floor):
+    [t] = parse_text(nccl_log(470.0, size=largest))
+    verdict = judge(t, "p5.48xlarge")
+    assert (verdict.status, verdict.floor_busbw_gbs, verdict.size_bytes) == ("PASS", floor, largest)

@@ -50,21 +50,34 @@ class InstanceType:
 
 
 @dataclasses.dataclass(frozen=True)
+class FloorAtSize:
+    """One message size of a floor: the published healthy busbw at that size and the floor set under it."""
+
+    bytes: int
+    published_busbw_gbs: float
+    floor_busbw_gbs: float
+
+
+@dataclasses.dataclass(frozen=True)
 class NcclFloor:
     """The all-reduce bus bandwidth a healthy fabric reaches (see the nccl_floors comment in catalog.yaml)."""
 
     instance: str
     transport: Literal["efa", "tcp"]
     min_nodes: int
-    min_bytes: int
-    published_busbw_gbs: float
-    floor_busbw_gbs: float
+    sizes: tuple[FloorAtSize, ...]  # ascending by bytes
     source: str
     estimate: bool = False
     max_nodes: int | None = None  # None: any count from min_nodes
 
     def covers(self, nodes: int) -> bool:
         return self.min_nodes <= nodes and (self.max_nodes is None or nodes <= self.max_nodes)
+
+    def at(self, size: int) -> FloorAtSize | None:
+        """The floor for a run whose largest message is `size` bytes: the one measured at the largest size up to
+        it (busbw rises with the message size, so a floor measured at a smaller size is the safe side), or None
+        when the run stopped under every measured size."""
+        return next((s for s in reversed(self.sizes) if s.bytes <= size), None)
 
 
 # A type the packaged catalog lacks is added by the user, never by editing the installed package: a YAML file with
@@ -197,7 +210,11 @@ def catalog() -> dict[str, InstanceType]:
 
 @functools.cache
 def nccl_floors() -> tuple[NcclFloor, ...]:
-    return tuple(NcclFloor(**entry) for entry in _catalog_data().get("nccl_floors", []))
+    floors = []
+    for entry in _catalog_data().get("nccl_floors", []):
+        sizes = tuple(sorted((FloorAtSize(**s) for s in entry["sizes"]), key=lambda s: s.bytes))
+        floors.append(NcclFloor(**{**entry, "sizes": sizes}))
+    return tuple(floors)
 
 
 def nccl_floors_for(instance_type: str, transport: str) -> tuple[NcclFloor, ...]:

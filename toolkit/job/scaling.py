@@ -114,10 +114,18 @@ def apply_scaling(scaling: Mapping[str, ScalingRule], args: Mapping[str, Any], *
             derived.append(Derived(flag, str(value), f"{cpus_per_rank} CPUs per rank - {rule.reserve} for the rank's "
                                    f"own process: {rule.why}"))
         else:  # gpu-memory-cap
-            if gpu_memory_gib is None:
-                raise HpcError(f"scaling.{flag} needs a GPU's memory: the queue has no GPUs",
-                               fix="use a GPU queue (--cluster FILE --queue Q)")
             wanted = parse_size(args[flag])
+            if gpu_memory_gib is None:
+                if rule.cpu_cap is None:
+                    raise HpcError(f"scaling.{flag} needs a GPU's memory: the queue has no GPUs",
+                                   fix="use a GPU queue (--cluster FILE --queue Q)")
+                cap = parse_size(rule.cpu_cap)
+                value = str(args[flag]) if wanted <= cap else rule.cpu_cap
+                verdict = "fits" if wanted <= cap else f"capped from {format_size(wanted)}"
+                args[flag] = value
+                derived.append(Derived(flag, value, f"{verdict}: at most {rule.cpu_cap} on a queue without GPUs "
+                                       f"(scaling.{flag}.cpu_cap): {rule.why}"))
+                continue
             cap = memory_cap(gpu_memory_gib, rule.buffers, rule.usable_fraction)
             value = str(args[flag]) if wanted <= cap else format_size(cap)
             args[flag] = value

@@ -223,7 +223,8 @@ class ScalingRule(StrictModel):
                     (fairseq --update-freq)
     linear          value = base x (per-rank batch x world size) / per (e.g. LR 0.1 per 256 images)
     gpu-memory-cap  cap a byte size so `buffers` buffers fit in `usable_fraction` of one GPU's memory
-                    (nccl-tests -e)
+                    (nccl-tests -e); on a queue without GPUs (CPU) cap it at `cpu_cap` (e.g. 1G), or, without
+                    cpu_cap, refuse the queue
     cpus-per-rank   the CPUs each rank is given less `reserve` (at least 0): data-loader worker processes
                     (the rank's own process keeps `reserve` CPUs)
     """
@@ -237,6 +238,7 @@ class ScalingRule(StrictModel):
     per: Annotated[float, Field(gt=0)] | None = None
     buffers: PositiveInt = 3
     usable_fraction: Annotated[float, Field(gt=0, le=1)] = 0.8
+    cpu_cap: Annotated[str, Field(pattern=r"^\d+[KMG]?$")] | None = None
     reserve: Annotated[int, Field(ge=0)] = 1
     reference: Reference | None = None
 

@@ -26,7 +26,7 @@ from typing import Callable, Literal
 from toolkit.errors import HpcError, UsageError
 from toolkit.reports.transport import ANSI, nccl_transport
 
-Status = Literal["PASS", "FAIL", "NO-VERDICT"]
+Status = Literal["PASS", "WARN", "FAIL", "NO-VERDICT"]
 
 # Launcher prefixes, outermost first: Ray's `(head, rank=0, pid=N) `, `(worker1, rank=1, pid=N, ip=A) `,
 # `(RayTrainWorker pid=N, ip=A) `; then mpirun --tag-output's `[1,0]<stdout>:` or srun --label's `0: `.
@@ -127,6 +127,8 @@ class Verdict:
     floor_busbw_gbs: float | None = None
     measured_busbw_gbs: float | None = None
     source: str | None = None
+    size_bytes: int | None = None  # the message size judged: the largest the run reached
+    estimate: bool = False  # the floor is an estimate, not from a measured run: below it is WARN, not FAIL
 
 
 def _spans(numbers: list[int]) -> str:
@@ -392,11 +394,15 @@ def summarize(test: NcclTest) -> dict:
 
 def judge(test: NcclTest, instance_type: str | None = None, nodes: int | None = None,
           transport: str | None = None) -> Verdict:
-    """PASS / FAIL / NO-VERDICT of one test against the catalog floor.
+    """PASS / WARN / FAIL / NO-VERDICT of one test against the catalog floor.
 
-    Wrong values are a FAIL whatever the bandwidth. The floor applies to all-reduce on >= its min_nodes nodes
-    and to sizes >= its min_bytes. The transport judged is the one given, else the instance's own (EFA if it
-    has it), so that an EFA instance that fell back to TCP sockets fails rather than passing a TCP floor.
+    Wrong values are a FAIL whatever the bandwidth. The floor applies to all-reduce on its min_nodes..max_nodes
+    nodes. The run is judged at the largest message size it ran (the best of its out-of-place and in-place busbw
+    there), against the floor measured at the largest size up to that one: busbw still rises past 1 GiB on fast
+    fabrics, and a healthy older stack can be slow at 1 GiB and at full speed at 2 GiB. Below a floor from a
+    measured run is FAIL; below an estimated floor is WARN. The transport judged is the one given, else the
+    instance's own (EFA if it has it), so that an EFA instance that fell back to TCP sockets does not pass a TCP
+    floor.
     """
     from toolkit.catalog import instance, nccl_floor, nccl_floors_for
 
@@ -427,28 +433,49 @@ def judge(test: NcclTest, instance_type: str | None = None, nodes: int | None = 
     if floor is None:
         counts = ", ".join(f"{f.min_nodes}-{f.max_nodes or ''}" for f in floors)
         return Verdict("NO-VERDICT", f"no floor for {nodes} nodes (the catalog's floors cover {counts} nodes)")
-    large = [m.busbw_gbs for r in test.rows if r.size >= floor.min_bytes for m in r.measures()]
-    if not large:
-        biggest = max(r.size for r in test.rows)
-        return Verdict("NO-VERDICT", f"largest message {biggest} B is under the floor's {floor.min_bytes} B "
-                                     "(run with -e 1G or more)", floor.floor_busbw_gbs, source=floor.source)
-    best = max(large)
+    largest = max(r.size for r in test.rows)
+    at = floor.at(largest)
+    if at is None:
+        smallest = floor.sizes[0].bytes
+        return Verdict("NO-VERDICT", f"largest message {largest} B is under the floor's smallest measured size, "
+                                     f"{size_text(smallest)} (run with -e {size_flag(smallest)} or more)",
+                       floor.sizes[0].floor_busbw_gbs, source=floor.source, size_bytes=largest, estimate=floor.estimate)
+    measured = max(m.busbw_gbs for r in test.rows if r.size == largest for m in r.measures())
     note = ""
     if test.transport and test.transport != expected:
         note = f"; NCCL used {test.transport.upper()}, not {expected.upper()}: check the EFA stack (aws-ofi-nccl, FI_PROVIDER)"
-    status: Status = "PASS" if best >= floor.floor_busbw_gbs else "FAIL"
-    reason = (f"best busbw {best:g} GB/s at >= {floor.min_bytes} B vs floor {floor.floor_busbw_gbs:g} GB/s "
-              f"({instance_type}, {expected.upper()}, {nodes} nodes{f' ({how})' if how else ''}){note}")
-    return Verdict(status, reason, floor.floor_busbw_gbs, best, floor.source)
+    status: Status = "PASS" if measured >= at.floor_busbw_gbs else "WARN" if floor.estimate else "FAIL"
+    kind = "estimated floor (not from a measured run: below it warns)" if floor.estimate else "floor"
+    reason = (f"busbw {measured:g} GB/s at {size_text(largest)} (the largest size run) vs {kind} "
+              f"{at.floor_busbw_gbs:g} GB/s at {size_text(at.bytes)} ({instance_type}, {expected.upper()}, "
+              f"{nodes} nodes{f' ({how})' if how else ''}){note}")
+    return Verdict(status, reason, at.floor_busbw_gbs, measured, floor.source, largest, floor.estimate)
+
+
+def size_text(size: int) -> str:
+    """A message size for people: 8 GiB, 256 MiB, 2048 B."""
+    for unit, shift in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
+        if size >= 1 << shift and size % (1 << shift) == 0:
+            return f"{size >> shift} {unit}"
+    return f"{size} B"
+
+
+def size_flag(size: int) -> str:
+    """A size in nccl-tests' -e spelling (K, M, G are powers of 1024)."""
+    for unit, shift in (("G", 30), ("M", 20), ("K", 10)):
+        if size % (1 << shift) == 0:
+            return f"{size >> shift}{unit}"
+    return str(size)
 
 
 def report(paths: list[str | Path], instance_type: str | None = None, nodes: int | None = None,
            transport: str | None = None, verdict: Callable[..., Verdict] | None = None) -> tuple[dict, list[NcclTest]]:
     """Every test in the given logs with its rows, summary and verdict; the overall status is FAIL if any test
-    fails or any file cannot be read (listed under `errors`, the others are still reported), else PASS if any
-    passes, else NO-VERDICT. Returns the JSON-ready report and the parsed tests. When no file can be read at
-    all, the (first) file's error is raised. `verdict(test, instance_type, nodes, transport)`: judge() unless
-    given (toolkit.reports.gaudi.verdict_for judges Gaudi runs against the DL1 post)."""
+    fails or any file cannot be read (listed under `errors`, the others are still reported), else WARN if any
+    is under an estimated floor, else PASS if any passes, else NO-VERDICT. Returns the JSON-ready report and
+    the parsed tests. When no file can be read at all, the (first) file's error is raised.
+    `verdict(test, instance_type, nodes, transport)`: judge() unless given (toolkit.reports.gaudi.verdict_for
+    judges Gaudi runs against the DL1 post)."""
     from toolkit.catalog import instance
 
     if transport not in (None, "efa", "tcp"):
@@ -470,6 +497,7 @@ def report(paths: list[str | Path], instance_type: str | None = None, nodes: int
         entries.append({**summarize(test), "verdict": dataclasses.asdict(judged),
                         "rows": [dataclasses.asdict(r) for r in test.rows]})
     statuses = {e["verdict"]["status"] for e in entries}
-    status = "FAIL" if "FAIL" in statuses or errors else "PASS" if "PASS" in statuses else "NO-VERDICT"
+    status = ("FAIL" if "FAIL" in statuses or errors else "WARN" if "WARN" in statuses
+              else "PASS" if "PASS" in statuses else "NO-VERDICT")
     return {"status": status, "instance_type": instance_type, "tests": entries,
             "errors": [{"source": source, "error": exc.message, "fix": exc.fix} for source, exc in errors]}, tests
