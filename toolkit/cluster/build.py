@@ -44,6 +44,14 @@ COMPUTE_ROOT_GIB = 200  # accelerator nodes' root volume
 SCRATCH = "/scratch"
 IDLE_MINUTES_ACCELERATED = 30  # GPU nodes take minutes to boot: keep them between jobs a little longer
 IDLE_MINUTES = 10  # ParallelCluster's default
+# ParallelCluster runs its DCGM GPU check in every job's prolog, and its health check manager stops a check after
+# 600 s (aws-parallelcluster-cookbook, config_slurm/scripts/health_check_manager.py, health_check_timeout). On p4d/p5
+# the check can outlast ParallelCluster's BatchStartTimeout of 180 s (its slurm.conf.erb): the job fails with
+# "Prolog hung" / "batch job missing" (aws-parallelcluster#6777, a known issue). Both settings below are Slurm's own
+# (slurm.conf(5), 25.11 as in ParallelCluster 3.16.1) and pass pcluster's CustomSlurmSettings deny-list
+# (pcluster/validators/slurm_settings_validator.py: Prolog, Epilog and SlurmctldParameters are denied, these not).
+PROLOG_TIMEOUT_S = 720  # a prolog still running after this is killed: the job is requeued and the node drained
+BATCH_START_TIMEOUT_S = 780  # > PROLOG_TIMEOUT_S: a slow check never turns a batch job into a missing one first
 # ParallelCluster >= 3.11 installs enroot and pyxis with pyxis off (its configs kept in /opt/parallelcluster/examples:
 # aws-parallelcluster-cookbook PR #2820). AWS's samples turn it on with two custom actions: the head node's moves
 # the enroot, SPANK and pyxis configs into place and reconfigures Slurm, each compute node's does the same on start
@@ -324,7 +332,7 @@ def _queue(spec: ClusterSpec, queue: QueueSpec, it: InstanceType, reservation: s
     if it.is_gpu:  # ParallelCluster's GPU check is NVIDIA DCGM's: for NVIDIA queues only
         entry["HealthChecks"] = _map(("Gpu", _map(("Enabled", True), Enabled=(
             "ParallelCluster runs a DCGM GPU check in each job's prolog: a node whose GPUs fail it is drained, "
-            "not given the job (p4d/p5: a slow check can fail jobs with 'Prolog hung', aws-parallelcluster#6777)"))))
+            "not given the job (its time limits: SlurmSettings/CustomSlurmSettings)"))))
     actions = _map()
     if spec.pyxis:
         actions["OnNodeStart"] = _map(("Script", PYXIS_COMPUTE_SCRIPT))
@@ -469,6 +477,14 @@ def build_config(spec: ClusterSpec, output: str = "cluster.yaml"):
                  ScaledownIdletime=("minutes an idle dynamic node stays up: GPU nodes take minutes to boot, so "
                                     "keep them between jobs" if accelerated else "minutes an idle dynamic node "
                                     "stays up (ParallelCluster's default)"))
+    if any(t.is_gpu for t in types.values()):  # the queues with ParallelCluster's GPU health check (_queue)
+        slurm["CustomSlurmSettings"] = _seq(
+            _map(("BatchStartTimeout", BATCH_START_TIMEOUT_S), BatchStartTimeout=(
+                "s: room for the GPU check in the prolog (ParallelCluster's 180 can fail p4d/p5 jobs, "
+                "aws-parallelcluster#6777)")),
+            _map(("PrologEpilogTimeout", PROLOG_TIMEOUT_S), PrologEpilogTimeout=(
+                "s: a hung prolog is killed, its job requeued and the node drained (Slurm waits forever "
+                "by default); ParallelCluster stops its check at 600")))
     doc = _map(("Region", spec.region), ("Image", image), ("HeadNode", head),
                ("Scheduling", _map(("Scheduler", "slurm"), ("SlurmSettings", slurm), ("SlurmQueues", queues))))
     if spec.fsx:
