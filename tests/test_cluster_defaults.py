@@ -98,8 +98,57 @@ def test_the_job_clusters_have_the_same_defaults_and_pass_validate(path):
     for queue in config["Scheduling"]["SlurmQueues"]:
         itype = queue["ComputeResources"][0]["Instances"][0]["InstanceType"]
         assert ("HealthChecks" in queue) == instance(itype).is_gpu, queue["Name"]
+    if any("HealthChecks" in queue for queue in config["Scheduling"]["SlurmQueues"]):
+        from toolkit.cluster.build import BATCH_START_TIMEOUT_S, PROLOG_TIMEOUT_S
+
+        assert _custom_slurm_settings(config) == {"BatchStartTimeout": BATCH_START_TIMEOUT_S,
+                                                  "PrologEpilogTimeout": PROLOG_TIMEOUT_S}
 
 
 def test_the_dl1_cluster_asks_for_an_ami_built_from_the_habana_dlami():
     text = (REPO / "jobs" / "dl1-cluster.yaml").read_text()
     assert "pcluster build-image" in text and "ParentImage" in text
+
+
+def _custom_slurm_settings(config: dict) -> dict:
+    settings = config["Scheduling"]["SlurmSettings"].get("CustomSlurmSettings") or []
+    return {key: value for item in settings for key, value in item.items()}
+
+
+def test_gpu_health_checks_come_with_prolog_time_limits_pcluster_accepts(tmp_path):
+    # aws-parallelcluster#6777: the DCGM check in each job's prolog can outlast ParallelCluster's BatchStartTimeout
+    # (180 s) on p4d/p5; a hung prolog is bounded by PrologEpilogTimeout (Slurm waits forever by default)
+    from toolkit.cluster.build import BATCH_START_TIMEOUT_S, PROLOG_TIMEOUT_S
+
+    config, _ = _config(tmp_path, "--queue-spec", "gpu=p5.48xlarge:2", "--queue-spec", "cpu=c5n.18xlarge:2")
+    assert _queues(config)["gpu"]["HealthChecks"] == {"Gpu": {"Enabled": True}}
+    settings = _custom_slurm_settings(config)
+    assert settings == {"BatchStartTimeout": BATCH_START_TIMEOUT_S, "PrologEpilogTimeout": PROLOG_TIMEOUT_S}
+    # ParallelCluster's health check manager stops a check at 600 s; the prolog limit lies above it, and the batch
+    # start limit above that
+    assert 600 < PROLOG_TIMEOUT_S < BATCH_START_TIMEOUT_S < 2 ** 16  # slurm.conf reads both as uint16
+    (tmp_path / "cpu").mkdir()
+    cpu_only, _ = _config(tmp_path / "cpu", "--queue-spec", "cpu=c5n.18xlarge:2")
+    assert "CustomSlurmSettings" not in cpu_only["Scheduling"]["SlurmSettings"]
+
+
+def test_the_prolog_time_limits_are_not_on_pclusters_deny_list():
+    # aws-parallelcluster 3.16.1 pcluster/validators/slurm_settings_validator.py: the keys ParallelCluster manages
+    # itself (Prolog, Epilog, SlurmctldParameters, ...) are refused in CustomSlurmSettings
+    from pcluster.validators.slurm_settings_validator import SLURM_SETTINGS_DENY_LIST
+
+    denied = {key for keys in SLURM_SETTINGS_DENY_LIST["SlurmConf"].values() for key in keys}
+    assert {"prolog", "epilog", "slurmctldparameters"} <= denied
+    assert not {"batchstarttimeout", "prologepilogtimeout"} & denied
+
+
+def test_pclusters_own_validator_reads_the_generated_custom_slurm_settings(tmp_path):
+    # the offline path runs CustomSlurmSettingsValidator: a denied key planted next to ours is an error there, ours not
+    from toolkit.cluster.validate import validate_config
+
+    config, _ = _config(tmp_path, "--queue-spec", "gpu=p4d.24xlarge:2")
+    ours = [f for f in validate_config(config).findings if "CustomSlurmSettings" in f.path or "Slurm" in f.source]
+    assert not [f for f in ours if f.level == "error"], ours
+    config["Scheduling"]["SlurmSettings"]["CustomSlurmSettings"].append({"Prolog": "/opt/mine/*"})
+    errors = [f for f in validate_config(config).findings if f.level == "error"]
+    assert any(f.source == "CustomSlurmSettingsValidator" and "Prolog" in f.message for f in errors), errors

@@ -155,3 +155,28 @@ def test_validation_leaves_pyyaml_safeloader_alone():
     validate_config(copy.deepcopy(P3DN))
     assert dict(yaml.SafeLoader.yaml_constructors) == before
     assert yaml.safe_load("a: 1\na: 2\n") == {"a": 2}  # PyYAML's own behaviour, unchanged
+
+
+def test_custom_action_scripts_on_a_branch_get_a_warning_naming_them():
+    # a script fetched from a branch runs as root on every node as the branch holds it at boot; a moved file fails
+    # OnNodeConfigured and the cluster ends CREATE_FAILED. A commit, a tag or the admin's S3 copy holds still.
+    config = copy.deepcopy(P5)
+    commit = "5f87e2af8e3bce3c5dc2e699336b3cd36e3aaa1f"
+    raw = "https://raw.githubusercontent.com/aws-samples/aws-parallelcluster-post-install-scripts"
+    config["HeadNode"]["CustomActions"] = {
+        "OnNodeConfigured": {"Script": f"{raw}/main/pyxis/postinstall.sh"},
+        "OnNodeStart": {"Script": f"{raw}/{commit}/enable-pyxis/head-node/postscript.sh"}}
+    queue = config["Scheduling"]["SlurmQueues"][0]
+    queue["CustomActions"] = {"OnNodeStart": {"Sequence": [
+        {"Script": "s3://my-bucket/enable-pyxis.sh", "Args": ["compute-node"]},
+        {"Script": "https://github.com/org/tools/raw/refs/heads/dev/setup.sh"},
+        {"Script": "https://raw.githubusercontent.com/org/tools/refs/tags/v1.2/setup.sh"}]}}
+    warned = {f.path: f for f in validate_config(config).findings if "not a commit" in f.message}
+    assert set(warned) == {"HeadNode/CustomActions/OnNodeConfigured/Script",
+                           f"Scheduling/SlurmQueues[{queue['Name']}]/CustomActions/OnNodeStart/Sequence[1]/Script"}
+    head = warned["HeadNode/CustomActions/OnNodeConfigured/Script"]
+    assert head.level == "warning" and "'main'" in head.message and "pyxis/postinstall.sh" in head.message
+    assert "40-hex commit" in head.fix and "s3://" in head.fix
+    assert "'refs/heads/dev'" in warned[f"Scheduling/SlurmQueues[{queue['Name']}]/CustomActions/OnNodeStart/"
+                                         "Sequence[1]/Script"].message
+    assert validate_config(config).valid  # a warning: the file is still a valid config

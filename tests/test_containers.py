@@ -165,12 +165,20 @@ def test_cluster_config_pyxis_adds_aws_custom_actions(tmp_path):
     assert res.returncode == 0, res.stderr
     import yaml
 
-    from toolkit.cluster.build import PYXIS_COMPUTE_SCRIPT, PYXIS_HEAD_SCRIPT
+    from toolkit.cluster.build import PYXIS_COMMIT, PYXIS_COMPUTE_SCRIPT, PYXIS_HEAD_SCRIPT
 
     doc = yaml.safe_load(out.read_text())
     assert doc["HeadNode"]["CustomActions"]["OnNodeConfigured"]["Script"] == PYXIS_HEAD_SCRIPT
     assert all(q["CustomActions"]["OnNodeStart"]["Script"] == PYXIS_COMPUTE_SCRIPT
                for q in doc["Scheduling"]["SlurmQueues"])
+    # run as root on every node: pinned to a commit of aws-samples/aws-parallelcluster-post-install-scripts where
+    # enable-pyxis/head-node/postscript.sh and compute-node/postscript.sh exist (its main branch has no enable-pyxis/)
+    assert PYXIS_COMMIT == "5f87e2af8e3bce3c5dc2e699336b3cd36e3aaa1f"
+    prefix = f"https://raw.githubusercontent.com/aws-samples/aws-parallelcluster-post-install-scripts/{PYXIS_COMMIT}/"
+    assert PYXIS_HEAD_SCRIPT == prefix + "enable-pyxis/head-node/postscript.sh"
+    assert PYXIS_COMPUTE_SCRIPT == prefix + "enable-pyxis/compute-node/postscript.sh"
+    valid = run_hpc("cluster", "validate", str(out), "--json")
+    assert not [f for f in cli_json(valid)["findings"] if "not a commit" in f["message"]]
     assert " --pyxis -o " in out.read_text().splitlines()[1]  # the header's command makes the same file
     from toolkit.health.containers import config_enables_pyxis
 
@@ -218,3 +226,42 @@ def test_the_node_check_reports_enroots_version(tmp_path):
     enroot.chmod(0o755)
     assert gather(Node(str(tmp_path), {"PATH": "/usr/bin"}))["enroot"] == {"path": str(enroot), "version": "4.1.2"}
     assert gather(Node(str(tmp_path / "bare"), {"PATH": "/usr/bin"}))["enroot"] == {"path": None, "version": None}
+
+
+def test_pyxis_script_writes_the_toolkits_script_and_the_config_runs_it_from_s3(tmp_path):
+    import subprocess
+
+    import yaml
+
+    from toolkit.cluster.build import pyxis_script_text
+
+    res = run_hpc("cluster", "pyxis-script", "-o", str(tmp_path), "--json")
+    assert res.returncode == 0, res.stderr
+    script = tmp_path / "enable-pyxis.sh"
+    assert script.read_text() == pyxis_script_text() and script.stat().st_mode & 0o111
+    assert cli_json(res)["upload"].startswith("aws s3 cp ")
+    assert subprocess.run(["bash", "-n", str(script)]).returncode == 0
+    wrong = subprocess.run(["bash", str(script), "login-node"], capture_output=True, text=True)
+    assert wrong.returncode == 2 and "head-node or compute-node" in wrong.stderr  # refused before touching anything
+    assert "curl" not in script.read_text() and "wget" not in script.read_text()  # it downloads nothing
+
+    url = "s3://my-bucket/tools/enable-pyxis.sh"
+    out = tmp_path / "c.yaml"
+    res = run_hpc("cluster", "config", "--name", "c", "--region", "us-east-1", "--subnet", "subnet-0123456789abcdef0",
+                  "--key-name", "k", "--queue-spec", "gpu=p4d.24xlarge:2", "--pyxis-script", url, "-o", str(out))
+    assert res.returncode == 0, res.stderr
+    doc = yaml.safe_load(out.read_text())
+    read_only = [{"BucketName": "my-bucket", "EnableWriteAccess": False}]
+    assert doc["HeadNode"]["CustomActions"]["OnNodeConfigured"] == {"Script": url, "Args": ["head-node"]}
+    assert doc["HeadNode"]["Iam"]["S3Access"] == read_only
+    queue = doc["Scheduling"]["SlurmQueues"][0]
+    assert queue["CustomActions"]["OnNodeStart"] == {"Script": url, "Args": ["compute-node"]}
+    assert queue["Iam"]["S3Access"] == read_only
+    assert f" --pyxis-script {url} -o " in out.read_text().splitlines()[1]
+    from toolkit.health.containers import config_enables_pyxis
+
+    assert config_enables_pyxis(doc)
+    bad = run_hpc("cluster", "config", "--name", "c", "--region", "us-east-1", "--subnet", "subnet-0123456789abcdef0",
+                  "--key-name", "k", "--queue-spec", "gpu=p4d.24xlarge:2", "--pyxis-script",
+                  "https://raw.githubusercontent.com/o/r/main/x.sh", "-o", str(tmp_path / "bad.yaml"))
+    assert bad.returncode == 2 and "hpc cluster pyxis-script" in bad.stderr

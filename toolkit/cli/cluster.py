@@ -53,7 +53,11 @@ def config(
                                                  "for ML: the queue runs its MAX_NODES for the block's duration."),
     post_install: Optional[str] = typer.Option(None, "--post-install", help="Script URL run on compute nodes."),
     pyxis: bool = typer.Option(False, "--pyxis", help="Enable pyxis + enroot (jobs with software.container, "
-                                                      "hpc run --container) with AWS's custom actions."),
+                                                      "hpc run --container) with AWS's custom actions, pinned to a "
+                                                      "commit."),
+    pyxis_script: Optional[str] = typer.Option(None, "--pyxis-script", metavar="S3_URL", help="Enable pyxis with "
+                                               "your copy of the toolkit's script on S3 instead (written by `hpc "
+                                               "cluster pyxis-script`); implies --pyxis."),
     output: str = typer.Option(..., "--output", "-o", metavar="FILE|DIR|-", help="File to write (a directory: "
                                "NAME.yaml in it; -: stdout)."),
     force: bool = o.FORCE,
@@ -80,7 +84,7 @@ def config(
         queues=tuple(parse_queue(q) for q in queue), head_node=head_node, os=os.value, custom_ami=custom_ami, fsx=fsx,
         capacity_reservation=reservation or None, reservation_queue=reservation_queue or None,
         capacity_block=block or None, capacity_block_queue=block_queue or None, post_install=post_install,
-        ssh_allowed_ips=ssh_allowed_ips or SSH_ALLOWED_IPS, pyxis=pyxis)
+        ssh_allowed_ips=ssh_allowed_ips or SSH_ALLOWED_IPS, pyxis=pyxis, pyxis_script=pyxis_script)
     path = output_target(output, f"{name}.yaml")
     if path is None:  # -o -: the config on stdout (with --json, in the envelope's data)
         text, warnings = config_text(spec, "-")
@@ -92,6 +96,30 @@ def config(
         warn(message)
     emit({"file": str(path) if path else None, "text": text, "warnings": warnings}, as_json,
          f"wrote {path}" if path else None)
+
+
+@app.command("pyxis-script")
+def pyxis_script(
+    output: str = typer.Option(..., "--output", "-o", metavar="FILE|DIR|-", help="File to write (a directory: "
+                               "enable-pyxis.sh in it; -: stdout)."),
+    force: bool = o.FORCE,
+    as_json: bool = JSON_OPTION,
+) -> None:
+    """Write the script that turns pyxis on, to upload to your S3 bucket for `hpc cluster config --pyxis-script`."""
+    from toolkit.cli.output import write_output
+    from toolkit.cluster.build import PYXIS_SCRIPT_NAME, pyxis_script_text
+
+    text = pyxis_script_text()
+    path = output_target(output, PYXIS_SCRIPT_NAME)
+    if path is None:
+        if not as_json:
+            typer.echo(text, nl=False)
+    else:
+        write_output(path, text, force)
+        path.chmod(0o755)
+    upload = f"aws s3 cp {shlex.quote(str(path or PYXIS_SCRIPT_NAME))} s3://BUCKET/KEY"
+    emit({"file": str(path) if path else None, "text": text, "upload": upload}, as_json,
+         f"wrote {path}\nnext: {upload}, then hpc cluster config ... --pyxis-script s3://BUCKET/KEY" if path else None)
 
 
 def _validation_text(report: dict) -> str:

@@ -44,14 +44,29 @@ COMPUTE_ROOT_GIB = 200  # accelerator nodes' root volume
 SCRATCH = "/scratch"
 IDLE_MINUTES_ACCELERATED = 30  # GPU nodes take minutes to boot: keep them between jobs a little longer
 IDLE_MINUTES = 10  # ParallelCluster's default
+# ParallelCluster runs its DCGM GPU check in every job's prolog, and its health check manager stops a check after
+# 600 s (aws-parallelcluster-cookbook, config_slurm/scripts/health_check_manager.py, health_check_timeout). On p4d/p5
+# the check can outlast ParallelCluster's BatchStartTimeout of 180 s (its slurm.conf.erb): the job fails with
+# "Prolog hung" / "batch job missing" (aws-parallelcluster#6777, a known issue). Both settings below are Slurm's own
+# (slurm.conf(5), 25.11 as in ParallelCluster 3.16.1) and pass pcluster's CustomSlurmSettings deny-list
+# (pcluster/validators/slurm_settings_validator.py: Prolog, Epilog and SlurmctldParameters are denied, these not).
+PROLOG_TIMEOUT_S = 720  # a prolog still running after this is killed: the job is requeued and the node drained
+BATCH_START_TIMEOUT_S = 780  # > PROLOG_TIMEOUT_S: a slow check never turns a batch job into a missing one first
 # ParallelCluster >= 3.11 installs enroot and pyxis with pyxis off (its configs kept in /opt/parallelcluster/examples:
 # aws-parallelcluster-cookbook PR #2820). AWS's samples turn it on with two custom actions: the head node's moves
 # the enroot, SPANK and pyxis configs into place and reconfigures Slurm, each compute node's does the same on start
 # (aws-samples/aws-parallelcluster-post-install-scripts enable-pyxis/README.md, head-node/ and compute-node/
 # postscript.sh; AWS ParallelCluster User Guide, "Running containerized jobs with Pyxis").
-PYXIS_SCRIPTS = "https://raw.githubusercontent.com/aws-samples/aws-parallelcluster-post-install-scripts/main/enable-pyxis"
+# They run as root on every node, so they are pinned to a commit: enable-pyxis/ exists at this one (the head of
+# that repository's pull request #50) and never on its main branch, where a URL naming it fails OnNodeConfigured
+# and the cluster ends CREATE_FAILED. (main's pyxis/postinstall.sh is no pin: it downloads a cookbook template
+# from a branch as root.) --pyxis-script runs the toolkit's own script (enable-pyxis.sh) from the admin's S3.
+PYXIS_COMMIT = "5f87e2af8e3bce3c5dc2e699336b3cd36e3aaa1f"
+PYXIS_SCRIPTS = ("https://raw.githubusercontent.com/aws-samples/aws-parallelcluster-post-install-scripts/"
+                 f"{PYXIS_COMMIT}/enable-pyxis")
 PYXIS_HEAD_SCRIPT = f"{PYXIS_SCRIPTS}/head-node/postscript.sh"
 PYXIS_COMPUTE_SCRIPT = f"{PYXIS_SCRIPTS}/compute-node/postscript.sh"
+PYXIS_SCRIPT_NAME = "enable-pyxis.sh"  # the toolkit's own, in this package; its argument says the node's role
 
 
 @dataclasses.dataclass(frozen=True)
@@ -112,6 +127,11 @@ class ClusterSpec:
     post_install: str | None = None
     ssh_allowed_ips: str = SSH_ALLOWED_IPS  # a CIDR or a prefix list id (pl-...)
     pyxis: bool = False  # enable pyxis (srun --container-image) with AWS's custom actions (PYXIS_*_SCRIPT)
+    pyxis_script: str | None = None  # s3:// URL of the admin's copy of enable-pyxis.sh, run instead (implies pyxis)
+
+    @property
+    def pyxis_on(self) -> bool:
+        return self.pyxis or bool(self.pyxis_script)
 
 
 def parse_queue(text: str, option: str = "--queue-spec") -> QueueSpec:
@@ -166,6 +186,10 @@ def _check_spec(spec: ClusterSpec) -> dict[str, InstanceType]:
         flags.reservation_id(spec.capacity_reservation, "--capacity-reservation")
     if spec.capacity_block:
         flags.reservation_id(spec.capacity_block, "--capacity-block")
+    if spec.pyxis_script and not re.fullmatch(r"s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]/\S*[^/\s]", spec.pyxis_script):
+        raise UsageError(f"--pyxis-script {spec.pyxis_script!r} is not the s3:// URL of a script",
+                         fix=f"write the script with `hpc cluster pyxis-script -o {PYXIS_SCRIPT_NAME}`, upload it "
+                         f"(aws s3 cp {PYXIS_SCRIPT_NAME} s3://BUCKET/KEY) and give --pyxis-script s3://BUCKET/KEY")
     types = {q.name: flags.instance_type(q.instance_type, "--queue-spec", f"{q.name}={q.instance_type}:{q.max_nodes}")
              for q in spec.queues}
     for queue in spec.queues:
@@ -253,6 +277,22 @@ def _seq(*items: Any):
     return _ruamel().comments.CommentedSeq(items)
 
 
+def _pyxis_action(spec: ClusterSpec, role: str, pinned: str):
+    """The custom action that turns pyxis on for ROLE (head-node, compute-node): the admin's copy of the toolkit's
+    script on S3, else AWS's script pinned to a commit."""
+    if spec.pyxis_script:
+        return _map(("Script", spec.pyxis_script), ("Args", _seq(role)))
+    return _map(("Script", pinned))
+
+
+def _s3_read_access(*urls: str | None):
+    """Iam for a node that reads scripts from these s3:// URLs (None where none is on S3)."""
+    buckets = list(dict.fromkeys(b for url in urls if url and (b := _bucket(url))))
+    if not buckets:
+        return None
+    return _map(("S3Access", _seq(*(_map(("BucketName", b), ("EnableWriteAccess", False)) for b in buckets))))
+
+
 def _bucket(url: str) -> str | None:
     return url[len("s3://"):].split("/")[0] if url.startswith("s3://") else None
 
@@ -324,18 +364,17 @@ def _queue(spec: ClusterSpec, queue: QueueSpec, it: InstanceType, reservation: s
     if it.is_gpu:  # ParallelCluster's GPU check is NVIDIA DCGM's: for NVIDIA queues only
         entry["HealthChecks"] = _map(("Gpu", _map(("Enabled", True), Enabled=(
             "ParallelCluster runs a DCGM GPU check in each job's prolog: a node whose GPUs fail it is drained, "
-            "not given the job (p4d/p5: a slow check can fail jobs with 'Prolog hung', aws-parallelcluster#6777)"))))
+            "not given the job (its time limits: SlurmSettings/CustomSlurmSettings)"))))
     actions = _map()
-    if spec.pyxis:
-        actions["OnNodeStart"] = _map(("Script", PYXIS_COMPUTE_SCRIPT))
+    if spec.pyxis_on:
+        actions["OnNodeStart"] = _pyxis_action(spec, "compute-node", PYXIS_COMPUTE_SCRIPT)
         _note(actions, "OnNodeStart", "enables pyxis on each node as it starts (srun --container-image)")
     if spec.post_install:
         actions["OnNodeConfigured"] = _map(("Script", spec.post_install))
     if actions:
         entry["CustomActions"] = actions
-    if spec.post_install:
-        if bucket := _bucket(spec.post_install):
-            entry["Iam"] = _map(("S3Access", _seq(_map(("BucketName", bucket), ("EnableWriteAccess", False)))))
+    if iam := _s3_read_access(spec.pyxis_script, spec.post_install):
+        entry["Iam"] = iam
     entry["Tags"] = tags
     entry.yaml_set_comment_before_after_key("Tags", before=(
         f"hpc reads these: {TAG_EFA_STACK} picks the EFA/NCCL environment ({', '.join(EFA_STACKS)})"
@@ -397,9 +436,16 @@ def command_line(spec: ClusterSpec, output: str) -> str:
         args += ["--post-install", spec.post_install]
     if spec.ssh_allowed_ips != SSH_ALLOWED_IPS:
         args += ["--ssh-allowed-ips", spec.ssh_allowed_ips]
-    if spec.pyxis:
+    if spec.pyxis_script:
+        args += ["--pyxis-script", spec.pyxis_script]
+    elif spec.pyxis:
         args.append("--pyxis")
     return shlex.join([*args, "-o", output])
+
+
+def pyxis_script_text() -> str:
+    """The toolkit's script that turns pyxis on (run by --pyxis-script's custom actions)."""
+    return (Path(__file__).parent / PYXIS_SCRIPT_NAME).read_text(encoding="utf-8")
 
 
 def comment_safe(text: str) -> str:
@@ -455,9 +501,13 @@ def build_config(spec: ClusterSpec, output: str = "cluster.yaml"):
                                     "VPC), not ParallelCluster's 0.0.0.0/0")))),
                 ("LocalStorage", _map(("RootVolume", _map(("Size", HEAD_ROOT_GIB), Size=(
                     "GiB: Slurm state, logs and software built on the head node outgrow the AMI's 40"))))))
-    if spec.pyxis:
-        head["CustomActions"] = _map(("OnNodeConfigured", _map(("Script", PYXIS_HEAD_SCRIPT), Script=(
-            "enables pyxis on the head node (srun --container-image; off by default since ParallelCluster 3.11)"))))
+    if spec.pyxis_on:
+        action = _pyxis_action(spec, "head-node", PYXIS_HEAD_SCRIPT)
+        _note(action, "Script", "enables pyxis on the head node (srun --container-image; off by default since "
+              "ParallelCluster 3.11)" + ("" if spec.pyxis_script else f"; pinned to commit {PYXIS_COMMIT[:12]}"))
+        head["CustomActions"] = _map(("OnNodeConfigured", action))
+        if iam := _s3_read_access(spec.pyxis_script):
+            head["Iam"] = iam
 
     def reservation_of(q: QueueSpec) -> str | None:
         return spec.capacity_reservation if q.name == reservation_queue else \
@@ -469,6 +519,14 @@ def build_config(spec: ClusterSpec, output: str = "cluster.yaml"):
                  ScaledownIdletime=("minutes an idle dynamic node stays up: GPU nodes take minutes to boot, so "
                                     "keep them between jobs" if accelerated else "minutes an idle dynamic node "
                                     "stays up (ParallelCluster's default)"))
+    if any(t.is_gpu for t in types.values()):  # the queues with ParallelCluster's GPU health check (_queue)
+        slurm["CustomSlurmSettings"] = _seq(
+            _map(("BatchStartTimeout", BATCH_START_TIMEOUT_S), BatchStartTimeout=(
+                "s: room for the GPU check in the prolog (ParallelCluster's 180 can fail p4d/p5 jobs, "
+                "aws-parallelcluster#6777)")),
+            _map(("PrologEpilogTimeout", PROLOG_TIMEOUT_S), PrologEpilogTimeout=(
+                "s: a hung prolog is killed, its job requeued and the node drained (Slurm waits forever "
+                "by default); ParallelCluster stops its check at 600")))
     doc = _map(("Region", spec.region), ("Image", image), ("HeadNode", head),
                ("Scheduling", _map(("Scheduler", "slurm"), ("SlurmSettings", slurm), ("SlurmQueues", queues))))
     if spec.fsx:

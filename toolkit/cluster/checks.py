@@ -8,11 +8,14 @@
   DataRepositoryAssociations)
 - a placement group together with a targeted capacity reservation
 - instance types the catalog does not know (a warning: the checks that need their facts are limited)
+- a custom action script fetched from a branch of a Git host (a warning: it runs as root on every node, and a
+  moved or changed file there changes or breaks the nodes' bootstrap; a commit or S3 holds still)
 The config generator uses the same messages, so `hpc cluster config` and `hpc cluster validate` agree.
 """
 
 from __future__ import annotations
 
+import re
 from typing import Any, Iterator
 
 from toolkit.catalog import catalog, facts_hint, suggestion
@@ -58,6 +61,15 @@ PG_RESERVATION_FIX = (
     "set Networking/PlacementGroup/Enabled: false on this compute resource (the reservation brings its own "
     "placement), or name the cluster placement group the reservation was created in"
 )
+
+
+# A script URL on a Git host, and the ref it names: raw.githubusercontent.com/OWNER/REPO/REF/PATH (REF may be
+# refs/heads/BRANCH or refs/tags/TAG), github.com/OWNER/REPO/raw/REF/PATH, gitlab.com/GROUP/REPO/-/raw/REF/PATH.
+GIT_HOST_SCRIPT = re.compile(
+    r"https?://(?:raw\.githubusercontent\.com/[^/]+/[^/]+/|github\.com/[^/]+/[^/]+/(?:raw|blob)/|"
+    r"gitlab\.com/(?:[^/]+/)+-/raw/)(?P<ref>refs/(?:heads|tags)/[^/]+|[^/]+)/")
+COMMIT = re.compile(r"[0-9a-f]{40}|[0-9a-f]{64}")
+CUSTOM_ACTION_EVENTS = ("OnNodeStart", "OnNodeConfigured", "OnNodeUpdated")
 
 
 def _dict(value: Any) -> dict:
@@ -205,8 +217,45 @@ def placement_group_with_reservation(config: dict) -> list[Finding]:
     return found
 
 
+def custom_action_scripts(config: dict) -> Iterator[tuple[str, str]]:
+    """(key path, script URL) of every custom action: the head node's and each queue's, one Script or a
+    Sequence of them."""
+    sections = [("HeadNode", _dict(config.get("HeadNode")))] + [
+        (f"Scheduling/SlurmQueues[{name}]", queue)
+        for name, queue in _named(_dict(config.get("Scheduling")).get("SlurmQueues"))]
+    for where, section in sections:
+        actions = _dict(section.get("CustomActions"))
+        for event in CUSTOM_ACTION_EVENTS:
+            action = _dict(actions.get(event))
+            if isinstance(action.get("Script"), str):
+                yield f"{where}/CustomActions/{event}/Script", action["Script"]
+            for index, step in enumerate(action.get("Sequence") or []):
+                if isinstance(step, dict) and isinstance(step.get("Script"), str):
+                    yield f"{where}/CustomActions/{event}/Sequence[{index}]/Script", step["Script"]
+
+
+def unpinned_scripts(config: dict) -> list[Finding]:
+    """A custom action fetched from a branch of a Git host runs whatever that branch holds when each node
+    boots, as root; the file moving makes the action fail, and the cluster CREATE_FAILED. A full commit id or a
+    tag (refs/tags/...) in the URL holds still, as does the admin's own S3 copy."""
+    found = []
+    for path, url in custom_action_scripts(config):
+        match = GIT_HOST_SCRIPT.match(url.strip())
+        if not match or COMMIT.fullmatch(match["ref"]) or match["ref"].startswith("refs/tags/"):
+            continue
+        found.append(Finding(
+            "warning", path,
+            f"{url} names the branch (or ref) {match['ref']!r}, not a commit: the script runs as root on every node "
+            "as that branch holds it when the node boots, and if the file moves the action fails and the cluster "
+            "ends CREATE_FAILED (or nodes fail to start)",
+            f"pin it: put the full 40-hex commit id in place of {match['ref']!r} (a commit where the file exists), "
+            "or upload your reviewed copy to your S3 bucket and give its s3:// URL (with Iam/S3Access for the "
+            "bucket; for pyxis: hpc cluster pyxis-script, then hpc cluster config --pyxis-script s3://...)"))
+    return found
+
+
 def check(config: dict) -> list[Finding]:
     """All of the toolkit's own checks, in a stable order."""
     return (unknown_instance_types(config) + official_ami_traps(config) + capacity_block_rules(config)
             + fsx_persistent2_s3_link(config)
-            + gdr_without_efa(config) + placement_group_with_reservation(config))
+            + gdr_without_efa(config) + placement_group_with_reservation(config) + unpinned_scripts(config))
