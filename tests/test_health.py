@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import ast
+import glob
 import json
 import os
 import shlex
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -13,8 +16,10 @@ import pytest
 
 from toolkit.cluster.queues import Queue
 from toolkit.health import doctor
+from toolkit.node import standalone_source
 from toolkit.node.evaluate import CHECKS, evaluate, version_tuple
 from toolkit.node.node_check import Node, gather
+from toolkit.node.preflight import judge
 
 P3DN = Queue("p3dn", "p3dn.24xlarge", 8, efa_stack="modern", fsx_mount="/fsx", efa_enabled=True)
 P4D = Queue("p4d", "p4d.24xlarge", 8, efa_stack="modern", fsx_mount="/fsx", efa_enabled=True)
@@ -88,6 +93,38 @@ def healthy_tree(root: Path, *, gpus: int = 8, ofi_version: str = "1.7.4-aws", l
     return root
 
 
+def plugin_library(path: Path, version: str, soname: str = "libnccl-net.so") -> Path:
+    """A real ELF shared library standing in for aws-ofi-nccl: its SONAME, the net plugin symbol NCCL looks up,
+    and the string the real one compiles in ("Initializing " PACKAGE_STRING: aws/aws-ofi-nccl
+    src/nccl_ofi_net.cpp, PACKAGE_STRING from configure.ac's AC_INIT([aws-ofi-nccl], [VERSION]))."""
+    if shutil.which("cc") is None:
+        pytest.skip("no C compiler to build a shared library")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    source = path.parent / "plugin.c"
+    source.write_text(f'const char *banner = "Initializing aws-ofi-nccl {version}";\nint ncclNetPlugin_v9 = 1;\n')
+    subprocess.run(["cc", "-shared", "-fPIC", f"-Wl,-soname,{soname}", "-o", str(path), str(source)], check=True)
+    source.unlink()
+    return path
+
+
+def ld_so_conf(root: Path, *dirs: str) -> None:
+    """/etc/ld.so.conf as Debian/Ubuntu and Amazon Linux have it, a package's file in ld.so.conf.d, and the real
+    ldconfig building ROOT/etc/ld.so.cache from them (chrooted: the cache's paths are the node's)."""
+    write(root / "etc/ld.so.conf", "include /etc/ld.so.conf.d/*.conf\n")
+    # the file aws-ofi-nccl's .deb installs (aws/aws-ofi-nccl contrib/debian-template/rules, before v1.17.0:
+    # "/opt/amazon/ofi-nccl/lib/$(MULTIARCH_DIR)/")
+    write(root / "etc/ld.so.conf.d/100_ofinccl.conf", "".join(f"{d}\n" for d in dirs))
+    ldconfig = shutil.which("ldconfig", path="/sbin:/usr/sbin:/usr/bin:/bin")
+    if ldconfig is None:
+        pytest.skip("no ldconfig here")
+    argv = [ldconfig, "-X", "-r", str(root)]  # -X: no symlinks made in the tree
+    if os.geteuid() != 0:  # -r chroots: a user namespace gives an unprivileged user that right
+        argv = ["unshare", "-r", *argv]
+    res = subprocess.run(argv, capture_output=True, text=True)
+    if res.returncode != 0:
+        pytest.skip(f"cannot build an ld.so cache here: {res.stderr.strip()}")
+
+
 def node(root: Path, **env: str) -> Node:
     return Node(str(root), {"PATH": "/usr/bin:/bin", "SLURMD_NODENAME": "p3dn-st-p3dn-24xl-1", **env})
 
@@ -107,7 +144,9 @@ def test_healthy_p3dn_node_passes_every_check(tmp_path):
     assert (facts["efa"]["libfabric_version"], facts["efa"]["installer_version"]) == ("1.18.2amzn1.0", "1.26.1")
     assert facts["gpus"]["count"] == 8 and set(facts["gpus"]["names"]) == {V100}
     assert facts["nccl"] == [{"path": "/usr/local/cuda/lib64/libnccl.so.2", "version": "2.18.3"}]
-    assert facts["aws_ofi_nccl"] == [{"path": "/opt/amazon/ofi-nccl/lib/libnccl-net.so", "version": "1.7.4-aws"}]
+    assert facts["aws_ofi_nccl"]["installed"] == [{"path": "/opt/amazon/ofi-nccl/lib/libnccl-net.so",
+                                                   "version": "1.7.4-aws"}]
+    assert facts["aws_ofi_nccl"]["loaded"] is None  # a stand-in, not an ELF library: no loader takes it
     assert facts["mounts"] == {"/fsx": "lustre"}
     checks = evaluate(facts, P3DN.promise())
     assert [c.name for c in checks] == list(CHECKS)
@@ -208,7 +247,7 @@ def test_fsx_wrong_type_or_mounted_elsewhere(tmp_path):
 
 @pytest.mark.parametrize("declared, ofi, libfabric, expected", [
     ("modern", "1.7.4-aws", "1.18.2amzn1.0", "ok"),
-    ("modern", "1.5.0-aws", "1.11.1amzn1.0", "FAIL"),  # old plugin needs FI_PROVIDER=efa, which modern omits
+    ("modern", "1.5.0-aws", "1.11.1amzn1.0", "warn"),  # NCCL loads the old plugin, without the FI_* it wants
     ("modern", "1.7.4-aws", "1.14.0", "FAIL"),  # new plugin on an old libfabric
     ("legacy", "1.5.0-aws", "1.11.1amzn1.0", "ok"),
     ("legacy", "1.9.1-aws", "1.19.0", "warn"),
@@ -229,10 +268,102 @@ def test_library_search_order_versions_from_content_and_skew(tmp_path):
     assert [lib["version"] for lib in facts["nccl"]] == ["2.21.5", "2.18.3"]
     nccl = check(facts, P3DN, "nccl")
     assert nccl.status == "warn" and "2.21.5" in nccl.detail and "2.18.3" in nccl.detail
+    (root / "opt/amazon/ofi-nccl/lib/libnccl-net.so").unlink()
     write(root / "opt/aws-ofi-nccl/lib/libnccl-net.so", b"")  # unreadable version: reported, not a crash
     facts = gather(node(root, LD_LIBRARY_PATH="/opt/aws-ofi-nccl/lib"), ["/fsx"])
-    assert facts["aws_ofi_nccl"][0] == {"path": "/opt/aws-ofi-nccl/lib/libnccl-net.so", "version": None}
+    assert facts["aws_ofi_nccl"]["installed"] == [{"path": "/opt/aws-ofi-nccl/lib/libnccl-net.so", "version": None}]
     assert check(facts, P3DN, "efa-stack").status == "warn"
+
+
+def test_plugin_in_the_multiarch_dir_of_older_debs_resolves_through_the_ld_so_cache(tmp_path):
+    """aws-ofi-nccl's .deb before v1.17.0: /opt/amazon/ofi-nccl/lib/x86_64-linux-gnu, listed in ld.so.conf.d; not
+    on LD_LIBRARY_PATH. NCCL's dlopen("libnccl-net.so") finds it in the cache, so neither check may fail the node."""
+    root = healthy_tree(tmp_path)
+    (root / "opt/amazon/ofi-nccl/lib/libnccl-net.so").unlink()
+    plugin_library(root / "opt/amazon/ofi-nccl/lib/x86_64-linux-gnu/libnccl-net.so", "1.16.3")
+    ld_so_conf(root, "/opt/amazon/ofi-nccl/lib/x86_64-linux-gnu/")
+    facts = gather(node(root), ["/fsx"])
+    assert facts["aws_ofi_nccl"]["loaded"] == {"path": "/opt/amazon/ofi-nccl/lib/x86_64-linux-gnu/libnccl-net.so",
+                                               "found_by": "ld.so cache", "version": "1.16.3"}
+    ofi = check(facts, P3DN, "aws-ofi-nccl")
+    assert ofi.status == "ok" and "through ld.so cache" in ofi.detail, ofi
+    assert check(facts, P3DN, "efa-stack").status == "ok"
+    expect = P3DN.promise()
+    assert [c for c in judge(facts, None, expect, "/run") if c.name in ("aws-ofi-nccl", "efa-stack")
+            and c.status != "ok"] == []
+
+
+def test_plugin_nowhere_the_loader_looks_fails_with_a_fix(tmp_path):
+    root = healthy_tree(tmp_path)
+    (root / "opt/amazon/ofi-nccl/lib/libnccl-net.so").unlink()
+    ld_so_conf(root)
+    facts = gather(node(root), ["/fsx"])
+    assert facts["aws_ofi_nccl"] == {"names": ["libnccl-net.so"], "ld_cache_error": None, "loaded": None,
+                                     "installed": []}
+    ofi = check(facts, P3DN, "aws-ofi-nccl")
+    assert ofi.status == "FAIL" and "the loader resolves no libnccl-net.so" in ofi.detail
+    assert "/etc/ld.so.conf.d" in ofi.fix and "install aws-ofi-nccl" in ofi.fix
+    # installed where neither the cache nor EFA jobs' LD_LIBRARY_PATH reaches (the .rpm's lib64, unlisted)
+    plugin_library(root / "opt/amazon/ofi-nccl/lib64/libnccl-net.so", "1.18.0")
+    ofi = check(gather(node(root), ["/fsx"]), P3DN, "aws-ofi-nccl")
+    assert ofi.status == "FAIL" and "1.18.0 (/opt/amazon/ofi-nccl/lib64/libnccl-net.so) is installed" in ofi.detail
+    assert "ldconfig" in ofi.fix
+
+
+def test_an_older_plugin_than_the_queue_promises_warns_and_does_not_stop_the_job(tmp_path):
+    root = healthy_tree(tmp_path)
+    (root / "opt/amazon/ofi-nccl/lib/libnccl-net.so").unlink()
+    plugin_library(root / "opt/amazon/ofi-nccl/lib/x86_64-linux-gnu/libnccl-net.so", "1.5.0-aws")
+    ld_so_conf(root, "/opt/amazon/ofi-nccl/lib/x86_64-linux-gnu/")
+    facts = gather(node(root), ["/fsx"])
+    stack = check(facts, P3DN, "efa-stack")
+    assert stack.status == "warn" and "aws-ofi-nccl 1.5.0-aws" in stack.detail and "upgrade" in stack.fix
+    expect = P3DN.promise()
+    assert [c.name for c in judge(facts, None, expect, "/run") if c.status == "FAIL"
+            and c.name in ("aws-ofi-nccl", "efa-stack")] == []
+
+
+def test_plugin_lookup_follows_ld_library_path_then_the_cache_and_nccl_net_plugin(tmp_path):
+    root = healthy_tree(tmp_path)
+    plugin_library(root / "opt/amazon/ofi-nccl/lib/x86_64-linux-gnu/libnccl-net.so", "1.16.3")
+    plugin_library(root / "home/u/ofi/lib/libnccl-net.so", "1.18.0")
+    plugin_library(root / "opt/amazon/ofi-nccl/lib/x86_64-linux-gnu/libnccl-net-ofi.so", "1.16.3",
+                   soname="libnccl-net-ofi.so")
+    ld_so_conf(root, "/opt/amazon/ofi-nccl/lib/x86_64-linux-gnu/")
+    loaded = gather(node(root, LD_LIBRARY_PATH="/nowhere:/home/u/ofi/lib"), [])["aws_ofi_nccl"]["loaded"]
+    assert (loaded["path"], loaded["found_by"], loaded["version"]) == ("/home/u/ofi/lib/libnccl-net.so",
+                                                                       "LD_LIBRARY_PATH", "1.18.0")
+    # NCCL_NET_PLUGIN=ofi: NCCL tries "ofi", then libnccl-net-ofi.so (NVIDIA/nccl src/plugin/plugin_open.cc)
+    ofi = gather(node(root, NCCL_NET_PLUGIN="ofi"), [])["aws_ofi_nccl"]
+    assert ofi["names"] == ["ofi", "libnccl-net-ofi.so"]
+    assert ofi["loaded"]["path"] == "/opt/amazon/ofi-nccl/lib/x86_64-linux-gnu/libnccl-net-ofi.so"
+    assert gather(node(root, NCCL_NET_PLUGIN="none"), [])["aws_ofi_nccl"]["loaded"] is None
+
+
+@pytest.mark.parametrize("name", ["node_check", "loader_check"])
+def test_standalone_checks_parse_as_python_3_9(name):
+    """Compute nodes run these with their own python3, which may be 3.9."""
+    ast.parse(standalone_source(name), feature_version=(3, 9))
+
+
+def test_node_check_runs_under_python_3_9(tmp_path):
+    """The 3.9 grammar is not all: the standard library's 3.10+ calls fail only when run."""
+    found = [shutil.which("python3.9"), *glob.glob(os.path.expanduser("~/.pyenv/versions/3.9*/bin/python3.9"))]
+    pythons = [p for p in found
+               if p and subprocess.run([p, "-c", "import sys; assert sys.version_info[:2] == (3, 9)"],
+                                       capture_output=True).returncode == 0]
+    if not pythons:
+        pytest.skip("no python3.9 here")
+    root = healthy_tree(tmp_path / "root")
+    (root / "opt/amazon/ofi-nccl/lib/libnccl-net.so").unlink()
+    plugin_library(root / "opt/amazon/ofi-nccl/lib/x86_64-linux-gnu/libnccl-net.so", "1.16.3")
+    ld_so_conf(root, "/opt/amazon/ofi-nccl/lib/x86_64-linux-gnu/")
+    res = subprocess.run([pythons[0], "-I", "-c", doctor.node_check_source(), "--json", "--mount", "/fsx", "--root",
+                          str(root)], capture_output=True, text=True, cwd=tmp_path, timeout=60,
+                         env={"PATH": "/usr/bin:/bin", "SLURMD_NODENAME": "n9"})
+    assert res.returncode == 0, res.stderr
+    facts = json.loads(res.stdout)
+    assert facts["aws_ofi_nccl"]["loaded"]["found_by"] == "ld.so cache" and facts["gpus"]["count"] == 8
 
 
 def test_version_tuple():
@@ -324,3 +455,20 @@ def test_doctor_fails_a_slurm_that_lacks_what_rendered_jobs_use_even_when_nodes_
     report = doctor.run_doctor(CPU)
     assert report.nodes[0].ok and not report.ok
     assert report.as_dict()["slurm"] == {"version": "24.11.5", "missing": ["no pmix MPI plugin"]}
+
+
+def test_plugin_lookup_answers_as_the_real_loader_does_on_this_machine():
+    """node_check's search (LD_LIBRARY_PATH, `ldconfig -p`, system dirs) against dlopen itself, for libraries
+    this machine has: the same file for each, through the real /etc/ld.so.cache."""
+    from toolkit.node.loader_check import dlopen
+    from toolkit.node.node_check import ld_cache, loader_lookup
+
+    here = Node("/", {"PATH": os.environ.get("PATH", "/usr/bin:/bin")})
+    cache, error = ld_cache(here)
+    assert error is None and cache
+    for name in ("libz.so.1", "libm.so.6", "libpthread.so.0"):
+        opened, _, _ = dlopen(name)
+        if opened is None:
+            continue
+        assert loader_lookup(here, name, cache) == (opened, "ld.so cache")
+    assert loader_lookup(here, "libnccl-net-nowhere.so", cache) is None

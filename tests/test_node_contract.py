@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import ast
 import json
+import shlex
 import subprocess
 import sys
 import zipfile
@@ -14,6 +15,7 @@ from pathlib import Path
 
 from tests.conftest import REPO
 from tests.test_health import write
+from toolkit.node.node_check import Node, gather
 from toolkit.job import staging
 
 NODE = REPO / "toolkit" / "node"
@@ -112,15 +114,11 @@ def test_the_bundle_runs_on_a_python_with_nothing_of_ours(tmp_path):
     srun and scontrol (named so) stand in for Slurm's: each node's task reports a run dir it cannot write."""
     path = unpack(tmp_path, tmp_path / "run")
     bin_dir = tmp_path / "bin"
-    report = json.dumps({"node": "NODE", "probe": {"writable": False, "error": "Read-only file system"},
-                         "memory": {}, "disk": {}, "efa": {"fi_info": None, "fi_info_devices": None,
-                                                           "sysfs_devices": [], "libfabric_version": None,
-                                                           "fi_info_error": None},
-                         "ib_uverbs": False, "gpus": {"count": 0, "nvidia_smi": None}, "mounts": {},
-                         "nccl": [], "aws_ofi_nccl": []})
+    # what a node whose shared file system is gone reports (the real node check, on an empty node tree)
+    report = json.dumps(gather(Node(str(tmp_path / "empty"), {"SLURMD_NODENAME": "NODE"}), probe_dir="/shared/run"))
     write(bin_dir / "scontrol", '#!/bin/sh\n[ "$1 $2" = "show hostnames" ] && printf "n1\\nn2\\n"\n', 0o755)
     write(bin_dir / "srun", "#!/bin/sh\n" + "".join(
-        f"echo '{report.replace('NODE', n)}'\n" for n in ("n1", "n2")), 0o755)
+        f"echo {shlex.quote(report.replace('NODE', n))}\n" for n in ("n1", "n2")), 0o755)
     promise = json.dumps({"queue": "cpu", "instance_type": "m5.xlarge"})
     env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "SLURM_JOB_ID": "41", "SLURM_JOB_NODELIST": "n[1-2]"}
     res = subprocess.run([SYSTEM_PYTHON, "-I", str(path), "preflight", "--run-dir", str(tmp_path / "run"),

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import subprocess
 import time
 from pathlib import Path
@@ -142,7 +143,7 @@ def test_a_benchmark_whose_nodes_all_fail_stops_with_one_line_and_a_record(tmp_p
     node_report = json.dumps(gather(Node(str(tmp_path / "empty"), {"SLURMD_NODENAME": "NODE"}),
                                     probe_dir="/shared/run"))
     write(bin_dir / "srun", "#!/bin/sh\n" + "".join(
-        f"echo '{node_report.replace('NODE', n)}'\n" for n in ("n1", "n2")), 0o755)
+        f"echo {shlex.quote(node_report.replace('NODE', n))}\n" for n in ("n1", "n2")), 0o755)
     monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
     monkeypatch.setenv("SLURM_JOB_ID", "41")
     monkeypatch.setenv("SLURM_JOB_NODELIST", "n[1-2]")

@@ -54,11 +54,13 @@ class Queue:
 
     def promise(self) -> Promise:
         """What a node of this queue must have, for the node-side checks (toolkit.node.promise)."""
+        from toolkit.job.env import OFI_NCCL_DIRS
+
         it = self.instance
         return Promise(queue=self.name, instance_type=self.instance_type, accelerator=it.accelerator,
                        gpus=self.gpus_per_node, gpu_model=it.gpu_model, proprietary_driver=it.proprietary_driver,
                        efa_interfaces=it.efa_interfaces, efa_stack=self.efa_stack, fabric=self.fabric,
-                       fsx_mount=self.fsx_mount)
+                       fsx_mount=self.fsx_mount, plugin_dirs=tuple(OFI_NCCL_DIRS))
 
     @property
     def gpus_per_node(self) -> int:

@@ -27,8 +27,9 @@ MODERN_LIBFABRIC = (1, 18)
 FIX_EFA_SOFTWARE = ("install the EFA software with the EFA installer (aws-efa-installer, `efa_installer.sh -y`); "
                     "ParallelCluster's official AMIs include it, a custom AMI must too")
 FIX_OFI_NCCL = ("install aws-ofi-nccl: recent EFA installers put it in /opt/amazon/ofi-nccl, DLAMIs in "
-                "/opt/aws-ofi-nccl (or build github.com/aws/aws-ofi-nccl against the node's NCCL); the job must "
-                "find libnccl-net.so on LD_LIBRARY_PATH: `hpc cluster doctor --recipe R` asks the loader in R's job")
+                "/opt/aws-ofi-nccl (or build github.com/aws/aws-ofi-nccl against the node's NCCL); the loader must "
+                "find libnccl-net.so on LD_LIBRARY_PATH or in its cache (a directory in /etc/ld.so.conf.d, then "
+                "`ldconfig`): `hpc cluster doctor --recipe R` asks the loader in R's job")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -47,6 +48,12 @@ def version_tuple(text: str | None) -> tuple[int, ...] | None:
 
 def _first(libraries: list[dict]) -> dict | None:
     return libraries[0] if libraries else None
+
+
+def _plugin(facts: dict) -> dict | None:
+    """The aws-ofi-nccl NCCL would load (node_check.plugin_facts), else the first copy installed."""
+    ofi = facts["aws_ofi_nccl"]
+    return ofi["loaded"] or _first(ofi["installed"])
 
 
 def _library(lib: dict) -> str:
@@ -191,22 +198,38 @@ def check_nccl(facts: dict, promise: Promise) -> Check:
 
 
 def check_ofi_nccl(facts: dict, promise: Promise, needs_efa: bool) -> Check:
-    lib = _first(facts["aws_ofi_nccl"])
+    """FAIL only when the loader would not give NCCL its plugin: not resolved by the names NCCL dlopens (through
+    LD_LIBRARY_PATH, the ld.so cache, the system directories), nor installed where EFA jobs' LD_LIBRARY_PATH
+    points (the promise's plugin_dirs, toolkit.job.env.OFI_NCCL_DIRS: the doctor runs without a job's environment,
+    the pre-flight with it)."""
+    ofi, lib = facts["aws_ofi_nccl"], _plugin(facts)
     if not (promise.is_gpu and needs_efa):
         why = "CPU queues do not use NCCL" if not promise.is_gpu else "NCCL uses TCP without EFA"
         return Check("aws-ofi-nccl", "ok" if lib else "absent",
                      f"{_library(lib)}, not used: {why}" if lib else f"not present; not needed: {why}")
-    if lib is None:
-        return Check("aws-ofi-nccl", "FAIL", "libnccl-net.so (aws-ofi-nccl) not found: NCCL falls back to TCP "
-                                             "sockets, about a third of EFA's bandwidth", FIX_OFI_NCCL)
-    # found on disk, not loaded: whether a job's loader finds it is `hpc cluster doctor --recipe`'s question
-    return Check("aws-ofi-nccl", "ok", f"{_library(lib)} installed (whether a job loads it: "
-                                       "`hpc cluster doctor --recipe R`)")
+    if ofi["loaded"]:
+        return Check("aws-ofi-nccl", "ok", f"{_library(ofi['loaded'])}, found by the loader through "
+                                           f"{ofi['loaded']['found_by']}")
+    names = " or ".join(ofi["names"]) or "no name (NCCL_NET_PLUGIN=none)"
+    cache = f"; the ld.so cache could not be read: {ofi['ld_cache_error']}" if ofi["ld_cache_error"] else ""
+    on_job_path = [copy for copy in ofi["installed"] if copy["path"].rsplit("/", 1)[0] in promise.plugin_dirs]
+    if on_job_path:
+        return Check("aws-ofi-nccl", "ok", f"{_library(on_job_path[0])}: EFA jobs put its directory on "
+                                           "LD_LIBRARY_PATH (whether a job loads it: `hpc cluster doctor --recipe R`)")
+    if ofi["installed"]:
+        return Check("aws-ofi-nccl", "FAIL", f"{_library(ofi['installed'][0])} is installed, but the loader "
+                                             f"resolves no {names} (LD_LIBRARY_PATH, ld.so cache, system "
+                                             f"directories){cache}: NCCL cannot load it",
+                     "list its directory in /etc/ld.so.conf.d/ and run `ldconfig`, or add it to the recipe's "
+                     "software.library_path")
+    return Check("aws-ofi-nccl", "FAIL", f"the loader resolves no {names} (aws-ofi-nccl){cache}: NCCL falls back "
+                                         "to TCP sockets, about a third of EFA's bandwidth, or stops where NCCL_NET "
+                                         "names the plugin", FIX_OFI_NCCL)
 
 
 def installed_stack(facts: dict) -> str | None:
     """modern | legacy from the aws-ofi-nccl and libfabric versions found; None when they cannot tell."""
-    ofi = version_tuple((_first(facts["aws_ofi_nccl"]) or {}).get("version"))
+    ofi = version_tuple((_plugin(facts) or {}).get("version"))
     fabric = version_tuple(facts["efa"]["libfabric_version"])
     if ofi is None:
         return None
@@ -218,7 +241,7 @@ def installed_stack(facts: dict) -> str | None:
 def check_efa_stack(facts: dict, promise: Promise) -> Check:
     declared, has_efa, gpu = promise.efa_stack, promise.has_efa, promise.is_gpu
     found = installed_stack(facts)
-    versions = (f"aws-ofi-nccl {(_first(facts['aws_ofi_nccl']) or {}).get('version') or '-'}, "
+    versions = (f"aws-ofi-nccl {(_plugin(facts) or {}).get('version') or '-'}, "
                 f"libfabric {facts['efa']['libfabric_version'] or '-'}")
     if not gpu:
         return Check("efa-stack", "n/a", f"declared {declared}; the EFA/NCCL environment only matters to NCCL jobs")
@@ -235,10 +258,17 @@ def check_efa_stack(facts: dict, promise: Promise) -> Check:
                      "install aws-ofi-nccl (see the aws-ofi-nccl check); NCCL INFO logs print its version")
     if found == declared:
         return Check("efa-stack", "ok", f"declared {declared}, found {found} ({versions})")
-    if declared == "modern":
-        return Check("efa-stack", "FAIL", f"declared modern, found legacy ({versions}): jobs will not set "
-                                          "FI_PROVIDER=efa, which this aws-ofi-nccl needs to pick EFA",
+    if declared == "modern" and (version_tuple((_plugin(facts) or {}).get("version")) or ()) < MODERN_OFI_NCCL:
+        # NCCL loads and runs an older plugin: the job runs, without the FI_PROVIDER=efa and NCCL_PROTO=simple
+        # that toolkit.job.env gives a legacy queue's jobs for it; not a reason to stop every job on the node.
+        return Check("efa-stack", "warn", f"declared modern, found legacy ({versions}): the aws-ofi-nccl NCCL loads "
+                                          "is older than modern's 1.7, and jobs will not set FI_PROVIDER=efa and "
+                                          "NCCL_PROTO=simple, which it wants",
                      "upgrade the EFA installer and aws-ofi-nccl (>= 1.7), or tag the queue hpc:efa-stack=legacy")
+    if declared == "modern":
+        return Check("efa-stack", "FAIL", f"declared modern, found legacy ({versions}): this aws-ofi-nccl needs "
+                                          "libfabric >= 1.18, which the node lacks",
+                     "upgrade the EFA installer (it brings libfabric), or tag the queue hpc:efa-stack=legacy")
     return Check("efa-stack", "warn", f"declared legacy, found modern ({versions}): jobs set old FI_*/NCCL knobs "
                                       "that override the tuned defaults",
                  "tag the queue hpc:efa-stack=modern in the cluster config")

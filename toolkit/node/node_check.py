@@ -17,7 +17,9 @@ import json
 import mmap
 import os
 import re
+import shutil
 import socket
+import struct
 import subprocess
 import sys
 
@@ -28,13 +30,29 @@ EFA_INSTALLED_PACKAGES = "/opt/amazon/efa_installed_packages"  # written by the 
 NCCL_DIRS = ("/opt/nccl/build/lib", "/opt/nccl/lib", "/usr/local/nccl/lib", "/usr/local/cuda/lib64",
              "/usr/local/cuda/lib", "/usr/lib/x86_64-linux-gnu", "/usr/lib/aarch64-linux-gnu", "/usr/lib64",
              "/usr/local/lib")
-OFI_NCCL_DIRS = ("/opt/amazon/ofi-nccl/lib", "/opt/amazon/ofi-nccl/lib64", "/opt/aws-ofi-nccl/lib",
-                 "/opt/aws-ofi-nccl/lib64", "/usr/local/lib", "/usr/lib64", "/usr/lib/x86_64-linux-gnu")
+# aws-ofi-nccl's packages: the .deb put it in /opt/amazon/ofi-nccl/lib/<multiarch triplet> and listed that in
+# /etc/ld.so.conf.d/100_ofinccl.conf until v1.17.0, /opt/amazon/ofi-nccl/lib since (aws/aws-ofi-nccl
+# contrib/debian-template/rules, commit 6eb0870a "packaging/deb: remove multi-arch from lib path", first tag
+# v1.17.0); the .rpm uses %{_libdir}, /opt/amazon/ofi-nccl/lib64 (contrib/fedora/aws-ofi-nccl.spec); the NGC
+# variants /opt/amazon/aws-ofi-nccl/lib. These are only where copies are listed from: which one NCCL loads is the
+# loader's answer (plugin_facts).
+OFI_NCCL_DIRS = ("/opt/amazon/ofi-nccl/lib", "/opt/amazon/ofi-nccl/lib/x86_64-linux-gnu",
+                 "/opt/amazon/ofi-nccl/lib/aarch64-linux-gnu", "/opt/amazon/ofi-nccl/lib64",
+                 "/opt/amazon/aws-ofi-nccl/lib", "/opt/aws-ofi-nccl/lib", "/opt/aws-ofi-nccl/lib64", "/usr/local/lib",
+                 "/usr/lib64", "/usr/lib/x86_64-linux-gnu")
 NCCL_NAMES = re.compile(r"^libnccl\.so(\.\d+)*$")
-OFI_NCCL_NAMES = re.compile(r"^libnccl-net(-ofi)?\.so(\.\d+)*$")
+OFI_NCCL_NAMES = re.compile(r"^libnccl-net(-ofi|-aws-ofi)?\.so(\.\d+)*$")
 # Version strings compiled into the libraries: NCCL's VERSION_STRING, aws-ofi-nccl's "Initializing " PACKAGE_STRING.
 NCCL_VERSION = re.compile(rb"NCCL version (\d+\.\d+\.\d+)")
 OFI_NCCL_VERSION = re.compile(rb"aws-ofi-nccl (\d+\.\d+\.\d+[A-Za-z0-9.-]*)")
+# The loader's cache as `ldconfig -p` prints it: "\tlibnccl-net.so (libc6,x86-64) => /opt/amazon/ofi-nccl/lib/..."
+LD_CACHE = "/etc/ld.so.cache"
+LD_CACHE_LINE = re.compile(r"^\s+(\S+) \(([^)]*)\) => (\S.*?)\s*$", re.M)
+# glibc's trusted directories, searched after the cache (elf/dl-load.c; Debian adds the multiarch ones first);
+# ldconfig puts their libraries in the cache too, so this matters only for a node whose cache is stale.
+SYSTEM_LIB_DIRS = ("/lib/x86_64-linux-gnu", "/usr/lib/x86_64-linux-gnu", "/lib/aarch64-linux-gnu",
+                   "/usr/lib/aarch64-linux-gnu", "/lib64", "/usr/lib64", "/lib", "/usr/lib")
+ET_DYN = 3
 COMMAND_TIMEOUT = 30
 
 
@@ -236,9 +254,10 @@ def library_version(path: str, content_pattern):
         return None
 
 
-def find_libraries(node: Node, dirs, name_pattern, content_pattern) -> list:
-    """Every matching library in LD_LIBRARY_PATH, then `dirs`, in search order (symlinks to one file once)."""
-    search = [d for d in node.environ.get("LD_LIBRARY_PATH", "").split(os.pathsep) if d] + list(dirs)
+def find_libraries(node: Node, dirs, name_pattern, content_pattern, library_path=True) -> list:
+    """Every matching library in LD_LIBRARY_PATH (unless not `library_path`), then `dirs`, in search order
+    (symlinks to one file once)."""
+    search = [d for d in node.environ.get("LD_LIBRARY_PATH", "").split(os.pathsep) if d and library_path] + list(dirs)
     found, seen = [], set()
     for d in search:
         full = node.path(d)
@@ -252,6 +271,102 @@ def find_libraries(node: Node, dirs, name_pattern, content_pattern) -> list:
                 version = library_version(real, content_pattern) or library_version(path, content_pattern)
                 found.append({"path": os.path.join(d, name), "version": version})
     return found
+
+
+def elf_kind(path: str):
+    """(class, byte order, machine) of an ELF shared object, None for anything else: the loader passes over a
+    file it cannot load (another machine's, not ELF) and searches on."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(20)
+    except OSError:
+        return None
+    if len(head) < 20 or head[:4] != b"\x7fELF" or head[5] not in (1, 2):
+        return None
+    e_type, machine = struct.unpack(("<" if head[5] == 1 else ">") + "HH", head[16:20])
+    return (head[4], head[5], machine) if e_type == ET_DYN else None
+
+
+def loadable(path: str) -> bool:
+    """An ELF shared object of this node's own class and machine (its python3's), as a job's process loads."""
+    kind = elf_kind(path)
+    return kind is not None and kind == executable_kind()
+
+
+def executable_kind():
+    """(class, byte order, machine) of this python3 (an executable: elf_kind would refuse it)."""
+    try:
+        with open(sys.executable, "rb") as f:
+            head = f.read(20)
+        return (head[4], head[5], struct.unpack(("<" if head[5] == 1 else ">") + "H", head[18:20])[0])
+    except (OSError, IndexError, struct.error):
+        return (None, None, None)
+
+
+def ld_cache(node: Node):
+    """(soname -> node paths in the cache's order, error): the loader's cache, read by its own tool (`ldconfig -p`),
+    which holds /etc/ld.so.conf(.d)'s directories (aws-ofi-nccl's package adds its own) and the system ones."""
+    path = os.pathsep.join([node.environ.get("PATH", ""), "/sbin", "/usr/sbin"])
+    ldconfig = shutil.which("ldconfig", path=path)
+    if ldconfig is None:
+        return {}, "ldconfig not found on PATH, /sbin or /usr/sbin"
+    code, out, err = node.run([ldconfig, "-p", "-C", node.path(LD_CACHE)])
+    if code != 0:
+        return {}, "{} -p: {}".format(ldconfig, first_line(err, out) or "exit {}".format(code))
+    cache: dict = {}
+    for match in LD_CACHE_LINE.finditer(out):
+        cache.setdefault(match.group(1), []).append(match.group(3))
+    return cache, None
+
+
+def loader_lookup(node: Node, name: str, cache):
+    """(node path, where the loader found it) for dlopen(name), or None: a name with a '/' is opened as it is;
+    else LD_LIBRARY_PATH, then the ld.so cache, then the system directories (glibc elf/dl-load.c _dl_map_object;
+    the RUNPATH of NCCL's libnccl.so, which calls dlopen, is not read: NVIDIA's builds have none)."""
+    if "/" in name:
+        return (name, "path") if loadable(node.path(name)) else None
+    tries = [(os.path.join(d, name), "LD_LIBRARY_PATH")
+             for d in node.environ.get("LD_LIBRARY_PATH", "").split(os.pathsep) if d]
+    tries += [(path, "ld.so cache") for path in cache.get(name, [])]
+    tries += [(os.path.join(d, name), "system directory") for d in SYSTEM_LIB_DIRS]
+    for path, how in tries:
+        if loadable(node.path(path)):
+            return path, how
+    return None
+
+
+def net_plugin_names(setting):
+    """The names NCCL dlopens for its net plugin, in order, for an NCCL_NET_PLUGIN value (None: unset):
+    libnccl-net.so; "none": none; else each comma-separated NAME, then libnccl-net-NAME.so unless NAME has a
+    '/' or is lib*.so (NVIDIA/nccl src/plugin/net.cc, src/plugin/plugin_open.cc openPluginLib)."""
+    if setting is None:
+        return ["libnccl-net.so"]
+    if setting.lower() == "none":
+        return []
+    names = []
+    for name in (n for n in setting.split(",") if n):
+        names.append(name)
+        if "/" not in name and not (name.startswith("lib") and name.endswith(".so")):
+            names.append("libnccl-net-{}.so".format(name))
+    return names
+
+
+def plugin_facts(node: Node) -> dict:
+    """aws-ofi-nccl as NCCL finds it: the first of NCCL's names the loader resolves here (with this environment's
+    LD_LIBRARY_PATH and NCCL_NET_PLUGIN), its version, and the copies installed where packages put them."""
+    names = net_plugin_names(node.environ.get("NCCL_NET_PLUGIN"))
+    cache, cache_error = ld_cache(node)
+    resolved = None
+    for name in names:
+        resolved = loader_lookup(node, name, cache)
+        if resolved:
+            break
+    installed = find_libraries(node, OFI_NCCL_DIRS, OFI_NCCL_NAMES, OFI_NCCL_VERSION, library_path=False)
+    loaded = None
+    if resolved:
+        loaded = {"path": resolved[0], "found_by": resolved[1],
+                  "version": library_version(os.path.realpath(node.path(resolved[0])), OFI_NCCL_VERSION)}
+    return {"names": names, "ld_cache_error": cache_error, "loaded": loaded, "installed": installed}
 
 
 def enroot_facts(node: Node) -> dict:
@@ -278,7 +393,7 @@ def gather(node: Node, mounts=(), probe_dir=None, disk_paths=()) -> dict:
         "hpus": hpu_facts(node),
         "mounts": mount_facts(node, mounts),
         "nccl": find_libraries(node, NCCL_DIRS, NCCL_NAMES, NCCL_VERSION),
-        "aws_ofi_nccl": find_libraries(node, OFI_NCCL_DIRS, OFI_NCCL_NAMES, OFI_NCCL_VERSION),
+        "aws_ofi_nccl": plugin_facts(node),
         "enroot": enroot_facts(node),
         "memory": memory_facts(node),
         "disk": disk_facts(node, disk_paths),

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from typing import Optional
+from typing import Optional, Tuple
 
 
 @dataclasses.dataclass(frozen=True)
@@ -20,6 +20,7 @@ class Promise:
     efa_stack: str = "none"  # declared: modern | legacy | none
     fabric: str = "none"  # what jobs set up: the declared stack where EFA is enabled, else none (TCP)
     fsx_mount: Optional[str] = None
+    plugin_dirs: Tuple[str, ...] = ()  # where EFA jobs' LD_LIBRARY_PATH finds aws-ofi-nccl (toolkit.job.env)
 
     @property
     def is_gpu(self) -> bool:
@@ -35,4 +36,7 @@ class Promise:
     @classmethod
     def from_json(cls, text: str) -> "Promise":
         known = {f.name for f in dataclasses.fields(cls)}
-        return cls(**{k: v for k, v in json.loads(text).items() if k in known})
+        fields = {k: v for k, v in json.loads(text).items() if k in known}
+        if "plugin_dirs" in fields:
+            fields["plugin_dirs"] = tuple(fields["plugin_dirs"])
+        return cls(**fields)
