@@ -73,7 +73,9 @@ def missing_mount(node: str, directory: Path, layout: Layout | None = None) -> I
     """Hide `directory` from node `node`'s steps (module docstring); undone on exit."""
     layout = layout or Layout.current()
     pid = layout.pid_file("slurmd", node).read_text().strip()
-    enter = ["nsenter", "-t", pid, "-m"]
+    # A node lane's slurmd runs chrooted into its own root file system: -r takes its root, so `directory` is the
+    # path its steps see (and `mount` is that root's own)
+    enter = ["nsenter", "-t", pid, "-m", *(["-r"] if layout.lane.rootfs_nodes_only else [])]
     subprocess.run([*enter, "mount", "-t", "tmpfs", "-o", "ro,size=1m", "hpc-missing", str(directory)], check=True,
                    capture_output=True, timeout=30)
     try:
