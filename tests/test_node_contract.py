@@ -149,3 +149,36 @@ def test_a_reviewed_render_runs_its_preflight_from_the_run_dir_not_the_submitter
     bundle = f"/fsx/runs/bert-5b-16xdl1/.hpc/{staging.bundle_name()}"
     assert f'"$HPC_PYTHON" {bundle} preflight --run-dir /fsx/runs/bert-5b-16xdl1 --promise ' in before_ranks
     assert before_ranks.index("<<'HPC_NODE_BUNDLE'") < before_ranks.index(f'"$HPC_PYTHON" {bundle} preflight')
+
+
+def _venv(root: Path, version: str, submitit: bool) -> str:
+    write(root / "pyvenv.cfg", f"home = /usr/bin\ninclude-system-site-packages = false\nversion = {version}\n")
+    write(root / "bin" / "python", "", 0o755)
+    if submitit:
+        (root / "lib" / f"python{version.rsplit('.', 1)[0]}" / "site-packages" / "submitit").mkdir(parents=True)
+    return str(root / "bin" / "python")
+
+
+def test_submitit_is_used_only_where_the_nodes_python_can_run_its_side(tmp_path, monkeypatch):
+    """submitit's node side unpickles the job with the nodes' Python: a venv of another Python (a node's 3.9) or one
+    without submitit gets the rendered script (sbatch) instead, with a note; asking for submitit there is refused."""
+    import pytest
+
+    from toolkit.errors import HpcError
+    from toolkit.submit import executor
+
+    monkeypatch.setattr("toolkit.slurm.commands.slurm_installed", lambda: True)
+    here = "%d.%d.%d" % sys.version_info[:3]
+    old = _venv(tmp_path / "py39", "3.9.2", submitit=True)
+    bare = _venv(tmp_path / "bare", here, submitit=False)
+    fit = _venv(tmp_path / "fit", here, submitit=True)
+    kind, note = executor.choose_executor(None, node_python=old)
+    assert kind.value == "sbatch" and f"{tmp_path / 'py39'} is Python 3.9" in note
+    kind, note = executor.choose_executor(None, node_python=bare)
+    assert kind.value == "sbatch" and "has no submitit" in note
+    assert executor.choose_executor(None, node_python=fit) == ("slurm", None)
+    assert executor.choose_executor(None, node_python="python") == ("slurm", None)  # modules/conda: not readable
+    assert executor.choose_executor("sbatch", node_python=old) == ("sbatch", None)
+    with pytest.raises(HpcError, match="--executor slurm \\(submitit\\): the job's venv .* is Python 3.9") as err:
+        executor.choose_executor("slurm", node_python=old)
+    assert err.value.exit_code == 2

@@ -30,8 +30,40 @@ from toolkit.rundir import Executor
 MAX_TIME_LIMIT_REQUEUES = 1000
 
 
-def choose_executor(requested: str | None, *, mpi: bool = False, spares: int = 0) -> tuple[Executor, str | None]:
-    """The executor, and a note when it was chosen for the user (local only where no Slurm is installed)."""
+def submitit_unfit(python: str) -> str | None:
+    """Why the nodes' Python cannot run submitit's side of a job, where this machine can tell, else None.
+
+    submitit's node side unpickles the job (a cloudpickle of our rank task, made by this Python) with
+    `python -m submitit.core._submit`: the nodes' Python needs submitit and this Python's major.minor. A venv on the
+    shared file system says both in its pyvenv.cfg and site-packages; a `python` that modules, conda or a container
+    put on PATH cannot be read from here (None: submitit is tried, as before)."""
+    import re
+    import sys
+
+    if not os.path.isabs(python) or os.path.realpath(python) == os.path.realpath(sys.executable):
+        return None
+    prefix = Path(python).parent.parent
+    try:
+        config = (prefix / "pyvenv.cfg").read_text()
+    except OSError:
+        return f"the job's Python {python} is not readable here (is its venv on the shared file system?)"
+    match = re.search(r"^\s*version(?:_info)?\s*=\s*(\d+)\.(\d+)", config, re.M)
+    if not match:
+        return None
+    version, here = (int(match.group(1)), int(match.group(2))), sys.version_info[:2]
+    if version != here:
+        return (f"the job's venv {prefix} is Python {version[0]}.{version[1]}, and submitit's node side needs this "
+                f"Python's {here[0]}.{here[1]}")
+    if not list(prefix.glob("lib/python*/site-packages/submitit")):
+        return f"the job's venv {prefix} has no submitit"
+    return None
+
+
+def choose_executor(requested: str | None, *, mpi: bool = False, spares: int = 0,
+                    node_python: str | None = None) -> tuple[Executor, str | None]:
+    """The executor, and a note when it was chosen for the user (local only where no Slurm is installed).
+    `node_python`: the Python the job's nodes run (render.node_python); where submitit cannot run there the
+    rendered script goes to sbatch instead, which needs nothing of hpc's on the nodes (toolkit.node's contract)."""
     from toolkit.slurm.commands import slurm_installed
 
     names = [kind.value for kind in Executor]
@@ -55,9 +87,17 @@ def choose_executor(requested: str | None, *, mpi: bool = False, spares: int = 0
                            fix="submit it to a Slurm cluster")
         return Executor.SBATCH, (None if kind == Executor.SBATCH else
                                      "an MPI binary: its rendered script goes to sbatch (srun --mpi ranks it)")
+    unfit = submitit_unfit(node_python) if node_python and kind in (None, Executor.SLURM) else None
+    if kind == Executor.SLURM and unfit:
+        raise HpcError(f"--executor slurm (submitit): {unfit}",
+                       fix="drop --executor (or use --executor sbatch): the rendered script needs only the nodes' "
+                           "own python3; or install submitit in that venv with this Python's version",
+                       exit_code=2)
     if kind is not None:
         return kind, None
     if slurm_installed():
+        if unfit:
+            return Executor.SBATCH, f"{unfit}: the rendered script goes to sbatch (it needs nothing of hpc's there)"
         return Executor.SLURM, None
     return Executor.LOCAL, "no Slurm is installed here (no sbatch on PATH or in /opt/slurm/bin): running on this machine"
 

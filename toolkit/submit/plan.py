@@ -143,8 +143,8 @@ def plan(request: SubmitRequest, run_dir: Path | None = None, *, task_of: Plan |
 
     recipe, queue, spec, run_dir, notes = plan_job(request, run_dir, task_of.queue if task_of else None)
     if task_of is None:
-        executor, note = executors.choose_executor(request.executor, mpi=bool(spec.mpi),
-                                                   spares=spec.spares)
+        executor, note = executors.choose_executor(request.executor, mpi=bool(spec.mpi), spares=spec.spares,
+                                                   node_python=executors.node_python(spec))
         notes = [note, *notes] if note else notes
     else:
         executor, notes = task_of.executor, list(task_of.notes)
