@@ -182,3 +182,32 @@ def test_submitit_is_used_only_where_the_nodes_python_can_run_its_side(tmp_path,
     with pytest.raises(HpcError, match="--executor slurm \\(submitit\\): the job's venv .* is Python 3.9") as err:
         executor.choose_executor("slurm", node_python=old)
     assert err.value.exit_code == 2
+
+
+def test_a_job_whose_nodes_can_have_no_python_3_9_is_refused_when_planned(tmp_path):
+    """rocky8/rhel8 nodes have python3 3.6: a training job (the pre-flight runs hpc's node-side code) with no venv
+    of a newer Python is refused at plan time, in one line with the fix, not after it waited in the queue."""
+    import yaml
+
+    from tests.conftest import cli_envelope, run_hpc
+    from tests.jobhelpers import CLUSTER_CONFIG
+
+    script = tmp_path / "train.py"
+    script.write_text("print('hi')\n")
+
+    def plan(os_name: str, venv_version: str | None) -> tuple[int, str]:
+        cluster = tmp_path / f"{os_name}.yaml"
+        cluster.write_text(yaml.safe_dump({**CLUSTER_CONFIG, "Image": {"Os": os_name}}))
+        args = ["run", str(script), "--cluster", str(cluster), "--queue", "cpu", "--dry-run", "--json"]
+        if venv_version:
+            venv = tmp_path / f"venv-{venv_version}"
+            write(venv / "pyvenv.cfg", f"home = /usr/bin\nversion = {venv_version}\n")
+            args += ["--set", f"software.venv={venv}"]
+        res = run_hpc(*args, cwd=tmp_path)
+        return res.returncode, cli_envelope(res).get("error", {}).get("message", "") if res.returncode else ""
+
+    code, message = plan("rocky8", "3.6.8")
+    assert code == 1 and "the nodes' own python3 is 3.6 and the job's venv" in message and "Python 3.6" in message
+    assert plan("rocky8", "3.11.2") == (0, "")  # the job's venv brings one
+    assert plan("alinux2023", "3.6.8") == (0, "")  # the node's own 3.9 runs it
+    assert plan("ubuntu2204", None)[0] == 0

@@ -35,6 +35,12 @@ TAG_CPUS_PER_TASK = "hpc:cpus-per-task"
 SMT_KEY = "DisableSimultaneousMultithreading"  # ParallelCluster's key, on a Slurm compute resource
 
 
+# Each ParallelCluster 3.16 OS's own /usr/bin/python3 (the distributions' base images); what a node runs hpc's
+# node-side code with when the job's software brings no python3 >= 3.9 (docs/node-contract.md).
+OS_PYTHON3 = {"alinux2023": (3, 9), "rocky9": (3, 9), "rhel9": (3, 9), "ubuntu2204": (3, 10), "ubuntu2404": (3, 12),
+              "rocky8": (3, 6), "rhel8": (3, 6), "alinux2": (3, 7)}
+
+
 @dataclasses.dataclass(frozen=True)
 class Queue:
     name: str
@@ -47,6 +53,12 @@ class Queue:
     efa_enabled: bool = False  # Efa/Enabled on the queue's (first) compute resource
     static_nodes: int = 0  # MinCount summed: nodes that are always up (the rest start on demand)
     smt_disabled: bool = False  # DisableSimultaneousMultithreading on a compute resource: one CPU per core
+    os: str | None = None  # Image/Os of the cluster config: what the nodes' own python3 is (OS_PYTHON3)
+
+    @property
+    def os_python3(self) -> tuple[int, int] | None:
+        """The nodes' /usr/bin/python3 version, where the OS says it (None: not known, e.g. no config)."""
+        return OS_PYTHON3.get(self.os or "")
 
     @property
     def instance(self) -> InstanceType:
@@ -161,6 +173,7 @@ def queues_from_config(config: dict[str, Any], source: str = "<config>") -> dict
             static_nodes=sum(int(r.get("MinCount", 0)) for r in resources),
             # A job may land on any of the queue's compute resources: one with SMT off bounds the CPUs it may ask.
             smt_disabled=any(r.get(SMT_KEY) is True for r in resources),
+            os=(config.get("Image") or {}).get("Os"),
         )
     return queues
 

@@ -84,6 +84,37 @@ def unpack_lines(run_dir: str | Path) -> list[str]:
             f"  mv -f {partial} {quoted}", "fi"]
 
 
+def venv_python(venv: str) -> tuple[int, int] | None:
+    """A venv's Python version from its pyvenv.cfg (readable here when the venv is on the shared file system)."""
+    import re
+
+    try:
+        config = (Path(venv) / "pyvenv.cfg").read_text()
+    except OSError:
+        return None
+    match = re.search(r"^\s*version(?:_info)?\s*=\s*(\d+)\.(\d+)", config, re.M)
+    return (int(match.group(1)), int(match.group(2))) if match else None
+
+
+def python_problem(venv: str | None, os_python3: tuple[int, int] | None) -> tuple[str, str] | None:
+    """(what, fix) when no candidate of unpack_lines can be a python3 >= 3.9 on the nodes, as far as the plan can
+    tell: the job's venv (its pyvenv.cfg) and the nodes' OS (the cluster config's Image/Os). Unknown is no problem:
+    the batch shell still says so in one line if it finds none."""
+    from toolkit.node import MIN_PYTHON
+
+    job = venv_python(venv) if venv else None
+    if (job and job >= MIN_PYTHON) or os_python3 is None or os_python3 >= MIN_PYTHON:
+        return None
+    if venv and job is None:
+        return None  # a venv not readable here (or without pyvenv.cfg) may still be new enough
+    version = "%d.%d" % os_python3
+    what = (f"the nodes' own python3 is {version} and the job's venv {venv} is Python {job[0]}.{job[1]}" if job else
+            f"the nodes' own python3 is {version} and the job's software names no venv")
+    return (f"{what}: hpc's node-side code (the pre-flight) needs a python3 >= 3.9 on every node",
+            "install one on the nodes (e.g. the python39 package in a custom AMI or an OnNodeConfigured action) and "
+            "name its venv in the recipe (software.venv / --venv), or run with --no-preflight")
+
+
 def node_command(run_dir: str | Path, command: str, *args: str) -> str:
     """`"$HPC_PYTHON" BUNDLE COMMAND ARGS...` (the python3 unpack_lines chose), every other word quoted."""
     return f'"${PYTHON_VAR}" ' + shlex.join([bundle_path(run_dir), command, *args])

@@ -36,21 +36,17 @@ def submitit_unfit(python: str) -> str | None:
     submitit's node side unpickles the job (a cloudpickle of our rank task, made by this Python) with
     `python -m submitit.core._submit`: the nodes' Python needs submitit and this Python's major.minor. A venv on the
     shared file system says both in its pyvenv.cfg and site-packages; a `python` that modules, conda or a container
-    put on PATH cannot be read from here (None: submitit is tried, as before)."""
-    import re
+    put on PATH, or a venv not readable from here, cannot be told (None: submitit is tried, as before)."""
     import sys
 
     if not os.path.isabs(python) or os.path.realpath(python) == os.path.realpath(sys.executable):
         return None
+    from toolkit.job.staging import venv_python
+
     prefix = Path(python).parent.parent
-    try:
-        config = (prefix / "pyvenv.cfg").read_text()
-    except OSError:
-        return f"the job's Python {python} is not readable here (is its venv on the shared file system?)"
-    match = re.search(r"^\s*version(?:_info)?\s*=\s*(\d+)\.(\d+)", config, re.M)
-    if not match:
+    version, here = venv_python(str(prefix)), sys.version_info[:2]
+    if version is None:  # not readable from here (a plan made off the cluster), or not a venv: not known
         return None
-    version, here = (int(match.group(1)), int(match.group(2))), sys.version_info[:2]
     if version != here:
         return (f"the job's venv {prefix} is Python {version[0]}.{version[1]}, and submitit's node side needs this "
                 f"Python's {here[0]}.{here[1]}")

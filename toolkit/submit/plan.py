@@ -99,6 +99,13 @@ def plan_job(request: SubmitRequest, run_dir: Path | None = None,
                           slurm_options=request.slurm_options, run_dir=str(run_dir))
     if spec.requeue:
         spec = expedite_requeue(spec)
+    if spec.preflight_args and not spec.software.container:  # the job runs hpc's node-side code (toolkit.node)
+        from toolkit.errors import HpcError
+        from toolkit.job.staging import python_problem
+
+        problem = python_problem(spec.software.venv, queue.os_python3)
+        if problem:
+            raise HpcError(problem[0], fix=problem[1])
     notes += check_arguments(recipe, spec)
     return recipe, queue, spec, run_dir, notes
 
