@@ -21,7 +21,9 @@ and reports all go through RunDir).
                          nodes were left out and why, drained or not, the last step the heartbeats saw)
         task-000/ ...    a sweep's dir only: one run dir per grid point
 
-The runs root is $HPC_RUNS_DIR, else ~/hpc-runs (home is shared with the compute nodes on ParallelCluster).
+The runs root is $HPC_RUNS_DIR, else <FSx mount>/hpc-runs/<user> where the cluster config has an FSx for Lustre
+(toolkit.submit.runsroot), else ~/hpc-runs (home is shared with the compute nodes on ParallelCluster, but from the
+head node's own EBS root volume, which also holds slurmctld's state: no place for many checkpoints).
 Every rank imports this module (toolkit.submit.launcher writes result and failures): standard library only.
 Readers tolerate run dirs written by older toolkits (missing keys, the old executor names).
 """
@@ -233,8 +235,27 @@ def read_json(path: Path) -> dict[str, Any] | None:
     return data if isinstance(data, dict) else None
 
 
-def runs_root() -> Path:
-    return Path(os.environ.get("HPC_RUNS_DIR") or Path.home() / "hpc-runs")
+RUNS_DIR_ENV = "HPC_RUNS_DIR"
+
+
+def home_runs_root() -> Path:
+    """~/hpc-runs: the runs root without $HPC_RUNS_DIR or a shared FSx (on the head node's root volume)."""
+    return Path.home() / "hpc-runs"
+
+
+def shared_runs_root(mount: str) -> Path:
+    """<mount>/hpc-runs/<user>: the runs root on a cluster's FSx (one dir per user: the file system is shared)."""
+    import getpass
+
+    return Path(mount) / "hpc-runs" / getpass.getuser()
+
+
+def runs_root(shared_mount: str | None = None) -> Path:
+    """$HPC_RUNS_DIR, else the shared file system's (shared_runs_root) when there is one, else home's."""
+    explicit = os.environ.get(RUNS_DIR_ENV)
+    if explicit:
+        return Path(explicit)
+    return shared_runs_root(shared_mount) if shared_mount else home_runs_root()
 
 
 def run_dir_path(recipe_name: str, root: Path | None = None) -> Path:
@@ -514,15 +535,14 @@ def _read(path: Path) -> str:
         raise HpcError(f"cannot read log {path}: {exc.strerror}", fix="check the run dir's permissions") from None
 
 
-def list_runs(root: Path | None = None) -> list[RunDir]:
-    """The run dirs (single runs and sweeps) in the runs root, oldest first."""
-    root = root or runs_root()
-    if not root.is_dir():
-        return []
-    return [RunDir(p) for p in sorted((p.parent for p in root.glob(f"*/{METADATA}")), key=lambda p: p.stat().st_mtime)]
+def list_runs(root: Path | Iterable[Path] | None = None) -> list[RunDir]:
+    """The run dirs (single runs and sweeps) in the runs root (or in each of several), oldest first."""
+    roots = [root or runs_root()] if root is None or isinstance(root, Path) else list(root)
+    found = {p.parent for r in roots if r.is_dir() for p in r.glob(f"*/{METADATA}")}
+    return [RunDir(p) for p in sorted(found, key=lambda p: p.stat().st_mtime)]
 
 
-def find_run(job_id: str, root: Path | None = None) -> RunDir | None:
+def find_run(job_id: str, root: Path | Iterable[Path] | None = None) -> RunDir | None:
     """The run dir whose metadata names this job id (an array task "ID_N" maps to its array's run); a sweep is
     also found by its dir's name."""
     base = job_id.split("_")[0]

@@ -16,7 +16,8 @@ app = typer.Typer(help="Follow and control submitted runs: list, status, logs, c
 
 @app.command("list")
 def list_(json_: bool = JSON_OPTION) -> None:
-    """Runs in the runs root ($HPC_RUNS_DIR, else ~/hpc-runs) with their jobs' states."""
+    """Runs in the runs root ($HPC_RUNS_DIR, else this cluster's FSx <mount>/hpc-runs/$USER and ~/hpc-runs) with
+    their jobs' states."""
     from toolkit.submit import runs
 
     rows = [dataclasses.asdict(s) for s in runs.list_statuses()]

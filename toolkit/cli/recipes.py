@@ -14,6 +14,7 @@ from toolkit.cli.output import JSON_OPTION, emit, fail, hpc_program, info, outpu
 app = typer.Typer(help="Training recipes: list, show, validate, render and submit.", no_args_is_help=True, rich_markup_mode=None)
 
 RUN_DIR = typer.Option(None, "--run-dir", help="The job's run dir (default: a new one under $HPC_RUNS_DIR, else "
+                                                 "the cluster config's FSx (<mount>/hpc-runs/$USER), else "
                                                  "~/hpc-runs, as submit makes it).")
 
 

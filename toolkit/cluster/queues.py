@@ -32,6 +32,7 @@ CLUSTER_CONFIG_ENV = "HPC_CLUSTER_CONFIG"
 TAG_EFA_STACK = "hpc:efa-stack"
 TAG_RANKS_PER_NODE = "hpc:ranks-per-node"
 TAG_CPUS_PER_TASK = "hpc:cpus-per-task"
+HELPER_PARTITION_ENV = "HPC_HELPER_PARTITION"  # overrides helper_partition_of(): a queue of the config
 SMT_KEY = "DisableSimultaneousMultithreading"  # ParallelCluster's key, on a Slurm compute resource
 
 
@@ -53,6 +54,10 @@ class Queue:
     efa_enabled: bool = False  # Efa/Enabled on the queue's (first) compute resource
     static_nodes: int = 0  # MinCount summed: nodes that are always up (the rest start on demand)
     smt_disabled: bool = False  # DisableSimultaneousMultithreading on a compute resource: one CPU per core
+    from_config: bool = False  # read from a ParallelCluster config (False: default_queue(), assumed)
+    # Where the pre-flight's one-task helper job (hpc-exclude-<job>) goes: the config's smallest queue
+    # (helper_partition_of); None: the job's own partition
+    helper_partition: str | None = None
     os: str | None = None  # Image/Os of the cluster config: what the nodes' own python3 is (OS_PYTHON3)
 
     @property
@@ -173,9 +178,32 @@ def queues_from_config(config: dict[str, Any], source: str = "<config>") -> dict
             static_nodes=sum(int(r.get("MinCount", 0)) for r in resources),
             # A job may land on any of the queue's compute resources: one with SMT off bounds the CPUs it may ask.
             smt_disabled=any(r.get(SMT_KEY) is True for r in resources),
+            from_config=True,
             os=(config.get("Image") or {}).get("Os"),
         )
-    return queues
+    helper = helper_partition_of(queues, source)
+    return {name: dataclasses.replace(q, helper_partition=helper) for name, q in queues.items()}
+
+
+def helper_partition_of(queues: dict[str, Queue], source: str = "<config>") -> str | None:
+    """The queue for one-task helper jobs (the pre-flight's hpc-exclude-<job>): $HPC_HELPER_PARTITION, else the
+    smallest: a queue without accelerators before any with them (a helper must never hold an exclusive GPU node
+    while a CPU queue exists), then the fewest CPUs per node; a type outside the catalog counts as an accelerator
+    queue (its size is unknown). None for a config without queues."""
+    chosen = os.environ.get(HELPER_PARTITION_ENV)
+    if chosen:
+        if chosen not in queues:
+            raise HpcError(f"${HELPER_PARTITION_ENV}={chosen} is not a queue of {source}",
+                           fix=f"set it to one of: {', '.join(queues)} (or unset it: the smallest queue is used)")
+        return chosen
+
+    def size(queue: Queue) -> tuple[int, int]:
+        known = catalog().get(queue.instance_type)
+        if known is None:
+            return 1, 1 << 30
+        return (0 if known.accelerator == "none" else 1), queue.cpus_per_node
+
+    return min(queues.values(), key=size).name if queues else None  # min keeps the config's order among equals
 
 
 def _read(path: str | Path) -> tuple[Path, dict[str, Any]]:

@@ -525,6 +525,9 @@ def preflight_args(spec: JobSpec, queue: Queue) -> tuple[str, ...]:
     """What toolkit.node.preflight checks each node against: the queue's promise (instance type's devices, EFA,
     FSx, resolved here from the catalog: the node reads no catalog), and what the job loads (loader_check_arguments)."""
     args = ["--promise", queue.promise().to_json(), "--partition", queue.name]
+    # the requeue's one-task helper: the config's smallest queue, not an exclusive node of the job's own
+    helper = queue.helper_partition
+    args += ["--helper-partition", helper] if spec.requeue and helper not in (None, queue.name) else []
     args += ["--spares", str(spec.spares)] if spec.spares else []
     args += ["--requeue"] if spec.requeue else []
     return (*args, *(f"--loader={a}" for a in loader_check_arguments(spec, queue.fabric)))

@@ -1,7 +1,8 @@
 """Pre-flight: before any rank starts, one task on every node of the job checks that the node has what its queue
 promises, and a node that does not stops the job there, named with the check, instead of hanging the ranks.
 
-    python3 BUNDLE preflight --run-dir DIR --promise JSON [--spares K] [--requeue] [--loader=ARG]...
+    python3 BUNDLE preflight --run-dir DIR --promise JSON [--spares K] [--requeue] [--helper-partition Q]
+                             [--loader=ARG]...
 
 BUNDLE is the node-side package staged in the run dir (toolkit.node's contract: the node's own python3 >= 3.9,
 standard library only); JSON is the queue's promise (toolkit.node.promise), resolved when the job was planned.
@@ -27,7 +28,8 @@ Only FAIL counts. A node that fails stops the job with one line naming the node 
     requeued with the failed nodes excluded. Slurm lets a job's ExcNodeList change only while it is pending
     (`scontrol update` on a running job: "Job is no longer pending execution"), and a requeue ends every process
     of the job. So the job is requeued held (`scontrol requeuehold`) and a one-task job of the user's,
-    hpc-exclude-<job id>, adds the nodes to its ExcNodeList and releases it. Nobody needs to be an operator; an
+    hpc-exclude-<job id> (on --helper-partition: the cluster's smallest queue, never an exclusive GPU node
+    when a CPU queue exists), adds the nodes to its ExcNodeList and releases it. Nobody needs to be an operator; an
     admin drains the node with the line printed (ParallelCluster then replaces it);
   - otherwise (a benchmark, or every node failing the same way: the job's environment or the queue's, not a node)
     the job ends with status 1.
@@ -213,13 +215,15 @@ def exclude_job_argv(job_id: str, exclude: Sequence[str], partition: str | None,
     return [*argv, "--wrap", wrap]
 
 
-def requeue_excluding(job_id: str, failed: Sequence[str]) -> str:
-    """Requeue held, then hpc-exclude-<job> excludes `failed` and releases the job; returns what was done."""
+def requeue_excluding(job_id: str, failed: Sequence[str], helper_partition: str | None = None) -> str:
+    """Requeue held, then hpc-exclude-<job> excludes `failed` and releases the job; returns what was done.
+    `helper_partition`: where the helper goes (the cluster's smallest queue, chosen at plan time); None: the
+    job's own partition."""
     exclude = sorted(set(excluded_now(job_id)) | set(failed))
     # The helper first: if it cannot be submitted, the job is not left held with nobody to release it.
     env = slurm.submit_env(os.environ)  # never this job's SLURM_* (sbatch would take its options)
-    helper = subprocess.run(exclude_job_argv(job_id, exclude, os.environ.get("SLURM_JOB_PARTITION"),
-                                             os.environ.get("SLURM_JOB_ACCOUNT")),
+    partition = helper_partition or os.environ.get("SLURM_JOB_PARTITION")
+    helper = subprocess.run(exclude_job_argv(job_id, exclude, partition, os.environ.get("SLURM_JOB_ACCOUNT")),
                             capture_output=True, text=True, timeout=60, env=env)
     if helper.returncode != 0:
         raise RuntimeError(f"sbatch of hpc-exclude-{job_id} failed: {(helper.stderr or helper.stdout).strip()}")
@@ -309,6 +313,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--run-dir", required=True)
     parser.add_argument("--promise", required=True, type=Promise.from_json, help="the queue's promise (JSON)")
     parser.add_argument("--partition", default=os.environ.get("SLURM_JOB_PARTITION"))
+    parser.add_argument("--helper-partition", default=None,
+                        help="where hpc-exclude-<job> goes (default: the job's partition)")
     parser.add_argument("--spares", type=int, default=0)
     parser.add_argument("--requeue", action="store_true", help="requeue excluding failed nodes (training jobs)")
     parser.add_argument("--loader", action="append", default=[], help="a loader_check argument (repeatable)")
@@ -336,7 +342,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         record["action"] = "left out for spares"
     elif action == "requeue":
         try:
-            record["action"] = requeue_excluding(job_id, sorted(failed))
+            record["action"] = requeue_excluding(job_id, sorted(failed), args.helper_partition)
         except (RuntimeError, OSError, subprocess.SubprocessError) as exc:
             record["action"] = f"stopped: the requeue failed: {exc}"
             action = "stop"

@@ -79,11 +79,13 @@ def new_run_dir(request: SubmitRequest, root: Path | None = None) -> Path:
 def plan_job(request: SubmitRequest, run_dir: Path | None = None,
              queue: Any = None) -> tuple[Any, Any, Any, Path, list[str]]:
     """The job of a plan: (recipe, queue, spec, run dir, notes), all the views share (`hpc recipes show`,
-    `render`, `submit --dry-run`). `run_dir`: default a fresh path under the runs root. `queue`: already
+    `render`, `submit --dry-run`). `run_dir`: default a fresh path under the runs root (toolkit.submit.runsroot:
+    $HPC_RUNS_DIR, the cluster config's FSx, else home, with a warning for checkpoints there). `queue`: already
     resolved (a task of a sweep), else resolved from the request with a note saying how."""
     from toolkit.job.argcheck import check_arguments
     from toolkit.job.spec import build_job_spec
     from toolkit.recipes.load import load_recipe
+    from toolkit.submit import runsroot
 
     refuse_conflicts(request)
     notes: list[str] = []
@@ -92,12 +94,19 @@ def plan_job(request: SubmitRequest, run_dir: Path | None = None,
 
         queue, how = resolve_queue(request.cluster, request.queue)
         notes.append(f"queue: {how}")
-    run_dir = run_dir or new_run_dir(request)
+    root = None
+    if run_dir is None:  # an explicit one (--run-dir, a sweep's task) wins
+        root = runsroot.choose(queue)
+        run_dir = new_run_dir(request, root.path)
     recipe = load_recipe(request.recipe, profile=request.profile, overrides=request.overrides,
                          data=request.recipe_data)
     spec = build_job_spec(recipe, queue, request.nodes, profile=request.profile,
                           slurm_options=request.slurm_options, run_dir=str(run_dir))
-    if spec.requeue:
+    if root is not None and (warning := runsroot.home_warning(root, spec)):
+        spec = dataclasses.replace(spec, warnings=(*spec.warnings, warning))
+    if spec.requeue and not queue.from_config:
+        # ParallelCluster never takes SlurmctldParameters (CustomSlurmSettings deny-list): a cluster config means
+        # a bare --requeue; self-managed Slurm (no cluster config) is asked
         spec = expedite_requeue(spec)
     if spec.preflight_args and not spec.software.container:  # the job runs hpc's node-side code (toolkit.node)
         from toolkit.errors import HpcError
@@ -111,7 +120,9 @@ def plan_job(request: SubmitRequest, run_dir: Path | None = None,
 
 
 def expedite_requeue(spec):
-    """--requeue=expedite where the Slurm here takes it (toolkit.slurm.version.expedited_requeue)."""
+    """--requeue=expedite where the Slurm here takes it (toolkit.slurm.version.expedited_requeue). Never for a
+    queue of a ParallelCluster config: pcluster refuses SlurmctldParameters in CustomSlurmSettings
+    (aws-parallelcluster cli/src/pcluster/validators/slurm_settings_validator.py, SLURM_SETTINGS_DENY_LIST)."""
     import dataclasses as dc
 
     from toolkit.job.spec import Derived

@@ -16,6 +16,7 @@ from toolkit.errors import HpcError
 from toolkit.rundir import SWEEP, Array, Executor, Metadata, RunDir
 from toolkit.slurm import status as slurm_status
 from toolkit.slurm.status import State
+from toolkit.submit.runsroot import reader_roots
 
 
 @dataclasses.dataclass
@@ -94,7 +95,7 @@ def _local_state(job_id: str, run: RunDir) -> State:
 
 
 def status(job_id: str, root: Path | None = None) -> RunStatus:
-    run = rundir.find_run(job_id, root)
+    run = rundir.find_run(job_id, root or reader_roots())
     meta = (run.metadata() if run else None) or Metadata()
     if meta.kind == SWEEP:
         return sweep_status(job_id, run, meta)
@@ -114,14 +115,15 @@ def status(job_id: str, root: Path | None = None) -> RunStatus:
         from toolkit.slurm.commands import check_controller
 
         check_controller(f"cannot tell whether job {job_id} exists")
-        raise HpcError(f"job {job_id} is unknown to Slurm and to the runs in {rundir.runs_root()}",
+        where = ", ".join(str(r) for r in ([root] if root else reader_roots()))
+        raise HpcError(f"job {job_id} is unknown to Slurm and to the runs in {where}",
                        fix="check the id (`hpc jobs list`), or set HPC_RUNS_DIR to where the run was submitted from")
     return dataclasses.replace(base, state=state_from_run_dir(run))
 
 
 def list_statuses(root: Path | None = None) -> list[RunStatus]:
     """Every run in the runs root, newest last, with one Slurm query for all of them."""
-    runs = [(run, run.metadata() or Metadata()) for run in rundir.list_runs(root)]
+    runs = [(run, run.metadata() or Metadata()) for run in rundir.list_runs(root or reader_roots())]
     slurm_ids = [j for run, meta in runs if meta.executor != Executor.LOCAL for j in meta.job_ids]
     answer = slurm_status.ask(slurm_ids) if slurm_ids else slurm_status.Answer({}, False)
     found = answer.jobs
@@ -232,7 +234,7 @@ def sweep_failed_tasks(sweep_dir: Path, meta: Metadata) -> list[dict]:
 def cancel_ids(job_id: str, root: Path | None = None) -> list[str]:
     """What `hpc jobs cancel` hands scancel: a sweep's every array for the sweep's id (any array's, or its dir's
     name), else the id itself (one task ID_N stays one task)."""
-    run = rundir.find_run(job_id, root)
+    run = rundir.find_run(job_id, root or reader_roots())
     meta = (run.metadata() if run else None) or Metadata()
     arrays = [a.job_id for a in meta.sweep_arrays] if meta.kind == SWEEP else []
     if (run is not None and job_id == run.name) or job_id in arrays:
@@ -255,7 +257,7 @@ def rank_lines(job_id: str, rank: int, stream: str = "out", keep_following: bool
 
 
 def _run_of(job_id: str, root: Path | None) -> RunDir:
-    run = rundir.find_run(job_id, root)
+    run = rundir.find_run(job_id, root or reader_roots())
     if run is None:
         raise HpcError(f"no run dir records job {job_id}", fix="check the id with `hpc jobs list`")
     return run

@@ -156,13 +156,15 @@ class SweepPlan:
     chunks: tuple[range, ...]  # the sweep's task indices each array holds, in submission order
     batch_script: str  # the first array's batch script, as submitit will send it
     metadata: Metadata  # the sweep dir's, before its arrays are submitted
+    warnings: tuple[str, ...] = ()  # the sweep's own (its tasks' are theirs)
 
     def to_json(self) -> dict[str, Any]:
         first = self.tasks[0]
         return {"kind": SWEEP, "executor": first.executor, "run_dir": str(self.sweep_dir),
                 "queue": first.queue.name, "tasks": len(self.tasks), "nodes": first.spec.nodes,
                 "ranks": first.spec.world_size, "python": first.python, "parameters": self.parameters,
-                "notes": list(first.notes), "warnings": sorted({w for t in self.tasks for w in t.warnings}),
+                "notes": list(first.notes),
+                "warnings": [*self.warnings, *sorted({w for t in self.tasks for w in t.warnings})],
                 "max_array_size": self.max_array_size, "max_array_size_source": self.max_array_size_source,
                 "arrays": [{"first": c.start, "count": len(c)} for c in self.chunks],
                 "points": [list(p.overrides) for p in self.points],
@@ -178,12 +180,17 @@ def new_sweep_dir(request, root: Path | None = None) -> Path:
 def plan(request, sweeps: Sequence[str], parallelism: int | None = None,
          sweep_dir: Path | None = None) -> SweepPlan:
     """Every point's plan, built and checked, and the array's parameters; nothing written or submitted."""
-    from toolkit.submit import plan as plans
+    from toolkit.submit import plan as plans, runsroot
     from toolkit.submit.executor import submitit_batch_script
 
     points = grid(sweeps)
     plans.refuse_conflicts(dataclasses.replace(request, overrides=tuple(Override(s, "--sweep") for s in sweeps)))
-    sweep_dir = sweep_dir or new_sweep_dir(request)
+    root = None
+    if sweep_dir is None:
+        from toolkit.cluster.queues import resolve_queue
+
+        root = runsroot.choose(resolve_queue(request.cluster, request.queue)[0])
+        sweep_dir = new_sweep_dir(request, root.path)
     own_dirs = _own_output_dirs(request)
     tasks: list[plans.Plan] = []
     for point in points:
@@ -194,6 +201,7 @@ def plan(request, sweeps: Sequence[str], parallelism: int | None = None,
         except HpcError as exc:
             raise type(exc)(f"{point.describe()}: {exc.message}", fix=exc.fix) from None
     _refuse_shared_output_dirs(tasks, points)
+    home = runsroot.refuse_home_sweep(root, [t.spec for t in tasks]) if root is not None else None
     first = tasks[0]
     if first.executor == Executor.LOCAL:
         raise UsageError("a sweep runs as a Slurm job array; the local executor has none",
@@ -222,7 +230,7 @@ def plan(request, sweeps: Sequence[str], parallelism: int | None = None,
                      max_array_size_source=limit_source,
                      chunks=parts, batch_script=submitit_batch_script(first.spec, sweep_dir / "submitit",
                                                                       len(parts[0]), parallelism),
-                     metadata=meta)
+                     metadata=meta, warnings=(home,) if home else ())
 
 
 def _own_output_dirs(request) -> tuple[str, ...]:
