@@ -53,7 +53,7 @@ def find(nodes: int, env: dict, slow: str | None, fraction: float, size: str) ->
     # One group run at a time: the simulated nodes share this machine's cores, so concurrent runs would slow each
     # other and hide the slow node (on a cluster a round's groups run at once, on their own hardware).
     args = ["cluster", "find-bad-nodes", "-p", "wide", "--nodelist", f"w[1-{nodes}]", "--size", size, "--iters", "10",
-            "--concurrency", "1"]
+            "--concurrency", "1", "--venv", sys.prefix]  # the ranks' python: this venv (torch, the toolkit)
     if slow is None:
         return hpc(*args, env=env, ok=(0, 1))
     with slow_node(slow, fraction):

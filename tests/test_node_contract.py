@@ -132,7 +132,7 @@ def test_the_bundle_runs_on_a_python_with_nothing_of_ours(tmp_path):
 def test_an_unknown_command_or_an_old_python_says_so_in_one_line(tmp_path):
     path = unpack(tmp_path, tmp_path / "run")
     res = subprocess.run([SYSTEM_PYTHON, "-I", str(path), "nonsense"], capture_output=True, text=True, timeout=60)
-    assert res.returncode == 2 and res.stderr.startswith("usage: python3 BUNDLE {preflight")
+    assert res.returncode == 2 and res.stderr.startswith("usage: python3 BUNDLE {nodesearch,preflight")
     # the version gate, as an older python3 meets it (sys.version_info seen as 3.8's)
     code = ("import sys, zipimport; sys.path.insert(0, %r); import hpc_node.__main__ as m; "
             "sys.version_info = (3, 8, 10); sys.exit(m.main(['preflight']))" % str(path))

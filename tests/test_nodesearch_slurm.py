@@ -1,12 +1,16 @@
 """`hpc cluster find-bad-nodes` on the local Slurm's eight `wide` nodes, with a node made bad for real: w6 loses
-the file system the toolkit and its Python live on (testbench.faults.missing_mount, in w6's own mount namespace),
-so every collective it joins fails. The search names w6 alone within ceil(log2 8) + 2 rounds, its concurrent
+the file system the toolkit and the job's venv (--venv, the python the ranks run) live on
+(testbench.faults.missing_mount, in w6's own mount namespace), so every collective it joins fails. The search names w6 alone within ceil(log2 8) + 2 rounds, its concurrent
 groups on disjoint nodes, draws the per-node plot, and --apply drains w6 with the measurement as the reason. A
-slow node (a CPU limit on its slurmd) and clean runs: benchmarks/bench_nodesearch.py."""
+slow node (a CPU limit on its slurmd) and clean runs: benchmarks/bench_nodesearch.py. A --venv without torch:
+every node is named for it ("torch does not import on w1: ..."), none unresolved, none drained."""
 
 from __future__ import annotations
 
+import contextlib
 import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -20,11 +24,14 @@ def test_a_failing_node_is_found_in_a_few_rounds_and_drained_with_apply(slurm_sa
     env = dict(slurm_env(slurm_sandbox), HPC_RUNS_DIR=str(tmp_path / "runs"))
     plot = tmp_path / "nodes.png"
     try:
-        with missing_mount("w6", REPO):
+        venv = Path(sys.prefix)
+        with missing_mount("w6", REPO), (contextlib.nullcontext() if venv.is_relative_to(REPO)
+                                          else missing_mount("w6", venv)):
             # --threshold 0.8: a failing node's runs give no bandwidth at all; healthy pairs on these 2 shared cores
             # differ by up to 2.5x, which the default (half the best) could take for a slow node, and drain it
             res = run_hpc("cluster", "find-bad-nodes", "-p", "wide", "--nodelist", "w[1-8]", "--size", "256K",
-                          "--iters", "5", "--threshold", "0.8", "--plot", str(plot), "--apply", "--json", env=env)
+                          "--iters", "5", "--threshold", "0.8", "--venv", sys.prefix, "--plot", str(plot), "--apply",
+                          "--json", env=env)
         assert res.returncode == 1, res.stdout + res.stderr
         envelope = cli_envelope(res)
         data = envelope["data"]
@@ -50,3 +57,23 @@ def test_a_failing_node_is_found_in_a_few_rounds_and_drained_with_apply(slurm_sa
         for node in drained:
             subprocess.run(["scontrol", "update", f"NodeName={node}", "State=RESUME"], env=env, capture_output=True,
                            timeout=60)
+
+
+def test_nodes_whose_venv_has_no_torch_are_named_so_not_unresolved(slurm_sandbox, tmp_path):
+    """--venv: a venv made by the system's python3 -m venv, without torch (every node sees tmp_path here)."""
+    env = dict(slurm_env(slurm_sandbox), HPC_RUNS_DIR=str(tmp_path / "runs"))
+    venv = tmp_path / "bare-venv"
+    subprocess.run(["/usr/bin/python3", "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
+    res = run_hpc("cluster", "find-bad-nodes", "-p", "wide", "--nodelist", "w[1-4]", "--size", "64K", "--iters", "2",
+                  "--venv", str(venv), "--apply", "--json", env=env)
+    assert res.returncode == 1, res.stdout + res.stderr
+    envelope = cli_envelope(res)
+    data = envelope["data"]
+    assert sorted(data["software"]) == ["w1", "w2", "w3", "w4"]
+    assert data["bad"] == {} and data["unresolved"] == [] and data["drain_plan"] == [] and len(data["rounds"]) == 1
+    assert data["software"]["w3"].startswith("torch does not import on w3: ModuleNotFoundError: No module named "
+                                             "'torch' (python " + str(venv / "bin" / "python"))
+    assert envelope["error"]["message"].startswith("torch does not import on w1: ") and "3 more node(s)" in \
+        envelope["error"]["message"]
+    assert all(r["verdict"] == "software" for r in data["per_node"])
+    assert "--venv" in data["software_fix"]

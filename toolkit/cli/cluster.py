@@ -320,10 +320,15 @@ def _bad_nodes_text(data: dict) -> str:
         lines.append(f"not tested: {node} ({state})")
     if data["unresolved"]:
         lines.append(f"unresolved (no healthy node left to pair with): {', '.join(data['unresolved'])}")
+    software = data.get("software") or {}
+    for node in sorted(software):
+        lines.append(f"software: {software[node]}")
+    if software:
+        lines.append(f"fix: {data['software_fix']} (not drained: the nodes' software, not their hardware)")
     if data["drain_plan"]:
         lines.append(("drained:" if data["applied"] else "drain plan (run with --apply, as root or a Slurm operator):"))
         lines += [f"  {command}" for command in data["drain_plan"]]
-    else:
+    elif not software:
         lines.append("no slow or failing node found")
     return "\n".join(lines)
 
@@ -345,26 +350,41 @@ def find_bad_nodes(
     concurrency: int = typer.Option(0, "--concurrency", min=0, help="Group runs at a time (0: all of a round at "
                                     "once; 1 where nodes share hardware, e.g. simulated nodes)."),
     timeout: float = typer.Option(1800.0, "--timeout", min=1, help="Seconds to wait for the search job's answer."),
+    venv: Optional[Path] = typer.Option(None, "--venv", metavar="PATH", help="The venv whose python runs the "
+                                        "ranks on the nodes (it needs torch and this toolkit; a path every node "
+                                        "sees). Default: the collectives recipe's software (under the queue's FSx)."),
+    cluster: Optional[Path] = o.CLUSTER,
     plot: Optional[Path] = typer.Option(None, "--plot", metavar="FILE.png", help="Per-node bus bandwidth as a PNG."),
     apply: bool = typer.Option(False, "--apply", help="Drain the bad nodes (scontrol update ... State=DRAIN)."),
     as_json: bool = JSON_OPTION,
 ) -> None:
     """Find the slow or failing nodes with short all_reduce runs over groups of nodes, splitting the slow groups
     (at most ceil(log2 N) + 2 rounds, not all pairs); print a table and a drain plan, applied with --apply
-    (exit 1 when a node is bad)."""
+    (exit 1 when a node is bad, or its torch or NCCL does not load). Each group runs as a collectives job of the
+    queue would: one rank per GPU (or HPU) of each node, in the job's software and EFA/NCCL environment."""
     import math
 
+    from toolkit.cluster.queues import cluster_config_candidates, resolve_queue
+    from toolkit.errors import HpcError
     from toolkit.health import nodesearch
     from toolkit.rundir import run_dir_path
 
+    if cluster is None and not any(p.is_file() for p in cluster_config_candidates()):
+        raise HpcError("no cluster config given or found: the search runs its collectives as the queue's jobs do "
+                       "(GPUs per node, EFA), which the config declares",
+                       fix="pass --cluster FILE (the cluster's ParallelCluster config) and --queue Q")
+    chosen, how = resolve_queue(cluster, queue)
+    info(f"queue: {how}")
     options = ["--group-size", str(group_size), "--threshold", str(threshold), "--size", size, "--iters", str(iters),
                "--concurrency", str(concurrency)]
     options += ["--min-busbw", str(min_busbw)] if min_busbw is not None else []
-    job = nodesearch.submit(queue, nodelist, run_dir_path("find-bad-nodes"), options)
+    job = nodesearch.submit(chosen, queue, nodelist, run_dir_path("find-bad-nodes"), options,
+                            str(venv) if venv else None)
     info(f"search job {job.job_id} on {len(job.nodes)} node(s); run dir {job.run_dir}")
     result = nodesearch.wait(job, info, timeout)
     plan = nodesearch.drain_commands(result["bad"])
-    data = {**result, "job_id": job.job_id, "run_dir": str(job.run_dir), "skipped": job.skipped,
+    data = {**result, "software": result.get("software", {}), "software_fix": nodesearch.SOFTWARE_FIX,
+            "job_id": job.job_id, "run_dir": str(job.run_dir), "skipped": job.skipped,
             "per_node": nodesearch.node_rows(result), "goal_rounds": nodesearch.max_rounds(len(job.nodes)),
             "all_pairs": math.comb(len(job.nodes), 2), "drain_plan": [shlex.join(c) for c in plan], "applied": False}
     if plot is not None:
@@ -378,8 +398,13 @@ def find_bad_nodes(
             run(command)
         data["applied"] = True
     emit(data, as_json, _bad_nodes_text)
-    if result["bad"] or result["unresolved"]:
-        raise fail(f"bad node(s): {', '.join(sorted(result['bad']) + result['unresolved'])}")
+    problems = [f"bad node(s): {', '.join(sorted(result['bad']) + result['unresolved'])}"] if (
+        result["bad"] or result["unresolved"]) else []
+    if data["software"]:
+        first, *others = [data["software"][n] for n in sorted(data["software"])]
+        problems.append(first + (f" (and {len(others)} more node(s))" if others else ""))
+    if problems:
+        raise fail("; ".join(problems))
 
 
 queue_app = typer.Typer(help="Add, change or remove queues of a cluster config in place (comments and layout "
