@@ -109,7 +109,7 @@ class _Search:
         runs = self.measure(number, [group for _, group in tested])
         reference = max((r.busbw for r in runs if r.error is None and r.busbw is not None), default=None)
         judged = [(part, run, is_slow(run, reference, self.threshold, self.min_busbw))
-                  for (part, _), run in zip(tested, runs)]
+                  for (part, _), run in zip(tested, runs, strict=True)]
         for part, run, slow in judged:
             for node in part:
                 self.per_node[node] = {"busbw": run.busbw, "group": list(run.nodes), "round": number,
@@ -174,7 +174,7 @@ def search(nodes: Sequence[str], measure: Measure, group_size: int = 2, threshol
     if bad and len(state.rounds) < budget:  # confirm, each with a partner it has not run with
         avoid = {node: set(state.per_node[node]["group"]) for node in bad}
         tested = [t for t in state.filled([(n,) for n in sorted(bad)], avoid) if len(t[1]) >= 2]
-        for part, run, slow in state.run_round(tested) if tested else []:
+        for part, _run, slow in state.run_round(tested) if tested else []:
             if part and not slow:
                 del bad[part[0]]  # it kept pace this time: the first slow run was not the node's
     unresolved = sorted({n for g in (*suspects, *waiting) for n in g} - set(bad))
@@ -231,7 +231,7 @@ def submit(partition: str | None, nodelist: str | None, run_dir: Path, options: 
     """sbatch the search job on exactly the chosen nodes (whole nodes: --exclusive), in a new run dir."""
     from toolkit.job.env import submit_env_allowlist
     from toolkit.slurm.commands import run
-    from toolkit.submit.executor import clean_sbatch_env
+    from toolkit.slurm.env import clean_sbatch_env
 
     nodes, skipped = usable_nodes(partition, nodelist)
     run_dir.mkdir(parents=True)
@@ -275,8 +275,9 @@ def wait(job: SearchJob, progress: Callable[[str], None], timeout: float, poll_s
 
 def round_line(entry: dict) -> str:
     slow = [g for g in entry["groups"] if g["slow"]]
+    slow_nodes = ", ".join(",".join(g["nodes"]) for g in slow) or "none"
     return (f"round {entry['round']}: {len(entry['groups'])} group(s) at once, best "
-            f"{entry['reference_busbw'] or 0:.3g} GB/s; slow or failed: " + (", ".join(",".join(g["nodes"]) for g in slow) or "none"))
+            f"{entry['reference_busbw'] or 0:.3g} GB/s; slow or failed: {slow_nodes}")
 
 
 def node_rows(result: dict) -> list[dict]:

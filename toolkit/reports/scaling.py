@@ -8,7 +8,7 @@ EFA queue, a run whose NCCL used sockets is flagged).
 The training log used is the first of RunDir.log_files() (the trainer's train_log.jsonl, rank 0's logs, then
 the run's other logs) that holds training records (only rank 0 logs them: fairseq and our trainer alike). A
 run dir without training records but with nccl-tests tables (the collectives recipe) is summarised as nccl
-results. The network NCCL selected is RunDir.network() over the same logs. A plain log file (no run dir) is
+results. The network NCCL selected is transport.run_network() over the same logs. A plain log file (no run dir) is
 summarised the same way, without the metadata.
 """
 
@@ -21,7 +21,8 @@ from toolkit.errors import HpcError
 from toolkit.reports import nccl, training_logs, transport
 from toolkit.reports.gaudi import verdict_for
 from toolkit.reports.stragglers import DEFAULT_THRESHOLD, find_stragglers
-from toolkit.rundir import METADATA, TRAINER_LOG, Metadata, Network, RunDir
+from toolkit.reports.transport import Network
+from toolkit.rundir import METADATA, TRAINER_LOG, Metadata, RunDir
 
 
 @dataclasses.dataclass
@@ -72,8 +73,9 @@ def read_run(run_dir: str | Path, straggler_threshold: float = DEFAULT_THRESHOLD
         texts = {run_dir: _read(run_dir)}
         network = Network(transport.logs_transport({str(run_dir): texts[run_dir]}), None)
         return _summarize_logs(summary, texts, network, Metadata(),
-                               f"no training records or nccl-tests results in {run_dir}", "pass rank 0's log of fairseq or the ResNet trainer's train_log.jsonl, an nccl-tests "
-                               "log, or the run dir")
+                               f"no training records or nccl-tests results in {run_dir}",
+                               "pass rank 0's log of fairseq or the ResNet trainer's train_log.jsonl, an "
+                               "nccl-tests log, or the run dir")
     run = RunDir(run_dir)
     meta = run.read_metadata()
     ranks = meta.ranks
@@ -85,7 +87,7 @@ def read_run(run_dir: str | Path, straggler_threshold: float = DEFAULT_THRESHOLD
                          job_ids=meta.job_ids, result=result.to_json() if result else None,
                          stragglers=find_stragglers(beats, straggler_threshold).to_json() if beats else None)
     texts = run.log_texts()
-    return _summarize_logs(summary, texts, run.network(texts), meta,
+    return _summarize_logs(summary, texts, transport.run_network(run, texts), meta,
                            f"no training records or nccl-tests results in the logs of {run_dir}",
                            "check that the job ran (hpc jobs logs); our trainer's train_log.jsonl is read only from "
                            f"RUN_DIR/{TRAINER_LOG} (recipe dirs.logs under: run)")
