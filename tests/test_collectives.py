@@ -13,8 +13,8 @@ from toolkit.reports.nccl import parse_text
 from toolkit.workloads.collectives import bandwidths, bus_factor, layout, parse_size, sizes
 
 
-@pytest.mark.parametrize("op,n,expected", [("all_reduce", 8, 1.75), ("all_gather", 8, 0.875), ("reduce_scatter", 4, 0.75),
-                                           ("all_reduce", 2, 1.0)])
+@pytest.mark.parametrize("op,n,expected", [("all_reduce", 8, 1.75), ("all_gather", 8, 0.875),
+                                           ("reduce_scatter", 4, 0.75), ("all_reduce", 2, 1.0)])
 def test_bus_factors_are_nccl_tests(op, n, expected):
     assert bus_factor(op, n) == expected
 

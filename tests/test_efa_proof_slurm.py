@@ -29,7 +29,8 @@ def efa_cluster(tmp_path):
     """The local cpu partition declared as c5n.18xlarge (EFA, no GPU) with EFA enabled."""
     config = copy.deepcopy(CLUSTER_CONFIG)
     queue = config["Scheduling"]["SlurmQueues"][0]
-    queue["ComputeResources"] = [{"Name": "c5n", "InstanceType": "c5n.18xlarge", "MaxCount": 2, "Efa": {"Enabled": True}}]
+    queue["ComputeResources"] = [{"Name": "c5n", "InstanceType": "c5n.18xlarge", "MaxCount": 2,
+                                  "Efa": {"Enabled": True}}]
     path = tmp_path / "efa-cluster.yaml"
     path.write_text(yaml.safe_dump(config))
     return path

@@ -54,7 +54,7 @@ def test_a_checkpoint_last_cut_short_during_the_copy_is_replaced_by_the_newest_w
     last = checkpoints / "checkpoint_last.pt"
     whole = (checkpoints / "checkpoint_1_30.pt").read_bytes()
     last.write_bytes(whole[: len(whole) // 2])  # the copy stopped half-way
-    with pytest.raises(Exception):
+    with pytest.raises(RuntimeError, match="failed reading zip archive"):
         torch.load(last)  # what the requeued job would have hit
 
     out = rank_start(checkpoints)

@@ -67,7 +67,7 @@ class Executor(enum.StrEnum):
     def parse(cls, name: str | None) -> Executor | None:
         """The kind a name says, older run dirs' names included; None for none or an unknown name."""
         name = {"submitit-slurm": "slurm", "submitit-local": "local"}.get(name or "", name)
-        return cls(name) if name in cls._value2member_map_ else None
+        return cls(name) if name is not None and name in cls._value2member_map_ else None
 
 
 @dataclasses.dataclass(frozen=True)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import sys
+from pathlib import Path
 from typing import Optional
 
 import typer
@@ -95,7 +96,7 @@ def status(job_id: str = typer.Argument(..., help="Slurm job id (an array task: 
 
     s = runs.status(job_id)
     data = dataclasses.asdict(s)
-    run = RunDir(s.run_dir) if s.run_dir and not s.tasks else None
+    run = RunDir(Path(s.run_dir)) if s.run_dir and not s.tasks else None
     network = run_network(run) if run else None
     data["network"] = network.to_json() if network and network.transport.name else None  # None: NCCL said nothing
     slurm_id = None if s.source == "local" else job_id  # a local run's id is a pid, not a Slurm job

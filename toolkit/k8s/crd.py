@@ -271,7 +271,7 @@ def _check_list(value: list, schema: dict, parts: tuple, *, structural: bool) ->
             identity = tuple(item.get(k, (items or {}).get("properties", {}).get(k, {}).get("default"))
                              for k in keys)
             if identity in seen_keys:
-                shown = ", ".join(f"{k}={v!r}" for k, v in zip(keys, identity))
+                shown = ", ".join(f"{k}={v!r}" for k, v in zip(keys, identity, strict=True))
                 yield Violation(parts + (i,), f"duplicate entry ({shown}): the list is a map keyed by "
                                 f"{', '.join(keys)}")
             seen_keys.append(identity)

@@ -138,21 +138,23 @@ def scaling(runs: list[RunSummary]) -> list[ScalingRow]:
     """Speed-up and scaling efficiency of each run against the run with the fewest ranks."""
     if not runs:
         raise HpcError("no runs given", fix="pass two or more run dirs of one recipe")
+    measured = []  # (run, its throughput, its ranks)
     for run in runs:
         if run.throughput is None:
             raise HpcError(f"{run.run_dir} has no training throughput", fix="pass run dirs of training recipes")
         if run.ranks is None:
             raise HpcError(f"{run.run_dir}: the number of ranks is unknown", fix=f"add ranks to its {METADATA}")
+        measured.append((run, run.throughput, run.ranks))
     if len({r.unit for r in runs}) > 1 or len({(r.recipe, r.profile) for r in runs if r.recipe}) > 1:
         kinds = sorted({f"{r.recipe}{f' --profile {r.profile}' if r.profile else ''} ({r.unit})" for r in runs})
         raise HpcError(f"the runs are of different recipes: {', '.join(kinds)}", fix="compare runs of one recipe only")
-    ordered = sorted(runs, key=lambda r: (r.ranks, r.run_dir))
-    base = ordered[0]
-    if base.throughput <= 0:
+    ordered = sorted(measured, key=lambda m: (m[2], m[0].run_dir))
+    base, base_throughput, base_ranks = ordered[0]
+    if base_throughput <= 0:
         raise HpcError(f"{base.run_dir} has zero throughput", fix="check that run's log: it made no progress")
     rows = []
-    for run in ordered:
-        ideal = base.throughput * run.ranks / base.ranks
-        rows.append(ScalingRow(run.run_dir, run.nodes, run.ranks, run.throughput, run.throughput / base.throughput,
-                               ideal, run.throughput / ideal))
+    for run, throughput, ranks in ordered:
+        ideal = base_throughput * ranks / base_ranks
+        rows.append(ScalingRow(run.run_dir, run.nodes, ranks, throughput, throughput / base_throughput,
+                               ideal, throughput / ideal))
     return rows

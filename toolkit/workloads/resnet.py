@@ -31,7 +31,8 @@ RESNETS = ("resnet18", "resnet34", "resnet50", "resnet101", "resnet152", "resnex
 
 
 def parser() -> argparse.ArgumentParser:
-    """The trainer's flags (also what `hpc` checks a recipe's args against when it plans a job: toolkit.job.argcheck)."""
+    """The trainer's flags (also what `hpc` checks a recipe's args against when it plans a job:
+    toolkit.job.argcheck)."""
     p = argparse.ArgumentParser(prog="python -m toolkit.workloads.resnet", description=__doc__.split("\n")[0])
     p.add_argument("--data", required=True, help="ImageFolder root with train/ and val/")
     p.add_argument("--arch", default="resnet50", choices=RESNETS)
@@ -66,7 +67,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", choices=("cpu", "cuda", "hpu"),
                    help="default: cuda if available; hpu (Habana Gaudi) needs the Habana PyTorch bridge")
-    p.add_argument("--backend", choices=("gloo", "nccl", "hccl"), help="default: nccl on cuda, hccl on hpu, gloo on cpu")
+    p.add_argument("--backend", choices=("gloo", "nccl", "hccl"),
+                   help="default: nccl on cuda, hccl on hpu, gloo on cpu")
     p.add_argument("--threads", type=int, help="torch/OpenMP threads per rank (default: SLURM_CPUS_PER_TASK)")
     return p
 

@@ -107,7 +107,7 @@ class EncodedFiles(Dataset):
 
 def collate_encoded(batch):
     """Bytes stay a list (every file has its own length); labels become one tensor as in the PIL path."""
-    data, labels, crops = zip(*batch)
+    data, labels, crops = zip(*batch, strict=True)
     return list(data), torch.tensor(labels), list(crops)
 
 
@@ -119,7 +119,8 @@ def decode(encoded: list[torch.Tensor], device: torch.device) -> list[torch.Tens
     jpeg = [i for i, data in enumerate(encoded) if bytes(data[:2].tolist()) == JPEG_MAGIC]
     images: list[torch.Tensor | None] = [None] * len(encoded)
     if jpeg:
-        for i, image in zip(jpeg, decode_jpeg([encoded[i] for i in jpeg], mode=ImageReadMode.RGB, device=device)):
+        decoded = decode_jpeg([encoded[i] for i in jpeg], mode=ImageReadMode.RGB, device=device)
+        for i, image in zip(jpeg, decoded, strict=True):
             images[i] = image
     for i, image in enumerate(images):
         if image is None:
@@ -145,7 +146,7 @@ class BatchTransform:
 
         size = self.size
         out = torch.empty((len(encoded), 3, size, size), dtype=torch.uint8, device=self.device)
-        for i, (image, crop) in enumerate(zip(decode(encoded, self.device), crops)):
+        for i, (image, crop) in enumerate(zip(decode(encoded, self.device), crops, strict=True)):
             if crop is None:
                 image = F.resize(image, [round(size / VAL_RESIZE_RATIO)], antialias=True)
                 out[i] = F.center_crop(image, [size, size])
