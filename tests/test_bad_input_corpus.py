@@ -70,15 +70,16 @@ class Case:
     env: tuple[tuple[str, str], ...] = ()
     report: bool = False  # a report command (hpc cluster validate): its findings, with fixes, are on stdout
     slurm: bool = False  # the answer comes from the real Slurm
+    training: bool = False  # the answer comes from fairseq's or DeepSpeed's own parser (the training environment)
 
     @property
     def id(self) -> str:
         return f"{self.category}/{self.name}"
 
 
-def case(category, name, args, code, pattern, report=False, slurm=False, **env) -> Case:
+def case(category, name, args, code, pattern, report=False, slurm=False, training=False, **env) -> Case:
     return Case(category, name, tuple(args), code, pattern, tuple(env.items()), report,
-                slurm or category in ("slurmctld", "sbatch"))
+                slurm or category in ("slurmctld", "sbatch"), training)
 
 
 SUBMIT = ("recipes", "submit", "probe", "--cluster", "{ws}/cluster.yaml", "--queue", "cpu")
@@ -89,10 +90,10 @@ CASES = [
     # issue 20: training arguments, sweeps, --set
     case("set", "fairseq-unknown-flag", ["recipes", "submit", "roberta", "--set", "args.--lrr=0.1"], 1,
          r"unknown argument --lrr \(from --set args\.--lrr=0\.1\): fairseq-train .*did you mean --lr\?\n"
-         r"  fix: --set args\.--lr=0\.1 "),
+         r"  fix: --set args\.--lr=0\.1 ", training=True),
     case("set", "fairseq-bad-value", ["recipes", "submit", "roberta", "--set", "args.--lr=abc"], 1,
          r"--lr abc \(from --set args\.--lr=abc\) is not a value fairseq-train .* accepts: it wants values like 1 "
-         r".*\n  fix: --set args\.--lr=0\.25"),
+         r".*\n  fix: --set args\.--lr=0\.25", training=True),
     case("set", "trainer-unknown-flag", ["recipes", "submit", "resnet50", "--set", "args.--batch-sizee=128"], 1,
          r"unknown argument --batch-sizee .*did you mean --batch-size\?\n  fix: --set args\.--batch-size=128 "),
     case("set", "trainer-switch-with-value", ["recipes", "submit", "resnet50", "--set", "args.--amp=1"], 1,
@@ -103,7 +104,7 @@ CASES = [
     case("set", "deepspeed-config-key", ["recipes", "submit", "bert-5b",
                                          "--cluster", str(REPO / "jobs" / "dl1-cluster.yaml"),
                                          "--set", "deepspeed.config.bf16.enabld=true"], 1,
-         r"deepspeed\.config\.bf16\.enabld: DeepSpeed \S+ has no such key .*did you mean enabled\?"),
+         r"deepspeed\.config\.bf16\.enabld: DeepSpeed \S+ has no such key .*did you mean enabled\?", training=True),
     case("set", "unknown-key-did-you-mean", [*SUBMIT, "--set", "resources.nodez=2"], 1,
          r"resources\.nodez: unknown key; did you mean resources\.nodes\?.*\n  fix: --set resources\.nodes=2"),
     case("set", "nodes-twice", [*SUBMIT, "--nodes", "1", "--set", "resources.nodes=2"], 2,
@@ -410,7 +411,8 @@ def case_env(case: Case, ws: Path, base: dict) -> dict:
     return {**base, "HPC_RUNS_DIR": str(ws / "runs"), **{k: v.format(ws=ws) for k, v in case.env}}
 
 
-@pytest.mark.parametrize("case", [c for c in CASES if not c.slurm], ids=[c.id for c in CASES if not c.slurm])
+@pytest.mark.parametrize("case", [pytest.param(c, marks=[pytest.mark.training] if c.training else [], id=c.id)
+                                  for c in CASES if not c.slurm])
 def test_bad_input(case: Case, workspace: Path, slurm_trap, counts):
     bin_dir, log = slurm_trap
     base = {k: v for k, v in os.environ.items() if k != "SLURM_CONF"}

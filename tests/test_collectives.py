@@ -84,6 +84,7 @@ def test_report_cli_on_the_real_run(gloo_run):
     assert all(t["wrong_values"] == 0 and t["max_busbw_gbs"] > 0 for t in data["tests"])
 
 
+@pytest.mark.training
 def test_device_flags_the_job_spec_sets_are_accepted_and_a_mismatch_is_refused(capsys):
     """toolkit.job.spec gives every python-module workload --device/--backend/--threads; nccl needs cuda."""
     from toolkit.workloads.collectives import main

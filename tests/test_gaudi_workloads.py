@@ -125,6 +125,7 @@ def test_without_the_bridge_hpu_stops_at_start_with_one_clear_error(module, extr
     assert "fix: run in the Habana environment" in res.stderr
 
 
+@pytest.mark.training
 def test_a_cuda_backend_on_hpu_is_refused(capsys):
     from toolkit.workloads.collectives import main
 

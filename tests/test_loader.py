@@ -168,6 +168,7 @@ def test_the_check_runs_after_the_jobs_own_activation(standin, tmp_path):
     assert report.ld_library_path.endswith(f":/opt/aws-ofi-nccl/lib:{standin}/mpi/lib")
 
 
+@pytest.mark.training
 def test_a_pytorch_gpu_job_asks_the_loader_for_torchs_own_nccl():
     """Not a stand-in: the venv's torch. A CUDA build finds libnccl.so.2 through its RUNPATH (the nvidia-nccl wheel),
     whatever LD_LIBRARY_PATH holds; a CPU build has no libtorch_cuda.so and nothing to check."""
