@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 PIP := $(BIN)/pip --disable-pip-version-check -q
 
-.PHONY: bench-deps venv train-env slurm-up slurm-lanes container-lane slurm-down test canaries demo bench jobs k8s-jobs cluster-configs clean
+.PHONY: bench-deps venv train-env slurm-up slurm-lanes container-lane slurm-down lint test canaries demo bench jobs k8s-jobs cluster-configs clean
 
 # The torch pins are repeated on every install line that may pull torch, so that no dependency can swap it.
 TORCH_PINS := torch==2.14.1 torchvision==0.29.1
@@ -65,7 +65,13 @@ container-lane: venv
 	then $(BIN)/python -m testbench up --slurm 22.05-pyxis; \
 	else $(BIN)/python -c 'from testbench.containers import missing_sources; print(missing_sources())'; fi
 
-test: venv train-env slurm-up slurm-lanes container-lane
+# ruff and mypy (pinned in the test extra, configured in pyproject.toml), first in `make test` and so in CI. After
+# train-env: mypy reads torch's own types where the workloads use it.
+lint: venv train-env
+	$(BIN)/ruff check
+	$(BIN)/mypy
+
+test: lint venv train-env slurm-up slurm-lanes container-lane
 	$(BIN)/python -m pytest -q
 
 # Checks of third parties' behaviour we rely on (torch's restart hang, Slurm's own features): not our code, so

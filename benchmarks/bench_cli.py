@@ -69,8 +69,8 @@ def main() -> None:
         "hpc cluster validate (p3dn example)": [*hpc, "cluster", "validate", str(EXAMPLE)],
         # config checks what it writes with validate's rules: it costs about one validate
         "hpc cluster config (p4d, validated)": [*hpc, "cluster", "config", "--name", "bench", "--region", "us-east-1",
-                                                "--subnet", "subnet-0123456789abcdef0", "--key-name", "k", "--queue-spec",
-                                                "p4d=p4d.24xlarge:4", "--force", "-o",
+                                                "--subnet", "subnet-0123456789abcdef0", "--key-name", "k",
+                                                "--queue-spec", "p4d=p4d.24xlarge:4", "--force", "-o",
                                                 str(Path(tempfile.gettempdir()) / "hpc-bench-cluster.yaml")],
         "hpc cluster diff (p5: max up, queue add)": pairs["p5"],
         "hpc cluster diff (AWS-style: queue remove)": pairs["aws"],

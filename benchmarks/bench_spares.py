@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import random
 import statistics
 import subprocess
@@ -71,7 +70,7 @@ def records(workload: str, run: RunDir, job_id: str) -> list[dict]:
     trainer's train_log.jsonl; resumes as {"event": "resumed", "step": N}, steps as {"event": "train"}."""
     if workload == "resnet":
         path = run.path / "logs" / "train_log.jsonl"
-        found = [json.loads(l) for l in path.read_text().splitlines()] if path.exists() else []
+        found = [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
         out = []
         for r in found:
             if r["event"] == "start" and r.get("resumed_from_step"):
@@ -149,7 +148,7 @@ def trial(workload: str, spares: bool, node: str, env: dict, root: Path, kill_st
 
 def table(rows: list[tuple]) -> str:
     widths = [max(len(str(r[i])) for r in rows) for i in range(len(rows[0]))]
-    return "\n".join("  ".join(str(c).ljust(w) for c, w in zip(r, widths)) for r in rows)
+    return "\n".join("  ".join(str(c).ljust(w) for c, w in zip(r, widths, strict=True)) for r in rows)
 
 
 def plot(results: dict, baselines: dict, path: Path) -> None:

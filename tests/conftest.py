@@ -51,7 +51,7 @@ def run_hpc(*args: str, env: dict[str, str] | None = None, cwd: str | Path | Non
                 os.unsetenv(name)
         os.chdir(cwd or REPO)
         sys.argv = ["hpc", *args]
-        for fd, out in zip((1, 2), outputs):
+        for fd, out in zip((1, 2), outputs, strict=True):
             os.dup2(out.fileno(), fd)
         sys.stdin = io.StringIO(input or "")
         sys.stdout, sys.stderr = (io.TextIOWrapper(io.FileIO(fd, "w", closefd=False), encoding="utf-8",
@@ -78,7 +78,7 @@ def run_hpc(*args: str, env: dict[str, str] | None = None, cwd: str | Path | Non
             signal.signal(signal.SIGALRM, saved_alarm)
     finally:
         sys.stdin, sys.stdout, sys.stderr = saved_streams
-        for fd, saved in zip((1, 2), saved_fds):
+        for fd, saved in zip((1, 2), saved_fds, strict=True):
             os.dup2(saved, fd)
             os.close(saved)
         os.environ.clear()

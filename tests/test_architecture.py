@@ -1,14 +1,17 @@
 """The house rules that code review alone would let slip: no import cycle in toolkit/ (lazy imports inside
 functions count too: they are cycles all the same, only deferred), no toolkit module imports the test bench
 (testbench/, the local Slurm set-up: dev and test only, not shipped), submitting and reporting meet only in the
-run dir (toolkit.rundir), and `hpc --help` imports nothing heavy."""
+run dir (toolkit.rundir), no arrow points up a layer (UPWARD), and `hpc --help` imports nothing heavy."""
 
 from __future__ import annotations
 
 import ast
+import os
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 from tests.conftest import REPO
 
@@ -103,6 +106,43 @@ def test_submit_and_reports_never_import_each_other():
     # the check finds one when there is one (a package's __init__ counts)
     assert crossings({"toolkit.submit.runs": {"toolkit.reports", "toolkit.rundir"}, "toolkit.submitter": {
         "toolkit.reports.nccl"}}, "toolkit.submit", "toolkit.reports") == ["toolkit.submit.runs -> toolkit.reports"]
+
+
+# Arrows that point up a layer: the lower package is what the higher one is built on (the run dir is what jobs and
+# reports read; Slurm's commands and the node checks are what submitting uses), never the other way round.
+UPWARD = [("toolkit.health", "toolkit.submit"), ("toolkit.health", "toolkit.cli"),
+          ("toolkit.rundir", "toolkit.reports"), ("toolkit.rundir", "toolkit.submit"),
+          ("toolkit.rundir", "toolkit.health"), ("toolkit.rundir", "toolkit.job"),
+          ("toolkit.slurm", "toolkit.submit"), ("toolkit.slurm", "toolkit.health"),
+          ("toolkit.slurm", "toolkit.reports"), ("toolkit.slurm", "toolkit.cli"),
+          ("toolkit.reports", "toolkit.cli"), ("toolkit.submit", "toolkit.cli"), ("toolkit.job", "toolkit.cli")]
+
+
+@pytest.mark.parametrize("lower,higher", UPWARD)
+def test_no_arrow_points_up_a_layer(lower, higher):
+    assert crossings(package_graph(), lower, higher) == []
+
+
+def test_the_node_side_imports_nothing_of_the_rest_of_the_package():
+    """toolkit.node runs on compute nodes as the staged bundle (docs/node-contract.md): no arrow leaves it."""
+    graph = package_graph()
+    leaving = sorted(f"{m} -> {n}" for m, targets in graph.items() if m.startswith("toolkit.node")
+                     for n in targets if not n.startswith("toolkit.node"))
+    assert leaving == []
+
+
+def test_the_suite_collects_and_deselects_cleanly_without_the_training_environment(tmp_path):
+    """A venv without `make train-env` collects every test module (torch imported lazily), so that
+    `-m 'not training'` runs there. Stand-ins that refuse to import play the missing packages."""
+    for name in ("torch", "torchvision", "fairseq", "fairseq_cli", "deepspeed", "sklearn"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "__init__.py").write_text(f"raise ModuleNotFoundError('no {name} here', name={name!r})\n")
+    env = {**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{REPO}"}
+    res = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", "-m",
+                          "not training and not slurm and not canary", "tests"], capture_output=True, text=True,
+                         cwd=REPO, env=env, timeout=300)
+    summary = res.stdout.strip().splitlines()[-1]  # "N/M tests collected (K deselected) in ...", errors counted
+    assert res.returncode == 0 and "error" not in summary, res.stdout[-3000:] + res.stderr[-2000:]
 
 
 def test_help_loads_no_heavy_library():

@@ -29,6 +29,7 @@ def refusal(name: str, *overrides: str, **request) -> HpcError:
     return err.value
 
 
+@pytest.mark.training
 def test_a_misspelt_fairseq_flag_is_refused_with_the_flag_that_exists():
     err = refusal("roberta", "args.--lrr=0.1")
     assert err.exit_code == 1
@@ -38,6 +39,7 @@ def test_a_misspelt_fairseq_flag_is_refused_with_the_flag_that_exists():
     load_recipe("roberta", overrides=["args.--lr=0.1"])  # the fix's override is one the recipe takes
 
 
+@pytest.mark.training
 def test_fairseq_checks_the_options_its_task_and_arch_add():
     """--tokens-per-sample comes from the masked_lm task and --encoder-layers from the roberta arch: accepted;
     --share-all-embeddings is the translation transformer's, which roberta does not have."""
@@ -57,6 +59,7 @@ def test_fairseq_checks_the_options_its_task_and_arch_add():
     ("args.--bf16=true", "Cannot combine --fp16 and --tpu", "fairseq-train --task masked_lm --arch roberta_large"),
     ("args.--fp16=1", "--fp16 is a switch and takes no value, got '1'", "--set args.--fp16=true"),
 ])
+@pytest.mark.training
 def test_fairseq_values_are_checked_by_fairseqs_types(override, words, fix):
     err = refusal("roberta", override)
     assert words in err.message and fix in (err.fix + err.message), (err.message, err.fix)
@@ -87,6 +90,7 @@ def test_a_flag_from_the_recipe_file_gets_a_rename_fix(tmp_path):
                              "--set args.--ops=all_reduce")
 
 
+@pytest.mark.training
 def test_deepspeed_config_goes_through_deepspeeds_own_parser():
     request = dict(cluster=str(REPO / "jobs" / "dl1-cluster.yaml"))
     notes = plan_job(SubmitRequest("bert-5b", **request))[4]
@@ -118,6 +122,7 @@ def test_where_no_parser_loads_it_is_said_once(monkeypatch, tmp_path):
     assert [n for n in cli_json(res)["notes"] if n.startswith(NOT_CHECKED)]
 
 
+@pytest.mark.training
 def test_every_recipe_profile_and_reviewed_render_passes_the_check():
     """No false positives: every built-in recipe and profile on each queue kind it runs on, and every reviewed
     render in jobs/ (as `make jobs` makes them), is accepted by its launcher's parser."""
@@ -161,6 +166,7 @@ def test_sweep_ranges_that_cannot_be_meant_literally_are_refused(item, words):
     assert ".." in err.value.fix
 
 
+@pytest.mark.training
 def test_each_sweep_point_goes_through_the_parser():
     with pytest.raises(HpcError) as err:
         sweep.plan(SubmitRequest("roberta"), ["args.--lr=0.1,abc"])

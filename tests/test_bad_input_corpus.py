@@ -70,15 +70,16 @@ class Case:
     env: tuple[tuple[str, str], ...] = ()
     report: bool = False  # a report command (hpc cluster validate): its findings, with fixes, are on stdout
     slurm: bool = False  # the answer comes from the real Slurm
+    training: bool = False  # the answer comes from fairseq's or DeepSpeed's own parser (the training environment)
 
     @property
     def id(self) -> str:
         return f"{self.category}/{self.name}"
 
 
-def case(category, name, args, code, pattern, report=False, slurm=False, **env) -> Case:
+def case(category, name, args, code, pattern, report=False, slurm=False, training=False, **env) -> Case:
     return Case(category, name, tuple(args), code, pattern, tuple(env.items()), report,
-                slurm or category in ("slurmctld", "sbatch"))
+                slurm or category in ("slurmctld", "sbatch"), training)
 
 
 SUBMIT = ("recipes", "submit", "probe", "--cluster", "{ws}/cluster.yaml", "--queue", "cpu")
@@ -89,10 +90,10 @@ CASES = [
     # issue 20: training arguments, sweeps, --set
     case("set", "fairseq-unknown-flag", ["recipes", "submit", "roberta", "--set", "args.--lrr=0.1"], 1,
          r"unknown argument --lrr \(from --set args\.--lrr=0\.1\): fairseq-train .*did you mean --lr\?\n"
-         r"  fix: --set args\.--lr=0\.1 "),
+         r"  fix: --set args\.--lr=0\.1 ", training=True),
     case("set", "fairseq-bad-value", ["recipes", "submit", "roberta", "--set", "args.--lr=abc"], 1,
          r"--lr abc \(from --set args\.--lr=abc\) is not a value fairseq-train .* accepts: it wants values like 1 "
-         r".*\n  fix: --set args\.--lr=0\.25"),
+         r".*\n  fix: --set args\.--lr=0\.25", training=True),
     case("set", "trainer-unknown-flag", ["recipes", "submit", "resnet50", "--set", "args.--batch-sizee=128"], 1,
          r"unknown argument --batch-sizee .*did you mean --batch-size\?\n  fix: --set args\.--batch-size=128 "),
     case("set", "trainer-switch-with-value", ["recipes", "submit", "resnet50", "--set", "args.--amp=1"], 1,
@@ -100,15 +101,18 @@ CASES = [
     case("set", "derived-key", ["recipes", "submit", "resnet50", "--set", "args.--lr=0.2"], 1,
          r"--set args\.--lr=0\.2: --lr is derived by the recipe's scaling rule scaling\.--lr.*\n"
          r"  fix: .*--set scaling\.--lr\.base=0\.2"),
-    case("set", "deepspeed-config-key", ["recipes", "submit", "bert-5b", "--cluster", str(REPO / "jobs" / "dl1-cluster.yaml"),
+    case("set", "deepspeed-config-key", ["recipes", "submit", "bert-5b",
+                                         "--cluster", str(REPO / "jobs" / "dl1-cluster.yaml"),
                                          "--set", "deepspeed.config.bf16.enabld=true"], 1,
-         r"deepspeed\.config\.bf16\.enabld: DeepSpeed \S+ has no such key .*did you mean enabled\?"),
+         r"deepspeed\.config\.bf16\.enabld: DeepSpeed \S+ has no such key .*did you mean enabled\?", training=True),
     case("set", "unknown-key-did-you-mean", [*SUBMIT, "--set", "resources.nodez=2"], 1,
          r"resources\.nodez: unknown key; did you mean resources\.nodes\?.*\n  fix: --set resources\.nodes=2"),
     case("set", "nodes-twice", [*SUBMIT, "--nodes", "1", "--set", "resources.nodes=2"], 2,
          r"--nodes 1 and --set resources\.nodes=2 both set the node count"),
-    case("recipes", "name-did-you-mean", ["recipes", "submit", "robera"], 1, r"no recipe named 'robera'; did you mean roberta\?"),
-    case("recipes", "profile-did-you-mean", [*SUBMIT[:3], "--profile", "smok", *SUBMIT[3:]], 1, r"has no profile 'smok'"),
+    case("recipes", "name-did-you-mean", ["recipes", "submit", "robera"], 1,
+         r"no recipe named 'robera'; did you mean roberta\?"),
+    case("recipes", "profile-did-you-mean", [*SUBMIT[:3], "--profile", "smok", *SUBMIT[3:]], 1,
+         r"has no profile 'smok'"),
     case("sweeps", "nodes-and-node-sweep", [*SUBMIT, "--nodes", "2", "--sweep", "resources.nodes=1,2"], 2,
          r"--nodes 2 and --sweep resources\.nodes=1,2 both set the node count"),
     case("sweeps", "range-without-step", [*SUBMIT, "--sweep", "args.--lr=0.1..0.4"], 2,
@@ -128,14 +132,16 @@ CASES = [
     case("recipes", "bad-env-name", ["recipes", "submit", "{ws}/recipes/badenv.yaml"], 1, r"bad key '1BAD'"),
     case("recipes", "zero-nodes", ["recipes", "submit", "{ws}/recipes/zeronodes.yaml"], 1, r"resources\.nodes"),
     case("recipes", "toolkit-controlled-flag", ["recipes", "submit", "{ws}/recipes/fs.yaml", "--cluster",
-                                               "{ws}/cluster.yaml"], 1, r"--distributed-world-size is set by the toolkit"),
+                                               "{ws}/cluster.yaml"], 1,
+         r"--distributed-world-size is set by the toolkit"),
     case("recipes", "unknown-name", ["recipes", "submit", "no-such-recipe"], 1, r"no recipe named 'no-such-recipe'"),
     case("recipes", "unknown-profile", [*SUBMIT, "--profile", "nope"], 1, r"has no profile 'nope'"),
     # --set overrides
     case("set", "no-equals", [*SUBMIT, "--set", "args.--lr"], 2, r"not KEY\.PATH=VALUE"),
     case("set", "empty-key-part", [*SUBMIT, "--set", "args..x=1"], 2, r"not KEY\.PATH=VALUE"),
     case("set", "name", [*SUBMIT, "--set", "name=other"], 2, r"name cannot be overridden"),
-    case("set", "into-a-scalar", [*SUBMIT, "--set", "args.--count.x=1"], 1, r"args\.--count: must be a string.*value from --set args\.--count\.x=1"),
+    case("set", "into-a-scalar", [*SUBMIT, "--set", "args.--count.x=1"], 1,
+         r"args\.--count: must be a string.*value from --set args\.--count\.x=1"),
     case("set", "unknown-key", [*SUBMIT, "--set", "colour=red"], 1, r"colour: unknown key.*--set colour=red"),
     case("set", "nodes-not-a-number", [*SUBMIT, "--set", "resources.nodes=many"], 1, r"resources\.nodes.*--set"),
     case("set", "bad-time", [*SUBMIT, "--set", "resources.time=25h"], 1, r"resources\.time"),
@@ -147,7 +153,8 @@ CASES = [
     case("sweeps", "key-twice", [*SUBMIT, "--sweep", "args.--a=1", "--sweep", "args.--a=2"], 2, r"given twice"),
     case("sweeps", "value-twice", [*SUBMIT, "--sweep", "args.--a=1,2,1"], 2, r"1 given more than once"),
     case("sweeps", "bad-point-57", [*SUBMIT, "--sweep", "resources.time=00:05:00,later", "--sweep",
-                                    "args.--count=1..57"], 1, r"sweep point 57 \(resources\.time=later, args\.--count=1\)"),
+                                    "args.--count=1..57"], 1,
+         r"sweep point 57 \(resources\.time=later, args\.--count=1\)"),
     case("sweeps", "changes-resources", [*SUBMIT, "--sweep", "resources.nodes=1,2"], 1,
          r"sweep point 1 .* changes the job's nodes"),
     case("sweeps", "changes-environment", [*SUBMIT, "--sweep", "env.X=1,2"], 1, r"changes the job's setup"),
@@ -175,8 +182,8 @@ CASES = [
          r"queue name 'Bad_Q'"),
     case("cluster", "config-unknown-instance", [*CONFIG, "--queue-spec", "q=x9.huge:2", "-o", "{ws}/new.yaml"], 2,
          r"--queue-spec 'q=x9\.huge:2': instance type 'x9\.huge' is not in the toolkit's catalog.*instances\.yaml"),
-    case("cluster", "config-over-existing-file", [*CONFIG, "--queue-spec", "q=m5.xlarge:2", "-o", "{ws}/cluster.yaml"], 1,
-         r"already exists"),
+    case("cluster", "config-over-existing-file", [*CONFIG, "--queue-spec", "q=m5.xlarge:2", "-o", "{ws}/cluster.yaml"],
+         1, r"already exists"),
     case("cluster", "config-bad-region", [*CONFIG[:4], "--region", "mars", *CONFIG[6:], "--queue-spec", "q=m5.xlarge:2",
                                           "-o", "{ws}/new.yaml"], 2, r"region 'mars'"),
     # CLI arguments
@@ -184,7 +191,8 @@ CASES = [
     case("cli", "missing-argument", ["recipes", "submit"], 2, r"Missing argument"),
     case("cli", "nodes-not-an-int", [*SUBMIT, "--nodes", "two"], 2, r"--nodes 'two' is not a whole number"),
     case("cli", "nodes-zero", [*SUBMIT, "--nodes", "0"], 2, r"--nodes"),
-    case("cli", "more-nodes-than-the-queue", [*SUBMIT, "--nodes", "3"], 1, r"3 nodes requested; queue cpu has at most 2"),
+    case("cli", "more-nodes-than-the-queue", [*SUBMIT, "--nodes", "3"], 1,
+         r"3 nodes requested; queue cpu has at most 2"),
     case("cli", "unknown-executor", [*SUBMIT, "--executor", "cloud"], 2, r"--executor 'cloud'"),
     case("cli", "unknown-command", ["recipes", "sumbit", "probe"], 2, r"No such command"),
     # issue 20: vocabulary and output contract
@@ -244,14 +252,16 @@ CASES = [
     # issue 20: instance checks and queue edits
     case("cluster", "queue-set-instance-typo", ["cluster", "queue", "set", "{ws}/cluster.yaml", "cpu", "--instance",
                                                 "m5.xlarg"], 2,
-         r"--instance 'm5\.xlarg': instance type .* not in the toolkit's catalog.*did you mean --instance m5\.xlarge\?"),
+         r"--instance 'm5\.xlarg': instance type .* not in the toolkit's catalog"
+         r".*did you mean --instance m5\.xlarge\?"),
     case("cluster", "queue-add-instance-typo", ["cluster", "queue", "add", "{ws}/cluster.yaml", "--queue-spec",
                                                 "x=p4d.24xlarg:2"], 2,
          r"--queue-spec 'x=p4d\.24xlarg:2'.*did you mean --queue-spec x=p4d\.24xlarge:2\?"),
     case("cluster", "config-instance-typo", [*CONFIG, "--queue-spec", "q=p4d.24xlarg:2", "-o", "{ws}/new.yaml"], 2,
          r"--queue-spec 'q=p4d\.24xlarg:2'.*did you mean --queue-spec q=p4d\.24xlarge:2\?"),
     case("cluster", "queue-add-capital-name", ["cluster", "queue", "add", "{ws}/cluster.yaml", "--queue-spec",
-                                               "Gpu=m5.xlarge:2"], 2, r"queue name 'Gpu'.*fix: e\.g\. --queue-spec gpu=m5\.xlarge:2"),
+                                               "Gpu=m5.xlarge:2"], 2,
+         r"queue name 'Gpu'.*fix: e\.g\. --queue-spec gpu=m5\.xlarge:2"),
     case("cluster", "queue-add-bad-subnet", ["cluster", "queue", "add", "{ws}/cluster.yaml", "--queue-spec",
                                              "x=m5.xlarge:2", "--subnet", "subnet-1"], 2,
          r"--subnet 'subnet-1' is not a subnet id.*--subnet subnet-0123456789abcdef0"),
@@ -401,7 +411,8 @@ def case_env(case: Case, ws: Path, base: dict) -> dict:
     return {**base, "HPC_RUNS_DIR": str(ws / "runs"), **{k: v.format(ws=ws) for k, v in case.env}}
 
 
-@pytest.mark.parametrize("case", [c for c in CASES if not c.slurm], ids=[c.id for c in CASES if not c.slurm])
+@pytest.mark.parametrize("case", [pytest.param(c, marks=[pytest.mark.training] if c.training else [], id=c.id)
+                                  for c in CASES if not c.slurm])
 def test_bad_input(case: Case, workspace: Path, slurm_trap, counts):
     bin_dir, log = slurm_trap
     base = {k: v for k, v in os.environ.items() if k != "SLURM_CONF"}

@@ -9,7 +9,6 @@ import textwrap
 import time
 
 import pytest
-import torch
 
 from tests.conftest import REPO
 from toolkit.workloads import checkpoint
@@ -18,6 +17,8 @@ pytestmark = pytest.mark.training
 
 
 def _state(value: int) -> dict:
+    import torch  # here, not at the top: collecting this module must not need the training environment
+
     return {"step": value, "weights": torch.full((1_000_000,), float(value))}  # 4 MB: a write takes a while
 
 
@@ -27,6 +28,8 @@ class Unpicklable:
 
 
 def test_a_failed_save_leaves_the_previous_checkpoint_and_no_partial_file(tmp_path):
+    import torch
+
     path = tmp_path / checkpoint.LAST
     checkpoint.save_atomic(_state(1), path)
     with pytest.raises(RuntimeError, match="cannot pickle"):

@@ -43,7 +43,7 @@ def test_the_job_options_are_one_set_with_sbatchs_letters():
     for flag in SHARED:
         assert len({opts.get(flag) for opts in declared}) == 1 and declared[0].get(flag), flag
     every = {}
-    for path, cmd in commands.items():
+    for cmd in commands.values():
         for long, names in _options(cmd).items():
             for short in (n for n in names if not n.startswith("--")):
                 every.setdefault(short, set()).add(long)

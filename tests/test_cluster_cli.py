@@ -102,9 +102,11 @@ def test_reservation_turns_the_placement_group_off_and_says_why(tmp_path):
 
 @pytest.mark.parametrize("args", [
     ["--queue-spec", "gpu"], ["--queue-spec", "GPU=p4d.24xlarge:2"], ["--queue-spec", "gpu=p4d.24xlarge:0"],
-    ["--queue-spec", "gpu=p4d.24xlarge:2,ranks-per-node=4"], ["--queue-spec", "cpu=c5.18xlarge:2", "--fsx-capacity", "1000"],
+    ["--queue-spec", "gpu=p4d.24xlarge:2,ranks-per-node=4"],
+    ["--queue-spec", "cpu=c5.18xlarge:2", "--fsx-capacity", "1000"],
     ["--queue-spec", "cpu=c5.18xlarge:2", "--os", "alinux2"],
-    ["--queue-spec", "a=p4d.24xlarge:1", "--queue-spec", "b=p5.48xlarge:1", "--capacity-reservation", "cr-0123456789abcdef0"],
+    ["--queue-spec", "a=p4d.24xlarge:1", "--queue-spec", "b=p5.48xlarge:1",
+     "--capacity-reservation", "cr-0123456789abcdef0"],
 ])
 def test_bad_options_are_usage_errors(args, tmp_path):
     res = run_hpc(*BASE, *args, "-o", str(tmp_path / "c.yaml"))

@@ -90,7 +90,7 @@ def test_set_moves_a_queue_to_another_subnet_in_place(tmp_path):
     data = cli_json(run_hpc("cluster", "queue", "set", str(path), "train", "--subnet", PRIVATE, "--json"))
     after = path.read_text().splitlines()
     assert data["changes"] == [f"train: Networking/SubnetIds [{HEAD_SUBNET}] -> [{PRIVATE}]"]
-    assert [(a, b) for a, b in zip(before, after) if a != b] == [
+    assert [(a, b) for a, b in zip(before, after, strict=True) if a != b] == [
         (f"      SubnetIds: [{HEAD_SUBNET}]", f"      SubnetIds: [{PRIVATE}]")]
 
 
@@ -207,5 +207,5 @@ def test_a_job_can_use_a_queue_beside_one_of_an_uncatalogued_type(tmp_path):
     queues = queues_from_config(config)
     assert queues["cpu"].cpus_per_node == 72
     with pytest.raises(HpcError) as err:
-        queues["train"].gpus_per_node
+        _ = queues["train"].gpus_per_node
     assert "did you mean p4d.24xlarge?" in err.value.fix

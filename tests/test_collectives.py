@@ -13,8 +13,8 @@ from toolkit.reports.nccl import parse_text
 from toolkit.workloads.collectives import bandwidths, bus_factor, layout, parse_size, sizes
 
 
-@pytest.mark.parametrize("op,n,expected", [("all_reduce", 8, 1.75), ("all_gather", 8, 0.875), ("reduce_scatter", 4, 0.75),
-                                           ("all_reduce", 2, 1.0)])
+@pytest.mark.parametrize("op,n,expected", [("all_reduce", 8, 1.75), ("all_gather", 8, 0.875),
+                                           ("reduce_scatter", 4, 0.75), ("all_reduce", 2, 1.0)])
 def test_bus_factors_are_nccl_tests(op, n, expected):
     assert bus_factor(op, n) == expected
 
@@ -84,6 +84,7 @@ def test_report_cli_on_the_real_run(gloo_run):
     assert all(t["wrong_values"] == 0 and t["max_busbw_gbs"] > 0 for t in data["tests"])
 
 
+@pytest.mark.training
 def test_device_flags_the_job_spec_sets_are_accepted_and_a_mismatch_is_refused(capsys):
     """toolkit.job.spec gives every python-module workload --device/--backend/--threads; nccl needs cuda."""
     from toolkit.workloads.collectives import main

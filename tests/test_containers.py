@@ -191,7 +191,7 @@ def test_the_container_lane_shares_nothing_with_the_other_lanes(tmp_path):
     from testbench.layout import CONTAINER_LANES, LANES, Layout
 
     lane = CONTAINER_LANES["22.05-pyxis"]
-    ports = lambda l: {l.slurmctld_port, l.slurmdbd_port, *(n.port for n in l.nodes)}  # noqa: E731
+    ports = lambda lay: {lay.slurmctld_port, lay.slurmdbd_port, *(n.port for n in lay.nodes)}  # noqa: E731
     for other in LANES.values():
         assert lane.state_dir != other.state_dir and not ports(lane) & ports(other)
         assert not {n.addr for n in lane.nodes} & {n.addr for n in other.nodes}

@@ -14,13 +14,15 @@ import pytest
 
 from tests.conftest import cli_json, REPO, run_hpc
 from tests.jobhelpers import write_recipe
-from tests.test_slurm_conformance import lane, slurm  # noqa: F401 (lane: the parametrized fixture)
+from tests import test_slurm_conformance
+from tests.test_slurm_conformance import slurm
 from toolkit.cluster.queues import Queue
 from toolkit.job.spec import build_job_spec
 from toolkit.recipes.load import load_recipe
 
 pytestmark = pytest.mark.slurm
 AFFINITY = REPO / "tests" / "payloads" / "affinity.py"
+lane = test_slurm_conformance.lane  # the conformance tests' fixture, parametrized over the Slurm versions
 
 
 def affinity_recipe(tmp_path: Path) -> Path:

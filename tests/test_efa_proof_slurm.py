@@ -29,7 +29,8 @@ def efa_cluster(tmp_path):
     """The local cpu partition declared as c5n.18xlarge (EFA, no GPU) with EFA enabled."""
     config = copy.deepcopy(CLUSTER_CONFIG)
     queue = config["Scheduling"]["SlurmQueues"][0]
-    queue["ComputeResources"] = [{"Name": "c5n", "InstanceType": "c5n.18xlarge", "MaxCount": 2, "Efa": {"Enabled": True}}]
+    queue["ComputeResources"] = [{"Name": "c5n", "InstanceType": "c5n.18xlarge", "MaxCount": 2,
+                                  "Efa": {"Enabled": True}}]
     path = tmp_path / "efa-cluster.yaml"
     path.write_text(yaml.safe_dump(config))
     return path
@@ -63,10 +64,11 @@ def test_jobs_status_of_a_real_run_flags_sockets_on_an_efa_queue(slurm_sandbox, 
 @pytest.mark.parametrize("lines,label,problem", [(EFA, "EFA (aws-ofi-nccl)", None), (SOCKETS, "TCP sockets", True)])
 def test_the_network_of_a_run_dir_on_an_efa_queue(tmp_path, lines, label, problem):
     """What `hpc jobs status` shows as network: read from the rank logs of a run dir like the real run's above."""
+    from toolkit.reports.transport import run_network
     from toolkit.rundir import RunDir
 
     (tmp_path / "submitit").mkdir()
     (tmp_path / "metadata.json").write_text(json.dumps({"fabric": "modern"}))
     (tmp_path / "submitit" / "7_0_log.out").write_text(f"probe\n{lines}\n")
-    found = RunDir(tmp_path).network().to_json()
+    found = run_network(RunDir(tmp_path)).to_json()
     assert found["label"] == label and (found["problem"] is not None) == bool(problem)

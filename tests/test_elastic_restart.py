@@ -101,7 +101,7 @@ def kill_and_wait(pods: list[tuple[list[str], dict]], tmp_path: Path, finish_s: 
     ckpt, pids = tmp_path / "ckpt", tmp_path / "pids"
     logs = [open(tmp_path / f"pod{i}.log", "w") for i in range(len(pods))]
     agents = [subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-                               cwd=tmp_path) for (argv, env), log in zip(pods, logs)]
+                               cwd=tmp_path) for (argv, env), log in zip(pods, logs, strict=True)]
     try:
         deadline = time.monotonic() + 120
         while not (ckpt / "checkpoint.pt").exists() or not (pids / "rank-1.pid").exists():

@@ -125,6 +125,7 @@ def test_without_the_bridge_hpu_stops_at_start_with_one_clear_error(module, extr
     assert "fix: run in the Habana environment" in res.stderr
 
 
+@pytest.mark.training
 def test_a_cuda_backend_on_hpu_is_refused(capsys):
     from toolkit.workloads.collectives import main
 
@@ -143,7 +144,8 @@ def test_two_hpu_ranks_exchange_over_hccl_and_the_report_reads_them(tmp_path):
         procs.append(subprocess.Popen(
             [sys.executable, str(REPO / "tests" / "payloads" / "hpu_standin_collectives.py"),
              str(tmp_path / f"calls{rank}.json"), "--device", "hpu", "--ops", "all_reduce,all_gather,reduce_scatter",
-             "-b", "1M", "-e", "4M", "-f", "4", "-n", "2", "-w", "1"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO))
+             "-b", "1M", "-e", "4M", "-f", "4", "-n", "2", "-w", "1"],
+            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO))
     outs = [p.communicate(timeout=180) for p in procs]
     assert [p.returncode for p in procs] == [0, 0], outs[0][1][-2000:] + outs[1][1][-2000:]
     for rank in (0, 1):

@@ -83,13 +83,16 @@ def healthy_tree(root: Path, *, gpus: int = 8, ofi_version: str = "1.7.4-aws", l
     (root / "sys/module/efa").mkdir(parents=True)
     domains = "".join(FI_INFO_EFA.replace("rdmap0s6", d) for d in efa_devices)
     fake_program(root / "opt/amazon/efa/bin/fi_info",
-                 {"-p efa": (0, domains), "--version": (0, f"fi_info: {libfabric}\nlibfabric: {libfabric}\nlibfabric api: 1.18\n")})
+                 {"-p efa": (0, domains),
+                  "--version": (0, f"fi_info: {libfabric}\nlibfabric: {libfabric}\nlibfabric api: 1.18\n")})
     fake_nvidia_smi(root, gpus)
-    write(root / "opt/amazon/efa_installed_packages", "# EFA installer version: 1.26.1\n# Debug packages installed: no\n")
+    write(root / "opt/amazon/efa_installed_packages",
+          "# EFA installer version: 1.26.1\n# Debug packages installed: no\n")
     write(root / "proc/mounts", "/dev/nvme0n1p1 / ext4 rw 0 0\n10.0.0.5@tcp:/abcdefgh /fsx lustre rw,flock 0 0\n")
     lib = write(root / "usr/local/cuda/lib64/libnccl.so.2.18.3", b"\x7fELF...")
     os.symlink(lib.name, root / "usr/local/cuda/lib64/libnccl.so.2")
-    write(root / "opt/amazon/ofi-nccl/lib/libnccl-net.so", b"\x7fELF\0Initializing aws-ofi-nccl " + ofi_version.encode() + b"\0")
+    write(root / "opt/amazon/ofi-nccl/lib/libnccl-net.so",
+          b"\x7fELF\0Initializing aws-ofi-nccl " + ofi_version.encode() + b"\0")
     return root
 
 
@@ -239,7 +242,8 @@ def test_ib_uverbs_from_proc_modules_and_missing(tmp_path):
 
 def test_fsx_wrong_type_or_mounted_elsewhere(tmp_path):
     root = healthy_tree(tmp_path)
-    write(root / "proc/mounts", "/dev/root / ext4 rw 0 0\nhead:/fsx /fsx nfs4 rw 0 0\nfs@tcp:/x /scratch lustre rw 0 0\n")
+    write(root / "proc/mounts",
+          "/dev/root / ext4 rw 0 0\nhead:/fsx /fsx nfs4 rw 0 0\nfs@tcp:/x /scratch lustre rw 0 0\n")
     fsx = check(gather(node(root), ["/fsx"]), P3DN, "fsx")
     assert fsx.status == "FAIL" and fsx.detail == "/fsx is nfs4, not lustre; Lustre is mounted at /scratch"
     assert "TCP 988" in fsx.fix

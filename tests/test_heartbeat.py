@@ -45,7 +45,7 @@ Thread 0x00007f03 (most recent call first):
 def beats(steps: list[int | None], progress_ago: list[float], written_ago: list[float] | None = None) -> list[Beat]:
     written_ago = written_ago or [1.0] * len(steps)
     return [Beat(rank, f"n{rank // 2 + 1}", 100 + rank, step, NOW - ago, NOW - wrote, 10.0)
-            for rank, (step, ago, wrote) in enumerate(zip(steps, progress_ago, written_ago))]
+            for rank, (step, ago, wrote) in enumerate(zip(steps, progress_ago, written_ago, strict=True))]
 
 
 def test_progressing_ranks_are_not_stalled():

@@ -52,7 +52,8 @@ def test_communication_env_follows_the_queue(itype, efa, stack, expected):
     values = {v.name: v.value for v in env}
     threads = {n: int(values[n]) for n in ("NCCL_SOCKET_NTHREADS", "NCCL_NSOCKS_PERTHREAD") if n in values}
     if threads:
-        assert threads["NCCL_SOCKET_NTHREADS"] <= 16 and threads["NCCL_SOCKET_NTHREADS"] * threads["NCCL_NSOCKS_PERTHREAD"] <= 64
+        assert threads["NCCL_SOCKET_NTHREADS"] <= 16
+        assert threads["NCCL_SOCKET_NTHREADS"] * threads["NCCL_NSOCKS_PERTHREAD"] <= 64
 
 
 def test_efa_queues_fail_closed_on_the_plugin_and_tcp_queues_do_not():
@@ -100,7 +101,8 @@ def test_the_job_prints_the_communication_values_in_effect():
 def test_only_allow_listed_submitter_variables_pass():
     allowed = submit_env_allowlist()
     assert "PATH" in allowed and not [n for n in allowed if n.startswith("AWS") or "TOKEN" in n]
-    assert filter_submit_env({"PATH": "/bin", "AWS_SECRET_ACCESS_KEY": "x", "HOME": "/h"}) == {"PATH": "/bin", "HOME": "/h"}
+    assert filter_submit_env({"PATH": "/bin", "AWS_SECRET_ACCESS_KEY": "x", "HOME": "/h"}) == {"PATH": "/bin",
+                                                                                              "HOME": "/h"}
 
 
 def test_a_planted_credential_never_reaches_the_render():

@@ -1,4 +1,5 @@
-"""Every reviewed render in jobs/ (nccl-tests included) is a job the p3dn-shaped partition accepts: sbatch --test-only."""
+"""Every reviewed render in jobs/ (nccl-tests included) is a job the p3dn-shaped partition accepts:
+sbatch --test-only."""
 
 from __future__ import annotations
 

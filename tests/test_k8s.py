@@ -477,6 +477,7 @@ def test_a_killed_worker_restarts_the_group_under_the_rendered_command_line(tmp_
         "attempt 1 rank 0 sum 2", "attempt 1 rank 1 sum 2"]
 
 
+@pytest.mark.training
 def test_a_manifest_is_refused_where_the_launchers_own_parser_refuses_its_arguments(tmp_path):
     """k8s render plans the job as a Slurm plan does: fairseq-train's own parser reads the arguments first."""
     out = tmp_path / "roberta.yaml"

@@ -64,7 +64,8 @@ def standin(tmp_path_factory) -> Path:
     main = src / "all_reduce_perf.c"
     main.write_text("int ncclGetVersion(int *); int MPI_Init(int *, char ***);\n"
                     "int main(void) { int v; MPI_Init(0, 0); return ncclGetVersion(&v); }\n")
-    gcc("-o", str(root / "bin/all_reduce_perf"), str(main), f"-L{root}/nccl/lib", f"-L{root}/mpi/lib", "-lnccl", "-lmpi")
+    gcc("-o", str(root / "bin/all_reduce_perf"), str(main), f"-L{root}/nccl/lib", f"-L{root}/mpi/lib", "-lnccl",
+        "-lmpi")
     return root
 
 
@@ -85,7 +86,8 @@ def by_library(report) -> dict[str, loader.LibraryCheck]:
 
 def test_nccl_tests_libraries_resolve_with_the_jobs_path_and_not_without(standin, monkeypatch):
     # The submitter's own LD_LIBRARY_PATH finds everything; the job never gets it.
-    monkeypatch.setenv("LD_LIBRARY_PATH", f"{standin}/nccl/lib:{standin}/mpi/lib:{standin}/ofi/lib:{standin}/fabric/lib")
+    monkeypatch.setenv("LD_LIBRARY_PATH",
+                       f"{standin}/nccl/lib:{standin}/mpi/lib:{standin}/ofi/lib:{standin}/fabric/lib")
     bare = check(nccl_tests(standin))
     libs = by_library(bare)
     assert not bare.ok and bare.error is None
@@ -131,7 +133,8 @@ def test_nccl_net_plugin_names_follow_nccls_rules(standin):
 
 def test_a_tcp_queue_needs_no_plugin_and_a_missing_program_is_a_failure(standin):
     tcp = Queue("p3", "p3.16xlarge", 2, efa_stack="none")
-    assert loader_check_arguments(nccl_tests(standin, tcp), tcp.fabric) == ["--program", f"{standin}/bin/all_reduce_perf"]
+    assert loader_check_arguments(nccl_tests(standin, tcp), tcp.fabric) == [
+        "--program", f"{standin}/bin/all_reduce_perf"]
     gone = check(build_job_spec(load_recipe("nccl-tests", overrides=["launcher.program=/nonexistent/all_reduce_perf"]),
                                 tcp, 1, run_dir="/tmp/r"), tcp)
     (only,) = gone.checks
@@ -165,6 +168,7 @@ def test_the_check_runs_after_the_jobs_own_activation(standin, tmp_path):
     assert report.ld_library_path.endswith(f":/opt/aws-ofi-nccl/lib:{standin}/mpi/lib")
 
 
+@pytest.mark.training
 def test_a_pytorch_gpu_job_asks_the_loader_for_torchs_own_nccl():
     """Not a stand-in: the venv's torch. A CUDA build finds libnccl.so.2 through its RUNPATH (the nvidia-nccl wheel),
     whatever LD_LIBRARY_PATH holds; a CPU build has no libtorch_cuda.so and nothing to check."""
@@ -182,7 +186,8 @@ def test_a_pytorch_gpu_job_asks_the_loader_for_torchs_own_nccl():
 
 
 def test_doctor_cli_refuses_nodes_with_recipe():
-    res = run_hpc("cluster", "doctor", "--cluster", "jobs/p3dn-cluster.yaml", "--recipe", "nccl-tests", "--check-nodes", "2")
+    res = run_hpc("cluster", "doctor", "--cluster", "jobs/p3dn-cluster.yaml", "--recipe", "nccl-tests",
+                  "--check-nodes", "2")
     assert res.returncode == 2 and "--check-nodes is for the node checks" in res.stderr
 
 

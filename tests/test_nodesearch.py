@@ -13,11 +13,12 @@ import pytest
 from toolkit.health.nodesearch import GroupRun, drain_commands, first_groups, max_rounds, search
 
 
-def standin(slow: dict[str, float] = {}, failing: set[str] = frozenset(), noise: float = 0.1, seed: int = 0,
-            once: dict[int, set[str]] | None = None):
+def standin(slow: dict[str, float] | None = None, failing: set[str] | frozenset[str] = frozenset(),
+            noise: float = 0.1, seed: int = 0, once: dict[int, set[str]] | None = None):
     """measure(round, groups): busbw 10 GB/s x the slowest member's speed x (1 +- noise); a group with a failing
     node fails; `once`: nodes slow (x0.2) in that round only (a transient, e.g. a noisy neighbour)."""
     rng = random.Random(seed)
+    slow = slow or {}
     calls = []
 
     def measure(number, groups):

@@ -152,6 +152,7 @@ def slurm_task(rank: int, **extra: str) -> dict[str, str]:
                 MASTER_ADDR="n1", MASTER_PORT="15123", **extra)
 
 
+@pytest.mark.training
 def test_script_style_sets_the_torchrun_environment_from_the_slurm_task(tmp_path):
     argv = rank_argv(str(PAYLOADS / "print_env.py"), "--x", "it's")
     # The first rank of node 0 and the last of node 1 (the others differ only in the same arithmetic), at once.
@@ -194,6 +195,7 @@ def test_a_script_that_ignores_the_environment_ends_at_the_rendezvous_timeout(tm
     assert "init_process_group did not complete within 8 s" in res.stderr and "joined" not in res.stdout
 
 
+@pytest.mark.training
 def test_torchrun_and_its_ranks_outlive_the_time_limit_signal(tmp_path):
     """Slurm sends SIGUSR2 to every process of the step before the time limit: the torchrun agent and a script
     that does not handle it keep running (the job requeues itself; the rerun resumes from its checkpoint)."""

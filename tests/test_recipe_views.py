@@ -40,7 +40,8 @@ def test_show_render_and_dry_run_agree_on_every_value_and_the_run_dir(tmp_path):
     run_dirs = [show["job"]["run_dir"], render["run_dir"], dry_run["run_dir"]]
     for run_dir in run_dirs:  # submit's own naming: <runs root>/<recipe>-<UTC time>-<nonce>
         assert re.fullmatch(re.escape(str(tmp_path / "runs")) + r"/resnet50-\d{8}-\d{6}-[0-9a-f]{6}", run_dir)
-    show, render, dry_run = (masked(view, run_dir) for view, run_dir in zip((show, render, dry_run), run_dirs))
+    show, render, dry_run = (masked(view, run_dir)
+                             for view, run_dir in zip((show, render, dry_run), run_dirs, strict=True))
 
     assert show["derived"] == dry_run["derived"]
     assert {"key": "logs dir", "value": f"{RUN_DIR_MARK}/logs/resnet50", "rule": "dirs.logs.dir under the run dir"} in \

@@ -71,7 +71,8 @@ def mutate(path, value):
 
 
 BAD = [
-    (("nodes",), 4, "nodes: unknown key; did you mean resources.nodes? (allowed here: args, deepspeed, description, dirs, env,"),
+    (("nodes",), 4,
+     "nodes: unknown key; did you mean resources.nodes? (allowed here: args, deepspeed, description, dirs, env,"),
     (("launcher", "kind"), "torchrun",
      "launcher.kind: 'torchrun' is not one of 'fairseq', 'python-module', 'python-script', 'binary', 'deepspeed'"),
     (("launcher",), {"kind": "python-module"}, "launcher: launcher kind python-module needs `module`"),
@@ -86,7 +87,8 @@ BAD = [
     (("dirs", "data", "bogus"), 1, "dirs.data.bogus: unknown key (allowed here: arg, dir, under)"),
     (("scaling", "--update-freq", "per_rank_arg"), "--batch-size",
      "scaling.--update-freq.per_rank_arg --batch-size is not in args"),
-    (("scaling", "--update-freq", "rule"), "cubic", "scaling.--update-freq.rule: 'cubic' is not one of 'accumulate', 'linear'"),
+    (("scaling", "--update-freq", "rule"), "cubic",
+     "scaling.--update-freq.rule: 'cubic' is not one of 'accumulate', 'linear'"),
     (("name",), KeyError, "name: required key is missing"),
     (("name",), "Bad Name", "name: 'Bad Name' is not a name of lowercase letters"),
 ]

@@ -144,7 +144,8 @@ def test_report_run_does_not_flag_efa_runs_or_queues_without_efa(tmp_path):
 
 
 def test_report_run_takes_a_plain_log_file():
-    res = run_hpc("report", "run", str(Path(__file__).parent / "fixtures" / "training" / "fairseq_legacy_0.9.sample.txt"))
+    res = run_hpc("report", "run",
+                  str(Path(__file__).parent / "fixtures" / "training" / "fairseq_legacy_0.9.sample.txt"))
     assert res.returncode == 0, res.stderr
     assert "(a plain log: no run dir metadata)" in res.stdout and "throughput: 142500.0 words/s" in res.stdout
     res = run_hpc("report", "run", str(NCCL / "2019_brace-first-char_mpirun-tagged.sample.txt"), "--json")

@@ -65,7 +65,8 @@ def test_fairseq_run_is_read_from_rank0_stdout(tmp_path):
     run = tmp_path / "roberta"
     (run / "submitit").mkdir(parents=True)
     (run / "metadata.json").write_text(json.dumps({"recipe": "roberta", "nodes": 2, "ranks_per_node": 2}))
-    (run / "submitit" / "9_0_log.out").write_text((FIXTURES / "training" / "fairseq_translation.sample.txt").read_text())
+    (run / "submitit" / "9_0_log.out").write_text(
+        (FIXTURES / "training" / "fairseq_translation.sample.txt").read_text())
     (run / "submitit" / "9_1_log.out").write_text("")
     summary = read_run(run)
     assert summary.log.endswith("9_0_log.out") and summary.ranks == 4

@@ -13,6 +13,7 @@ from tests.test_report_scaling import FIXTURES
 from tests.test_transport import EFA_LOG, SOCKET_FALLBACK
 from toolkit.errors import HpcError
 from toolkit.reports.scaling import read_run
+from toolkit.reports.transport import run_network
 from toolkit.rundir import Array, Executor, Metadata, RankRecord, RunDir, find_run, list_runs
 from toolkit.submit.launcher import _write
 
@@ -165,18 +166,18 @@ def test_list_and_find_runs(tmp_path):
 @pytest.mark.parametrize("executor,log", [("slurm", "submitit/55_1_log.err"), ("sbatch", "nccl-tests-55.out")])
 def test_one_network_verdict_for_jobs_status_and_report_run(tmp_path, executor, log):
     """A socket fallback in any rank's log (submitit's stderr, the sbatch log) is the run's network, the same
-    in `hpc jobs status` (RunDir.network) and `hpc report run` (read_run)."""
+    in `hpc jobs status` (run_network) and `hpc report run` (read_run)."""
     run = _run(tmp_path / "r", executor, fabric="modern", nodes=2)
     (run.path / "submitit").mkdir()
     (run.path / "submitit" / "55_0_log.out").write_text(EFA_LOG + NCCL_TABLE)
     (run.path / log).write_text(SOCKET_FALLBACK)
-    network = run.network()
+    network = run_network(run)
     assert network.transport.name == "tcp" and network.transport.source == str(run.path / log)
     assert network.problem.startswith("the queue has EFA but NCCL used TCP sockets")
     summary = read_run(run.path)
     assert summary.nccl and (summary.transport["name"], summary.efa_problem) == ("tcp", network.problem)
     run.write_metadata(Metadata(fabric="none", executor=Executor.parse(executor), job_ids=["55"]))
-    assert run.network().problem is None and read_run(run.path).efa_problem is None  # a TCP queue: sockets it has
+    assert run_network(run).problem is None and read_run(run.path).efa_problem is None  # a TCP queue: sockets it has
 
 
 def test_following_a_labelled_log_never_splits_a_line_from_its_label(tmp_path):

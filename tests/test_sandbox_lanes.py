@@ -19,7 +19,7 @@ from toolkit.errors import HpcError, UsageError
 def test_lanes_share_nothing_that_would_let_them_collide(one, other):
     old, new = LANES[one], LANES[other]
     assert old.state_dir != new.state_dir and new.rootfs is not None and old.rootfs != new.rootfs
-    ports = lambda l: {l.slurmctld_port, l.slurmdbd_port, *(n.port for n in l.nodes)}  # noqa: E731
+    ports = lambda lay: {lay.slurmctld_port, lay.slurmdbd_port, *(n.port for n in lay.nodes)}  # noqa: E731
     assert not ports(old) & ports(new)
     assert not {n.addr for n in old.nodes} & {n.addr for n in new.nodes}
     assert [n.name for n in old.cpu_nodes] == [n.name for n in new.cpu_nodes] == ["c1", "c2"]
@@ -90,7 +90,7 @@ def test_the_root_file_systems_hosts_name_its_own_lanes_addresses(tmp_path):
     (tmp_path / "etc").mkdir()
     rootfs.write_hosts(tmp_path, LANES["24.11"].cpu_nodes)
     lines = (tmp_path / "etc/hosts").read_text().splitlines()
-    assert lines[0] == "127.0.0.1 localhost" and [l.split()[:2] for l in lines[2:]] == [
+    assert lines[0] == "127.0.0.1 localhost" and [line.split()[:2] for line in lines[2:]] == [
         ["127.0.2.11", "c1"], ["127.0.2.12", "c2"]]
 
 

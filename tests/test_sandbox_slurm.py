@@ -123,7 +123,8 @@ def test_status_reports_every_daemon_and_node(slurm_sandbox):
     data = json.loads(res.stdout)
     assert data["up"] is True
     assert {d["name"] for d in data["daemons"]} == {
-        "munged", "mariadbd", "slurmdbd", "slurmctld", "slurmd-c1", "slurmd-c2", *(f"slurmd-w{i}" for i in range(1, 17))}
+        "munged", "mariadbd", "slurmdbd", "slurmctld", "slurmd-c1", "slurmd-c2",
+        *(f"slurmd-w{i}" for i in range(1, 17))}
     assert data["nodes"]["c1"] in ("idle", "mix", "alloc") and data["nodes"]["p3dn-st-p3dn-24xl-8"] == "idle~"
 
 

@@ -58,7 +58,8 @@ def test_canary_credentials_reach_no_script_pickle_log_state_file_or_rank_enviro
     sweep = run_hpc(*submit, "--sweep", "args.--n=1,2", env=env, cwd=tmp_path)
     assert job.returncode == 0 and sweep.returncode == 0, job.stderr + sweep.stderr
     rendered = tmp_path / "rendered.sbatch"
-    assert run_hpc("recipes", "render", str(recipe), "--cluster", str(cluster), "-o", str(rendered), env=env).returncode == 0
+    res = run_hpc("recipes", "render", str(recipe), "--cluster", str(cluster), "-o", str(rendered), env=env)
+    assert res.returncode == 0
     wanted = {cli_json(job)["job_id"], cli_json(sweep)["job_id"]}
     run_dirs = [Path(cli_json(r)["run_dir"]) for r in (job, sweep)]
 
@@ -85,7 +86,8 @@ def test_canary_credentials_reach_no_script_pickle_log_state_file_or_rank_enviro
             checked += 1
             leaks += [f"/proc/{proc}/environ: {name}" for name in leaks_in(environ, canary_bytes)]
         checked += 1  # the rank's own command line too
-        leaks += [f"/proc/{pid}/cmdline: {n}" for n in leaks_in(Path(f"/proc/{pid}/cmdline").read_bytes(), canary_bytes)]
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+        leaks += [f"/proc/{pid}/cmdline: {n}" for n in leaks_in(cmdline, canary_bytes)]
     live = files_under(state_dir, spool)
     assert any("job." in str(p) for p in live), "no saved job state found while the jobs run"
     for path in live:

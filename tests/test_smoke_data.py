@@ -49,7 +49,7 @@ def test_the_toy_translation_codes_each_word_and_reverses_the_order():
     assert pairs == smoke_data.translation_pairs(200, seed=7) != smoke_data.translation_pairs(200, seed=8)
     code: dict[str, str] = {}
     for source, target in pairs:
-        for word, coded in zip(source.split(), reversed(target.split())):
+        for word, coded in zip(source.split(), reversed(target.split()), strict=True):
             assert code.setdefault(word, coded) == coded  # one fixed code word per source word
     assert len(set(code.values())) == len(code) > 20
 

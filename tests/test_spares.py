@@ -75,7 +75,7 @@ def test_a_job_with_spares_holds_them_keeps_its_allocation_and_runs_the_supervis
     script = render_script(spec)
     (tmp_path / "job.sbatch").write_text(script)
     assert subprocess.run(["bash", "-n", str(tmp_path / "job.sbatch")]).returncode == 0
-    [line] = [l for l in script.splitlines() if "-m toolkit.job.spares" in l]
+    [line] = [text for text in script.splitlines() if "-m toolkit.job.spares" in text]
     assert ("--nodes 1 --spares 1 --run-dir /runs/r --heartbeat-dir /runs/r/heartbeats --hang-timeout 60 -- srun "
             "--label --export=ALL --nodes=1 --ntasks=2 --ntasks-per-node=2") in line
     # The supervisor watches for hangs and ends the step; rank 0's watchdog would end the whole job.

@@ -6,7 +6,6 @@ clean run (no limit) that flags nothing: tests/test_training_slurm.py.
 
 from __future__ import annotations
 
-from pathlib import Path
 
 import pytest
 

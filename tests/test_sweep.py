@@ -79,7 +79,8 @@ def test_the_local_executor_cannot_run_a_sweep(tmp_path):
 def test_a_plan_gives_each_task_its_own_run_dir_and_argv(tmp_path):
     tasks = sweep.plan(_request(tmp_path), ["args.--count=7,8"], sweep_dir=tmp_path / "sweep").tasks
     assert [t.run_dir.name for t in tasks] == ["task-000", "task-001"]
-    assert [t.spec.run_dir for t in tasks] == [str(tmp_path / "sweep" / "task-000"), str(tmp_path / "sweep" / "task-001")]
+    assert [t.spec.run_dir for t in tasks] == [str(tmp_path / "sweep" / "task-000"),
+                                               str(tmp_path / "sweep" / "task-001")]
     assert [t.spec.command[t.spec.command.index("--count") + 1] for t in tasks] == ["7", "8"]
 
 

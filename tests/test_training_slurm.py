@@ -104,7 +104,7 @@ def test_resnet50_at_one_and_two_nodes_gives_a_scaling_table_json_and_png(smoke)
     assert (data["recipe"], data["unit"], data["baseline"]) == ("resnet50", "images/s", str(runs[0]))
     rows = data["runs"]
     assert [(r["run_dir"], r["nodes"], r["ranks"]) for r in rows] == [(str(runs[0]), 1, 2), (str(runs[1]), 2, 4)]
-    for run, row in zip(runs, rows):
+    for run, row in zip(runs, rows, strict=True):
         # the report's throughput is the trainer's own (one start: its `end` record says it too)
         [end] = [r for r in read_log(run / "logs" / "train_log.jsonl") if r["event"] == "end"]
         assert row["throughput"] > 0 and row["throughput"] == pytest.approx(end["steady_images_per_sec"])

@@ -37,7 +37,8 @@ def test_each_published_line(line, expected, source):
 
 @pytest.mark.parametrize("line", [
     "ds-ml-01-0:17754:17754 [0] NCCL INFO NET/Plugin : No plugin found (libnccl-net.so).",  # NVIDIA/nccl#352
-    "vae-bc5a469e-2296-0:10208:10226 [0] NCCL INFO NET/Plugin: Could not find: libnccl-net.so. Using internal net plugin.",
+    "vae-bc5a469e-2296-0:10208:10226 [0] NCCL INFO NET/Plugin: Could not find: libnccl-net.so. "
+    "Using internal net plugin.",
     "user:695833:695833 [2] NCCL INFO NET/Plugin : Plugin load (libnccl-net.so) returned 2 : libnccl-net.so: cannot "
     "open shared object file: No such file or directory",  # NVIDIA/nccl-tests#188
 ])
@@ -75,10 +76,10 @@ def test_a_socket_fallback_log_and_an_efa_log():
 
 
 def test_one_host_without_the_plugin_makes_the_job_a_socket_job():
-    worker1_fell_back = EFA_LOG.replace("[1,10]<stdout>:nccl-tests-efa-worker-1:27:27 [2] NCCL INFO Using network AWS Libfabric",
-                                        "[1,10]<stdout>:nccl-tests-efa-worker-1:27:27 [2] NCCL INFO Using network Socket")
-    worker1_fell_back = worker1_fell_back.replace("worker-1:27:27 [2] NCCL INFO NET/OFI Selected Provider is efa",
-                                                  "worker-1:27:27 [2] NCCL INFO NET/Plugin : No plugin found (libnccl-net.so).")
+    worker1 = "[1,10]<stdout>:nccl-tests-efa-worker-1:27:27 [2] NCCL INFO "
+    worker1_fell_back = EFA_LOG.replace(f"{worker1}Using network AWS Libfabric", f"{worker1}Using network Socket")
+    worker1_fell_back = worker1_fell_back.replace(f"{worker1}NET/OFI Selected Provider is efa",
+                                                  f"{worker1}NET/Plugin : No plugin found (libnccl-net.so).")
     found = nccl_transport(worker1_fell_back)
     assert found.name == TCP and found.hosts == {"nccl-tests-efa-worker-0": EFA, "nccl-tests-efa-worker-1": TCP}
     assert found.evidence.endswith("NCCL INFO Using network Socket")

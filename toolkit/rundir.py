@@ -39,15 +39,12 @@ import re
 import secrets
 import shutil
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterable, Iterator, Mapping
+from typing import Any, Iterable, Iterator, Mapping
 
 from toolkit.errors import HpcError
 from toolkit.node.records import PREFLIGHTS, append_record, batch_dir, read_records  # the node side writes them
 from toolkit.workloads import heartbeat  # standard library only
 from toolkit.workloads.train_log import LOG_NAME  # standard library only
-
-if TYPE_CHECKING:
-    from toolkit.reports.transport import Transport
 
 METADATA = "metadata.json"
 PLAN = "plan.json"
@@ -72,7 +69,7 @@ class Executor(enum.StrEnum):
     def parse(cls, name: str | None) -> Executor | None:
         """The kind a name says, older run dirs' names included; None for none or an unknown name."""
         name = {"submitit-slurm": "slurm", "submitit-local": "local"}.get(name or "", name)
-        return cls(name) if name in cls._value2member_map_ else None
+        return cls(name) if name is not None and name in cls._value2member_map_ else None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -160,9 +157,10 @@ class Metadata:
         if data.get("arrays") is not None:
             try:
                 fields["arrays"] = [Array(str(a["job_id"]), int(a["first"]), int(a["count"])) for a in data["arrays"]]
-            except (KeyError, TypeError, ValueError):
+            except (KeyError, TypeError, ValueError) as exc:
                 if strict:
-                    raise BadMetadata(f"arrays must be a list of {{job_id, first, count}}, got {data['arrays']!r}")
+                    raise BadMetadata(
+                        f"arrays must be a list of {{job_id, first, count}}, got {data['arrays']!r}") from exc
                 fields["arrays"] = None
         return cls(**fields, extra={k: v for k, v in data.items() if k not in known})
 
@@ -203,20 +201,6 @@ class RankRecord:
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
-
-
-@dataclasses.dataclass(frozen=True)
-class Network:
-    """Which network NCCL used in a run (toolkit.reports.transport, over the run's logs), and the problem when
-    the run's queue has EFA but NCCL used something else."""
-
-    transport: Transport
-    problem: str | None
-
-    def to_json(self) -> dict[str, Any]:
-        t = self.transport
-        return {"transport": t.name, "label": t.label, "evidence": t.evidence, "hosts": t.hosts, "source": t.source,
-                "problem": self.problem}
 
 
 def write_json(path: Path, data: Mapping[str, Any]) -> None:
@@ -495,15 +479,6 @@ class RunDir:
     def log_texts(self) -> dict[Path, str]:
         """log_files() with their text (an unreadable one raises: a report must not silently skip it)."""
         return {path: _read(path) for path in self.log_files()}
-
-    def network(self, texts: Mapping[Path, str] | None = None) -> Network:
-        """NCCL's network over the run's logs (`texts`: log_texts(), when the caller has read them already),
-        flagged against the EFA its queue has (Metadata.fabric; an older run dir's says nothing: not flagged)."""
-        from toolkit.reports import transport
-
-        found = transport.logs_transport({str(p): t for p, t in (texts or self.log_texts()).items()})
-        fabric = (self.metadata() or Metadata()).fabric
-        return Network(found, transport.efa_problem(found, transport.efa_expected(fabric)))
 
 
 # srun --label's prefix: the task number, right-aligned to the width of the largest one, then ": " (Slurm's srun(1),

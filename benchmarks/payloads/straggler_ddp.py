@@ -6,7 +6,6 @@ detector, by hpc's heartbeat phases, or by nvidia-resiliency-ext's straggler Det
 """
 
 import json
-import os
 import sys
 import time
 from pathlib import Path

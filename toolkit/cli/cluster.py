@@ -11,7 +11,8 @@ import typer
 from toolkit.cli import options as o
 from toolkit.cli.output import JSON_OPTION, emit, fail, info, output_target, table, warn
 
-app = typer.Typer(help="Generate, validate and inspect AWS ParallelCluster v3 configs.", no_args_is_help=True, rich_markup_mode=None)
+app = typer.Typer(help="Generate, validate and inspect AWS ParallelCluster v3 configs.", no_args_is_help=True,
+                  rich_markup_mode=None)
 
 QUEUE_SPEC = "NAME=INSTANCE_TYPE:MAX_NODES[,...]"
 QUEUE_SPEC_HELP = ("A queue to create: NAME=INSTANCE_TYPE:MAX_NODES, then optionally ,efa-stack=modern|legacy|none "
@@ -75,7 +76,8 @@ def config(
 
     fsx = None
     if fsx_import or fsx_capacity or fsx_deployment or fsx_throughput is not None:
-        fsx = FsxSpec(deployment=o.value(fsx_deployment) or "SCRATCH_2", capacity_gib=fsx_capacity or 1200,
+        fsx = FsxSpec(deployment="PERSISTENT_2" if fsx_deployment is o.FsxDeployment.PERSISTENT_2 else "SCRATCH_2",
+                      capacity_gib=fsx_capacity or 1200,
                       import_path=fsx_import, throughput_mbs=fsx_throughput)
     reservation_queue, _, reservation = (capacity_reservation or "").rpartition("=")
     block_queue, _, block = (capacity_block or "").rpartition("=")
@@ -275,11 +277,12 @@ def doctor(
     nodes: Optional[int] = typer.Option(None, "--check-nodes", min=1, help="Check this many of the queue's nodes "
                                         "(default: every node)."),
     cluster: Optional[Path] = o.CLUSTER,
-    timeout: float = typer.Option(600.0, "--timeout", min=1, help="Seconds to wait for the check job (nodes may power up)."),
-    recipe: List[str] = typer.Option([], "--recipe", metavar="RECIPE", help="Instead of the node checks: whether the dynamic "
-                                     "loader resolves what this recipe's job loads (libnccl, the NCCL net plugin, "
-                                     "libmpi, the HCCL OFI wrapper) in the job's own environment, on one node of "
-                                     "the queue. Repeat for more jobs."),
+    timeout: float = typer.Option(600.0, "--timeout", min=1,
+                                  help="Seconds to wait for the check job (nodes may power up)."),
+    recipe: List[str] = typer.Option([], "--recipe", metavar="RECIPE",
+                                     help="Instead of the node checks: whether the dynamic loader resolves what this "
+                                     "recipe's job loads (libnccl, the NCCL net plugin, libmpi, the HCCL OFI wrapper) "
+                                     "in the job's own environment, on one node of the queue. Repeat for more jobs."),
     profile: Optional[str] = o.PROFILE,
     overrides: List[str] = o.SET,
     container_image: Optional[str] = typer.Option(None, "--container-image", help="Also start this container "

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import sys
+from pathlib import Path
 from typing import Optional
 
 import typer
@@ -89,14 +90,15 @@ def status(job_id: str = typer.Argument(..., help="Slurm job id (an array task: 
     """State of one job (with the requeue count; array jobs: a count per state), its ranks' progress from their
     heartbeats, and the ranks that stopped progressing (exit 1 when one did)."""
     from toolkit.node.preflight import summary_lines
+    from toolkit.reports.transport import run_network
     from toolkit.rundir import RunDir
     from toolkit.slurm.status import State
     from toolkit.submit import runs
 
     s = runs.status(job_id)
     data = dataclasses.asdict(s)
-    run = RunDir(s.run_dir) if s.run_dir and not s.tasks else None
-    network = run.network() if run else None
+    run = RunDir(Path(s.run_dir)) if s.run_dir and not s.tasks else None
+    network = run_network(run) if run else None
     data["network"] = network.to_json() if network and network.transport.name else None  # None: NCCL said nothing
     slurm_id = None if s.source == "local" else job_id  # a local run's id is a pid, not a Slurm job
     data["progress"] = run and runs.progress(run, slurm_id, s.state == State.RUNNING, stall_after, stacks)

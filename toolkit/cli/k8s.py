@@ -15,6 +15,7 @@ from toolkit.cli.output import JSON_OPTION, emit, fail, info, output_target, war
 # installation guide (kubeflow.org docs, components/trainer/operator-guides/installation) installs it, and lists the
 # Training Operator (PyTorchJob) as "Legacy (v1)". v1 stays for clusters that run it.
 DEFAULT_API = "trainer-v2"
+_DEFAULT_API_CHOICE = o.KubeflowApi(DEFAULT_API)  # --api's default, as the option's enum
 
 app = typer.Typer(help="The recipes as Kubernetes manifests (Amazon EKS): render, validate offline.",
                   no_args_is_help=True, rich_markup_mode=None)
@@ -53,9 +54,10 @@ def render(name: str = o.RECIPE,
                                                             "provisioning) and a claim through it."),
            efa: Optional[bool] = typer.Option(None, "--efa/--no-efa", help="Use the instance's EFA devices "
                                                                            "(default: all of them, if it has any)."),
-           api: o.KubeflowApi = typer.Option(o.KubeflowApi(DEFAULT_API), "--api", help="Kubeflow API: trainer-v2 (TrainJob on Kubeflow "
-                                   "Trainer v2.2+, what a new install gets today) or v1 (PyTorchJob of the Training "
-                                   "Operator v1.9, MPIJob of the MPI Operator, for clusters that run them)."),
+           api: o.KubeflowApi = typer.Option(_DEFAULT_API_CHOICE, "--api",
+                                             help="Kubeflow API: trainer-v2 (TrainJob on Kubeflow Trainer v2.2+, what "
+                                             "a new install gets today) or v1 (PyTorchJob of the Training Operator "
+                                             "v1.9, MPIJob of the MPI Operator, for clusters that run them)."),
            output: Optional[str] = typer.Option(None, "--output", "-o", metavar="FILE|DIR|-",
                                                 help="Write the manifests here (a directory: RECIPE.yaml in it; "
                                                      "default and -: stdout)."),
@@ -71,7 +73,7 @@ def render(name: str = o.RECIPE,
     from toolkit.recipes.load import load_recipe
     from toolkit.textfile import refuse_overwrite
 
-    api = api.value
+    api_name = api.value
     if claim and storage_class:
         raise UsageError("--fsx-claim names an existing claim; --fsx-storage-class makes a new one",
                          fix="give one of them")
@@ -81,9 +83,9 @@ def render(name: str = o.RECIPE,
     recipe = load_recipe(name, profile=profile, overrides=overrides)
     storage = Storage(claim=claim or DEFAULT_CLAIM, storage_class=storage_class)
     line = render_command_line(name, nodes, instance, profile, overrides, namespace, image, claim, storage_class,
-                               efa, path, api)
+                               efa, path, api_name)
     rendered = render_manifests(recipe, instance, nodes, profile=profile, namespace=namespace, image=image,
-                                storage=storage, efa=efa, command_line=line, api=api)
+                                storage=storage, efa=efa, command_line=line, api=api_name)
     for note in rendered.notes:
         info(f"note: {note}")
     for warning in rendered.spec.warnings:

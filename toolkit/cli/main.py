@@ -75,7 +75,7 @@ def _own_words(argv: list[str]) -> list[str]:
 
 def _command_name(argv: list[str]) -> str:
     """The command argv names, as the envelope's "command": "recipes submit", "cluster queue add"."""
-    node, words = command, []
+    node, words = command, list[str]()
     for word in _own_words(argv):
         if word.startswith("-"):
             continue
@@ -105,7 +105,8 @@ def _missing_options(exc, argv: list[str]) -> tuple[str, str] | None:
         return None
     names = ", ".join(p.opts[0] for p in missing)
     example = " ".join(f"{p.opts[0]} {p.metavar or p.name.upper()}" for p in missing)
-    return f"missing option{'s' if len(missing) > 1 else ''} {names}", f"add {example} (see `{ctx.command_path} --help`)"
+    plural = "s" if len(missing) > 1 else ""
+    return f"missing option{plural} {names}", f"add {example} (see `{ctx.command_path} --help`)"
 
 
 def _bad_value(exc, argv: list[str]) -> tuple[str, str] | None:
@@ -162,8 +163,9 @@ def main(argv: list[str] | None = None) -> None:
         code = command.main(args=argv, prog_name="hpc", standalone_mode=False)
     except typer.TyperException as exc:  # bad command-line usage (Typer's click): our error/fix form, exit 2
         ctx = getattr(exc, "ctx", None)
-        if type(exc).__name__ == "NoArgsIsHelpError":  # a bare command group: its help is the answer
-            exc.show()
+        # a bare command group: its help is the answer (click's NoArgsIsHelpError, which typer vendors privately)
+        if type(exc).__name__ == "NoArgsIsHelpError" and callable(show := getattr(exc, "show", None)):
+            show()
             _end(argv, exc.exit_code)
         message, fix = _missing_options(exc, argv) or _bad_value(exc, argv) or (
             exc.format_message(), f"see `{ctx.command_path if ctx else 'hpc'} --help`")

@@ -85,8 +85,8 @@ RECIPE = typer.Argument(..., metavar="RECIPE", help="Recipe name or path to a re
 
 # Where the job runs.
 NODES = typer.Option(None, "--nodes", "-N", min=1, help="Nodes of the job (default: the recipe's resources.nodes).")
-CLUSTER = typer.Option(None, "--cluster", metavar="FILE", help="A ParallelCluster v3 config (default: this cluster's own, else "
-                                               "p3dn).")
+CLUSTER = typer.Option(None, "--cluster", metavar="FILE",
+                       help="A ParallelCluster v3 config (default: this cluster's own, else p3dn).")
 QUEUE = typer.Option(None, "--queue", "-p", metavar="QUEUE", help="Queue (Slurm partition) of the cluster config "
                                                                   "(default: its first queue).")
 # What the recipe is made of.
@@ -199,8 +199,8 @@ def check_time(time: str | None) -> None:
 
 
 def _job_values(time, env, venv, hang_timeout=None, spares=None, preflight=None) -> list[str]:
-    """--time/--env/--venv/--hang-timeout/--spares/--preflight as `--set` items (values JSON-quoted: YAML would read 01:00:00
-    as a number)."""
+    """--time/--env/--venv/--hang-timeout/--spares/--preflight as `--set` items (values JSON-quoted: YAML would read
+    01:00:00 as a number)."""
     from toolkit.recipes.user import parse_env, venv_dir
 
     check_time(time)

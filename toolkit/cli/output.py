@@ -30,6 +30,9 @@ class _Envelope:
     """What the running command reported, for main to write as its one JSON envelope."""
 
     def __init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
         self.active = False  # set by main: outside it (testbench's own CLI) emit prints the data itself
         self.data: Any = None
         self.warnings: list[str] = []
@@ -41,7 +44,7 @@ envelope = _Envelope()
 
 def begin() -> None:
     """A new command starts (main calls this: tests run several in one process)."""
-    envelope.__init__()
+    envelope.reset()
     envelope.active = True
 
 
@@ -79,7 +82,7 @@ def table(rows: Sequence[Sequence[Any]], headers: Sequence[str]) -> str:
     """A plain aligned text table (no colour: output is often piped or logged)."""
     cells = [[str(h) for h in headers]] + [["" if c is None else str(c) for c in row] for row in rows]
     widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in cells]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in cells]
     lines.insert(1, "  ".join("-" * w for w in widths))
     return "\n".join(lines)
 

@@ -11,7 +11,8 @@ from toolkit.cli import options as o
 from toolkit.cli.options import JobOptions
 from toolkit.cli.output import JSON_OPTION, emit, fail, hpc_program, info, output_target, table, warn, write_output
 
-app = typer.Typer(help="Training recipes: list, show, validate, render and submit.", no_args_is_help=True, rich_markup_mode=None)
+app = typer.Typer(help="Training recipes: list, show, validate, render and submit.", no_args_is_help=True,
+                  rich_markup_mode=None)
 
 RUN_DIR = typer.Option(None, "--run-dir", help="The job's run dir (default: a new one under $HPC_RUNS_DIR, else "
                                                  "the cluster config's FSx (<mount>/hpc-runs/$USER), else "
@@ -135,10 +136,10 @@ def new(name: str = typer.Argument(..., help="Recipe name ([a-z0-9_-]); the file
     if not re.match(NAME_PATTERN, name):
         raise UsageError(f"recipe name {name!r} is not lowercase letters, digits, - and _ (starting with a letter "
                          "or digit)", fix=f"e.g. hpc recipes new {recipe_name(name)} ...")
-    if (script is None) == (module is None):
+    target = script if script is not None else module
+    if target is None or (script is not None and module is not None):
         raise UsageError("give exactly one of --script FILE.py and --module PKG.MODULE",
                          fix="e.g. hpc recipes new mytrain --script train.py")
-    target = script if script is not None else module
     if module is not None and module.endswith(".py"):
         raise UsageError(f"--module {module!r} is a file name", fix=f"use --script {module}")
     o.check_time(time)
@@ -199,7 +200,8 @@ def submit(name: str = o.RECIPE, nodes: Optional[int] = o.NODES, cluster: Option
            time: Optional[str] = o.TIME, hang_timeout: Optional[int] = o.HANG_TIMEOUT,
            spares: Optional[int] = o.SPARES, preflight: Optional[bool] = o.PREFLIGHT, env: list[str] = o.ENV,
            venv: Optional[Path] = o.VENV, account: Optional[str] = o.ACCOUNT, qos: Optional[str] = o.QOS,
-           reservation: Optional[str] = o.RESERVATION, dependency: Optional[str] = o.DEPENDENCY, executor: Optional[o.Executor] = o.EXECUTOR,
+           reservation: Optional[str] = o.RESERVATION, dependency: Optional[str] = o.DEPENDENCY,
+           executor: Optional[o.Executor] = o.EXECUTOR,
            dry_run: bool = o.DRY_RUN, verbose: bool = o.VERBOSE, wait: bool = o.WAIT,
            as_json: bool = JSON_OPTION) -> None:
     """Submit a recipe through submitit (srun starts one rank per GPU, or per declared CPU rank)."""

@@ -36,9 +36,12 @@ def _nccl_text(data: dict) -> str:
         for r in test["rows"]:
             cells = [r["size"], r["count"], r["dtype"], r["redop"]]
             for m in (r["out_of_place"], r["in_place"]):
-                cells += [_num(m["time_us"]), _num(m["algbw_gbs"]), _num(m["busbw_gbs"]),
-                          m["wrong"] if m["wrong"] is not None else (f"{m['error']:g}" if m["error"] is not None else "N/A")] \
-                    if m else ["", "", "", ""]
+                if not m:
+                    cells += ["", "", "", ""]
+                    continue
+                wrong = m["wrong"] if m["wrong"] is not None else (
+                    f"{m['error']:g}" if m["error"] is not None else "N/A")
+                cells += [_num(m["time_us"]), _num(m["algbw_gbs"]), _num(m["busbw_gbs"]), wrong]
             rows.append(cells)
         out.append(table(rows, ["size(B)", "count", "type", "redop", "time(us)", "algbw", "busbw", "#wrong",
                                 "in-place time", "algbw", "busbw", "#wrong"]))
@@ -61,9 +64,11 @@ def nccl(
     logs: List[Path] = typer.Argument(..., help="nccl-tests (or collectives workload) logs, text or -J JSON."),
     as_json: bool = JSON_OPTION,
     plot: Optional[Path] = PLOT_OPTION,
-    instance: Optional[str] = typer.Option(None, "--instance", metavar="INSTANCE_TYPE", help="Instance type, to judge against its catalog floor."),
-    nodes: Optional[int] = typer.Option(None, "--nodes", min=1, help="Nodes in the run (default: NCCL's nNodes, or a complete device list; "
-                                 "else at least ranks / GPUs per --instance)."),
+    instance: Optional[str] = typer.Option(None, "--instance", metavar="INSTANCE_TYPE",
+                                           help="Instance type, to judge against its catalog floor."),
+    nodes: Optional[int] = typer.Option(None, "--nodes", min=1,
+                                        help="Nodes in the run (default: NCCL's nNodes, or a complete device list; "
+                                        "else at least ranks / GPUs per --instance)."),
     transport: Optional[o.Transport] = typer.Option(None, "--transport", help="The floor to judge against "
                                                     "(default: the instance's own, efa when it has it)."),
 ) -> None:
@@ -78,7 +83,8 @@ def nccl(
     from toolkit.reports import nccl as nccl_report
     from toolkit.reports.gaudi import verdict_for
 
-    data, tests = nccl_report.report(logs, instance, nodes, o.value(transport), verdict=verdict_for)
+    paths: list[str | Path] = list(logs)
+    data, tests = nccl_report.report(paths, instance, nodes, o.value(transport), verdict=verdict_for)
     emit(data, as_json, _nccl_text)
     for error in data["errors"]:  # the other files are reported; the bad ones are named on stderr too
         warn(f"{error['source']}: {error['error']}\n  fix: {error['fix']}")
@@ -99,7 +105,8 @@ def _run_text(run) -> str:
                  + f", nodes {run.nodes or '?'}, ranks {run.ranks or '?'}" + (f", GPUs {run.gpus}" if run.gpus else "")
                  + (f", job {', '.join(run.job_ids)}" if run.job_ids else ""), f"log: {run.log}"]
     if run.transport:
-        lines.append(f"network: {run.transport['label']}" + (f" ({run.transport['evidence']})" if run.transport["evidence"] else ""))
+        evidence = f" ({run.transport['evidence']})" if run.transport["evidence"] else ""
+        lines.append(f"network: {run.transport['label']}{evidence}")
     if run.efa_problem:
         lines.append(f"WARNING: {run.efa_problem}")
     if run.result:
@@ -108,9 +115,11 @@ def _run_text(run) -> str:
         t = run.training
         lines += [f"throughput: {_num(t['throughput'], 1)} {t['unit']} ({t['throughput_note']})",
                   f"updates: {t['updates']}, epochs: {t['epochs']}, final loss: {_num(t['final_loss'], 3)} "
-                  f"(base {t['loss_base']}), {len(t['loss_curve'])} loss points, {len(t['valid_curve'])} validation points"]
+                  f"(base {t['loss_base']}), {len(t['loss_curve'])} loss points, "
+                  f"{len(t['valid_curve'])} validation points"]
         if t["loss_curve"]:
-            shown = t["loss_curve"] if len(t["loss_curve"]) <= 12 else t["loss_curve"][:6] + [None] + t["loss_curve"][-5:]
+            curve = t["loss_curve"]
+            shown = curve if len(curve) <= 12 else curve[:6] + [None] + curve[-5:]
             lines.append("loss: " + " ".join("..." if p is None else f"{p[0]}:{p[1]:.3f}" for p in shown))
         if t["final_top1"] is not None:
             lines.append(f"top-1 accuracy: {t['final_top1']:.2f}%")
@@ -129,8 +138,9 @@ def _run_text(run) -> str:
     if straggling and straggling["note"]:
         lines.append(f"stragglers: not judged: {straggling['note']}")
     for test in run.nccl or []:
-        lines.append(f"{_test_name(test)}: max busbw {_num(test['max_busbw_gbs'])} GB/s, avg {_num(test['avg_busbw_gbs'], 3)}"
-                     f" GB/s, wrong values {test['wrong_values']}, verdict {test['verdict']['status']}: {test['verdict']['reason']}")
+        lines.append(f"{_test_name(test)}: max busbw {_num(test['max_busbw_gbs'])} GB/s, "
+                     f"avg {_num(test['avg_busbw_gbs'], 3)} GB/s, wrong values {test['wrong_values']}, "
+                     f"verdict {test['verdict']['status']}: {test['verdict']['reason']}")
     return "\n".join(lines)
 
 
@@ -193,4 +203,4 @@ def scaling(run_dirs: List[Path] = typer.Argument(..., help="Run dirs of one rec
         from toolkit.reports.plots import save_png, scaling_figure
 
         title = f"{runs[0].recipe or 'run'}" + (f" ({runs[0].profile})" if runs[0].profile else "") + " scaling"
-        info(f"plot: {save_png(scaling_figure(rows, unit, title), plot)}")
+        info(f"plot: {save_png(scaling_figure(rows, unit or '', title), plot)}")

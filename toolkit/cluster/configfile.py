@@ -36,6 +36,7 @@ def read_config(path: str | Path) -> tuple[str, dict]:
         problem = problems[0]
         where = f"{path}:{problem.line}" if problem.line else str(path)
         raise HpcError(f"{where}: {problem.message}", fix=problem.fix)
+    assert config is not None, "yamlsource.parse reports a problem whenever it returns no config"
     for key_path, value in _scalars(config):
         match = _VARIABLE.search(value)
         if match:

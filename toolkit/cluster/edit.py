@@ -312,9 +312,11 @@ def add_queue(path: str | Path, queue: str, min_nodes: int | None = None, capaci
 
 def _mapping_indent(rt_queues) -> int:
     """How far the file indents a nested mapping's keys under their parent key (2 unless it says otherwise)."""
+    from ruamel.yaml.comments import CommentedMap
+
     for queue in rt_queues:
         for key, value in queue.items():
-            if isinstance(value, dict) and len(value) and not value.fa.flow_style():
+            if isinstance(value, CommentedMap) and len(value) and not value.fa.flow_style():
                 return value.lc.key(next(iter(value)))[1] - queue.lc.key(key)[1]
     return 2
 

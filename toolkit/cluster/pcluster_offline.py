@@ -570,7 +570,8 @@ def _public_subnet_risk(loaded: Any, ec2: Any) -> tuple[list[Result], dict[str, 
             risks.append(Result(
                 "warning", f"queue {queue.name} uses the head node's subnet {head_subnet}; if that subnet maps "
                 f"public IPs on launch (a head node reached over SSH sits in one in AWS's samples), pcluster "
-                f"create-cluster and update-cluster fail: " + str(failures[0].message), "MultiNetworkInterfacesInstancesValidator",
+                f"create-cluster and update-cluster fail: {failures[0].message}",
+                "MultiNetworkInterfacesInstancesValidator",
                 f"Scheduling/SlurmQueues[{queue.name}]/Networking/SubnetIds"))
         else:
             unchecked[queue.name] = subnets

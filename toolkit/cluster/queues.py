@@ -215,6 +215,7 @@ def _read(path: str | Path) -> tuple[Path, dict[str, Any]]:
     if problems:
         where = f"{path}:{problems[0].line}" if problems[0].line else str(path)
         raise HpcError(f"{where}: {problems[0].message}", fix="run `hpc cluster validate` on it")
+    assert config is not None, "yamlsource.parse reports a problem whenever it returns no config"
     return path, config
 
 

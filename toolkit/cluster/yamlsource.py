@@ -70,7 +70,7 @@ def parse(text: str, file: str) -> tuple[dict | None, dict[str, int], list[Findi
         return fail(f"not valid YAML: {exc}", "fix the YAML syntax")
     finally:
         loader.dispose()
-    if data is None:
+    if node is None or data is None:  # no document, or one that is only `null`
         return fail("the file is empty", "write a ParallelCluster v3 config, e.g. with `hpc cluster config`")
     if not isinstance(data, dict):
         return fail(f"a cluster config is a mapping of sections, this file holds a {type(data).__name__}",

@@ -78,11 +78,11 @@ def partition_nodes(partition: str) -> list[tuple[str, str]]:
     from toolkit.slurm.commands import run
 
     out = run(["sinfo", "--noheader", "--Node", f"--partition={partition}", "--format=%N %T"]).stdout
-    nodes = [tuple(line.split()[:2]) for line in out.splitlines() if len(line.split()) >= 2]
+    nodes = [(words[0], words[1]) for line in out.splitlines() if len(words := line.split()) >= 2]
     if not nodes:
         raise HpcError(f"Slurm has no partition {partition!r} (or it has no nodes)",
                        fix="check the queue name against `sinfo -s`, or pass the right --cluster/--queue")
-    return nodes  # type: ignore[return-value]
+    return nodes
 
 
 def node_check_source() -> str:

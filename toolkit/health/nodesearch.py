@@ -146,7 +146,7 @@ def submit(queue: Queue, partition: str | None, nodelist: str | None, run_dir: P
            venv: str | None = None, time_limit: str = "30") -> SearchJob:
     """sbatch the search job (in `queue`'s collectives job environment) on the chosen nodes, in a new run dir."""
     from toolkit.slurm.commands import run
-    from toolkit.submit.executor import clean_sbatch_env
+    from toolkit.slurm.env import clean_sbatch_env
 
     nodes, skipped = usable_nodes(partition, nodelist)
     env = search_env(queue, len(nodes), venv)
@@ -187,8 +187,9 @@ def wait(job: SearchJob, progress: Callable[[str], None], timeout: float, poll_s
 
 def round_line(entry: dict) -> str:
     slow = [g for g in entry["groups"] if g["slow"]]
+    slow_nodes = ", ".join(",".join(g["nodes"]) for g in slow) or "none"
     return (f"round {entry['round']}: {len(entry['groups'])} group(s) at once, best "
-            f"{entry['reference_busbw'] or 0:.3g} GB/s; slow or failed: " + (", ".join(",".join(g["nodes"]) for g in slow) or "none"))
+            f"{entry['reference_busbw'] or 0:.3g} GB/s; slow or failed: {slow_nodes}")
 
 
 def node_rows(result: dict) -> list[dict]:

@@ -80,8 +80,10 @@ def advise(launcher_kind: str, args: Mapping[str, Any], scaling: Mapping[str, Sc
     derived, warnings = (fairseq_run_length(args, data_dir, world_size) if launcher_kind == "fairseq"
                          else ([], []))
     lr_rule = scaling.get("--lr")
-    if lr_rule is not None and lr_rule.rule == "linear" and isinstance(args.get(lr_rule.per_rank_arg), (int, float)):
-        warnings += large_batch(args[lr_rule.per_rank_arg] * world_size)
+    per_rank_arg = lr_rule.per_rank_arg if lr_rule is not None and lr_rule.rule == "linear" else None
+    per_rank = args.get(per_rank_arg) if per_rank_arg is not None else None
+    if isinstance(per_rank, (int, float)):
+        warnings += large_batch(per_rank * world_size)
     return derived, warnings
 
 

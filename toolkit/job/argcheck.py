@@ -8,7 +8,8 @@ parser accepts, a command that works).
   combinations). Importing fairseq costs seconds: it happens only here, once per process.
 - our trainers and benchmarks (toolkit.workloads.*): the module's parser() (and check_values(), where it has one).
 - DeepSpeed: the generated config through DeepSpeed's own DeepSpeedConfig (microsoft/DeepSpeed
-  deepspeed/runtime/config.py and its pydantic section models), where DeepSpeed loads; the training script's own flags (e.g. HabanaAI/Model-References) have no parser here.
+  deepspeed/runtime/config.py and its pydantic section models), where DeepSpeed loads; the training script's own
+  flags (e.g. HabanaAI/Model-References) have no parser here.
 - anything else (a binary, a researcher's script): not checked, and the plan says so once.
 
 check_arguments() refuses with toolkit.errors.HpcError and returns the notes the plan prints once.
@@ -302,8 +303,10 @@ def _form(action: argparse.Action) -> str:
 
 
 def _accepts(action: argparse.Action, text: str) -> bool:
+    if not callable(action.type):  # no type (a plain string) or argparse's registry name of one
+        return False
     try:
-        action.type(text)  # type: ignore[misc]
+        action.type(text)
     except Exception:
         return False
     return True

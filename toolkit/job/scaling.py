@@ -27,10 +27,10 @@ class Derived:
     rule: str
 
 
-def accumulation(global_batch: int, per_rank: int, world_size: int) -> int | None:
+def accumulation(global_batch: int, per_rank: int | float, world_size: int) -> int | None:
     """Steps per update that keep `global_batch` exactly, or None when no integer does."""
     steps, remainder = divmod(global_batch, per_rank * world_size)
-    return steps if steps >= 1 and remainder == 0 else None
+    return int(steps) if steps >= 1 and remainder == 0 else None
 
 
 def exact_accumulation(what: str, global_batch: int, per_rank: int | float, per_rank_name: str, unit: str, *,
@@ -93,6 +93,8 @@ def apply_scaling(scaling: Mapping[str, ScalingRule], args: Mapping[str, Any], *
     derived = []
     for flag, rule in scaling.items():
         if rule.rule == "accumulate":
+            # ScalingRule's own validator (_fields_match_rule) made sure the rule has what it needs
+            assert rule.per_rank_arg is not None and rule.global_batch is not None
             per_rank = _per_rank(args, rule.per_rank_arg, flag)
             steps = exact_accumulation(flag, rule.global_batch, per_rank, rule.per_rank_arg, rule.unit, nodes=nodes,
                                        ranks_per_node=ranks_per_node, max_nodes=max_nodes)
@@ -100,6 +102,7 @@ def apply_scaling(scaling: Mapping[str, ScalingRule], args: Mapping[str, Any], *
             derived.append(Derived(flag, str(steps), f"{rule.global_batch} {rule.unit} per update / "
                                    f"({rule.per_rank_arg} {per_rank} x {world} ranks): {rule.why}"))
         elif rule.rule == "linear":
+            assert rule.per_rank_arg is not None and rule.base is not None and rule.per is not None  # as above
             per_rank = _per_rank(args, rule.per_rank_arg, flag)
             value = format_number(linear(rule.base, rule.per, per_rank, world))
             args[flag] = value
@@ -109,9 +112,9 @@ def apply_scaling(scaling: Mapping[str, ScalingRule], args: Mapping[str, Any], *
         elif rule.rule == "cpus-per-rank":
             # torch's DataLoader warns above the CPUs the process may run on (os.sched_getaffinity): one worker
             # per CPU of the rank, less the rank's own
-            value = max(cpus_per_rank - rule.reserve, 0)
-            args[flag] = value
-            derived.append(Derived(flag, str(value), f"{cpus_per_rank} CPUs per rank - {rule.reserve} for the rank's "
+            workers = max(cpus_per_rank - rule.reserve, 0)
+            args[flag] = workers
+            derived.append(Derived(flag, str(workers), f"{cpus_per_rank} CPUs per rank - {rule.reserve} for the rank's "
                                    f"own process: {rule.why}"))
         else:  # gpu-memory-cap
             wanted = parse_size(args[flag])

@@ -396,14 +396,16 @@ def rank_command(recipe: Recipe, root: str, nodes: int, tasks: int, positional: 
     ours = _flag_style(recipe) == "trainer"
     derived: list[Derived] = []
     launcher = recipe.launcher
+    program: list[Arg]
     if launcher.kind in ("python-module", "python-script") and not (ours and launcher.style == "script"):
         program, how = _python_program(launcher, root, nodes, tasks)
         derived.append(how)
     else:  # one process per rank under srun, reading the rank contract (toolkit.job.rank): our trainers, DeepSpeed
-        program = {"fairseq": ["fairseq-train"], "python-module": ["python", "-m", launcher.module or ""],
-                   "binary": [_under(root, launcher.program or "")],
-                   "deepspeed": ["python", _under(root, launcher.script or "")],
-                   }[launcher.kind]
+        programs: dict[str, list[Arg]] = {
+            "fairseq": ["fairseq-train"], "python-module": ["python", "-m", launcher.module or ""],
+            "binary": [_under(root, launcher.program or "")],
+            "deepspeed": ["python", _under(root, launcher.script or "")]}
+        program = programs[launcher.kind]
     command: list[Arg] = [*program, *positional]
     for flag, value in args.items():
         command += flag_words(flag, value)
@@ -420,7 +422,7 @@ def software_env(recipe: Recipe, root: str, run_dir: str) -> SoftwareEnv:
     return SoftwareEnv(modules=tuple(software.modules), venv=software.venv and _under(root, software.venv),
                        conda_root=software.conda_root and _under(root, software.conda_root),
                        conda_env=software.conda_env,
-                       container=software.container and resolve(software.container, root, run_dir))
+                       container=resolve(software.container, root, run_dir) if software.container else None)
 
 
 def job_spec(recipe: Recipe, target: Target, nodes: int | None = None, *, profile: str | None = None,
@@ -480,7 +482,8 @@ def on_slurm(spec: JobSpec, queue: Queue, slurm_options: Mapping[str, str | None
                        f"{queue.max_nodes}", fix=f"{fix}, or a bigger queue")
     derived = [Derived("--wait-all-nodes", "1" if queue.has_dynamic_nodes else "not set",
                        f"queue {queue.name} starts nodes on demand: run only once every node has booted"
-                       if queue.has_dynamic_nodes else f"queue {queue.name}'s nodes are all static (MinCount = MaxCount)")]
+                       if queue.has_dynamic_nodes
+                       else f"queue {queue.name}'s nodes are all static (MinCount = MaxCount)")]
     binding: tuple[str, ...] = ()
     device = DEVICE_OF_ACCELERATOR[queue.instance.accelerator]
     if device == "gpu":

@@ -31,8 +31,9 @@ _DNS1123_LABEL = re.compile(DNS1123_LABEL)
 _ENV_VAR_NAME = re.compile(r"[-._a-zA-Z][-._a-zA-Z0-9]*")  # IsEnvVarName
 # k8s.io/apimachinery pkg/api/resource: quantity suffixes
 _BINARY = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60}
-_DECIMAL = {"n": Fraction(1, 10**9), "u": Fraction(1, 10**6), "m": Fraction(1, 1000), "": 1, "k": 10**3,
-            "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15, "E": 10**18}
+_DECIMAL: dict[str, Fraction | int] = {"n": Fraction(1, 10**9), "u": Fraction(1, 10**6), "m": Fraction(1, 1000),
+                                       "": 1, "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15,
+                                       "E": 10**18}
 _QUANTITY = re.compile(r"([+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+))(Ki|Mi|Gi|Ti|Pi|Ei|[numkMGTPE]|[eE][+-]?[0-9]+)?")
 
 
@@ -134,8 +135,8 @@ def _names(names: list, parts: tuple, what: str) -> Iterator[Violation]:
 
 def replica_templates(obj: dict) -> Iterator[tuple[tuple, str, dict]]:
     """(path of the replica spec, replica type, replica spec) of a PyTorchJob's or MPIJob's replicas."""
-    key = {"PyTorchJob": "pytorchReplicaSpecs", "MPIJob": "mpiReplicaSpecs"}.get(obj.get("kind"))
-    spec = obj.get("spec") if isinstance(obj.get("spec"), dict) else {}
+    key = {"PyTorchJob": "pytorchReplicaSpecs", "MPIJob": "mpiReplicaSpecs"}.get(obj.get("kind", ""))
+    spec = found if isinstance(found := obj.get("spec"), dict) else {}
     replicas = spec.get(key) if key else None
     for name, replica in (replicas or {}).items() if isinstance(replicas, dict) else ():
         if isinstance(replica, dict):
@@ -146,7 +147,7 @@ def operator_violations(obj: dict) -> list[Violation]:
     """What the PyTorchJob webhook or the MPI Operator rejects (schema-valid objects assumed)."""
     from toolkit.k8s.trainer_v2 import admission_violations as _train_job
 
-    check = {"PyTorchJob": _pytorch_job, "MPIJob": _mpi_job, "TrainJob": _train_job}.get(obj.get("kind"))
+    check = {"PyTorchJob": _pytorch_job, "MPIJob": _mpi_job, "TrainJob": _train_job}.get(obj.get("kind", ""))
     found = list(check(obj)) if check else []
     for parts, _, replica in replica_templates(obj):
         template = replica.get("template") or {}

@@ -52,7 +52,7 @@ def api_versions(kind: str) -> list[str]:
     from importlib import resources
 
     folder = resources.files("kubernetes_validate").joinpath(_schema_dir())
-    found = []
+    found: list[str] = []
     for entry in folder.iterdir():
         if entry.name.startswith(kind.lower() + "-") and not entry.name[len(kind) + 1:].startswith("list"):
             schema = json.loads(entry.read_text())

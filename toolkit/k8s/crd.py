@@ -35,7 +35,9 @@ from toolkit.k8s.violations import (TYPE_PHRASE, UNKNOWN_FIELD, UNKNOWN_FIELD_FI
                                     type_violation)
 
 CRD_DIR = Path(__file__).with_name("crds")
-_INT_RANGES = {"int32": (-(1 << 31), (1 << 31) - 1), "int64": (-(1 << 63), (1 << 63) - 1)}
+# looked up with whatever `format` a schema holds (a string, or nothing)
+_INT_RANGES: dict[object, tuple[float, float]] = {"int32": (-(1 << 31), (1 << 31) - 1),
+                                                  "int64": (-(1 << 63), (1 << 63) - 1)}
 _DATE_TIME = re.compile(r"\d{4}-\d{2}-\d{2}[Tt ]\d{2}:\d{2}:\d{2}(\.\d+)?([Zz]|[-+]\d{2}:\d{2})")
 # k8s.io/apimachinery pkg/util/validation: IsDNS1123Label, IsDNS1123Subdomain, IsQualifiedName,
 # IsValidLabelValue
@@ -271,7 +273,7 @@ def _check_list(value: list, schema: dict, parts: tuple, *, structural: bool) ->
             identity = tuple(item.get(k, (items or {}).get("properties", {}).get(k, {}).get("default"))
                              for k in keys)
             if identity in seen_keys:
-                shown = ", ".join(f"{k}={v!r}" for k, v in zip(keys, identity))
+                shown = ", ".join(f"{k}={v!r}" for k, v in zip(keys, identity, strict=True))
                 yield Violation(parts + (i,), f"duplicate entry ({shown}): the list is a map keyed by "
                                 f"{', '.join(keys)}")
             seen_keys.append(identity)

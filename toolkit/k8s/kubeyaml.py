@@ -127,6 +127,9 @@ class _KubectlLoader(_BASE_LOADER):  # type: ignore[misc,valid-type]
 class _NonFinite(float):
     """An infinity or NaN, with where it was written: fine as a key (sigs.k8s.io/yaml spells it), not as a value."""
 
+    text: str  # as written
+    line: int
+
     def __new__(cls, value: float, node):
         self = super().__new__(cls, value)
         self.text, self.line = node.value, node.start_mark.line + 1

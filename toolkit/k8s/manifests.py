@@ -253,8 +253,9 @@ def pytorch_job(spec, it: InstanceType, name: str, namespace: str, image: str, c
 def mpi_job(spec, it: InstanceType, name: str, namespace: str, image: str, claim: str, efa: int,
             program: str) -> dict:
     labels = {"app.kubernetes.io/managed-by": "hpc-toolkit", "hpc-toolkit/recipe": _dns_name(spec.recipe)}
-    launcher = {"name": "launcher", "image": image, "command": ["mpirun"], "args": as_written(mpirun_args(spec, program)),
-                "env": _env(spec), "resources": {"requests": {"cpu": "1", "memory": "2Gi"}}}
+    launcher = {"name": "launcher", "image": image, "command": ["mpirun"],
+                "args": as_written(mpirun_args(spec, program)), "env": _env(spec),
+                "resources": {"requests": {"cpu": "1", "memory": "2Gi"}}}
     worker = {"name": "worker", "image": image, "command": ["/usr/sbin/sshd"], "args": ["-De"]}
     return {
         "apiVersion": "kubeflow.org/v2beta1",
@@ -329,8 +330,8 @@ def render(recipe, instance_type: str, nodes: int, *, profile: str | None = None
     if not spec.root.startswith(FSX_MOUNT + "/") and spec.root != FSX_MOUNT:
         raise HpcError(f"recipe {recipe.name}: its dirs are under {spec.root}, but the pods "
                        f"see only the FSx volume at {FSX_MOUNT}",
-                       fix=f"put dirs.root under {FSX_MOUNT} (e.g. --set dirs.root={FSX_MOUNT}/{spec.recipe}), or leave "
-                           "it unset")
+                       fix=f"put dirs.root under {FSX_MOUNT} (e.g. --set dirs.root={FSX_MOUNT}/{spec.recipe}), "
+                           "or leave it unset")
     from toolkit.job.argcheck import check_arguments
 
     notes = check_arguments(recipe, spec)  # the launcher's own parser, as for a Slurm plan (toolkit.submit.plan)

@@ -180,7 +180,7 @@ def _claims(where: str, pod: dict, tpath: list, replicas: int, claims: dict) -> 
 
 def _workers_vs_nodes(where: str, doc: dict) -> list[Finding]:
     """Worker pods against the nodes the job was made for: torchrun's node range, mpirun's process count."""
-    spec = doc.get("spec") if isinstance(doc.get("spec"), dict) else {}
+    spec = found if isinstance(found := doc.get("spec"), dict) else {}
     if doc.get("kind") == "PyTorchJob":
         elastic = spec.get("elasticPolicy") or {}
         workers = ((spec.get("pytorchReplicaSpecs") or {}).get("Worker") or {}).get("replicas")
@@ -260,7 +260,7 @@ def validate_text(text: str, file: str = "<manifests>") -> dict:
                             "fix the YAML (kubectl reads it with go-yaml v2's rules)", file=file, line=exc.line,
                             source="yaml")]
         return {"file": file, "valid": False, "documents": [], "findings": [f.as_dict() for f in findings]}
-    findings: list[Finding] = []
+    findings = []
     docs = []
     for index, doc in enumerate(loaded, 1):
         if not isinstance(doc, dict):

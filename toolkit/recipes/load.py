@@ -26,7 +26,8 @@ Origins = dict[tuple[str, ...], str]
 # pydantic's error types in plain words (the rest keep pydantic's message, without its "Input should" phrasing)
 PLAIN = {"int_parsing": "must be a whole number", "int_from_float": "must be a whole number",
          "float_parsing": "must be a number", "bool_parsing": "must be true or false",
-         "string_type": "must be a string", "dict_type": "must be a mapping (key: value)", "list_type": "must be a list",
+         "string_type": "must be a string", "dict_type": "must be a mapping (key: value)",
+         "list_type": "must be a list",
          "int_type": "must be a whole number", "float_type": "must be a number", "bool_type": "must be true or false"}
 
 
@@ -59,7 +60,7 @@ def builtin_recipes() -> Path:
     and an installed wheel find it the same way."""
     from importlib.resources import files
 
-    return Path(files("toolkit.builtin_recipes")).resolve()
+    return Path(str(files("toolkit.builtin_recipes"))).resolve()
 
 
 def recipe_dirs() -> list[Path]:
@@ -88,7 +89,8 @@ def find_recipe(name_or_path: str | Path) -> Path:
     path = Path(text)
     if path.suffix in (".yaml", ".yml") or os.sep in text or path.is_file():
         if path.is_dir():
-            raise HpcError(f"recipe file {path} is a directory", fix="pass a recipe .yaml file inside it, or a recipe name")
+            raise HpcError(f"recipe file {path} is a directory",
+                           fix="pass a recipe .yaml file inside it, or a recipe name")
         if not path.is_file():
             raise HpcError(f"recipe file {path} does not exist", fix="pass an existing .yaml file or a recipe name")
         return path
@@ -125,7 +127,8 @@ def parse_override(item: str) -> tuple[tuple[str, ...], Any]:
     key, sep, text = item.partition("=")
     path = tuple(key.split("."))
     if not sep or not key or "" in path:
-        raise UsageError(f"--set {item!r} is not KEY.PATH=VALUE", fix="e.g. --set args.--lr=0.1 or --set resources.nodes=2")
+        raise UsageError(f"--set {item!r} is not KEY.PATH=VALUE",
+                         fix="e.g. --set args.--lr=0.1 or --set resources.nodes=2")
     try:
         value = yaml.safe_load(text) if text else ""
     except yaml.YAMLError:
@@ -181,7 +184,8 @@ def apply_overlays(data: dict[str, Any], profile: str | None, overrides: Sequenc
         try:
             data = merge(data, nested(path, value), f"{option} {item}", origins)
         except AttributeError:
-            raise HpcError(f"{option} {item!r}: {'.'.join(path[:-1])} is not a mapping", fix="check the key path") from None
+            raise HpcError(f"{option} {item!r}: {'.'.join(path[:-1])} is not a mapping",
+                           fix="check the key path") from None
     for item in overrides:  # once all are applied: `--set scaling.--lr=null --set args.--lr=0.2` in any order
         _refuse_derived(data, parse_override(item)[0], f"{option_of(item)} {item}")
     return data, origins
@@ -292,7 +296,7 @@ def _faults(exc, origins: Origins) -> Iterable[Fault]:
         yield fault
 
 
-def plain_error(err: dict[str, Any]) -> str:
+def plain_error(err: Mapping[str, Any]) -> str:
     """pydantic's error as a sentence about the value, without pydantic's phrasing."""
     kind, ctx = err["type"], err.get("ctx") or {}
     if kind == "missing":

@@ -65,6 +65,6 @@ def verdict_for(test: NcclTest, instance_type: str | None, nodes: int | None,
     from toolkit.catalog import instance
     from toolkit.reports.nccl import judge
 
-    if is_gaudi(instance_type):
+    if instance_type is not None and is_gaudi(instance_type):
         return judge_gaudi(test, nodes * instance(instance_type).gpus if nodes else None)
     return judge(test, instance_type, nodes, transport)

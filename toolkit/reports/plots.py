@@ -37,7 +37,7 @@ def nccl_figure(tests: list[NcclTest], floor_gbs: float | None = None) -> Figure
         for placement, style in (("out_of_place", "-o"), ("in_place", "--s")):
             points = [(r.size, getattr(r, placement).busbw_gbs) for r in test.rows if getattr(r, placement)]
             if points:
-                ax.plot(*zip(*points), style, markersize=3, label=f"{label} {placement.replace('_', '-')}")
+                ax.plot(*zip(*points, strict=True), style, markersize=3, label=f"{label} {placement.replace('_', '-')}")
     if floor_gbs is not None:
         ax.axhline(floor_gbs, color="red", linestyle=":", label=f"floor {floor_gbs:g} GB/s")
     ax.set_xscale("log", base=2)
@@ -80,7 +80,7 @@ def stragglers_figure(ranks: list[dict], baseline_own_ms: float, threshold: floa
     for phase in phases:
         heights = [r["phases_ms"].get(phase, 0.0) for r in ranks]
         ax.bar(labels, heights, bottom=bottom, label=phase)
-        bottom = [b + h for b, h in zip(bottom, heights)]
+        bottom = [b + h for b, h in zip(bottom, heights, strict=True)]
     for i, r in enumerate(ranks):
         if r["slow"]:
             ax.bar(labels[i], bottom[i], fill=False, edgecolor="red", linewidth=2)

@@ -8,7 +8,7 @@ EFA queue, a run whose NCCL used sockets is flagged).
 The training log used is the first of RunDir.log_files() (the trainer's train_log.jsonl, rank 0's logs, then
 the run's other logs) that holds training records (only rank 0 logs them: fairseq and our trainer alike). A
 run dir without training records but with nccl-tests tables (the collectives recipe) is summarised as nccl
-results. The network NCCL selected is RunDir.network() over the same logs. A plain log file (no run dir) is
+results. The network NCCL selected is transport.run_network() over the same logs. A plain log file (no run dir) is
 summarised the same way, without the metadata.
 """
 
@@ -21,7 +21,8 @@ from toolkit.errors import HpcError
 from toolkit.reports import nccl, training_logs, transport
 from toolkit.reports.gaudi import verdict_for
 from toolkit.reports.stragglers import DEFAULT_THRESHOLD, find_stragglers
-from toolkit.rundir import METADATA, TRAINER_LOG, Metadata, Network, RunDir
+from toolkit.reports.transport import Network
+from toolkit.rundir import METADATA, TRAINER_LOG, Metadata, RunDir
 
 
 @dataclasses.dataclass
@@ -72,8 +73,9 @@ def read_run(run_dir: str | Path, straggler_threshold: float = DEFAULT_THRESHOLD
         texts = {run_dir: _read(run_dir)}
         network = Network(transport.logs_transport({str(run_dir): texts[run_dir]}), None)
         return _summarize_logs(summary, texts, network, Metadata(),
-                               f"no training records or nccl-tests results in {run_dir}", "pass rank 0's log of fairseq or the ResNet trainer's train_log.jsonl, an nccl-tests "
-                               "log, or the run dir")
+                               f"no training records or nccl-tests results in {run_dir}",
+                               "pass rank 0's log of fairseq or the ResNet trainer's train_log.jsonl, an "
+                               "nccl-tests log, or the run dir")
     run = RunDir(run_dir)
     meta = run.read_metadata()
     ranks = meta.ranks
@@ -85,7 +87,7 @@ def read_run(run_dir: str | Path, straggler_threshold: float = DEFAULT_THRESHOLD
                          job_ids=meta.job_ids, result=result.to_json() if result else None,
                          stragglers=find_stragglers(beats, straggler_threshold).to_json() if beats else None)
     texts = run.log_texts()
-    return _summarize_logs(summary, texts, run.network(texts), meta,
+    return _summarize_logs(summary, texts, transport.run_network(run, texts), meta,
                            f"no training records or nccl-tests results in the logs of {run_dir}",
                            "check that the job ran (hpc jobs logs); our trainer's train_log.jsonl is read only from "
                            f"RUN_DIR/{TRAINER_LOG} (recipe dirs.logs under: run)")
@@ -136,21 +138,23 @@ def scaling(runs: list[RunSummary]) -> list[ScalingRow]:
     """Speed-up and scaling efficiency of each run against the run with the fewest ranks."""
     if not runs:
         raise HpcError("no runs given", fix="pass two or more run dirs of one recipe")
+    measured = []  # (run, its throughput, its ranks)
     for run in runs:
         if run.throughput is None:
             raise HpcError(f"{run.run_dir} has no training throughput", fix="pass run dirs of training recipes")
         if run.ranks is None:
             raise HpcError(f"{run.run_dir}: the number of ranks is unknown", fix=f"add ranks to its {METADATA}")
+        measured.append((run, run.throughput, run.ranks))
     if len({r.unit for r in runs}) > 1 or len({(r.recipe, r.profile) for r in runs if r.recipe}) > 1:
         kinds = sorted({f"{r.recipe}{f' --profile {r.profile}' if r.profile else ''} ({r.unit})" for r in runs})
         raise HpcError(f"the runs are of different recipes: {', '.join(kinds)}", fix="compare runs of one recipe only")
-    ordered = sorted(runs, key=lambda r: (r.ranks, r.run_dir))
-    base = ordered[0]
-    if base.throughput <= 0:
+    ordered = sorted(measured, key=lambda m: (m[2], m[0].run_dir))
+    base, base_throughput, base_ranks = ordered[0]
+    if base_throughput <= 0:
         raise HpcError(f"{base.run_dir} has zero throughput", fix="check that run's log: it made no progress")
     rows = []
-    for run in ordered:
-        ideal = base.throughput * run.ranks / base.ranks
-        rows.append(ScalingRow(run.run_dir, run.nodes, run.ranks, run.throughput, run.throughput / base.throughput,
-                               ideal, run.throughput / ideal))
+    for run, throughput, ranks in ordered:
+        ideal = base_throughput * ranks / base_ranks
+        rows.append(ScalingRow(run.run_dir, run.nodes, ranks, throughput, throughput / base_throughput,
+                               ideal, throughput / ideal))
     return rows

@@ -76,11 +76,11 @@ def find_stragglers(beats: Sequence[Beat], threshold: float = DEFAULT_THRESHOLD)
                                ratio, slow, cause))
     lines = [f"rank {r.rank} on node {r.node}: {r.vs_baseline:.1f}x the faster ranks' own work per step "
              f"({r.own_ms:.0f} ms vs {baseline * 1e3:.0f} ms; {r.cause} {r.phases_ms[r.cause]:.0f} ms vs "
-             f"{medians[r.cause] * 1e3:.0f} ms): {CAUSES[r.cause]}" for r in rows if r.slow]
+             f"{medians[r.cause] * 1e3:.0f} ms): {CAUSES[r.cause]}" for r in rows if r.slow and r.cause is not None]
     for node in sorted({r.node for r in rows}):
         on_node = [r for r in rows if r.node == node]
         if all(r.slow for r in on_node) and len(on_node) < len(rows):
-            causes = sorted({r.cause for r in on_node})
+            causes = sorted({r.cause for r in on_node if r.cause is not None})  # every slow rank has its cause
             lines.append(f"node {node}: every rank on it is slow ({', '.join(causes)}): check it (hpc cluster "
                          f"doctor), or drain it: scontrol update NodeName={node} State=DRAIN Reason=straggler")
     note = None if judged else (f"a rank timed {fewest} steps, fewer than the {MIN_TIMED_STEPS} a judgement needs "

@@ -110,7 +110,8 @@ def looks_like_fairseq(text: str) -> bool:
 
 
 def _is_trainer_record(obj: dict) -> bool:
-    required = TRAINER_REQUIRED.get(obj.get("event"))
+    event = obj.get("event")
+    required = TRAINER_REQUIRED.get(event) if isinstance(event, str) else None
     return required is not None and all(_num(obj.get(key)) is not None for key in required)
 
 
@@ -195,19 +196,22 @@ def _trainer_throughput(records: list[dict]) -> tuple[float | None, str]:
 
 
 def _fairseq_throughput(log: TrainingLog, warmup: int) -> tuple[float | None, str]:
-    steps = [p for p in log.points if p.kind == log.step_kind and p.rate is not None]
+    steps = [(p, p.rate) for p in log.points if p.kind == log.step_kind and p.rate is not None]
     if not steps:
         return None, "no per-interval rates in the log"
-    intervals = list(zip([None, *steps[:-1]], steps))  # (previous record, record)
+    previous: list[LogPoint | None] = [None, *(p for p, _ in steps[:-1])]
+    # (previous record, record, its rate)
+    intervals = [(a, b, rate) for a, (b, rate) in zip(previous, steps, strict=True)]
     kept, note = intervals[warmup:], f"first {warmup} logged interval(s) excluded as warm-up"
     if not kept:
         kept, note = intervals, "too few log records to exclude warm-up: all intervals used"
-    kept = [(a, b) for a, b in kept if b.rate > 0] or kept
+    kept = [(a, b, rate) for a, b, rate in kept if rate > 0] or kept
     for how, span in (("wall time", _wall_span), ("updates / ups", _ups_span)):
-        spans = [span(a, b) for a, b in kept]
-        if all(s is not None and s > 0 for s in spans):
-            return sum(b.rate * s for (_, b), s in zip(kept, spans)) / sum(spans), f"{note}; weighted by interval {how}"
-    return sum(b.rate for _, b in kept) / len(kept), note + "; plain mean of the interval rates"
+        spans = [s for a, b, _ in kept if (s := span(a, b)) is not None and s > 0]
+        if len(spans) == len(kept):  # every interval has its span
+            weighted = sum(rate * s for (_, _, rate), s in zip(kept, spans, strict=True)) / sum(spans)
+            return weighted, f"{note}; weighted by interval {how}"
+    return sum(rate for _, _, rate in kept) / len(kept), note + "; plain mean of the interval rates"
 
 
 def _wall_span(a: LogPoint | None, b: LogPoint) -> float | None:
@@ -243,6 +247,7 @@ def summarize_training(log: TrainingLog, warmup: int = 1) -> dict:
     ends = [r for r in log.records if r["event"] == "end"]
     end = ends[-1] if ends else None
     updates = max((p.update for p in log.points if p.update is not None), default=_int((end or {}).get("step")))
+    epochs: float | None
     if log.format == "resnet":
         epochs = max([int(p.epoch) + 1 for p in valid if p.epoch is not None]
                      + [_int(e.get("epoch")) or 0 for e in ends], default=0)

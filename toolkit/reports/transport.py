@@ -23,6 +23,11 @@ from __future__ import annotations
 
 import dataclasses
 import re
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Mapping
+
+if TYPE_CHECKING:
+    from toolkit.rundir import RunDir
 
 EFA, TCP, IB = "efa", "tcp", "ib"
 _LABELS = {EFA: "EFA (aws-ofi-nccl)", TCP: "TCP sockets", IB: "InfiniBand verbs"}
@@ -147,3 +152,25 @@ def efa_problem(transport: Transport, efa_expected: bool | None) -> str | None:
     fix = PROVIDER_FIX if transport.no_efa_provider and not transport.plugin_missing else PLUGIN_FIX
     return (f"the queue has EFA but NCCL used {transport.label}{where} (log: {transport.evidence}); "
             f"expect a fraction of EFA bandwidth. fix: {fix}")
+
+
+@dataclasses.dataclass(frozen=True)
+class Network:
+    """Which network NCCL used in a run (over the run's logs), and the problem when the run's queue has EFA but
+    NCCL used something else."""
+
+    transport: Transport
+    problem: str | None
+
+    def to_json(self) -> dict[str, Any]:
+        t = self.transport
+        return {"transport": t.name, "label": t.label, "evidence": t.evidence, "hosts": t.hosts, "source": t.source,
+                "problem": self.problem}
+
+
+def run_network(run: RunDir, texts: Mapping[Path, str] | None = None) -> Network:
+    """NCCL's network over a run dir's logs (`texts`: run.log_texts(), when the caller has read them already),
+    flagged against the EFA its queue has (Metadata.fabric; an older run dir's says nothing: not flagged)."""
+    found = logs_transport({str(p): t for p, t in (texts or run.log_texts()).items()})
+    meta = run.metadata()
+    return Network(found, efa_problem(found, efa_expected(meta.fabric if meta else None)))

@@ -24,6 +24,9 @@ from toolkit.job.env import filter_submit_env
 from toolkit.job.render import job_options, node_python, setup_block, srun_options
 from toolkit.job.spec import JobSpec
 from toolkit.rundir import Executor
+# also still imported from here by toolkit.health.preflight, until it imports toolkit.slurm.env (health must not
+# import submit: tests/test_architecture.py)
+from toolkit.slurm.env import clean_sbatch_env
 
 # submitit stops requeueing a job after this many time-limit stops (its max_num_timeout, default 3). A run of
 # ours resumes from its checkpoint however often it meets its time limit, as the rendered script's trap does.
@@ -95,7 +98,8 @@ def choose_executor(requested: str | None, *, mpi: bool = False, spares: int = 0
         if unfit:
             return Executor.SBATCH, f"{unfit}: the rendered script goes to sbatch (it needs nothing of hpc's there)"
         return Executor.SLURM, None
-    return Executor.LOCAL, "no Slurm is installed here (no sbatch on PATH or in /opt/slurm/bin): running on this machine"
+    return Executor.LOCAL, ("no Slurm is installed here (no sbatch on PATH or in /opt/slurm/bin): running on this "
+                            "machine")
 
 
 def slurm_parameters(spec: JobSpec) -> dict[str, Any]:
@@ -104,9 +108,10 @@ def slurm_parameters(spec: JobSpec) -> dict[str, Any]:
 
     All options go in `additional_parameters`, which submitit writes as they are and which replace its own
     defaults of the same name (job_name "submitit", time 5); nodes, tasks per node and the time in minutes are
-    also named, since submitit counts a job's tasks and times its own requeue logic from them. --export=ALL of the clean environment sbatch gets (see
-    clean_sbatch_env): exactly the allow-listed variables, like the rendered script's --export=LIST, but without
-    the login-environment load that a variable list implies on the node (about 1.3 s per job here).
+    also named, since submitit counts a job's tasks and times its own requeue logic from them. --export=ALL of the
+    clean environment sbatch gets (see toolkit.slurm.env.clean_sbatch_env): exactly the allow-listed variables,
+    like the rendered script's --export=LIST, but without the login-environment load that a variable list implies
+    on the node (about 1.3 s per job here).
     """
     options = {name.replace("-", "_"): value for name, value in job_options(spec).items()}
     # split("\n"), not splitlines(): that also splits at \r, \x85, \u2028 inside a quoted value, and submitit
@@ -115,15 +120,6 @@ def slurm_parameters(spec: JobSpec) -> dict[str, Any]:
     return dict(nodes=spec.nodes, ntasks_per_node=spec.slurm_tasks_per_node, time=spec.time_limit_minutes,
                 signal_delay_s=spec.signal_before_s,
                 setup=setup, srun_args=srun_options(spec), additional_parameters={**options, "export": "ALL"})
-
-
-def clean_sbatch_env(environ: dict[str, str]) -> dict[str, str]:
-    """All sbatch may see: the allow-listed variables, and SLURM_CONF to find the cluster (never other SLURM_*:
-    submitting from inside a job would otherwise pass that job's options on)."""
-    env = filter_submit_env(environ)
-    if "SLURM_CONF" in environ:
-        env["SLURM_CONF"] = environ["SLURM_CONF"]
-    return env
 
 
 def local_parameters(spec: JobSpec) -> dict[str, Any]:

@@ -111,7 +111,7 @@ class RankTask:
         if not self.requeue:
             return None
         proc, ended = _running.get("proc"), _running.get("ended")
-        if proc is not None:
+        if isinstance(proc, subprocess.Popen) and isinstance(ended, threading.Event):
             if not self.stops_on_signal:
                 proc.terminate()  # it cannot save on request: the rerun resumes from its last checkpoint
             if not ended.wait(STOP_GRACE_S):
@@ -123,9 +123,11 @@ class RankTask:
 
 def _write(run_dir: str, record: dict) -> None:
     """Rank 0's result.json when the workload ended well, else this rank's failures/rank-N.json."""
+    from pathlib import Path
+
     from toolkit.rundir import RankRecord, RunDir
 
-    run, rank = RunDir(run_dir), RankRecord.from_json(record)
+    run, rank = RunDir(Path(run_dir)), RankRecord.from_json(record)
     if rank.ok:
         run.write_result(rank)
     else:
@@ -145,7 +147,11 @@ def _run(argv: list[str], env: dict[str, str], ignore_usr2: bool) -> int:
         sys.stderr.write(f"hpc: {argv[0]!r} was not found on PATH={env.get('PATH', '')}\n")
         return 127
     ended = threading.Event()
-    threading.Thread(target=lambda: (proc.wait(), ended.set()), daemon=True).start()
+
+    def wait_for_the_end() -> None:
+        proc.wait()
+        ended.set()
+    threading.Thread(target=wait_for_the_end, daemon=True).start()
     _running.update(proc=proc, ended=ended)
     while not ended.wait(1.0):
         pass

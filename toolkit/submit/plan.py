@@ -238,6 +238,7 @@ def execute(p: Plan) -> str:
     try:
         write_run_dir(p)
         if p.executor == Executor.SBATCH:
+            assert p.argv is not None, "an sbatch plan has the command that submits it"
             job_id = executors.submit_script(p.argv)
         else:
             job_id = executors.submit_submitit(p.spec, p.run_dir, p.parameters, p.python,

@@ -97,9 +97,9 @@ def _local_state(job_id: str, run: RunDir) -> State:
 def status(job_id: str, root: Path | None = None) -> RunStatus:
     run = rundir.find_run(job_id, root or reader_roots())
     meta = (run.metadata() if run else None) or Metadata()
-    if meta.kind == SWEEP:
+    if run is not None and meta.kind == SWEEP:
         return sweep_status(job_id, run, meta)
-    if meta.executor == Executor.LOCAL:
+    if run is not None and meta.executor == Executor.LOCAL:
         return RunStatus(job_id, _local_state(job_id, run), "local", str(run.path), meta.recipe, meta.nodes)
     found = slurm_status.query([job_id])
     base = RunStatus(job_id, State.UNKNOWN, "run-dir", str(run.path) if run else None, meta.recipe, meta.nodes)
@@ -227,7 +227,7 @@ def sweep_arrays(meta: Metadata) -> list[dict[str, Any]]:
 def sweep_failed_tasks(sweep_dir: Path, meta: Metadata) -> list[dict]:
     """The tasks that did not complete, each with the log of its first failing rank (if any)."""
     return [{"job_id": t.job_id, "state": t.state, "run_dir": t.run_dir,
-             "log": str(log) if (log := RunDir(t.run_dir).failed_rank_log(t.job_id)) else None}
+             "log": str(log) if t.run_dir and (log := RunDir(Path(t.run_dir)).failed_rank_log(t.job_id)) else None}
             for t in sweep_task_statuses(RunDir(sweep_dir), meta, ask_sweep(meta)) if t.state != State.COMPLETED]
 
 

@@ -96,7 +96,7 @@ def sweep_summary(sp: Any) -> dict[str, Any]:
         "array_parallelism": sp.parallelism,
         "points": [{"label": str(point.index), "differs": [_hide_secret(o) for o in point.overrides],
                     "run_dir": str(task.run_dir)}
-                   for point, task in zip(sp.points, sp.tasks)],
+                   for point, task in zip(sp.points, sp.tasks, strict=True)],
     }
     return data
 
@@ -130,7 +130,8 @@ def readable_argv(argv: list[str]) -> str:
             return "<toolkit/job/user_main.py>"
         return f"<{arg.count(chr(10)) + 1} lines of Python>"
 
-    return " ".join(word(previous, arg) for previous, arg in zip(["", *argv], argv))
+    # each word with the one before it: the list of previous words is one longer, its last one unused
+    return " ".join(word(previous, arg) for previous, arg in zip(["", *argv], argv, strict=False))
 
 
 def lines(s: dict[str, Any]) -> list[str]:

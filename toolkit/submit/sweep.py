@@ -211,7 +211,7 @@ def plan(request, sweeps: Sequence[str], parallelism: int | None = None,
                        "--executor sbatch): a sweep is a submitit job array",
                        fix="submit each variation with `hpc recipes submit --set ...` (or sweep with --executor slurm)")
     shared = _flat(first.parameters)
-    for task, point in zip(tasks[1:], points[1:]):
+    for task, point in zip(tasks[1:], points[1:], strict=True):
         params = _flat(task.parameters)
         changed = next((k for k in sorted(shared.keys() | params.keys()) if shared.get(k) != params.get(k)), None)
         if changed is not None:
@@ -248,7 +248,7 @@ def _refuse_shared_output_dirs(tasks: Sequence[Any], points: Sequence[Point]) ->
     """Two points with one checkpoint or log dir (absolute, or swept to one value) would resume each other."""
     for name in OUTPUT_DIRS:
         owner: dict[str, Point] = {}
-        for task, point in zip(tasks, points):
+        for task, point in zip(tasks, points, strict=True):
             path = task.spec.dirs.get(name)
             if path is None:
                 continue
@@ -345,7 +345,7 @@ def execute(sp: SweepPlan) -> str:
         sweep_dir.create()  # only now: invalid input leaves the runs root untouched
         sweep_dir.write_plan(sp.to_json())
         sweep_dir.write_metadata(sp.metadata)
-        for task, point in zip(sp.tasks, sp.points):
+        for task, point in zip(sp.tasks, sp.points, strict=True):
             write_run_dir(task, _task_metadata(sp, point, None))
         for chunk in sp.chunks:
             arrays.append(Array(_submit_array(sp, chunk), chunk.start, len(chunk)))

@@ -31,7 +31,8 @@ RESNETS = ("resnet18", "resnet34", "resnet50", "resnet101", "resnet152", "resnex
 
 
 def parser() -> argparse.ArgumentParser:
-    """The trainer's flags (also what `hpc` checks a recipe's args against when it plans a job: toolkit.job.argcheck)."""
+    """The trainer's flags (also what `hpc` checks a recipe's args against when it plans a job:
+    toolkit.job.argcheck)."""
     p = argparse.ArgumentParser(prog="python -m toolkit.workloads.resnet", description=__doc__.split("\n")[0])
     p.add_argument("--data", required=True, help="ImageFolder root with train/ and val/")
     p.add_argument("--arch", default="resnet50", choices=RESNETS)
@@ -66,7 +67,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", choices=("cpu", "cuda", "hpu"),
                    help="default: cuda if available; hpu (Habana Gaudi) needs the Habana PyTorch bridge")
-    p.add_argument("--backend", choices=("gloo", "nccl", "hccl"), help="default: nccl on cuda, hccl on hpu, gloo on cpu")
+    p.add_argument("--backend", choices=("gloo", "nccl", "hccl"),
+                   help="default: nccl on cuda, hccl on hpu, gloo on cpu")
     p.add_argument("--threads", type=int, help="torch/OpenMP threads per rank (default: SLURM_CPUS_PER_TASK)")
     return p
 
@@ -168,7 +170,7 @@ class Trainer:
         self.sampler = loaders.sampler
         self.steps_per_epoch = len(self.sampler) // args.batch_size
         if self.steps_per_epoch == 0:
-            raise HpcError(f"{len(self.sampler.dataset)} training images make no full batch of {args.batch_size} "
+            raise HpcError(f"{loaders.train_images} training images make no full batch of {args.batch_size} "
                            f"on each of {env.world_size} ranks", fix="lower --batch-size or use more data")
         self.train_loader, self.val_loader = loaders.train, loaders.val
 
@@ -399,7 +401,8 @@ class ForwardTimer:
         if self.kind == "cuda":
             self.events = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
             self.events[0].record()
-        self.started, self.ended = time.perf_counter(), None
+        self.started = time.perf_counter()
+        self.ended: float | None = None
 
     def stop(self) -> None:
         if self.kind == "cuda":
@@ -409,7 +412,7 @@ class ForwardTimer:
     def seconds(self) -> float | None:
         if self.kind == "cuda":
             return self.events[0].elapsed_time(self.events[1]) / 1000
-        return None if self.kind == hpu.DEVICE else self.ended - self.started
+        return None if self.kind == hpu.DEVICE or self.ended is None else self.ended - self.started
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import torch
 import torchvision
+from typing import Any, Protocol
+
 from torch.utils.data import Dataset, DistributedSampler
 from torchvision import transforms
 
@@ -39,6 +41,14 @@ def val_transform(image_size: int) -> transforms.Compose:
     ])
 
 
+class SizedDataset(Protocol):
+    """What the wrappers here need of a dataset: its length and its items (torch's Dataset declares no length)."""
+
+    def __len__(self) -> int: ...
+
+    def __getitem__(self, index: Any) -> Any: ...
+
+
 def image_folder(root, transform) -> torchvision.datasets.ImageFolder:
     return torchvision.datasets.ImageFolder(root, transform)
 
@@ -50,7 +60,7 @@ class SeededSamples(Dataset):
     the caller's RNG stream is left as it was.
     """
 
-    def __init__(self, dataset: Dataset, seed: int) -> None:
+    def __init__(self, dataset: SizedDataset, seed: int) -> None:
         self.dataset = dataset
         self.seed = seed
 
@@ -86,7 +96,7 @@ class ResumableSampler(DistributedSampler):
 class RankShard(Dataset):
     """Every world_size-th sample starting at rank: an exact, unpadded split for validation."""
 
-    def __init__(self, dataset: Dataset, rank: int, world_size: int) -> None:
+    def __init__(self, dataset: SizedDataset, rank: int, world_size: int) -> None:
         self.dataset = dataset
         self.indices = range(rank, len(dataset), world_size)
 

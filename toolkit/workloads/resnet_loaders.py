@@ -23,14 +23,14 @@ from __future__ import annotations
 
 import contextlib
 import io
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 from torch.utils.data import DataLoader, Dataset
 
 from toolkit.errors import HpcError
 from toolkit.workloads.resnet_data import (IMAGENET_MEAN, IMAGENET_STD, RankShard, ResumableSampler, SeededSamples,
-                                           image_folder, sample_seed, train_transform, val_transform)
+                                           SizedDataset, image_folder, sample_seed, train_transform, val_transform)
 
 JPEG_MAGIC = b"\xff\xd8"
 # torchvision's val_transform ratio: resize to size/0.875 (256 for 224), then center-crop
@@ -107,7 +107,7 @@ class EncodedFiles(Dataset):
 
 def collate_encoded(batch):
     """Bytes stay a list (every file has its own length); labels become one tensor as in the PIL path."""
-    data, labels, crops = zip(*batch)
+    data, labels, crops = zip(*batch, strict=True)
     return list(data), torch.tensor(labels), list(crops)
 
 
@@ -119,12 +119,11 @@ def decode(encoded: list[torch.Tensor], device: torch.device) -> list[torch.Tens
     jpeg = [i for i, data in enumerate(encoded) if bytes(data[:2].tolist()) == JPEG_MAGIC]
     images: list[torch.Tensor | None] = [None] * len(encoded)
     if jpeg:
-        for i, image in zip(jpeg, decode_jpeg([encoded[i] for i in jpeg], mode=ImageReadMode.RGB, device=device)):
+        decoded = decode_jpeg([encoded[i] for i in jpeg], mode=ImageReadMode.RGB, device=device)
+        for i, image in zip(jpeg, decoded, strict=True):
             images[i] = image
-    for i, image in enumerate(images):
-        if image is None:
-            images[i] = decode_image(encoded[i], mode=ImageReadMode.RGB).to(device, non_blocking=True)
-    return images
+    return [decode_image(encoded[i], mode=ImageReadMode.RGB).to(device, non_blocking=True) if image is None
+            else image for i, image in enumerate(images)]
 
 
 class BatchTransform:
@@ -145,7 +144,7 @@ class BatchTransform:
 
         size = self.size
         out = torch.empty((len(encoded), 3, size, size), dtype=torch.uint8, device=self.device)
-        for i, (image, crop) in enumerate(zip(decode(encoded, self.device), crops)):
+        for i, (image, crop) in enumerate(zip(decode(encoded, self.device), crops, strict=True)):
             if crop is None:
                 image = F.resize(image, [round(size / VAL_RESIZE_RATIO)], antialias=True)
                 out[i] = F.center_crop(image, [size, size])
@@ -172,7 +171,7 @@ class DevicePrefetcher:
     the tensors are recorded on it so the allocator does not reuse them early. Elsewhere it runs inline.
     """
 
-    def __init__(self, loader: Iterable, prepare: Callable, device: torch.device) -> None:
+    def __init__(self, loader: DataLoader, prepare: Callable, device: torch.device) -> None:
         self.loader, self.prepare, self.device = loader, prepare, device
 
     def __len__(self) -> int:
@@ -210,7 +209,7 @@ class DaliBatches:
     side and center-crops. Fed by fn.external_source so the sampler, not DALI's reader, orders the data.
     """
 
-    def __init__(self, loader: Iterable, *, image_size: int, train: bool, crop_scale_min: float, batch_size: int,
+    def __init__(self, loader: DataLoader, *, image_size: int, train: bool, crop_scale_min: float, batch_size: int,
                  threads: int, device: torch.device, seed: int, channels_last: bool) -> None:
         from nvidia.dali import fn, pipeline_def, types
 
@@ -265,7 +264,10 @@ class Loaders:
         train = image_folder(roots["train"], train_transform(image_size, crop_scale_min) if pil else None)
         val = image_folder(roots["val"], val_transform(image_size) if pil else None)
         self.classes = train.classes
+        self.train_images = len(train)
         self.sampler = ResumableSampler(train, world_size, rank, seed)
+        train_samples: SeededSamples | EncodedFiles
+        val_samples: SizedDataset
         if pil:
             train_samples, val_samples, collate = SeededSamples(train, seed), val, None
         else:  # the workers read bytes (and draw gpu's crops from the header); DALI draws its own on the device
@@ -276,11 +278,14 @@ class Loaders:
         train_batches = DataLoader(train_samples, batch_size=batch_size, sampler=self.sampler, drop_last=True,
                                    **options)
         val_batches = DataLoader(RankShard(val_samples, rank, world_size), batch_size=batch_size, **options)
+        self.train: DaliBatches | DevicePrefetcher
+        self.val: DaliBatches | DevicePrefetcher
         if loader == "dali":
-            common = dict(image_size=image_size, crop_scale_min=crop_scale_min, batch_size=batch_size,
-                          threads=max(workers, 1), device=device, seed=seed + rank, channels_last=channels_last)
-            self.train = DaliBatches(train_batches, train=True, **common)
-            self.val = DaliBatches(val_batches, train=False, **common)
+            def dali(batches: DataLoader, train: bool) -> DaliBatches:
+                return DaliBatches(batches, train=train, image_size=image_size, crop_scale_min=crop_scale_min,
+                                   batch_size=batch_size, threads=max(workers, 1), device=device, seed=seed + rank,
+                                   channels_last=channels_last)
+            self.train, self.val = dali(train_batches, True), dali(val_batches, False)
             return
         prepare = to_device(device) if pil else BatchTransform(image_size, device=device, channels_last=channels_last)
         self.train = DevicePrefetcher(train_batches, prepare, device)

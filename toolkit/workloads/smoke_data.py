@@ -78,7 +78,7 @@ def make_images(out_dir: Path, size: int = IMAGE_SIZE) -> None:
     from sklearn.datasets import load_digits
 
     digits = load_digits()
-    for index, (pixels, label) in enumerate(zip(digits.images, digits.target)):
+    for index, (pixels, label) in enumerate(zip(digits.images, digits.target, strict=True)):
         split = "val" if index % 5 == 0 else "train"
         folder = out_dir / split / str(label)
         folder.mkdir(parents=True, exist_ok=True)
@@ -95,7 +95,7 @@ def _syllable_words(consonants: str, vowels: str, count: int) -> list[str]:
 def translation_pairs(count: int, seed: int) -> list[tuple[str, str]]:
     """Source sentences of 3-8 toy words; the target codes each word and reverses the order."""
     source_words = _syllable_words("bdgklmnpst", "aeiou", 40)
-    code = dict(zip(source_words, _syllable_words("fhjrvwz", "aeiy", 40)))
+    code = dict(zip(source_words, _syllable_words("fhjrvwz", "aeiy", 40), strict=True))
     rng = random.Random(seed)
     pairs = []
     for _ in range(count):
