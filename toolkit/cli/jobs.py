@@ -93,6 +93,16 @@ def status(job_id: str = typer.Argument(..., help="Slurm job id (an array task: 
     from toolkit.submit import runs
 
     s = runs.status(job_id)
+    if s.run_dir and not s.tasks and s.source != "local":
+        from toolkit.submit.batchhost import recover
+
+        # A batch host that could not start the script: named in the run dir's records and, where the job can be,
+        # requeued without that node (nothing else does: Slurm leaves the job FAILED and the node in service).
+        recovery = recover(s.job_id, s.run_dir, s.state, s.exit_code, s.reason)
+        if recovery and recovery.pending:
+            s = runs.status(job_id)
+            if s.done:  # accounting has not caught up with the requeue yet: the controller holds it pending
+                s = dataclasses.replace(s, state=State.PENDING, source="scontrol")
     data = dataclasses.asdict(s)
     run = RunDir(s.run_dir) if s.run_dir and not s.tasks else None
     network = run.network() if run else None
