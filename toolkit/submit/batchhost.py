@@ -30,7 +30,7 @@ from typing import Any
 
 from toolkit.node.preflight import MAX_REQUEUES, excluded_now, room_after_excluding
 from toolkit.node.records import PREFLIGHTS, append_record, batch_dir, job_records
-from toolkit.node.slurm import hostnames
+from toolkit.node.slurm import SlurmCommandError, hostnames
 from toolkit.slurm import commands
 from toolkit.slurm import status as slurm_status
 from toolkit.slurm.status import State
@@ -108,12 +108,19 @@ def decide(job: dict[str, str] | None, node: str | None, output: str | None, ear
         return f"{Path(output).parent} cannot be written from here either: not one node's fault"
     if earlier >= MAX_REQUEUES:
         return f"{earlier} requeue(s) for failed starts already"
-    nodes = len(hostnames(job["NodeList"])) if job.get("NodeList") not in (None, "", "(null)") else None
+    nodes = int(job["NumNodes"]) if job.get("NumNodes", "").isdigit() else None
     partition = job.get("Partition")
     room = room_after_excluding(job["JobId"], partition, [node]) if partition else None
     if nodes and room is not None and room < nodes:
         return f"excluding {node} would leave the partition {room} node(s) for it"
     return None
+
+
+def _hostnames(nodelist: str) -> list[str]:
+    try:
+        return hostnames(nodelist)
+    except SlurmCommandError:  # a slow controller: the record keeps Slurm's compact list
+        return [nodelist]
 
 
 def recover(job_id: str, run_dir: str | Path, state: State, exit_code: str | None,
@@ -156,7 +163,7 @@ def recover(job_id: str, run_dir: str | Path, state: State, exit_code: str | Non
     name = node or "the batch host"
     nodes = (job or {}).get("NodeList")
     record = {"job": job_id, "stage": STAGE, "time": time.time(), "seconds": 0,
-              "nodes": hostnames(nodes) if nodes and nodes != "(null)" else [name], "restarts": restarts,
+              "nodes": _hostnames(nodes) if nodes and nodes != "(null)" else [name], "restarts": restarts,
               "failed": {name: [failed_check(output, exit_code or (job or {}).get("ExitCode"),
                                              reason or (job or {}).get("Reason"))]},
               "left_out": [], "action": action}
