@@ -95,3 +95,14 @@ def test_the_batch_host_from_accounting_is_the_last_starts(monkeypatch):
 
     assert answer("14|w[15-16]\n14.batch|w15\n14|w[1-2]\n14.batch|w1\n14.0|w[1-2]\n") == "w1"
     assert answer("14|w[15-16]\n14.batch|w15\n14|None assigned\n") is None  # the last start did not get that far
+
+
+def test_a_failed_launch_reads_as_such_beside_the_preflights_records():
+    check = {"name": "batch-host", "status": "FAIL", "detail": "Slurm could not start ...", "fix": "findmnt"}
+    launch = {"job": "14", "stage": "launch", "failed": {"w1": [check]}, "action": "requeued, excluding w1"}
+    passed = {"job": "14", "nodes": ["w2", "w3"], "failed": {}, "seconds": 0.5, "action": "passed"}
+    assert batchhost.failure_line(launch) == "launch FAILED on w1: batch-host: Slurm could not start ...; " \
+                                             "requeued, excluding w1"
+    assert batchhost.summary_lines([launch, passed]) == [
+        "  launch: FAILED on w1: batch-host: Slurm could not start ...", "    then: requeued, excluding w1",
+        "  pre-flight: passed on 2 node(s) in 0.5 s"]

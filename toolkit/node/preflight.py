@@ -242,9 +242,8 @@ def awaiting_release(records: Sequence[dict], now: float | None = None) -> dict 
 
 
 def failure_line(record: dict) -> str:
-    """`pre-flight FAILED on w2: shared-fs: ...; requeued, excluding w2 (...)`: a failed record in one line (a
-    start whose batch host could not run the script at all, recorded from the submit side: `launch FAILED ...`)."""
-    return f"{record.get('stage') or 'pre-flight'} FAILED on {one_line(record['failed'])}; {record.get('action')}"
+    """`pre-flight FAILED on w2: shared-fs: ...; requeued, excluding w2 (...)`: a failed record in one line."""
+    return f"pre-flight FAILED on {one_line(record['failed'])}; {record.get('action')}"
 
 
 def summary_lines(records: Sequence[dict]) -> list[str]:
@@ -254,7 +253,7 @@ def summary_lines(records: Sequence[dict]) -> list[str]:
         if not r.get("failed"):
             lines.append(f"  pre-flight: passed on {len(r.get('nodes') or [])} node(s) in {r.get('seconds', 0):.1f} s")
         else:
-            lines.append(f"  {r.get('stage') or 'pre-flight'}: FAILED on {one_line(r['failed'])}")
+            lines.append(f"  pre-flight: FAILED on {one_line(r['failed'])}")
             lines.append(f"    then: {r.get('action')}")
     return lines
 

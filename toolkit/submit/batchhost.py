@@ -28,7 +28,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from toolkit.node.preflight import MAX_REQUEUES, excluded_now, room_after_excluding
+from toolkit.node import preflight
+from toolkit.node.preflight import MAX_REQUEUES, excluded_now, one_line, room_after_excluding
 from toolkit.node.records import PREFLIGHTS, append_record, batch_dir, job_records
 from toolkit.node.slurm import SlurmCommandError, hostnames
 from toolkit.slurm import commands
@@ -114,6 +115,25 @@ def decide(job: dict[str, str] | None, node: str | None, output: str | None, ear
     if nodes and room is not None and room < nodes:
         return f"excluding {node} would leave the partition {room} node(s) for it"
     return None
+
+
+def failure_line(record: dict[str, Any]) -> str:
+    """A failed record in one line: `launch FAILED on w1: batch-host: ...; requeued, ...` for a failed start,
+    else the pre-flight's own line."""
+    if record.get("stage") != STAGE:
+        return preflight.failure_line(record)
+    return f"{STAGE} FAILED on {one_line(record['failed'])}; {record.get('action')}"
+
+
+def summary_lines(records: list[dict[str, Any]]) -> list[str]:
+    """`hpc jobs status`'s lines for a job's starts: the failed launches' and the pre-flights', in order."""
+    lines = []
+    for r in records:
+        if r.get("stage") == STAGE:
+            lines += [f"  {STAGE}: FAILED on {one_line(r['failed'])}", f"    then: {r.get('action')}"]
+        else:
+            lines += preflight.summary_lines([r])
+    return lines
 
 
 def _hostnames(nodelist: str) -> list[str]:

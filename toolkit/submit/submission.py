@@ -28,11 +28,11 @@ def submit(request: SubmitRequest, progress: Callable[[str], None] = lambda _m: 
 def wait(job_id: str, run: Path, progress: Callable[[str], None], poll_s: float = 1.0,
          timeout_s: float | None = None) -> dict[str, Any]:
     """Poll until the job ends; report state changes. Returns the final status and, on failure, the culprit."""
-    from toolkit.node.preflight import awaiting_release, failure_line
+    from toolkit.node.preflight import awaiting_release
     from toolkit.rundir import RunDir
     from toolkit.slurm.status import State, held
     from toolkit.submit import runs
-    from toolkit.submit.batchhost import STAGE as LAUNCH, recover
+    from toolkit.submit.batchhost import STAGE as LAUNCH, failure_line, recover
 
     start, last, announced = time.monotonic(), None, 0
     while True:
