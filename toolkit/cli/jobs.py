@@ -89,13 +89,21 @@ def status(job_id: str = typer.Argument(..., help="Slurm job id (an array task: 
            json_: bool = JSON_OPTION) -> None:
     """State of one job (with the requeue count; array jobs: a count per state), its ranks' progress from their
     heartbeats, and the ranks that stopped progressing (exit 1 when one did)."""
-    from toolkit.node.preflight import summary_lines
     from toolkit.reports.transport import run_network
     from toolkit.rundir import RunDir
     from toolkit.slurm.status import State
     from toolkit.submit import runs
+    from toolkit.submit.batchhost import recover, summary_lines
 
     s = runs.status(job_id)
+    if s.run_dir and not s.tasks and s.source != "local":
+        # A batch host that could not start the script: named in the run dir's records and, where the job can be,
+        # requeued without that node (nothing else does: Slurm leaves the job FAILED and the node in service).
+        recovery = recover(s.job_id, s.run_dir, s.state, s.exit_code, s.reason)
+        if recovery and recovery.pending:
+            s = runs.status(job_id)
+            if s.done:  # accounting has not caught up with the requeue yet: the controller holds it pending
+                s = dataclasses.replace(s, state=State.PENDING, source="scontrol")
     data = dataclasses.asdict(s)
     run = RunDir(Path(s.run_dir)) if s.run_dir and not s.tasks else None
     network = run_network(run) if run else None

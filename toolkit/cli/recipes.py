@@ -254,7 +254,7 @@ def submit_request(request, dry_run: bool, wait: bool, as_json: bool, verbose: b
             _print_outcome(result)
     emit(result, as_json, lambda r: f"{r['job_id']}" + (f" {r['state']}" if "state" in r else ""))
     if wait and result["state"] != State.COMPLETED:
-        from toolkit.node.preflight import failure_line
+        from toolkit.submit.batchhost import failure_line
         from toolkit.submit.runs import failure_reason
 
         log = result.get("failed_rank_log")

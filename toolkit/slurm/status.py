@@ -148,7 +148,9 @@ def _from_squeue(job_ids: list[str]) -> dict[str, JobStatus]:
     return found
 
 
-def _scontrol_fields(job_id: str) -> list[dict[str, str]]:
+def scontrol_records(job_id: str) -> list[dict[str, str]]:
+    """The controller's records of a job (`scontrol -o show job`: one per array task), field -> value; none once
+    it has forgotten the job (MinJobAge after its end)."""
     res = commands.run(["scontrol", "-o", "show", "job", job_id], check=False)
     records = []
     for line in res.stdout.splitlines():
@@ -165,7 +167,7 @@ def _scontrol_fields(job_id: str) -> list[dict[str, str]]:
 def _add_scontrol(job_ids: list[str], found: dict[str, JobStatus]) -> None:
     """Fill in restart counts (squeue has none) and jobs squeue did not list."""
     for job_id in job_ids:
-        for rec in _scontrol_fields(job_id):
+        for rec in scontrol_records(job_id):
             task = rec.get("ArrayTaskId")
             keys = array_task_ids(rec["ArrayJobId"], task) if task and "ArrayJobId" in rec else [rec["JobId"]]
             for key in keys:  # a pending array's tasks share one record ("ArrayTaskId=4-199%4")

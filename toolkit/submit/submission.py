@@ -28,10 +28,11 @@ def submit(request: SubmitRequest, progress: Callable[[str], None] = lambda _m: 
 def wait(job_id: str, run: Path, progress: Callable[[str], None], poll_s: float = 1.0,
          timeout_s: float | None = None) -> dict[str, Any]:
     """Poll until the job ends; report state changes. Returns the final status and, on failure, the culprit."""
-    from toolkit.node.preflight import awaiting_release, failure_line
+    from toolkit.node.preflight import awaiting_release
     from toolkit.rundir import RunDir
     from toolkit.slurm.status import State, held
     from toolkit.submit import runs
+    from toolkit.submit.batchhost import STAGE as LAUNCH, failure_line, recover
 
     start, last, announced = time.monotonic(), None, 0
     while True:
@@ -39,7 +40,9 @@ def wait(job_id: str, run: Path, progress: Callable[[str], None], poll_s: float 
         if status.state not in (last, State.UNKNOWN):  # UNKNOWN: Slurm's accounting has not caught up yet
             progress(f"job {job_id}: {status.state} after {time.monotonic() - start:.0f} s")
             last = status.state
-        if status.done:
+        # A batch host that could not start the script: named, and the job requeued without it where it can be.
+        recovery = recover(job_id, run, status.state, status.exit_code, status.reason) if status.done else None
+        if status.done and not (recovery and recovery.pending):
             break
         records = RunDir(run).preflights(job_id)
         for record in records[announced:]:
@@ -58,11 +61,14 @@ def wait(job_id: str, run: Path, progress: Callable[[str], None], poll_s: float 
                            fix=f"follow it with `hpc jobs status {job_id}`; cancel with `hpc jobs cancel {job_id}`")
         time.sleep(poll_s)
     outcome = {"job_id": job_id, "state": status.state, "run_dir": str(run), "requeues": status.requeues}
+    mine = RunDir(run).preflights(job_id)
     if status.state != State.COMPLETED:
         log = RunDir(run).failed_rank_log(job_id)  # whatever executor ran it
         outcome["failed_rank_log"] = str(log) if log else None
-        mine = RunDir(run).preflights(job_id)
         if mine and mine[-1].get("failed"):  # stopped by its pre-flight: that is the reason, not a rank's log
             outcome["preflight"] = mine[-1]
+    launches = [r for r in mine if r.get("stage") == LAUNCH]
+    if launches:  # starts that never ran the batch script (toolkit.submit.batchhost), whatever came after
+        outcome["launch_failures"] = launches
     return outcome
 
