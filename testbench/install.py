@@ -81,7 +81,7 @@ def add_hosts(nodes: Iterable[Node], hosts: Path = HOSTS) -> list[str]:
     nodes = list(nodes)
     text = hosts.read_text() if hosts.exists() else ""
     present = {tuple(line.split()[:2]) for line in text.splitlines() if not line.lstrip().startswith("#")}
-    new = [line for n, line in zip(nodes, hosts_lines(nodes)) if (n.addr, n.name) not in present]
+    new = [line for n, line in zip(nodes, hosts_lines(nodes), strict=True) if (n.addr, n.name) not in present]
     if new:
         with hosts.open("a") as f:
             f.write(("" if text.endswith("\n") or not text else "\n") + "\n".join(new) + "\n")

@@ -39,7 +39,8 @@ class Node:
 CPU_NODES = tuple(Node(f"c{i}", f"127.0.1.{10 + i}", 6920 + i, True) for i in (1, 2))
 # Named like ParallelCluster names a static compute resource's nodes: {queue}-st-{resource}-N.
 P3DN_NODES = tuple(Node(f"p3dn-st-p3dn-24xl-{i}", f"127.0.1.{100 + i}", 6930 + i, False) for i in range(1, 9))
-# Sixteen more nodes (2 CPUs each, all on this machine's 2 cores) for what needs many nodes (the bad-node search, toolkit.health.nodesearch), in a partition
+# Sixteen more nodes (2 CPUs each, all on this machine's 2 cores) for what needs many nodes (the bad-node search,
+# toolkit.health.nodesearch), in a partition
 # of their own so that every other job keeps the two cpu nodes. Only on this machine's Slurm (the default lane).
 WIDE_NODES = tuple(Node(f"w{i}", f"127.0.1.{40 + i}", 6940 + i, True) for i in range(1, 17))
 NODES = CPU_NODES + P3DN_NODES + WIDE_NODES

@@ -106,7 +106,6 @@ def test_noise_in_the_first_round_leaves_few_healthy_partners_and_the_suspects_w
 
 # -- the search job: a collectives job of the queue (toolkit.health.nodesearch), its ranks' import check ----------
 
-import os  # noqa: E402
 import shlex  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
@@ -124,7 +123,7 @@ def efa_queue(instance_type: str, **kw) -> Queue:
 
 def step(env, group=("n1", "n2")) -> list[str]:
     """A group's srun argv inside the job, as the job's node-side search builds it from the job's arguments."""
-    args = dict(zip(env.node_args()[0::2], env.node_args()[1::2]))
+    args = dict(zip(env.node_args()[0::2], env.node_args()[1::2], strict=False))  # a trailing bare flag
     binding = tuple(a.split("=", 1)[1] for a in env.node_args() if a.startswith("--srun-option="))
     shape = Shape(int(args["--ranks-per-node"]), int(args["--cpus-per-task"]) or 96,
                   int(args["--gpus-per-node"]), binding)

@@ -1,6 +1,7 @@
 """`hpc cluster find-bad-nodes` on the local Slurm's eight `wide` nodes, with a node made bad for real: w6 loses
 the file system the toolkit and the job's venv (--venv, the python the ranks run) live on
-(testbench.faults.missing_mount, in w6's own mount namespace), so every collective it joins fails. The search names w6 alone within ceil(log2 8) + 2 rounds, its concurrent
+(testbench.faults.missing_mount, in w6's own mount namespace), so every collective it joins fails. The search names
+w6 alone within ceil(log2 8) + 2 rounds, its concurrent
 groups on disjoint nodes, draws the per-node plot, and --apply drains w6 with the measurement as the reason. A
 slow node (a CPU limit on its slurmd) and clean runs: benchmarks/bench_nodesearch.py. A --venv without torch:
 every node is named for it ("torch does not import on w1: ..."), none unresolved, none drained."""

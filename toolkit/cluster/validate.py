@@ -10,9 +10,10 @@ from __future__ import annotations
 import dataclasses
 import re
 from pathlib import Path
+from typing import cast
 
 from toolkit.cluster import checks, yamlsource
-from toolkit.cluster.findings import Finding, has_errors
+from toolkit.cluster.findings import Finding, Level, has_errors
 from toolkit.errors import HpcError
 
 INSTALL_FIX = "pip install 'hpc-toolkit[admin]' (it brings aws-parallelcluster==3.16.1)"
@@ -130,7 +131,7 @@ def _pcluster_findings(config: dict) -> tuple[list[Finding], dict[str, str], dic
                         "config; nothing was sent, and the config is not fully checked offline",
                         "report it: the toolkit suppresses the validators that need AWS",
                         source="pcluster")], {}, {}
-    found = [Finding(r.level, r.path, r.message, _fix_for(r.source, r.message, r.path), source=r.source)
+    found = [Finding(cast(Level, r.level), r.path, r.message, _fix_for(r.source, r.message, r.path), source=r.source)
              for r in outcome.results]
     found += [Finding("warning", "", f"pcluster logged while checking this config offline: {message}",
                       "nothing to change for this alone: offline, pcluster cannot ask AWS, and what it would have "
@@ -151,7 +152,7 @@ def validate_config(config: dict, file: str = "<config>", lines: dict[str, int] 
 
 def validate_text(text: str, file: str = "<config>") -> Report:
     config, lines, problems = yamlsource.parse(text, file)
-    if problems:
+    if problems or config is None:
         return Report(file, problems, {})
     return validate_config(config, file, lines)
 

@@ -185,7 +185,8 @@ def run_doctor(queue: Queue, nodes: int | None = None, timeout: float = DEFAULT_
     if res.returncode != 0:
         lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
         job_error = lines[-1] if lines else f"srun exited {res.returncode}"
-    checked = [NodeReport(name, tuple(evaluate(facts, queue.promise())), facts) for name, facts in sorted(reports.items())]
+    promise = queue.promise()
+    checked = [NodeReport(name, tuple(evaluate(facts, promise)), facts) for name, facts in sorted(reports.items())]
     expected = usable if not nodes else []
     missing = [NodeReport(name, error=f"no report: {job_error or 'the node check printed nothing'}")
                for name in expected if name not in reports]

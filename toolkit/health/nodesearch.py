@@ -76,7 +76,7 @@ def search_env(queue: Queue, nodes: int, venv: str | None = None) -> SearchEnv:
     device = DEVICE_OF_ACCELERATOR[queue.instance.accelerator]
     if device == "cpu":  # one rank per node with every CPU: its threads share the node (no OMP limit)
         spec = dataclasses.replace(spec, env=tuple(v for v in spec.env if v.name != "OMP_NUM_THREADS"))
-        shape = (1, 0, 0, ("--cpu-bind=none",))
+        shape: tuple[int, int, int, tuple[str, ...]] = (1, 0, 0, ("--cpu-bind=none",))
     else:
         shape = (spec.tasks_per_node, spec.cpus_per_task, spec.gpus_per_node, spec.srun_binding)
     return SearchEnv(COLLECTIVE_DEVICE[device], *shape, python=python, setup=tuple(environment_lines(spec)))

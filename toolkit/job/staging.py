@@ -73,7 +73,8 @@ def unpack_lines(run_dir: str | Path) -> list[str]:
     quoted, partial = shlex.quote(path), shlex.quote(path) + '".$$"'
     text = base64.encodebytes(bundle()).decode().rstrip("\n")
     choose = [f"{PYTHON_VAR}=", f"for candidate in {' '.join(PYTHONS)}; do",
-              f"  if \"$candidate\" -c {shlex.quote(_MIN)} 2>/dev/null; then {PYTHON_VAR}=$(command -v \"$candidate\"); break; fi",
+              f"  if \"$candidate\" -c {shlex.quote(_MIN)} 2>/dev/null; then",
+              f"    {PYTHON_VAR}=$(command -v \"$candidate\"); break", "  fi",
               "done",
               f"if [ -z \"${PYTHON_VAR}\" ]; then",
               "  echo \"hpc: no python3 >= 3.9 on $(hostname) (tried the job's PATH and the system's): hpc's node-side "

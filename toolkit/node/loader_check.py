@@ -198,7 +198,7 @@ def nccl_net_plugin_facts(setting):
 
 
 def gather(program=None, torch_nccl=False, nccl_net_plugin=False, libraries=()):
-    facts = {"node": os.environ.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0],
+    facts: dict = {"node": os.environ.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0],
              "python": sys.executable, "ld_library_path": os.environ.get("LD_LIBRARY_PATH"), "libraries": []}
     if program:
         facts["libraries"] += program_facts(program)

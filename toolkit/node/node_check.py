@@ -201,7 +201,7 @@ def memory_facts(node: Node) -> dict:
 
 def disk_facts(node: Node, paths) -> dict:
     """Free bytes (for an unprivileged user) of the file system holding each path; None when it is missing."""
-    free = {}
+    free: dict = {}
     for path in paths:
         try:
             st = os.statvfs(node.path(path))

@@ -14,7 +14,8 @@ node_check's and (on GPU/Gaudi queues) loader_check's source with `python3 -c`, 
 `hpc cluster doctor` does, so a node needs only a python3, and reports facts; this process judges them:
 
   - evaluate's checks against the queue's promise (GPU count and memory health, HPUs, EFA devices, ib_uverbs,
-    the FSx mount, NCCL and aws-ofi-nccl, the EFA stack), with the catalog's numbers for the instance type (in the promise);
+    the FSx mount, NCCL and aws-ofi-nccl, the EFA stack), with the catalog's numbers for the instance type (in the
+    promise);
   - the run dir (on the shared file system) written and read back from the node;
   - free memory (MemAvailable) and free disk where the job writes (the run dir, TMPDIR);
   - the dynamic loader's answer, in the job's environment, for the NCCL, net plugin or HCCL wrapper it loads.
@@ -122,7 +123,8 @@ def judge(facts: dict, loader: Optional[dict], promise: Promise, run_dir: str) -
 
 def parse_reports(stdout: str) -> tuple[dict[str, dict], dict[str, dict]]:
     """(node -> node_check facts, node -> loader_check facts) from the step's JSON lines."""
-    facts, loaders = {}, {}
+    facts: dict[str, dict] = {}
+    loaders: dict[str, dict] = {}
     for line in stdout.splitlines():
         if not line.startswith("{"):
             continue

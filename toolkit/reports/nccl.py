@@ -43,7 +43,8 @@ _NCCL_LOG_HOSTS = re.compile(r"(?m)^" + _PREFIX_RE + r"(\w[\w.-]*)" + _NCCL_LOG_
 _NCCL_COMM = re.compile(r"NCCL INFO (?:\w+ )?comm \S+ rank \d+ n[Rr]anks (\d+)(?: nNodes (\d+))?")
 _HEADER = re.compile(r"^#\s*(?:size|bytes)\s+.*\bbusbw\b")
 _TEST_NAME = re.compile(r"\b([a-z][a-z0-9]*(?:_[a-z0-9]+)*)_perf(?:_mpi)?\b")
-_DEVICE = re.compile(r"^#\s*Rank\s+(\d+)\s+(?:Group\s+\d+\s+)?Pid\s+\d+\s+on\s+(\S+)\s+device\s+(\d+)\s+\[[^\]]*\]\s*(.*)$")
+_DEVICE = re.compile(r"^#\s*Rank\s+(\d+)\s+(?:Group\s+\d+\s+)?Pid\s+\d+\s+on\s+(\S+)\s+device\s+(\d+)"
+                     r"\s+\[[^\]]*\]\s*(.*)$")
 _OUT_OF_BOUNDS = re.compile(r"^#\s*Out of bounds values\s*:\s*(\d+)")
 _AVG_BUSBW = re.compile(r"^#\s*Avg bus bandwidth\s*:\s*(\S+)")
 _TIME_COLUMNS = ("time", "cputime")
@@ -159,7 +160,7 @@ class _Layout:
         starts = [i for i, n in enumerate(names) if n in _TIME_COLUMNS]
         if not starts:
             return None
-        groups = [names[a:b] for a, b in zip(starts, starts[1:] + [len(names)])]
+        groups = [names[a:b] for a, b in zip(starts, starts[1:] + [len(names)], strict=True)]
         if not all({"algbw", "busbw"} <= set(g) for g in groups):
             return None
         return cls(names[: starts[0]], groups, timestamp)
@@ -172,7 +173,7 @@ class _Layout:
         if len(tokens) != self.width:
             return None
         try:
-            keys = dict(zip(self.keys, tokens))
+            keys = dict(zip(self.keys, tokens, strict=False))  # the width check above: tokens may be longer
             size = int(keys.get("size", keys.get("bytes", "")))
             count = keys.get("count", keys.get("N"))
             root = keys.get("root")
@@ -197,7 +198,7 @@ def _number(token: str) -> float | None:
 
 
 def _measure(names: list[str], tokens: list[str]) -> Measure:
-    cells = dict(zip(names, tokens))
+    cells = dict(zip(names, tokens, strict=True))
     time_name = next(n for n in names if n in _TIME_COLUMNS)
     wrong_name = next((n for n in names if n in _WRONG_COLUMNS), None)
     error_name = next((n for n in names if n in _ERROR_COLUMNS), None)
@@ -262,7 +263,8 @@ def parse_text(text: str, source: str = "") -> list[NcclTest]:
                 current = NcclTest(name=pending_name, rows=[], source=source, transport=transport,
                                    hosts=[h for _, h, _ in pending_devices], devices=[d for _, _, d in pending_devices],
                                    device_ranks=[r for r, _, _ in pending_devices],
-                                   format="text: " + " | ".join([" ".join(layout.keys)] + [" ".join(g) for g in layout.groups])
+                                   format="text: " + " | ".join([" ".join(layout.keys)]
+                                                                + [" ".join(g) for g in layout.groups])
                                    + (" | timestamp" if layout.timestamp else ""))
                 _add_comm(current, pending_comm)
                 tests.append(current)
@@ -311,10 +313,10 @@ def _json_measure(obj: dict | None, per_iter: dict | None) -> Measure | None:
     if not obj:
         return None
     wrong = obj.get("nwrong")
-    extra = {}
+    extra: dict[str, float | None] = {}
     if per_iter:
         extra = {f"i_{k[:-3]}": v for k, v in per_iter.items() if k.endswith("_us") and isinstance(v, (int, float))}
-    return Measure(time_us=float(obj.get("time", obj.get("cpu_time"))), algbw_gbs=float(obj["alg_bw"]),
+    return Measure(time_us=float(obj.get("time", obj.get("cpu_time", "nan"))), algbw_gbs=float(obj["alg_bw"]),
                    busbw_gbs=float(obj["bus_bw"]), wrong=int(wrong) if wrong is not None else None, extra=extra)
 
 
@@ -336,7 +338,8 @@ def parse_json(data: dict, source: str = "") -> list[NcclTest]:
     avg = data.get("average_bus_bandwidth") or {}
     return [NcclTest(name=_test_name(Path(args[0]).name) if args else None, rows=rows, source=source,
                      out_of_bounds=oob.get("count"), avg_busbw_gbs=_json_float(avg.get("bandwidth")),
-                     hosts=[d.get("hostname", "") for d in devices], devices=[d.get("device_info", "") for d in devices],
+                     hosts=[d.get("hostname", "") for d in devices],
+                     devices=[d.get("device_info", "") for d in devices],
                      device_ranks=[d.get("rank", i) for i, d in enumerate(devices)],
                      format=f"json v{data.get('version', '?')}")]
 
@@ -443,7 +446,8 @@ def judge(test: NcclTest, instance_type: str | None = None, nodes: int | None = 
     measured = max(m.busbw_gbs for r in test.rows if r.size == largest for m in r.measures())
     note = ""
     if test.transport and test.transport != expected:
-        note = f"; NCCL used {test.transport.upper()}, not {expected.upper()}: check the EFA stack (aws-ofi-nccl, FI_PROVIDER)"
+        note = (f"; NCCL used {test.transport.upper()}, not {expected.upper()}: check the EFA stack (aws-ofi-nccl, "
+                "FI_PROVIDER)")
     status: Status = "PASS" if measured >= at.floor_busbw_gbs else "WARN" if floor.estimate else "FAIL"
     kind = "estimated floor (not from a measured run: below it warns)" if floor.estimate else "floor"
     reason = (f"busbw {measured:g} GB/s at {size_text(largest)} (the largest size run) vs {kind} "

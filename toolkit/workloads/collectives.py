@@ -165,7 +165,8 @@ def _buffers(op: str, lay: Layout, in_place: bool, rank: int, torch, dtype, devi
         return buf, buf
     if op == "all_gather":
         out = torch.zeros(lay.recv, dtype=dtype, device=device)
-        inp = out[rank * lay.send:(rank + 1) * lay.send] if in_place else torch.empty(lay.send, dtype=dtype, device=device)
+        inp = (out[rank * lay.send:(rank + 1) * lay.send] if in_place
+               else torch.empty(lay.send, dtype=dtype, device=device))
         inp.fill_(float(rank + 1))
         return out, inp
     inp = torch.full((lay.send,), float(rank + 1), dtype=dtype, device=device)
@@ -191,8 +192,10 @@ def run(ops: list[str], byte_sizes: list[int], iters: int, warmup: int, check: b
     if htcore is not None:
         device = torch.device(hpu.DEVICE)
     else:
-        device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
-    dtype = {"float": torch.float32, "double": torch.float64, "half": torch.float16, "bfloat16": torch.bfloat16}[dtype_name]
+        device = (torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl"
+                  else torch.device("cpu"))
+    dtype = {"float": torch.float32, "double": torch.float64, "half": torch.float16,
+             "bfloat16": torch.bfloat16}[dtype_name]
     word = DTYPES[dtype_name]
 
     def launch():
@@ -279,7 +282,8 @@ def _emit_devices(emit, device, torch, dist) -> None:
 
 
 def parser() -> argparse.ArgumentParser:
-    """The benchmark's flags (also what `hpc` checks a recipe's args against when it plans a job: toolkit.job.argcheck)."""
+    """The benchmark's flags (also what `hpc` checks a recipe's args against when it plans a job:
+    toolkit.job.argcheck)."""
     p = argparse.ArgumentParser(prog="python -m toolkit.workloads.collectives", description=__doc__.split("\n\n")[0])
     p.add_argument("--ops", default="all_reduce", help=f"comma-separated: {','.join(OPS)}")
     p.add_argument("-b", "--minbytes", default="8", help="smallest size (e.g. 8, 64K, 4M)")
@@ -306,12 +310,15 @@ def main(argv: list[str] | None = None) -> int:
         ops = [o.strip() for o in args.ops.split(",") if o.strip()]
         unknown = [o for o in ops if o not in OPS]
         if unknown or not ops:
-            raise HpcError(f"unknown collective(s): {', '.join(unknown) or '(none given)'}", fix=f"use --ops with {','.join(OPS)}")
-        byte_sizes = sizes(parse_size(args.minbytes), parse_size(args.maxbytes), args.stepfactor, parse_size(args.stepbytes))
+            raise HpcError(f"unknown collective(s): {', '.join(unknown) or '(none given)'}",
+                           fix=f"use --ops with {','.join(OPS)}")
+        byte_sizes = sizes(parse_size(args.minbytes), parse_size(args.maxbytes), args.stepfactor,
+                           parse_size(args.stepbytes))
         try:
             env = rank_env()
         except ValueError as exc:
-            raise HpcError(f"rank layout: {exc}", fix="run under srun or set RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT") from None
+            raise HpcError(f"rank layout: {exc}",
+                           fix="run under srun or set RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT") from None
         import torch
         import torch.distributed as dist
 
@@ -337,7 +344,8 @@ def main(argv: list[str] | None = None) -> int:
                  f"backend {backend}, {env.world_size} ranks")
             emit(f"# nThread 1 nGpus 1 minBytes {byte_sizes[0]} maxBytes {byte_sizes[-1]} step: "
                  + (f"{args.stepfactor}(factor)" if args.stepfactor > 1 else f"{parse_size(args.stepbytes)}(bytes)")
-                 + f" warmup iters: {args.warmup_iters} iters: {args.iters} agg iters: 1 validation: {args.check} graph: 0")
+                 + f" warmup iters: {args.warmup_iters} iters: {args.iters} agg iters: 1 validation: {args.check}"
+                 + " graph: 0")
             emit("#")
             bad = run(ops, byte_sizes, args.iters, args.warmup_iters, bool(args.check), args.datatype, emit, htcore)
         finally:
