@@ -102,7 +102,8 @@ def test_executor_kinds(tmp_path):
     assert local.parameters == {"nodes": 1, "tasks_per_node": 2, "timeout_min": 5}
     mpi = plans.plan(plans.SubmitRequest(probe, nodes=2, cluster=cluster, queue="cpu", executor="slurm",
                                          overrides=("launcher.mpi=pmix",)), tmp_path / "run")
-    assert mpi.executor == "sbatch" and mpi.argv == ("sbatch", "--parsable", str(tmp_path / "run" / "job.sbatch"))
+    assert mpi.executor == "sbatch" and mpi.argv == ("sbatch", "--parsable", "--export=ALL",
+                                                     str(tmp_path / "run" / "job.sbatch"))
     assert mpi.parameters == {} and f"--output={tmp_path / 'run'}/" in mpi.script
     assert "srun --mpi ranks it" in " ".join(mpi.notes)  # asked for slurm, told why it goes to sbatch
     sent = plans.plan(plans.SubmitRequest(probe, nodes=1, cluster=cluster, queue="cpu", executor="sbatch"),

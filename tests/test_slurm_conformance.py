@@ -287,3 +287,31 @@ def test_doctor_reports_the_slurm_version_both_nodes_and_a_missing_pmix(lane):
     else:  # MPI binaries (nccl-tests) would not start here: doctor says so and fails
         assert res.returncode == 1 and not data["ok"]
         assert [m.split(" (")[0] for m in data["slurm"]["missing"]] == ["no pmix MPI plugin"]
+
+
+@pytest.mark.parametrize("lane", ["24.11", "26.05"], indirect=True)  # nodes in a root file system of their own
+def test_hpcs_own_submissions_get_no_login_environment(lane, tmp_path):
+    """A rendered script's `#SBATCH --export=LIST` (for a script sent by hand) implies --get-user-env: Slurm runs the
+    user's login shell on the node and adds what it exports (sbatch(1)), and on >= 25.05 holds the job where that
+    fails (the test above). hpc sends its scripts with `--export=ALL` of its clean environment instead, which wins
+    over the script's line: the job gets the allow-listed variables and nothing of a login shell. A marker exported
+    by the nodes' /etc/profile.d shows which is which."""
+    marker = lane_layout(lane).rootfs / "etc" / "profile.d" / "zz-hpc-login-marker.sh"
+    marker.write_text("export HPC_LOGIN_MARKER=from-the-login-shell\n")
+    try:
+        # Slurm's own behaviour, so the test can tell: a variable list brings the login shell's exports
+        out = tmp_path / "raw.env"
+        slurm(lane, "sbatch", "--wait", "--export=PATH", f"--output={out}", "--wrap", "env", timeout=120)
+        assert "HPC_LOGIN_MARKER=from-the-login-shell" in out.read_text()
+        recipe = probe_recipe(tmp_path)
+        env = lane.env() | {"HPC_RUNS_DIR": str(tmp_path / "runs"), "TZ": "UTC0"}
+        res = run_hpc("recipes", "submit", str(recipe), "--nodes", "2", "--cluster", str(lane.cluster_config),
+                      "--queue", "cpu", "--executor", "sbatch", "--wait", "--json", env=env, cwd=tmp_path,
+                      timeout=300)
+        assert res.returncode == 0, res.stderr
+        ranks = read_ranks(tmp_path / "probe")
+        assert sorted(ranks) == [0, 1, 2, 3]
+        for rank in ranks.values():
+            assert "HPC_LOGIN_MARKER" not in rank["env"] and rank["env"]["TZ"] == "UTC0"
+    finally:
+        marker.unlink(missing_ok=True)

@@ -214,11 +214,12 @@ def refused(sbatch_output: list[str]) -> HpcError:
 
 
 def submit_script(argv: Sequence[str]) -> str:
-    """MPI binaries (nccl-tests): the rendered script itself, sent with `sbatch --parsable` (a plan's argv).
-    Its --output is in the run dir, which exists by now (Slurm would not create it)."""
+    """The rendered script itself, sent with `sbatch --parsable --export=ALL` (a plan's argv) from the clean
+    environment (clean_sbatch_env): the job gets exactly the allow-listed variables, as submitit's jobs do, and
+    no login environment. Its --output is in the run dir, which exists by now (Slurm would not create it)."""
     from toolkit.slurm import commands
 
-    res = commands.run(list(argv), check=False)
+    res = commands.run(list(argv), check=False, env=clean_sbatch_env(dict(os.environ)))
     if res.returncode != 0:
         raise refused(res.stderr.splitlines())
     return res.stdout.strip().split(";")[0]

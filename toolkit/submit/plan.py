@@ -172,7 +172,11 @@ def plan(request: SubmitRequest, run_dir: Path | None = None, *, task_of: Plan |
     python = batch_script = argv = None
     parameters: dict[str, Any] = {}
     if executor == Executor.SBATCH:
-        argv = ("sbatch", "--parsable", str(run_dir / "job.sbatch"))
+        # --export=ALL of the clean environment submit_script() gives sbatch: the script's own --export=LIST (for
+        # a script sent by hand) implies --get-user-env, which loads the node's login environment and, on Slurm
+        # >= 25.05, holds the job where that fails (sbatch(1); SchedMD/slurm CHANGELOG/slurm-25.05.md). A command-
+        # line option wins over the script's #SBATCH line.
+        argv = ("sbatch", "--parsable", "--export=ALL", str(run_dir / "job.sbatch"))
     elif executor == Executor.LOCAL:
         python = sys.executable
         parameters = executors.local_parameters(spec)
