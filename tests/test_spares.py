@@ -19,7 +19,7 @@ from toolkit.job.render import render_script, sbatch_directives
 from toolkit.job.spec import build_job_spec
 from toolkit.recipes.load import load_recipe
 from toolkit.submit.executor import choose_executor
-from toolkit.workloads.heartbeat import Beat
+from toolkit.node.heartbeat import Beat
 
 
 def test_the_batch_host_trains_last():

@@ -123,8 +123,10 @@ def preflight_line(spec: JobSpec) -> str:
 
 
 def staging_lines(spec: JobSpec) -> list[str]:
-    """The node-side bundle's unpacking (toolkit.job.staging), where the job runs node-side code of ours."""
-    return unpack_lines(spec.run_dir) if spec.preflight_args else []
+    """The node-side bundle's unpacking (toolkit.job.staging), where the job runs node-side code of ours: the
+    pre-flight, the spares supervisor, or ranks that import the heartbeat from it (every job on_slurm planned)."""
+    commands = bool(spec.preflight_args or spec.spares)  # these run "$HPC_PYTHON" BUNDLE ...: a python3 >= 3.9
+    return unpack_lines(spec.run_dir, choose_python=commands) if spec.node_bundle or commands else []
 
 
 def _setup_context(spec: JobSpec) -> dict:
@@ -155,7 +157,7 @@ def spares_supervisor(spec: JobSpec) -> list[str]:
     """The command that runs a job with spares' srun line round after round (toolkit.job.spares), else none."""
     if not spec.spares:
         return []
-    from toolkit.workloads.heartbeat import DIR_VAR
+    from toolkit.node.heartbeat import DIR_VAR
 
     words = [node_python(spec), "-m", "toolkit.job.spares", "--nodes", str(spec.nodes), "--spares", str(spec.spares),
              "--run-dir", spec.run_dir, "--heartbeat-dir", spec.environ.get(DIR_VAR, f"{spec.run_dir}/heartbeats")]

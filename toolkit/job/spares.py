@@ -52,10 +52,9 @@ import time
 from pathlib import Path
 from typing import Sequence
 
-from toolkit.job.rank import master_port
+from toolkit.node.rank import EXIT_STOPPED, master_port
 from toolkit.rundir import RunDir
-from toolkit.workloads import heartbeat
-from toolkit.workloads.stopping import EXIT_STOPPED
+from toolkit.node import heartbeat
 
 PROBE_TIMEOUT_S = 60  # a probe step on a node without slurmd fails after MessageTimeout (Slurm's default 10 s)
 END_STEP_GRACE_S = 5  # after srun is told to end the step, before it is killed

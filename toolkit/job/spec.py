@@ -29,6 +29,7 @@ from toolkit.job.rank import Arg, RankProgram, RankVar, rank_program
 from toolkit.job.resume import checkpoint_repair_script
 from toolkit.job.scaling import Derived, apply_scaling
 from toolkit.job.shell import export_line
+from toolkit.job.staging import bundle_path
 from toolkit.recipes.schema import Recipe, flag_words
 
 # Values that reach `#SBATCH` lines, which sbatch (not the shell) parses: no quoting can make a newline safe
@@ -121,6 +122,7 @@ class JobSpec:
     srun_binding: tuple[str, ...] = ()  # srun CPU-binding options (GPU ranks unbound, HPU ranks on their cores)
     slurm_options: Mapping[str, str] = dataclasses.field(default_factory=dict)  # account, qos, ... for sbatch
     preflight_args: tuple[str, ...] = ()  # the queue's promises, as toolkit.node.preflight's arguments
+    node_bundle: str | None = None  # the staged node-side code (toolkit.job.staging), first on the ranks' PYTHONPATH
 
     @property
     def world_size(self) -> int:
@@ -143,8 +145,8 @@ class JobSpec:
         # script's set-up (the recipe's env.HPC_HEARTBEAT_DIR, if any, wins). With spares the supervisor watches for
         # hangs and ends only the step (toolkit.job.spares), not rank 0's watchdog, which would end the job.
         hang_timeout = None if self.spares else self.hang_timeout_s
-        heartbeats = "; ".join(export_line(var) for var in heartbeat_env(self.run_dir, hang_timeout)
-                               if var.name not in self.environ)
+        heartbeats = "; ".join(export_line(var) for var in heartbeat_env(self.run_dir, hang_timeout, self.node_bundle)
+                               if var.prepend or var.name not in self.environ)
         container = prelude(self.software, self.env) if self.software.container else ""
         resume = checkpoint_repair_script(self.launcher, self.dirs.get("checkpoints"))
         return rank_program(self.command, self.world_size, self.tasks_per_node, contract=self.style == "script",
@@ -518,7 +520,10 @@ def on_slurm(spec: JobSpec, queue: Queue, slurm_options: Mapping[str, str | None
                            "every node is checked against the queue before the ranks start; a failed node stops "
                            "the job" + (", which is requeued without it" if spec.requeue else "")
                            if spec.preflight else "resources.preflight (training jobs outside containers: on)"))
-    return dataclasses.replace(spec, preflight_args=preflight, derived=(*spec.derived, *derived))
+    # Every Slurm job runs node-side code of ours (its ranks' heartbeats; the pre-flight, the spares supervisor):
+    # the batch shell stages it before the ranks start (templates/setup.sh.j2).
+    return dataclasses.replace(spec, preflight_args=preflight, node_bundle=bundle_path(spec.run_dir),
+                               derived=(*spec.derived, *derived))
 
 
 def preflight_args(spec: JobSpec, queue: Queue) -> tuple[str, ...]:
