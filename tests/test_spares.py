@@ -1,4 +1,4 @@
-"""Hot spares without a cluster (toolkit.job.spares and what plans a job with spares): which nodes train, each
+"""Hot spares without a cluster (toolkit.node.spares and what plans a job with spares): which nodes train, each
 round's srun and rendezvous, the failures it reads from srun and the heartbeats, the rendered script, and the
 refusals. The real thing on the local Slurm: tests/test_spares_slurm.py."""
 
@@ -13,8 +13,9 @@ import pytest
 from tests.jobhelpers import CPU
 from toolkit.cli.jobs import _restart_lines
 from toolkit.errors import HpcError
-from toolkit.job import spares
+from toolkit.node import spares
 from toolkit.job.rank import master_port
+from toolkit.job import staging
 from toolkit.job.render import render_script, sbatch_directives
 from toolkit.job.spec import build_job_spec
 from toolkit.recipes.load import load_recipe
@@ -75,7 +76,8 @@ def test_a_job_with_spares_holds_them_keeps_its_allocation_and_runs_the_supervis
     script = render_script(spec)
     (tmp_path / "job.sbatch").write_text(script)
     assert subprocess.run(["bash", "-n", str(tmp_path / "job.sbatch")]).returncode == 0
-    [line] = [l for l in script.splitlines() if "-m toolkit.job.spares" in l]
+    [line] = [l for l in script.splitlines() if " spares --nodes" in l]
+    assert line.startswith(f'"$HPC_PYTHON" /runs/r/.hpc/{staging.bundle_name()} spares ')  # the node's python3
     assert ("--nodes 1 --spares 1 --run-dir /runs/r --heartbeat-dir /runs/r/heartbeats --hang-timeout 60 -- srun "
             "--label --export=ALL --nodes=1 --ntasks=2 --ntasks-per-node=2") in line
     # The supervisor watches for hangs and ends the step; rank 0's watchdog would end the whole job.
@@ -85,7 +87,7 @@ def test_a_job_with_spares_holds_them_keeps_its_allocation_and_runs_the_supervis
 def test_a_job_without_spares_is_unchanged():
     spec = spec_with("resources.hang_timeout_s=60")
     script = render_script(spec)
-    assert "--no-kill" not in script and "toolkit.job.spares" not in script and "--ntasks=" not in script
+    assert "--no-kill" not in script and " spares --nodes" not in script and "--ntasks=" not in script
     assert "HPC_HANG_TIMEOUT=60" in spec.program.script
 
 
@@ -229,18 +231,20 @@ def test_out_of_spares_a_rank_failure_ends_the_job_and_a_lost_node_requeues_it(s
 
 
 def test_the_stop_signal_reaches_the_round_and_nothing_restarts(stub_slurm, monkeypatch):
-    """As the rendered script runs it (python -m toolkit.job.spares, its trap sending SIGUSR2): the signal goes on
-    to srun, the round's exit 75 (saved and stopped) is no failure, and the supervisor exits with it."""
-    import sys
+    """As the rendered script runs it (the staged bundle's `spares` under the node's own python3, with nothing of
+    ours installed; its trap sending SIGUSR2): the signal goes on to srun, the round's exit 75 (saved and stopped)
+    is no failure, and the supervisor exits with it."""
     import time
 
+    from tests.test_node_contract import SYSTEM_PYTHON, unpack
     from toolkit.rundir import RunDir
 
+    bundle = unpack(stub_slurm, stub_slurm / "run")
     monkeypatch.setenv("STUB_STOPPABLE", "1")
     env = dict(os.environ, SLURM_JOB_ID="77", SLURM_JOB_NODELIST="c[1-2]", SLURMD_NODENAME="c1")
-    proc = subprocess.Popen([sys.executable, "-m", "toolkit.job.spares", "--nodes", "1", "--spares", "1",
+    proc = subprocess.Popen([SYSTEM_PYTHON, "-I", str(bundle), "spares", "--nodes", "1", "--spares", "1",
                              "--run-dir", str(stub_slurm), "--", "srun", "--nodes=1", "bash", "-c", "exit 0"],
-                            env=env, stderr=subprocess.PIPE, text=True)
+                            env=env, stderr=subprocess.PIPE, text=True, cwd="/")
     log = stub_slurm / "calls.log"
     deadline = time.monotonic() + 30
     while "round running" not in (log.read_text() if log.exists() else ""):

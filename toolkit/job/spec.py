@@ -114,7 +114,7 @@ class JobSpec:
     dirs: Mapping[str, str] = dataclasses.field(default_factory=dict)  # data / checkpoints / logs, as resolved
     style: LauncherStyle = "script"  # torchrun: one Slurm task per node starts that node's tasks_per_node ranks
     hang_timeout_s: int | None = None  # resources.hang_timeout_s: the watchdog ends a job stalled this long
-    spares: int = 0  # resources.spares: nodes held beyond `nodes` to restart on (toolkit.job.spares)
+    spares: int = 0  # resources.spares: nodes held beyond `nodes` to restart on (toolkit.node.spares)
     expedited_requeue: bool = False  # Slurm's part: sbatch --requeue=expedite (toolkit.slurm.version)
     preflight: bool = False  # check every node before the ranks start (resources.preflight; toolkit.node.preflight)
     # Slurm's part (on_slurm): the scheduler-neutral spec leaves these empty
@@ -143,7 +143,7 @@ class JobSpec:
         """What srun starts on every Slurm task, on every submission path (toolkit.job.rank)."""
         # The heartbeat dir is the run dir's: per task of a sweep, so in the rank program, not in the shared batch
         # script's set-up (the recipe's env.HPC_HEARTBEAT_DIR, if any, wins). With spares the supervisor watches for
-        # hangs and ends only the step (toolkit.job.spares), not rank 0's watchdog, which would end the job.
+        # hangs and ends only the step (toolkit.node.spares), not rank 0's watchdog, which would end the job.
         hang_timeout = None if self.spares else self.hang_timeout_s
         heartbeats = "; ".join(export_line(var) for var in heartbeat_env(self.run_dir, hang_timeout, self.node_bundle)
                                if var.prepend or var.name not in self.environ)

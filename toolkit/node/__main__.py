@@ -5,7 +5,7 @@ Written for any python3: an interpreter older than the contract's says so in one
 
 import sys
 
-COMMANDS = {"preflight": "preflight"}
+COMMANDS = {"preflight": "preflight", "spares": "spares"}
 
 
 def main(argv):

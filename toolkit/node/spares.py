@@ -1,7 +1,7 @@
 """Hot spares: a job holds N + K nodes, runs its ranks on N, and when a node or a rank is lost runs them again on N
 healthy nodes of the same allocation, resuming from the last checkpoint, instead of ending and waiting in the queue.
 
-    python -m toolkit.job.spares --nodes N --spares K --run-dir DIR [--hang-timeout S] -- srun OPTIONS... PROGRAM...
+    "$HPC_PYTHON" BUNDLE spares --nodes N --spares K --run-dir DIR [--hang-timeout S] -- srun OPTIONS... PROGRAM...
 
 The rendered script runs this in place of its srun line (the batch shell's stop trap signals it as it would srun).
 It rests on Slurm's own rules (sbatch(1), srun(1)):
@@ -13,7 +13,7 @@ It rests on Slurm's own rules (sbatch(1), srun(1)):
       * srun's own line for a rank that died (`srun: error: c2: task 1: Killed`; the same on 22.05 and 26.05);
         a probe step on each of the round's nodes (`srun --overlap -w NODE true`; a node without a slurmd fails
         it after MessageTimeout) then tells a lost node (drained) from one whose rank failed (only left out);
-      * heartbeats (toolkit.workloads.heartbeat) that stopped while srun heard nothing of those ranks: their node
+      * heartbeats (toolkit.node.heartbeat) that stopped while srun heard nothing of those ranks: their node
         or processes are gone, so it is left out at once, and drained when its probe, run meanwhile, fails;
       * with --hang-timeout, ranks that made no step for that long (the supervisor is then the watchdog, and
         ends the step, not the job).
@@ -26,13 +26,14 @@ Which nodes train: the first N healthy ones, the batch host last. It runs this s
 job whatever happens (Slurm requeues it on node failure, as today); kept out of training while a spare is left, it
 is also kept out of what breaks training nodes. Drains carry a reason and need root, SlurmUser or an operator;
 where refused, the record says so. Each restart, probe and giving up is a line of <run dir>/restarts.jsonl
-(RunDir.restarts: when, which nodes, why, the last step the heartbeats saw). After K restarts, or with fewer than
+(records.RESTARTS: when, which nodes, why, the last step the heartbeats saw). After K restarts, or with fewer than
 N healthy nodes, a job that lost a node is requeued as Slurm would (`scontrol requeue`); one whose rank failed on
 a healthy node ends with that rank's status, as today.
 
-Each round gets a fresh rendezvous: the first chosen node and toolkit.job.rank.master_port(job, round), exported
+Each round gets a fresh rendezvous: the first chosen node and toolkit.node.rank.master_port(job, round), exported
 to srun as MASTER_ADDR/MASTER_PORT (and torchrun's PET_RDZV_ENDPOINT), so the rank contract is the same in every
-round. Standard library only: it runs in the batch shell's Python.
+round. Node-side code (toolkit.node's contract): the batch shell runs it from the staged bundle with the node's
+own python3 (toolkit.job.staging.node_command).
 """
 
 from __future__ import annotations
@@ -52,9 +53,8 @@ import time
 from pathlib import Path
 from typing import Sequence
 
-from toolkit.node.rank import EXIT_STOPPED, master_port
-from toolkit.rundir import RunDir
-from toolkit.node import heartbeat
+from . import heartbeat, records
+from .rank import EXIT_STOPPED, master_port
 
 PROBE_TIMEOUT_S = 60  # a probe step on a node without slurmd fails after MessageTimeout (Slurm's default 10 s)
 END_STEP_GRACE_S = 5  # after srun is told to end the step, before it is killed
@@ -200,7 +200,7 @@ class Supervisor:
     def preflight(self) -> None:
         """The nodes the job's pre-flight failed (toolkit.node.preflight, run before this), then a probe step on
         the others: neither gets ranks."""
-        checked = RunDir(self.run_dir).preflights(self.job_id)
+        checked = records.job_records(records.batch_dir(self.run_dir) / records.PREFLIGHTS, self.job_id)
         failed = (checked[-1].get("failed") or {}) if checked else {}
         if failed:
             self.exclude({node: "; ".join(f"{c['name']}: {c['detail']}" for c in checks)
@@ -288,7 +288,7 @@ class Supervisor:
 
     def give_up(self, number: int, why: str, status: int) -> int:
         self.finish_probes(wait=True)
-        lost_node = any(e.get("kind") == "probe" for e in self.records())
+        lost_node = any(e.get("kind") == "probe" for e in self.own_records())
         self.record({"kind": "gave_up", "round": number, "why": why, "requeued": lost_node})
         if lost_node:  # as Slurm would after a node failure: the rerun gets a fresh allocation
             say(f"giving up: {why}; requeueing job {self.job_id}")
@@ -351,11 +351,11 @@ class Supervisor:
 
     def record(self, entry: dict) -> None:
         entry = {"time": time.time(), "job_id": self.job_id, **entry}
-        RunDir(self.run_dir).add_restart(entry)
+        records.append_record(self.run_dir / records.RESTARTS, entry)
         say(f"{entry['kind']}: {json.dumps(entry)}")
 
-    def records(self) -> list[dict]:
-        return [e for e in RunDir(self.run_dir).restarts() if str(e.get("job_id")) == self.job_id]
+    def own_records(self) -> list[dict]:
+        return [e for e in records.read_records(self.run_dir / records.RESTARTS) if str(e.get("job_id")) == self.job_id]
 
 
 def with_ignored(call, *args) -> None:
@@ -380,7 +380,7 @@ def allocation() -> tuple[str, list[str], str]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m toolkit.job.spares", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python3 BUNDLE spares", description=__doc__.split("\n")[0])
     parser.add_argument("--nodes", type=int, required=True, help="nodes the ranks run on")
     parser.add_argument("--spares", type=int, required=True, help="nodes held beyond them")
     parser.add_argument("--run-dir", type=Path, required=True)
