@@ -4,6 +4,7 @@ refusals. The real thing on the local Slurm: tests/test_spares_slurm.py."""
 
 from __future__ import annotations
 
+import concurrent.futures
 import os
 import signal
 import subprocess
@@ -62,6 +63,73 @@ def test_a_node_whose_heartbeats_stopped_is_silent_and_old_rounds_do_not_count()
              beat(3, "c9", 500.0)]  # rank 3's file is from before this round started
     assert spares.silent_nodes(beats, since=900.0, now=now) == (["c2"], [0, 1])
     assert spares.silent_nodes(beats, since=900.0, now=now - 1) == ([], [])  # 2.5 s: under 3 intervals
+
+
+class Immediate(concurrent.futures.Executor):
+    """Runs what is submitted at once: a Watch's probes, answered before its next check."""
+
+    def submit(self, fn, /, *args, **kwargs):
+        future: concurrent.futures.Future = concurrent.futures.Future()
+        future.set_result(fn(*args, **kwargs))
+        return future
+
+
+class Slurm:
+    """Stand-ins for the probe steps (no Slurm here): nodes in `dead` have no slurmd; every call is logged."""
+
+    def __init__(self, *dead: str) -> None:
+        self.dead, self.calls = set(dead), []
+
+    def sweep(self, nodes, job_id):
+        self.calls.append(("sweep", tuple(nodes)))
+        return "a probe step failed: Communication connection failure" if self.dead & set(nodes) else None
+
+    def probe(self, nodes, job_id):
+        self.calls.append(("probe", tuple(nodes)))
+        return {n: ("a probe step failed: Communication connection failure" if n in self.dead else None)
+                for n in nodes}
+
+
+def watch(slurm: Slurm, started: float = 1000.0, **kwargs) -> spares.Watch:
+    return spares.Watch(["c2", "c3"], "77", started, Immediate(), sweep_fn=slurm.sweep, probe_fn=slurm.probe,
+                        **kwargs)
+
+
+def test_a_lost_node_under_a_workload_without_heartbeats_is_found_by_the_periodic_probe():
+    slurm = Slurm("c3")
+    w = watch(slurm, probe_every=10)
+    assert w.check([], 1005.0) is None and slurm.calls == []  # not yet a period since the round started
+    assert w.check([], 1010.0) is None and slurm.calls == [("sweep", ("c2", "c3"))]  # one step over all nodes
+    found = w.check([], 1010.5)  # it failed: one probe per node names the lost one
+    assert slurm.calls[-1] == ("probe", ("c2", "c3"))
+    assert found is not None and found.lost and found.suspects == ["c3"] and found.trigger.startswith("probe: c3")
+    assert "Communication connection failure" in found.why["c3"]
+
+
+def test_healthy_nodes_are_probed_once_a_period_with_one_step():
+    slurm = Slurm()
+    w = watch(slurm, probe_every=10)
+    for now in range(1000, 1041):
+        assert w.check([beat(0, "c2", now - 0.5), beat(1, "c3", now - 0.5)], float(now)) is None
+    assert slurm.calls == [("sweep", ("c2", "c3"))] * 4  # at 1010, 1020, 1030, 1040
+
+
+def test_silent_heartbeats_drop_a_node_only_on_evidence():
+    """Silence alone (a save holding the GIL looks the same) is probed first: a node whose probe fails is lost at
+    once; one that answers stays until the silence outlasts the bound."""
+    now = 1010.0
+    silent_c2 = [beat(0, "c2", now - 3.5), beat(1, "c3", now - 0.2)]
+    gone = watch(Slurm("c2"), probe_every=60).check(silent_c2, now)
+    assert gone is not None and gone.lost and gone.suspects == ["c2"] and "probe failed" in gone.why["c2"]
+    assert gone.trigger == "heartbeats silent: rank 0 on c2"
+
+    slurm = Slurm()
+    w = watch(slurm, probe_every=60, silence_bound=30)
+    assert w.check(silent_c2, now) is None and w.check(silent_c2, now + 1) is None  # it answers: kept
+    assert slurm.calls == [("probe", ("c2",))]  # probed once for this silence
+    assert w.check(silent_c2, now - 3.5 + 30) is None  # 30 s of silence: not beyond the bound
+    late = w.check(silent_c2, now - 3.5 + 31)
+    assert late is not None and late.suspects == ["c2"] and "no heartbeat for 31 s (bound 30 s)" in late.why["c2"]
 
 
 def spec_with(*sets: str, nodes: int = 1):

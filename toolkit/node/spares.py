@@ -13,8 +13,13 @@ It rests on Slurm's own rules (sbatch(1), srun(1)):
       * srun's own line for a rank that died (`srun: error: c2: task 1: Killed`; the same on 22.05 and 26.05);
         a probe step on each of the round's nodes (`srun --overlap -w NODE true`; a node without a slurmd fails
         it after MessageTimeout) then tells a lost node (drained) from one whose rank failed (only left out);
-      * heartbeats (toolkit.node.heartbeat) that stopped while srun heard nothing of those ranks: their node
-        or processes are gone, so it is left out at once, and drained when its probe, run meanwhile, fails;
+      * every workload, beating or not: one probe step over all of the round's nodes every --probe-every
+        seconds (one step, whatever the node count: slurmctld creates one step per period, not one per node);
+        where it fails, the per-node probe names the nodes without a slurmd, which are lost;
+      * heartbeats (toolkit.node.heartbeat) that stopped while srun heard nothing of those ranks: their nodes are
+        probed at once, and are lost when the probe fails. Silence alone is no evidence (a process holding the
+        GIL through a checkpoint's save writes no heartbeat either): a node whose ranks are silent but which
+        answers its probe is dropped only once the silence outlasts --silence-bound (SILENCE_BOUND_S);
       * with --hang-timeout, ranks that made no step for that long (the supervisor is then the watchdog, and
         ends the step, not the job).
     The failed step is ended (srun's abort, then SIGKILL: a lost node's part never ends) and the next one started
@@ -57,6 +62,16 @@ from . import heartbeat, records
 from .rank import EXIT_STOPPED, master_port
 
 PROBE_TIMEOUT_S = 60  # a probe step on a node without slurmd fails after MessageTimeout (Slurm's default 10 s)
+# The round's nodes are probed this often: a node lost under a workload that writes no heartbeats is found within
+# PROBE_EVERY_S + MessageTimeout (the step over all nodes fails) + MessageTimeout (the per-node probes name it),
+# 30 s with Slurm's default MessageTimeout, instead of at SlurmdTimeout (ParallelCluster: 180 s).
+PROBE_EVERY_S = 10.0
+# Heartbeat silence on a node that answers its probe: its ranks' processes are held whole (the writer thread is
+# a daemon thread, so only a process that holds the GIL or is stopped stops it). The longest such hold a healthy
+# job makes is a checkpoint's save that pickles under the GIL: a 7B-parameter model's full training state (fp32
+# weights and Adam's two moments, ~84 GB) written by one client at 100-200 MB/s takes 7-14 minutes. Past 15
+# minutes of silence the ranks are taken for frozen; --silence-bound sets it for a job whose saves take longer.
+SILENCE_BOUND_S = 900.0
 END_STEP_GRACE_S = 5  # after srun is told to end the step, before it is killed
 POLL_S = 0.5
 # srun's line for a task that ended badly, as 22.05 and 26.05 print it: `srun: error: c2: task 1: Killed`,
@@ -69,12 +84,13 @@ NODE_FAILED = re.compile(r"^srun: error: (?P<what>Node failure) on (?P<node>\S+)
 @dataclasses.dataclass
 class Failure:
     """Why a round ended early: what noticed it, and the nodes it points at (before probing). `lost`: the
-    evidence says the nodes are gone (their ranks stopped writing heartbeats and srun heard nothing of them), so
-    the restart need not wait for the probe."""
+    evidence says the nodes are gone (their probe failed, or their ranks' silence outlasted the bound), so the
+    restart need not wait for another probe; `why` says so per node."""
 
     trigger: str
     suspects: list[str]
     lost: bool = False
+    why: dict[str, str] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass
@@ -119,6 +135,20 @@ def silent_nodes(beats: Sequence[heartbeat.Beat], since: float, now: float) -> t
     return sorted({b.node for b in silent}), [b.rank for b in silent]
 
 
+def sweep(nodes: Sequence[str], job_id: str, timeout: float = PROBE_TIMEOUT_S) -> str | None:
+    """One probe step over all `nodes` at once (`true` on each): None when every node ran it, else why not."""
+    argv = ["srun", f"--jobid={job_id}", "--overlap", f"--nodes={len(nodes)}", f"--ntasks={len(nodes)}",
+            f"--nodelist={','.join(nodes)}", "--cpus-per-task=1", "--export=ALL", "true"]
+    try:
+        res = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return f"a probe step did not end within {timeout:g} s"
+    if res.returncode == 0:
+        return None
+    lines = [line for line in res.stderr.splitlines() if "error" in line.lower()] or res.stderr.splitlines()
+    return f"a probe step failed: {lines[0].strip() if lines else f'exit {res.returncode}'}"
+
+
 def probe(nodes: Sequence[str], job_id: str, timeout: float = PROBE_TIMEOUT_S) -> dict[str, str | None]:
     """One step per node (`true`), all at once: None for a node that ran it, else why it did not."""
     def one(node: str) -> str | None:
@@ -135,6 +165,75 @@ def probe(nodes: Sequence[str], job_id: str, timeout: float = PROBE_TIMEOUT_S) -
 
     with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, len(nodes))) as pool:
         return dict(zip(nodes, pool.map(one, nodes)))
+
+
+class Watch:
+    """A round's evidence about its nodes, besides srun's lines: the periodic probe of all its nodes, and the
+    probe of nodes whose ranks' heartbeats stopped. check() says, poll after poll, whether a node is lost; it
+    never decides on silence alone before silence_bound. The probes run in `pool`: check() never waits."""
+
+    def __init__(self, nodes: Sequence[str], job_id: str, started: float, pool: concurrent.futures.Executor,
+                 probe_every: float = PROBE_EVERY_S, silence_bound: float = SILENCE_BOUND_S,
+                 sweep_fn=sweep, probe_fn=probe) -> None:
+        self.nodes, self.job_id, self.started, self.pool = list(nodes), job_id, started, pool
+        self.probe_every, self.silence_bound = probe_every, silence_bound
+        self.sweep_fn, self.probe_fn = sweep_fn, probe_fn
+        self.last_sweep = started
+        self.sweeping: concurrent.futures.Future | None = None
+        self.confirming: concurrent.futures.Future | None = None  # per node, after a failed sweep
+        self.silence_probes: dict[str, concurrent.futures.Future] = {}  # node -> its probe, once its ranks went silent
+        self.answered: set[str] = set()  # silent nodes whose probe passed: only the bound drops them
+
+    def check(self, beats: Sequence[heartbeat.Beat], now: float) -> Failure | None:
+        found = self._periodic(now)
+        return found or self._silence(beats, now)
+
+    def _periodic(self, now: float) -> Failure | None:
+        if self.sweeping is not None and self.sweeping.done():
+            failed = self.sweeping.result()
+            self.sweeping = None
+            if failed and self.confirming is None:  # which node: one probe step each
+                say(f"the probe of {','.join(self.nodes)} failed ({failed}): probing each node")
+                self.confirming = self.pool.submit(self.probe_fn, self.nodes, self.job_id)
+        if self.confirming is not None and self.confirming.done():
+            dead = {n: why for n, why in self.confirming.result().items() if why}
+            self.confirming = None
+            if dead:
+                return Failure(f"probe: {','.join(sorted(dead))}: no slurmd answered", sorted(dead), lost=True,
+                               why={n: f"its probe failed ({why})" for n, why in dead.items()})
+        if self.sweeping is None and self.confirming is None and now - self.last_sweep >= self.probe_every:
+            self.last_sweep = now
+            self.sweeping = self.pool.submit(self.sweep_fn, self.nodes, self.job_id)
+        return None
+
+    def _silence(self, beats: Sequence[heartbeat.Beat], now: float) -> Failure | None:
+        nodes, ranks = silent_nodes(beats, self.started, now)
+        for node in nodes:
+            if node not in self.silence_probes:
+                self.silence_probes[node] = self.pool.submit(self.probe_fn, [node], self.job_id)
+        dead: dict[str, str] = {}
+        for node, probing in self.silence_probes.items():
+            if node in nodes and probing.done() and node not in self.answered:
+                why = probing.result().get(node)
+                if why:
+                    dead[node] = f"its ranks' heartbeats stopped and its probe failed ({why})"
+                else:
+                    self.answered.add(node)
+                    say(f"{node}: its ranks' heartbeats stopped but it answers its probe: kept until "
+                        f"{self.silence_bound:g} s of silence (a save holding the GIL looks the same)")
+        for node in nodes:
+            silence = now - max(b.time for b in beats if b.node == node and b.time >= self.started)
+            if node not in dead and silence > self.silence_bound:
+                dead[node] = f"its ranks wrote no heartbeat for {silence:.0f} s (bound {self.silence_bound:g} s)"
+        for node in list(self.silence_probes):  # beating again: a later silence is probed afresh
+            if node not in nodes:
+                del self.silence_probes[node]
+                self.answered.discard(node)
+        if not dead:
+            return None
+        silent = [b.rank for b in beats if b.node in dead and b.rank in ranks]
+        return Failure(f"heartbeats silent: {heartbeat.rank_ranges(silent)} on {','.join(sorted(dead))}",
+                       sorted(dead), lost=True, why=dead)
 
 
 def drain(node: str, reason: str) -> str | None:
@@ -154,14 +253,16 @@ def last_step(directory: Path) -> int | None:
 
 class Supervisor:
     def __init__(self, srun: Sequence[str], nodes: int, spares: int, run_dir: Path, heartbeat_dir: Path,
-                 hang_timeout: float | None, job_id: str, allocated: Sequence[str], batch_host: str) -> None:
+                 hang_timeout: float | None, job_id: str, allocated: Sequence[str], batch_host: str,
+                 probe_every: float = PROBE_EVERY_S, silence_bound: float = SILENCE_BOUND_S) -> None:
         self.srun, self.n, self.spares, self.run_dir = list(srun), nodes, spares, run_dir
+        self.probe_every, self.silence_bound = probe_every, silence_bound
         self.heartbeat_dir, self.hang_timeout, self.job_id = heartbeat_dir, hang_timeout, job_id
         self.order = ordered_nodes(allocated, batch_host)
         self.excluded: dict[str, str] = {}  # node -> why
         self.stopping = False
         self.current: Round | None = None
-        self.probes = concurrent.futures.ThreadPoolExecutor(max_workers=4)
+        self.probes = concurrent.futures.ThreadPoolExecutor(max_workers=8)
         self.pending: list[tuple[int, concurrent.futures.Future]] = []  # probes of nodes already left out
 
     # -- the loop ---------------------------------------------------------------------------------------------
@@ -227,10 +328,11 @@ class Supervisor:
         reader = threading.Thread(target=self._read_stderr, args=(current,), daemon=True)
         reader.start()
         probing = None
+        watch = Watch(chosen, self.job_id, current.started, self.probes, self.probe_every, self.silence_bound)
         while current.proc.poll() is None:
             self.finish_probes(wait=False)
             if current.failure is None and not self.stopping:
-                current.failure = self._heartbeat_failure(current)
+                current.failure = self._watched_failure(current, watch)
             if current.failure is not None and not self.stopping:
                 # Probe while the step ends: a lost node's part never ends, and its probe takes MessageTimeout.
                 probing = self.probes.submit(probe, chosen, self.job_id)
@@ -246,8 +348,8 @@ class Supervisor:
         those the failure points at (a rank died on a node that answers: left out, not drained)."""
         last = last_step(self.heartbeat_dir)
         if failure.lost:
-            self.exclude({n: "its ranks' heartbeats stopped and srun heard nothing of them" for n in failure.suspects},
-                         "restart", number, failure.trigger, last)
+            self.exclude({n: failure.why.get(n, "lost") for n in failure.suspects}, "restart", number,
+                         failure.trigger, last)
             self.pending.append((number, probing))
             return
         dead = {node: why for node, why in probing.result().items() if why}
@@ -311,12 +413,12 @@ class Supervisor:
                 current.failure = Failure(f"srun: {node}: {what}", [node])
         sys.stderr.flush()
 
-    def _heartbeat_failure(self, current: Round) -> Failure | None:
+    def _watched_failure(self, current: Round, watch: Watch) -> Failure | None:
         beats = heartbeat.read_beats(self.heartbeat_dir)
         now = time.time()
-        nodes, ranks = silent_nodes(beats, current.started, now)
-        if nodes:
-            return Failure(f"heartbeats silent: {heartbeat.rank_ranges(ranks)} on {','.join(nodes)}", nodes, lost=True)
+        found = watch.check(beats, now)
+        if found is not None:
+            return found
         if self.hang_timeout:
             found = heartbeat.diagnose([b for b in beats if b.time >= current.started], now, self.hang_timeout)
             if found.stalled:
@@ -386,6 +488,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--run-dir", type=Path, required=True)
     parser.add_argument("--heartbeat-dir", type=Path, help="default: RUN_DIR/heartbeats")
     parser.add_argument("--hang-timeout", type=float, help="end a round whose ranks made no progress this long")
+    parser.add_argument("--probe-every", type=float, default=PROBE_EVERY_S,
+                        help="seconds between probes of the round's nodes (default %(default)g)")
+    parser.add_argument("--silence-bound", type=float, default=SILENCE_BOUND_S,
+                        help="seconds of heartbeat silence after which a node that answers its probe is dropped "
+                             "(default %(default)g: longer than a large checkpoint's save)")
     parser.add_argument("srun", nargs=argparse.REMAINDER, help="-- srun OPTIONS... PROGRAM...")
     args = parser.parse_args(argv)
     srun = args.srun[1:] if args.srun[:1] == ["--"] else args.srun
@@ -394,7 +501,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     job_id, allocated, host = allocation()
     supervisor = Supervisor(srun, args.nodes, args.spares, args.run_dir,
                             args.heartbeat_dir or args.run_dir / "heartbeats", args.hang_timeout, job_id, allocated,
-                            host)
+                            host, args.probe_every, args.silence_bound)
     return supervisor.run()
 
 
