@@ -61,10 +61,13 @@ from typing import Sequence
 from . import heartbeat, records
 from .rank import EXIT_STOPPED, master_port
 
-PROBE_TIMEOUT_S = 60  # a probe step on a node without slurmd fails after MessageTimeout (Slurm's default 10 s)
+# A probe step (`true`) ends within about a second on a node whose slurmd answers (0.3-1 s here). On a node without
+# one, srun 22.05 fails it after MessageTimeout (Slurm's default 10 s), but srun 20.11 under a 22.05 controller
+# (the node lane) waits on: measured past 60 s. So a probe that has not ended in this time is itself evidence.
+PROBE_TIMEOUT_S = 15
 # The round's nodes are probed this often: a node lost under a workload that writes no heartbeats is found within
-# PROBE_EVERY_S + MessageTimeout (the step over all nodes fails) + MessageTimeout (the per-node probes name it),
-# 30 s with Slurm's default MessageTimeout, instead of at SlurmdTimeout (ParallelCluster: 180 s).
+# PROBE_EVERY_S + 2 x PROBE_TIMEOUT_S (the step over all nodes fails, then the per-node probes name it), 40 s,
+# instead of at SlurmdTimeout (ParallelCluster: 180 s).
 PROBE_EVERY_S = 10.0
 # Heartbeat silence on a node that answers its probe: its ranks' processes are held whole (the writer thread is
 # a daemon thread, so only a process that holds the GIL or is stopped stops it). The longest such hold a healthy
@@ -91,6 +94,7 @@ class Failure:
     suspects: list[str]
     lost: bool = False
     why: dict[str, str] = dataclasses.field(default_factory=dict)
+    probed: dict[str, str] = dataclasses.field(default_factory=dict)  # the failed probes that found them lost
 
 
 @dataclasses.dataclass
@@ -200,7 +204,7 @@ class Watch:
             self.confirming = None
             if dead:
                 return Failure(f"probe: {','.join(sorted(dead))}: no slurmd answered", sorted(dead), lost=True,
-                               why={n: f"its probe failed ({why})" for n, why in dead.items()})
+                               why={n: f"its probe failed ({why})" for n, why in dead.items()}, probed=dead)
         if self.sweeping is None and self.confirming is None and now - self.last_sweep >= self.probe_every:
             self.last_sweep = now
             self.sweeping = self.pool.submit(self.sweep_fn, self.nodes, self.job_id)
@@ -212,11 +216,12 @@ class Watch:
             if node not in self.silence_probes:
                 self.silence_probes[node] = self.pool.submit(self.probe_fn, [node], self.job_id)
         dead: dict[str, str] = {}
+        probed: dict[str, str] = {}
         for node, probing in self.silence_probes.items():
             if node in nodes and probing.done() and node not in self.answered:
                 why = probing.result().get(node)
                 if why:
-                    dead[node] = f"its ranks' heartbeats stopped and its probe failed ({why})"
+                    dead[node], probed[node] = f"its ranks' heartbeats stopped and its probe failed ({why})", why
                 else:
                     self.answered.add(node)
                     say(f"{node}: its ranks' heartbeats stopped but it answers its probe: kept until "
@@ -233,7 +238,14 @@ class Watch:
             return None
         silent = [b.rank for b in beats if b.node in dead and b.rank in ranks]
         return Failure(f"heartbeats silent: {heartbeat.rank_ranges(silent)} on {','.join(sorted(dead))}",
-                       sorted(dead), lost=True, why=dead)
+                       sorted(dead), lost=True, why=dead, probed=probed)
+
+
+def done_probe(failure: Failure, chosen: Sequence[str]) -> concurrent.futures.Future:
+    """What the probes that found a failure's nodes lost said, as a finished probe of the round's nodes."""
+    future: concurrent.futures.Future = concurrent.futures.Future()
+    future.set_result({node: failure.probed.get(node) for node in chosen})
+    return future
 
 
 def drain(node: str, reason: str) -> str | None:
@@ -335,7 +347,9 @@ class Supervisor:
                 current.failure = self._watched_failure(current, watch)
             if current.failure is not None and not self.stopping:
                 # Probe while the step ends: a lost node's part never ends, and its probe takes MessageTimeout.
-                probing = self.probes.submit(probe, chosen, self.job_id)
+                # Unless a probe already found the lost nodes: the others need not wait for another.
+                probing = done_probe(current.failure, chosen) if current.failure.probed else \
+                    self.probes.submit(probe, chosen, self.job_id)
                 self._end_step(current)
                 break
             time.sleep(POLL_S)
