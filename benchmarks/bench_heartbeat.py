@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Heartbeats (toolkit.workloads.heartbeat), measured on this machine against a baseline in the same run:
+"""Heartbeats (toolkit.node.heartbeat), measured on this machine against a baseline in the same run:
 
   overhead     our ResNet trainer (resnet18, smoke images, 1 rank, CPU) for --steps steps, with and without
                HPC_HEARTBEAT_DIR, alternated --repeats times: the median step time of each and their ratio
@@ -28,7 +28,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from toolkit.workloads import heartbeat  # noqa: E402
+from toolkit.node import heartbeat  # noqa: E402
 
 
 def trainer_step_seconds(data: Path, steps: int, beats: bool, work: Path) -> float:
@@ -87,7 +87,7 @@ def detection(trials: int, interval: float, after_s: float) -> dict:
 
 CLEAN_RANK = """
 import random, sys, time
-from toolkit.workloads.heartbeat import beat
+from toolkit.node.heartbeat import beat
 rng = random.Random(int(sys.argv[1]))
 for step in range(1, int(sys.argv[2]) + 1):
     time.sleep(0.05 * (3 if rng.random() < 0.05 else 1) * rng.uniform(0.8, 1.2))

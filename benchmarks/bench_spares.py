@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Hot spares against a requeue, on the local Slurm, in one run: a node lost for real mid-run, again and again.
 
-Each trial submits a job on 1 node + 1 spare (toolkit.job.spares), waits until it has made a random step (3..10)
+Each trial submits a job on 1 node + 1 spare (toolkit.node.spares), waits until it has made a random step (3..10)
 past a checkpoint, then loses its node for real (testbench.faults.lost_node: slurmd, slurmstepd and ranks
 SIGKILLed) and waits for the job's end. Workloads, --trials each:
   ddp     recipes/examples/ddp_train.py, the DDP tutorial's loop with checkpoints (`hpc run`, srun)

@@ -39,7 +39,7 @@ CUPTI_LIB = BENCH_SITE / "nvidia" / "cuda_cupti" / "lib"
 def run(mode: str, steps: int) -> tuple[float, list[int]]:
     """(median step seconds over ranks and steps past the first 5, ranks flagged) of one run."""
     from toolkit.reports.stragglers import find_stragglers
-    from toolkit.workloads import heartbeat
+    from toolkit.node import heartbeat
 
     out = Path(tempfile.mkdtemp(prefix=f"bench-stragglers-{mode}-"))
     with socket.socket() as s:

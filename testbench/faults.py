@@ -1,5 +1,5 @@
 """Faults made for real on the local cluster's simulated nodes (tests of toolkit.reports.stragglers and
-toolkit.job.spares use them).
+toolkit.node.spares use them).
 
 lost_node: a node lost as a crashed machine is, by SIGKILL to its slurmd, the slurmstepd of each step it runs and
 every task, at once; nothing on it answers any more, and Slurm learns of it only at SlurmdTimeout.

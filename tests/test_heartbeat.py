@@ -1,4 +1,4 @@
-"""Heartbeats and hang attribution (toolkit.workloads.heartbeat), on this machine: the diagnosis over made-up
+"""Heartbeats and hang attribution (toolkit.node.heartbeat), on this machine: the diagnosis over made-up
 heartbeats and stacks, and real processes that beat, dump their stacks on SIGWINCH and are ended by rank 0's
 watchdog (the path a job without Slurm takes: signals by pid). The E2E on the local Slurm: tests/test_hang_slurm.py.
 """
@@ -14,8 +14,8 @@ import time
 from pathlib import Path
 
 from tests.conftest import REPO
-from toolkit.workloads import heartbeat
-from toolkit.workloads.heartbeat import Beat, diagnose, main_thread_frames
+from toolkit.node import heartbeat
+from toolkit.node.heartbeat import Beat, diagnose, main_thread_frames
 
 NOW = 1_000_000.0
 # faulthandler's text, as a rank blocked in DDP's all-reduce (under backward) and one stuck in its own code write it
@@ -93,7 +93,7 @@ def test_the_main_thread_is_the_one_not_started_by_threading():
 
 RANK = textwrap.dedent("""
     import sys, time
-    from toolkit.workloads.heartbeat import beat
+    from toolkit.node.heartbeat import beat
     def stuck_here():
         while True:
             time.sleep(0.05)

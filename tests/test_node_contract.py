@@ -211,3 +211,30 @@ def test_a_job_whose_nodes_can_have_no_python_3_9_is_refused_when_planned(tmp_pa
     assert plan("rocky8", "3.11.2") == (0, "")  # the job's venv brings one
     assert plan("alinux2023", "3.6.8") == (0, "")  # the node's own 3.9 runs it
     assert plan("ubuntu2204", None)[0] == 0
+
+
+def test_a_ranks_script_beats_from_the_staged_bundle_with_nothing_of_ours_installed(tmp_path):
+    """The documented import for a node without hpc (`from hpc_node.heartbeat import beat`): the batch shell's
+    staging lines unpack the bundle, the rank program's prelude puts it first on PYTHONPATH, and this machine's
+    system python3 (no venv, run from /) imports it from the zip and writes the rank's heartbeat."""
+    from tests.jobhelpers import CPU
+    from toolkit.job.render import staging_lines
+    from toolkit.job.spec import build_job_spec
+    from toolkit.recipes.load import load_recipe
+
+    run_dir = tmp_path / "run"
+    spec = build_job_spec(load_recipe("resnet50", profile="smoke", overrides=["resources.preflight=false"]), CPU, 1,
+                          run_dir=str(run_dir))
+    assert staging_lines(spec) and "HPC_PYTHON" not in "\n".join(staging_lines(spec))  # no node command run
+    user = tmp_path / "train.py"
+    user.write_text("import sys\nfrom hpc_node.heartbeat import beat\nfor step in range(3):\n    beat(step)\n"
+                    "print(sys.modules['hpc_node.heartbeat'].__file__)\n")
+    script = "\n".join(["set -euo pipefail", *staging_lines(spec),
+                        "export SLURM_PROCID=0 SLURM_LOCALID=0 SLURM_NODEID=0",
+                        "bash -c " + shlex.quote(spec.program.script) + f" {SYSTEM_PYTHON} {shlex.quote(str(user))}"])
+    res = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=60, cwd="/",
+                         env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)})
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.strip().startswith(staging.bundle_path(run_dir))  # imported from the zip, not a checkout
+    beat = json.loads((run_dir / "heartbeats" / "rank-0.json").read_text())
+    assert beat["rank"] == 0 and beat["step"] == 2

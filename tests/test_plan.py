@@ -127,7 +127,8 @@ def test_dry_run_json_is_the_plan_with_the_run_dir_it_would_use(tmp_path):
     plan = cli_json(res)
     run_dir = plan["run_dir"]
     assert run_dir.startswith(str(tmp_path / "runs")) and not os.path.exists(run_dir)
-    assert plan["executor"] == "sbatch" and plan["argv"] == ["sbatch", "--parsable", "--export=ALL", f"{run_dir}/job.sbatch"]
+    assert plan["executor"] == "sbatch"
+    assert plan["argv"] == ["sbatch", "--parsable", "--export=ALL", f"{run_dir}/job.sbatch"]
     assert f"#SBATCH --output={run_dir}/nccl-tests-%j.out" in plan["script"] and "/fsx/runs" not in plan["script"]
     human = run_hpc("recipes", "submit", "nccl-tests", "--nodes", "2", "--dry-run", "--verbose", "--executor", "slurm",
                     env=env)

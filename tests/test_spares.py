@@ -1,9 +1,10 @@
-"""Hot spares without a cluster (toolkit.job.spares and what plans a job with spares): which nodes train, each
+"""Hot spares without a cluster (toolkit.node.spares and what plans a job with spares): which nodes train, each
 round's srun and rendezvous, the failures it reads from srun and the heartbeats, the rendered script, and the
 refusals. The real thing on the local Slurm: tests/test_spares_slurm.py."""
 
 from __future__ import annotations
 
+import concurrent.futures
 import os
 import signal
 import subprocess
@@ -13,13 +14,14 @@ import pytest
 from tests.jobhelpers import CPU
 from toolkit.cli.jobs import _restart_lines
 from toolkit.errors import HpcError
-from toolkit.job import spares
+from toolkit.node import spares
 from toolkit.job.rank import master_port
+from toolkit.job import staging
 from toolkit.job.render import render_script, sbatch_directives
 from toolkit.job.spec import build_job_spec
 from toolkit.recipes.load import load_recipe
 from toolkit.submit.executor import choose_executor
-from toolkit.workloads.heartbeat import Beat
+from toolkit.node.heartbeat import Beat
 
 
 def test_the_batch_host_trains_last():
@@ -63,6 +65,73 @@ def test_a_node_whose_heartbeats_stopped_is_silent_and_old_rounds_do_not_count()
     assert spares.silent_nodes(beats, since=900.0, now=now - 1) == ([], [])  # 2.5 s: under 3 intervals
 
 
+class Immediate(concurrent.futures.Executor):
+    """Runs what is submitted at once: a Watch's probes, answered before its next check."""
+
+    def submit(self, fn, /, *args, **kwargs):
+        future: concurrent.futures.Future = concurrent.futures.Future()
+        future.set_result(fn(*args, **kwargs))
+        return future
+
+
+class Slurm:
+    """Stand-ins for the probe steps (no Slurm here): nodes in `dead` have no slurmd; every call is logged."""
+
+    def __init__(self, *dead: str) -> None:
+        self.dead, self.calls = set(dead), []
+
+    def sweep(self, nodes, job_id):
+        self.calls.append(("sweep", tuple(nodes)))
+        return "a probe step failed: Communication connection failure" if self.dead & set(nodes) else None
+
+    def probe(self, nodes, job_id):
+        self.calls.append(("probe", tuple(nodes)))
+        return {n: ("a probe step failed: Communication connection failure" if n in self.dead else None)
+                for n in nodes}
+
+
+def watch(slurm: Slurm, started: float = 1000.0, **kwargs) -> spares.Watch:
+    return spares.Watch(["c2", "c3"], "77", started, Immediate(), sweep_fn=slurm.sweep, probe_fn=slurm.probe,
+                        **kwargs)
+
+
+def test_a_lost_node_under_a_workload_without_heartbeats_is_found_by_the_periodic_probe():
+    slurm = Slurm("c3")
+    w = watch(slurm, probe_every=10)
+    assert w.check([], 1005.0) is None and slurm.calls == []  # not yet a period since the round started
+    assert w.check([], 1010.0) is None and slurm.calls == [("sweep", ("c2", "c3"))]  # one step over all nodes
+    found = w.check([], 1010.5)  # it failed: one probe per node names the lost one
+    assert slurm.calls[-1] == ("probe", ("c2", "c3"))
+    assert found is not None and found.lost and found.suspects == ["c3"] and found.trigger.startswith("probe: c3")
+    assert "Communication connection failure" in found.why["c3"]
+
+
+def test_healthy_nodes_are_probed_once_a_period_with_one_step():
+    slurm = Slurm()
+    w = watch(slurm, probe_every=10)
+    for now in range(1000, 1041):
+        assert w.check([beat(0, "c2", now - 0.5), beat(1, "c3", now - 0.5)], float(now)) is None
+    assert slurm.calls == [("sweep", ("c2", "c3"))] * 4  # at 1010, 1020, 1030, 1040
+
+
+def test_silent_heartbeats_drop_a_node_only_on_evidence():
+    """Silence alone (a save holding the GIL looks the same) is probed first: a node whose probe fails is lost at
+    once; one that answers stays until the silence outlasts the bound."""
+    now = 1010.0
+    silent_c2 = [beat(0, "c2", now - 3.5), beat(1, "c3", now - 0.2)]
+    gone = watch(Slurm("c2"), probe_every=60).check(silent_c2, now)
+    assert gone is not None and gone.lost and gone.suspects == ["c2"] and "probe failed" in gone.why["c2"]
+    assert gone.trigger == "heartbeats silent: rank 0 on c2"
+
+    slurm = Slurm()
+    w = watch(slurm, probe_every=60, silence_bound=30)
+    assert w.check(silent_c2, now) is None and w.check(silent_c2, now + 1) is None  # it answers: kept
+    assert slurm.calls == [("probe", ("c2",))]  # probed once for this silence
+    assert w.check(silent_c2, now - 3.5 + 30) is None  # 30 s of silence: not beyond the bound
+    late = w.check(silent_c2, now - 3.5 + 31)
+    assert late is not None and late.suspects == ["c2"] and "no heartbeat for 31 s (bound 30 s)" in late.why["c2"]
+
+
 def spec_with(*sets: str, nodes: int = 1):
     return build_job_spec(load_recipe("resnet50", profile="smoke", overrides=sets), CPU, nodes, run_dir="/runs/r")
 
@@ -75,7 +144,8 @@ def test_a_job_with_spares_holds_them_keeps_its_allocation_and_runs_the_supervis
     script = render_script(spec)
     (tmp_path / "job.sbatch").write_text(script)
     assert subprocess.run(["bash", "-n", str(tmp_path / "job.sbatch")]).returncode == 0
-    [line] = [text for text in script.splitlines() if "-m toolkit.job.spares" in text]
+    [line] = [text for text in script.splitlines() if " spares --nodes" in text]
+    assert line.startswith(f'"$HPC_PYTHON" /runs/r/.hpc/{staging.bundle_name()} spares ')  # the node's python3
     assert ("--nodes 1 --spares 1 --run-dir /runs/r --heartbeat-dir /runs/r/heartbeats --hang-timeout 60 -- srun "
             "--label --export=ALL --nodes=1 --ntasks=2 --ntasks-per-node=2") in line
     # The supervisor watches for hangs and ends the step; rank 0's watchdog would end the whole job.
@@ -85,7 +155,7 @@ def test_a_job_with_spares_holds_them_keeps_its_allocation_and_runs_the_supervis
 def test_a_job_without_spares_is_unchanged():
     spec = spec_with("resources.hang_timeout_s=60")
     script = render_script(spec)
-    assert "--no-kill" not in script and "toolkit.job.spares" not in script and "--ntasks=" not in script
+    assert "--no-kill" not in script and " spares --nodes" not in script and "--ntasks=" not in script
     assert "HPC_HANG_TIMEOUT=60" in spec.program.script
 
 
@@ -229,18 +299,20 @@ def test_out_of_spares_a_rank_failure_ends_the_job_and_a_lost_node_requeues_it(s
 
 
 def test_the_stop_signal_reaches_the_round_and_nothing_restarts(stub_slurm, monkeypatch):
-    """As the rendered script runs it (python -m toolkit.job.spares, its trap sending SIGUSR2): the signal goes on
-    to srun, the round's exit 75 (saved and stopped) is no failure, and the supervisor exits with it."""
-    import sys
+    """As the rendered script runs it (the staged bundle's `spares` under the node's own python3, with nothing of
+    ours installed; its trap sending SIGUSR2): the signal goes on to srun, the round's exit 75 (saved and stopped)
+    is no failure, and the supervisor exits with it."""
     import time
 
+    from tests.test_node_contract import SYSTEM_PYTHON, unpack
     from toolkit.rundir import RunDir
 
+    bundle = unpack(stub_slurm, stub_slurm / "run")
     monkeypatch.setenv("STUB_STOPPABLE", "1")
     env = dict(os.environ, SLURM_JOB_ID="77", SLURM_JOB_NODELIST="c[1-2]", SLURMD_NODENAME="c1")
-    proc = subprocess.Popen([sys.executable, "-m", "toolkit.job.spares", "--nodes", "1", "--spares", "1",
+    proc = subprocess.Popen([SYSTEM_PYTHON, "-I", str(bundle), "spares", "--nodes", "1", "--spares", "1",
                              "--run-dir", str(stub_slurm), "--", "srun", "--nodes=1", "bash", "-c", "exit 0"],
-                            env=env, stderr=subprocess.PIPE, text=True)
+                            env=env, stderr=subprocess.PIPE, text=True, cwd="/")
     log = stub_slurm / "calls.log"
     deadline = time.monotonic() + 30
     while "round running" not in (log.read_text() if log.exists() else ""):

@@ -1,4 +1,4 @@
-"""Hot spares on the local Slurm (toolkit.job.spares): a job holds 2 nodes and trains on 1; its node is lost for
+"""Hot spares on the local Slurm (toolkit.node.spares): a job holds 2 nodes and trains on 1; its node is lost for
 real mid-run (testbench.faults.lost_node: its slurmd, slurmstepd and ranks SIGKILLed at once) or one of its ranks
 is killed, and the job finishes on the other node of the same allocation from its last checkpoint, the restart
 written in the run dir and shown by `hpc jobs status`. The batch host (c1) is the spare: the supervisor keeps it

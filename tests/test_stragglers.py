@@ -8,7 +8,7 @@ import statistics
 import pytest
 
 from toolkit.reports.stragglers import find_stragglers
-from toolkit.workloads.heartbeat import Beat
+from toolkit.node.heartbeat import Beat
 
 
 def beat(rank: int, data: float, compute: float, sync: float, node: str | None = None, steps: int = 49) -> Beat:

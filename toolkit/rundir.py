@@ -15,9 +15,9 @@ and reports all go through RunDir).
         failures/        rank-N.json: RankRecord of each rank whose workload failed
         logs/train_log.jsonl  our trainer's log, when the recipe keeps its logs under the run (dirs.logs under: run)
         heartbeats/      rank-N.json: each rank's step and time; rank-N.stack: its Python stacks when asked
-                         (toolkit.workloads.heartbeat)
+                         (toolkit.node.heartbeat)
         hang.json        what the hang watchdog found when it ended the job (HPC_HANG_TIMEOUT)
-        restarts.jsonl   a job with spares (toolkit.job.spares): one line per restart on other nodes (when, which
+        restarts.jsonl   a job with spares (toolkit.node.spares): one line per restart on other nodes (when, which
                          nodes were left out and why, drained or not, the last step the heartbeats saw)
         task-000/ ...    a sweep's dir only: one run dir per grid point
 
@@ -42,8 +42,8 @@ from pathlib import Path
 from typing import Any, Iterable, Iterator, Mapping
 
 from toolkit.errors import HpcError
-from toolkit.node.records import PREFLIGHTS, append_record, batch_dir, read_records  # the node side writes them
-from toolkit.workloads import heartbeat  # standard library only
+from toolkit.node import heartbeat  # standard library only
+from toolkit.node.records import PREFLIGHTS, RESTARTS, append_record, batch_dir, read_records  # node-side
 from toolkit.workloads.train_log import LOG_NAME  # standard library only
 
 METADATA = "metadata.json"
@@ -51,7 +51,6 @@ PLAN = "plan.json"
 RESULT = "result.json"
 FAILURES = "failures"
 SUBMITIT = "submitit"
-RESTARTS = "restarts.jsonl"
 TRAINER_LOG = f"logs/{LOG_NAME}"  # our trainer's log, when the recipe keeps its logs dir under the run
 LOG_PATTERNS = ("*.out", "*.err", "*.log", "*.jsonl", "*.txt", "*.json")
 RECORDS = (METADATA, PLAN, RESULT)  # the toolkit's own files: never logs
@@ -381,7 +380,7 @@ class RunDir:
         return read_json(self.path / heartbeat.HANG_FILE)
 
     def restarts(self) -> list[dict[str, Any]]:
-        """The spares supervisor's records, oldest first (toolkit.job.spares)."""
+        """The spares supervisor's records, oldest first (toolkit.node.spares)."""
         return read_records(self.path / RESTARTS)
 
     def add_restart(self, entry: Mapping[str, Any]) -> None:

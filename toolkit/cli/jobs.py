@@ -48,7 +48,7 @@ def _progress_lines(progress: dict | None) -> list[str]:
 
 
 def _restart_lines(restarts: list[dict]) -> list[str]:
-    """The spares supervisor's records (toolkit.job.spares): restarts, the probes' drains, giving up."""
+    """The spares supervisor's records (toolkit.node.spares): restarts, the probes' drains, giving up."""
     import datetime as dt
 
     lines = []

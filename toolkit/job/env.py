@@ -156,17 +156,22 @@ def library_path(instance: InstanceType, fabric: str, *, recipe_dirs: Sequence[s
                   "the job): " + "; ".join(why), prepend=True)
 
 
-def heartbeat_env(run_dir: str, hang_timeout_s: int | None) -> list[EnvVar]:
-    """Where the ranks keep their heartbeats (toolkit.workloads.heartbeat), and the hang timeout if one is set."""
-    from toolkit.workloads import heartbeat
+def heartbeat_env(run_dir: str, hang_timeout_s: int | None, bundle: str | None = None) -> list[EnvVar]:
+    """Where the ranks keep their heartbeats (toolkit.node.heartbeat), the hang timeout if one is set, and the
+    staged node-side code (`bundle`, toolkit.job.staging) first on PYTHONPATH: `from hpc_node.heartbeat import
+    beat` then works in a rank on a node without hpc installed."""
+    from toolkit.node import heartbeat
 
     env = [EnvVar(heartbeat.DIR_VAR, f"{run_dir}/heartbeats",
-                  "each rank's step and time (toolkit.workloads.heartbeat): `hpc jobs status` names a rank that "
+                  "each rank's step and time (toolkit.node.heartbeat): `hpc jobs status` names a rank that "
                   "stops progressing")]
     if hang_timeout_s:
         env.append(EnvVar(heartbeat.HANG_VAR, str(hang_timeout_s),
                           f"rank 0 ends the job once a rank has made no progress for {hang_timeout_s} s, naming it "
                           "(resources.hang_timeout_s)"))
+    if bundle:
+        env.append(EnvVar("PYTHONPATH", bundle, "hpc's node-side code, staged in the run dir: a script beats with "
+                                                "`from hpc_node.heartbeat import beat`", prepend=True))
     return env
 
 

@@ -24,11 +24,8 @@ import shlex
 from typing import Mapping, Union
 
 from toolkit.errors import HpcError
-
-# MASTER_PORT = BASE + job id % SPAN: concurrent jobs on shared nodes get different ports, and the range stays
-# below Linux's ephemeral ports (32768+), which outgoing connections may already hold.
-MASTER_PORT_BASE = 15000
-MASTER_PORT_SPAN = 16000
+# The rendezvous port: node-side code (the spares supervisor) computes it too.
+from toolkit.node.rank import MASTER_PORT_BASE, MASTER_PORT_SPAN, RESTART_PORT_STRIDE, master_port  # noqa: F401
 
 # The rank contract from the Slurm task's variables (srun sets these per task; sbatch(1), srun(1) "OUTPUT
 # ENVIRONMENT VARIABLES"); WORLD_SIZE and LOCAL_WORLD_SIZE are the job's shape, known when it is planned.
@@ -48,16 +45,6 @@ Arg = Union[str, RankVar, tuple[Union[str, RankVar], ...]]
 
 # Rank 0's view with the rendezvous left symbolic: what `show` and `submit --dry-run` print.
 RANK0_PREVIEW = {"RANK": "0", "LOCAL_RANK": "0", "MASTER_ADDR": "$MASTER_ADDR", "MASTER_PORT": "$MASTER_PORT"}
-
-
-# A job with spares starts a fresh rendezvous after each restart (toolkit.job.spares), this many ids further: the
-# old store's port may still be held, and jobs this far apart in id rarely share a first node.
-RESTART_PORT_STRIDE = 1009
-
-
-def master_port(job_id: int, restart: int = 0) -> int:
-    """The rendezvous port of a job (the set-up block computes the same in shell), after `restart` restarts."""
-    return MASTER_PORT_BASE + (job_id + restart * RESTART_PORT_STRIDE) % MASTER_PORT_SPAN
 
 
 @dataclasses.dataclass(frozen=True)

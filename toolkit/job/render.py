@@ -123,8 +123,10 @@ def preflight_line(spec: JobSpec) -> str:
 
 
 def staging_lines(spec: JobSpec) -> list[str]:
-    """The node-side bundle's unpacking (toolkit.job.staging), where the job runs node-side code of ours."""
-    return unpack_lines(spec.run_dir) if spec.preflight_args else []
+    """The node-side bundle's unpacking (toolkit.job.staging), where the job runs node-side code of ours: the
+    pre-flight, the spares supervisor, or ranks that import the heartbeat from it (every job on_slurm planned)."""
+    commands = bool(spec.preflight_args or spec.spares)  # these run "$HPC_PYTHON" BUNDLE ...: a python3 >= 3.9
+    return unpack_lines(spec.run_dir, choose_python=commands) if spec.node_bundle or commands else []
 
 
 def _setup_context(spec: JobSpec) -> dict:
@@ -151,21 +153,22 @@ def setup_block(spec: JobSpec) -> str:
 SHARED_LOG_SRUN_OPTIONS = ("--label",)
 
 
-def spares_supervisor(spec: JobSpec) -> list[str]:
-    """The command that runs a job with spares' srun line round after round (toolkit.job.spares), else none."""
+def spares_supervisor(spec: JobSpec) -> str:
+    """The command that runs a job with spares' srun line round after round (toolkit.node.spares, from the staged
+    bundle with the node's python3), up to its `--`; else nothing."""
     if not spec.spares:
-        return []
-    from toolkit.workloads.heartbeat import DIR_VAR
+        return ""
+    from toolkit.node.heartbeat import DIR_VAR
 
-    words = [node_python(spec), "-m", "toolkit.job.spares", "--nodes", str(spec.nodes), "--spares", str(spec.spares),
-             "--run-dir", spec.run_dir, "--heartbeat-dir", spec.environ.get(DIR_VAR, f"{spec.run_dir}/heartbeats")]
+    words = ["--nodes", str(spec.nodes), "--spares", str(spec.spares), "--run-dir", spec.run_dir,
+             "--heartbeat-dir", spec.environ.get(DIR_VAR, f"{spec.run_dir}/heartbeats")]
     if spec.hang_timeout_s:
         words += ["--hang-timeout", str(spec.hang_timeout_s)]
-    return [*words, "--"]
+    return node_command(spec.run_dir, "spares", *words, "--") + " "
 
 
 def node_python(spec: JobSpec) -> str:
-    """The Python that runs the toolkit's own code on the nodes (submitit's per-rank code, the spares supervisor):
+    """The Python that runs the toolkit's own code on the nodes (submitit's per-rank code):
     the recipe's environment's, else the one running hpc."""
     if spec.software.venv:
         return f"{spec.software.venv}/bin/python"  # in a container: mounted there (software.container.mounts)
@@ -181,6 +184,6 @@ def render_script(spec: JobSpec) -> str:
         **_setup_context(spec),
         directives=sbatch_directives(spec),
         array_lines=array_lines(program.words),
-        launch=shlex.join([*spares_supervisor(spec), "srun", *SHARED_LOG_SRUN_OPTIONS, *srun_options(spec)]),
+        launch=spares_supervisor(spec) + shlex.join(["srun", *SHARED_LOG_SRUN_OPTIONS, *srun_options(spec)]),
         rank_script=shlex.quote(program.script),
     )

@@ -29,6 +29,7 @@ from toolkit.job.rank import Arg, RankProgram, RankVar, rank_program
 from toolkit.job.resume import checkpoint_repair_script
 from toolkit.job.scaling import Derived, apply_scaling
 from toolkit.job.shell import export_line
+from toolkit.job.staging import bundle_path
 from toolkit.recipes.schema import Recipe, flag_words
 
 # Values that reach `#SBATCH` lines, which sbatch (not the shell) parses: no quoting can make a newline safe
@@ -113,7 +114,7 @@ class JobSpec:
     dirs: Mapping[str, str] = dataclasses.field(default_factory=dict)  # data / checkpoints / logs, as resolved
     style: LauncherStyle = "script"  # torchrun: one Slurm task per node starts that node's tasks_per_node ranks
     hang_timeout_s: int | None = None  # resources.hang_timeout_s: the watchdog ends a job stalled this long
-    spares: int = 0  # resources.spares: nodes held beyond `nodes` to restart on (toolkit.job.spares)
+    spares: int = 0  # resources.spares: nodes held beyond `nodes` to restart on (toolkit.node.spares)
     expedited_requeue: bool = False  # Slurm's part: sbatch --requeue=expedite (toolkit.slurm.version)
     preflight: bool = False  # check every node before the ranks start (resources.preflight; toolkit.node.preflight)
     # Slurm's part (on_slurm): the scheduler-neutral spec leaves these empty
@@ -121,6 +122,7 @@ class JobSpec:
     srun_binding: tuple[str, ...] = ()  # srun CPU-binding options (GPU ranks unbound, HPU ranks on their cores)
     slurm_options: Mapping[str, str] = dataclasses.field(default_factory=dict)  # account, qos, ... for sbatch
     preflight_args: tuple[str, ...] = ()  # the queue's promises, as toolkit.node.preflight's arguments
+    node_bundle: str | None = None  # the staged node-side code (toolkit.job.staging), first on the ranks' PYTHONPATH
 
     @property
     def world_size(self) -> int:
@@ -141,10 +143,10 @@ class JobSpec:
         """What srun starts on every Slurm task, on every submission path (toolkit.job.rank)."""
         # The heartbeat dir is the run dir's: per task of a sweep, so in the rank program, not in the shared batch
         # script's set-up (the recipe's env.HPC_HEARTBEAT_DIR, if any, wins). With spares the supervisor watches for
-        # hangs and ends only the step (toolkit.job.spares), not rank 0's watchdog, which would end the job.
+        # hangs and ends only the step (toolkit.node.spares), not rank 0's watchdog, which would end the job.
         hang_timeout = None if self.spares else self.hang_timeout_s
-        heartbeats = "; ".join(export_line(var) for var in heartbeat_env(self.run_dir, hang_timeout)
-                               if var.name not in self.environ)
+        heartbeats = "; ".join(export_line(var) for var in heartbeat_env(self.run_dir, hang_timeout, self.node_bundle)
+                               if var.prepend or var.name not in self.environ)
         container = prelude(self.software, self.env) if self.software.container else ""
         resume = checkpoint_repair_script(self.launcher, self.dirs.get("checkpoints"))
         return rank_program(self.command, self.world_size, self.tasks_per_node, contract=self.style == "script",
@@ -521,7 +523,10 @@ def on_slurm(spec: JobSpec, queue: Queue, slurm_options: Mapping[str, str | None
                            "every node is checked against the queue before the ranks start; a failed node stops "
                            "the job" + (", which is requeued without it" if spec.requeue else "")
                            if spec.preflight else "resources.preflight (training jobs outside containers: on)"))
-    return dataclasses.replace(spec, preflight_args=preflight, derived=(*spec.derived, *derived))
+    # Every Slurm job runs node-side code of ours (its ranks' heartbeats; the pre-flight, the spares supervisor):
+    # the batch shell stages it before the ranks start (templates/setup.sh.j2).
+    return dataclasses.replace(spec, preflight_args=preflight, node_bundle=bundle_path(spec.run_dir),
+                               derived=(*spec.derived, *derived))
 
 
 def preflight_args(spec: JobSpec, queue: Queue) -> tuple[str, ...]:

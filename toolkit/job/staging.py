@@ -66,9 +66,10 @@ _MIN = "import sys; sys.exit(sys.version_info < (3, 9))"
 PYTHON_VAR = "HPC_PYTHON"
 
 
-def unpack_lines(run_dir: str | Path) -> list[str]:
-    """Shell lines that choose the node-side python3 and write the bundle unless it is there already (written
-    aside, then moved: a node reading it never sees half a file)."""
+def unpack_lines(run_dir: str | Path, choose_python: bool = True) -> list[str]:
+    """Shell lines that choose the node-side python3 (with `choose_python`: the job runs node_command()s, which
+    need one) and write the bundle unless it is there already (written aside, then moved: a node reading it never
+    sees half a file). Ranks that only import from the bundle bring their own Python."""
     path = bundle_path(run_dir)
     quoted, partial = shlex.quote(path), shlex.quote(path) + '".$$"'
     text = base64.encodebytes(bundle()).decode().rstrip("\n")
@@ -80,7 +81,8 @@ def unpack_lines(run_dir: str | Path) -> list[str]:
               "  echo \"hpc: no python3 >= 3.9 on $(hostname) (tried the job's PATH and the system's): hpc's node-side "
               "code needs one; put it first on PATH in the recipe's software (a venv or module)\" >&2",
               "  exit 1", "fi"]
-    return [*choose, f"if [ ! -s {quoted} ]; then", f"  mkdir -p {shlex.quote(str(Path(path).parent))}",
+    return [*(choose if choose_python else []),
+            f"if [ ! -s {quoted} ]; then", f"  mkdir -p {shlex.quote(str(Path(path).parent))}",
             f"  base64 -d > {partial} <<'HPC_NODE_BUNDLE'", *text.splitlines(), "HPC_NODE_BUNDLE",
             f"  mv -f {partial} {quoted}", "fi"]
 

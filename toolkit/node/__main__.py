@@ -5,7 +5,7 @@ Written for any python3: an interpreter older than the contract's says so in one
 
 import sys
 
-COMMANDS = {"nodesearch": "nodesearch", "preflight": "preflight"}
+COMMANDS = {"nodesearch": "nodesearch", "preflight": "preflight", "spares": "spares"}
 
 
 def main(argv):

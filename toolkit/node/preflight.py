@@ -23,7 +23,7 @@ node_check's and (on GPU/Gaudi queues) loader_check's source with `python3 -c`, 
 Only FAIL counts. A node that fails stops the job with one line naming the node and the check, and a record in
 <run dir>/preflight.jsonl (`hpc jobs status` shows it). Then:
 
-  - with spares (toolkit.job.spares) and no more failed nodes than spares: the job goes on, its supervisor leaves
+  - with spares (toolkit.node.spares) and no more failed nodes than spares: the job goes on, its supervisor leaves
     them out;
   - with requeue on (training jobs), some nodes passing and fewer than MAX_REQUEUES requeues so far: the job is
     requeued with the failed nodes excluded. Slurm lets a job's ExcNodeList change only while it is pending

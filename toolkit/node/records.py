@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Mapping, Union
 
 PREFLIGHTS = "preflight.jsonl"  # toolkit.node.preflight: what each start of the job found on its nodes
+RESTARTS = "restarts.jsonl"  # toolkit.node.spares: each restart on other nodes, probe and giving up
 
 
 def read_records(path: Path) -> List[Dict[str, Any]]:

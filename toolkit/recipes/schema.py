@@ -185,7 +185,7 @@ class Resources(StrictModel):
     # for the time limit (toolkit.workloads.heartbeat; --hang-timeout). None: never.
     hang_timeout_s: PositiveInt | None = None
     # Hot spares: hold this many nodes beyond `nodes` and, when a node or a rank is lost, run again on healthy
-    # ones of the same allocation from the last checkpoint (toolkit.job.spares; --spares).
+    # ones of the same allocation from the last checkpoint (toolkit.node.spares; --spares).
     spares: int = Field(0, ge=0)
     # Pre-flight (toolkit.node.preflight): before any rank starts, check every node against its queue (devices,
     # EFA, the loader, the shared file system, memory, disk). null: on for training jobs (requeue: true) outside

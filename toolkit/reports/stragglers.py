@@ -1,4 +1,4 @@
-"""Straggling ranks and nodes, from the per-rank step times the ranks' heartbeats keep (toolkit.workloads.heartbeat).
+"""Straggling ranks and nodes, from the per-rank step times the ranks' heartbeats keep (toolkit.node.heartbeat).
 
 In a data-parallel job every rank's step takes as long as the slowest rank's: the others wait for it in the
 gradient all-reduce. So a straggler is found by the work no collective holds back, a rank's own work per step:
@@ -18,7 +18,7 @@ import dataclasses
 import statistics
 from typing import Sequence
 
-from toolkit.workloads.heartbeat import Beat
+from toolkit.node.heartbeat import Beat
 
 OWN_WORK = ("data", "compute")  # the phases no collective holds back
 DEFAULT_THRESHOLD = 0.5  # flagged above the baseline (the lower quartile of own work) by this fraction

@@ -74,11 +74,11 @@ def choose_executor(requested: str | None, *, mpi: bool = False, spares: int = 0
         if kind not in (None, Executor.SBATCH) or not slurm_installed():
             missing = "" if slurm_installed() else "; no Slurm is installed here"
             raise HpcError(f"--spares {spares}: spare nodes are a Slurm allocation's, restarted on by the rendered "
-                           f"script (toolkit.job.spares){missing}",
+                           f"script (toolkit.node.spares){missing}",
                            fix="submit to a Slurm cluster without --executor (or with --executor sbatch), or drop "
                                "--spares")
         return Executor.SBATCH, (None if kind == Executor.SBATCH else
-                                 f"{spares} spare node(s): the rendered script goes to sbatch (toolkit.job.spares "
+                                 f"{spares} spare node(s): the rendered script goes to sbatch (toolkit.node.spares "
                                  "restarts its ranks on them)")
     if mpi:
         if kind == Executor.LOCAL or (kind is None and not slurm_installed()):

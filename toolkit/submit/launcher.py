@@ -34,7 +34,7 @@ import subprocess
 import sys
 import threading
 
-from toolkit.workloads.stopping import EXIT_STOPPED  # standard library only: cheap for every rank
+from toolkit.node.rank import EXIT_STOPPED  # standard library only: cheap for every rank
 
 # How long checkpoint() gives a stopping workload to save before requeueing without it.
 STOP_GRACE_S = 120

@@ -43,12 +43,12 @@ STALL_AFTER_S = 120.0
 
 def progress(run: RunDir, job_id: str | None, running: bool, stall_after_s: float | None = None,
              stacks: bool = False) -> dict[str, Any] | None:
-    """The ranks' heartbeats read back (toolkit.workloads.heartbeat): how far they got and, while the job runs,
+    """The ranks' heartbeats read back (toolkit.node.heartbeat): how far they got and, while the job runs,
     which ranks stopped progressing and which of them the others wait for; with `stacks`, each rank's Python
     stacks are collected first (they tell a rank stuck in its own code from ranks waiting in a collective).
     Also what the hang watchdog recorded if it ended the job. None where the run has neither. `job_id`: Slurm's,
     None for a local run (its ranks are asked for stacks by pid)."""
-    from toolkit.workloads import heartbeat
+    from toolkit.node import heartbeat
 
     beats, hang = run.heartbeats(), run.hang()
     if not beats and not hang:

@@ -26,7 +26,8 @@ import time
 from collections.abc import Callable
 
 from toolkit.errors import HpcError
-from toolkit.workloads import heartbeat, hpu
+from toolkit.node import heartbeat
+from toolkit.workloads import hpu
 from toolkit.workloads.rank_env import rank_env
 
 OPS = ("all_reduce", "all_gather", "reduce_scatter")

@@ -21,7 +21,8 @@ import time
 from collections.abc import Sequence
 
 from toolkit.errors import HpcError
-from toolkit.workloads import checkpoint, heartbeat, hpu
+from toolkit.node import heartbeat
+from toolkit.workloads import checkpoint, hpu
 from toolkit.workloads.rank_env import rank_env
 from toolkit.workloads.stopping import EXIT_STOPPED, StopFlag, all_reduce_step, ignore_stop_signals
 from toolkit.workloads.train_log import TrainLog, steady_throughput

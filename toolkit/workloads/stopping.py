@@ -10,8 +10,8 @@ from __future__ import annotations
 import signal
 from collections.abc import Sequence
 
-# sysexits EX_TEMPFAIL: "try again later". Checkpoint saved after a stop request; requeue the job to go on.
-EXIT_STOPPED = 75
+from toolkit.node.rank import EXIT_STOPPED  # noqa: F401  (the spares supervisor, on the node, reads it too)
+
 STOP_SIGNALS = (signal.SIGUSR2, signal.SIGTERM)
 
 

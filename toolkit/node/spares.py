@@ -1,7 +1,7 @@
 """Hot spares: a job holds N + K nodes, runs its ranks on N, and when a node or a rank is lost runs them again on N
 healthy nodes of the same allocation, resuming from the last checkpoint, instead of ending and waiting in the queue.
 
-    python -m toolkit.job.spares --nodes N --spares K --run-dir DIR [--hang-timeout S] -- srun OPTIONS... PROGRAM...
+    "$HPC_PYTHON" BUNDLE spares --nodes N --spares K --run-dir DIR [--hang-timeout S] -- srun OPTIONS... PROGRAM...
 
 The rendered script runs this in place of its srun line (the batch shell's stop trap signals it as it would srun).
 It rests on Slurm's own rules (sbatch(1), srun(1)):
@@ -13,8 +13,13 @@ It rests on Slurm's own rules (sbatch(1), srun(1)):
       * srun's own line for a rank that died (`srun: error: c2: task 1: Killed`; the same on 22.05 and 26.05);
         a probe step on each of the round's nodes (`srun --overlap -w NODE true`; a node without a slurmd fails
         it after MessageTimeout) then tells a lost node (drained) from one whose rank failed (only left out);
-      * heartbeats (toolkit.workloads.heartbeat) that stopped while srun heard nothing of those ranks: their node
-        or processes are gone, so it is left out at once, and drained when its probe, run meanwhile, fails;
+      * every workload, beating or not: one probe step over all of the round's nodes every --probe-every
+        seconds (one step, whatever the node count: slurmctld creates one step per period, not one per node);
+        where it fails, the per-node probe names the nodes without a slurmd, which are lost;
+      * heartbeats (toolkit.node.heartbeat) that stopped while srun heard nothing of those ranks: their nodes are
+        probed at once, and are lost when the probe fails. Silence alone is no evidence (a process holding the
+        GIL through a checkpoint's save writes no heartbeat either): a node whose ranks are silent but which
+        answers its probe is dropped only once the silence outlasts --silence-bound (SILENCE_BOUND_S);
       * with --hang-timeout, ranks that made no step for that long (the supervisor is then the watchdog, and
         ends the step, not the job).
     The failed step is ended (srun's abort, then SIGKILL: a lost node's part never ends) and the next one started
@@ -26,13 +31,14 @@ Which nodes train: the first N healthy ones, the batch host last. It runs this s
 job whatever happens (Slurm requeues it on node failure, as today); kept out of training while a spare is left, it
 is also kept out of what breaks training nodes. Drains carry a reason and need root, SlurmUser or an operator;
 where refused, the record says so. Each restart, probe and giving up is a line of <run dir>/restarts.jsonl
-(RunDir.restarts: when, which nodes, why, the last step the heartbeats saw). After K restarts, or with fewer than
+(records.RESTARTS: when, which nodes, why, the last step the heartbeats saw). After K restarts, or with fewer than
 N healthy nodes, a job that lost a node is requeued as Slurm would (`scontrol requeue`); one whose rank failed on
 a healthy node ends with that rank's status, as today.
 
-Each round gets a fresh rendezvous: the first chosen node and toolkit.job.rank.master_port(job, round), exported
+Each round gets a fresh rendezvous: the first chosen node and toolkit.node.rank.master_port(job, round), exported
 to srun as MASTER_ADDR/MASTER_PORT (and torchrun's PET_RDZV_ENDPOINT), so the rank contract is the same in every
-round. Standard library only: it runs in the batch shell's Python.
+round. Node-side code (toolkit.node's contract): the batch shell runs it from the staged bundle with the node's
+own python3 (toolkit.job.staging.node_command).
 """
 
 from __future__ import annotations
@@ -52,12 +58,23 @@ import time
 from pathlib import Path
 from typing import Sequence
 
-from toolkit.job.rank import master_port
-from toolkit.rundir import RunDir
-from toolkit.workloads import heartbeat
-from toolkit.workloads.stopping import EXIT_STOPPED
+from . import heartbeat, records
+from .rank import EXIT_STOPPED, master_port
 
-PROBE_TIMEOUT_S = 60  # a probe step on a node without slurmd fails after MessageTimeout (Slurm's default 10 s)
+# A probe step (`true`) ends within about a second on a node whose slurmd answers (0.3-1 s here). On a node without
+# one, srun 22.05 fails it after MessageTimeout (Slurm's default 10 s), but srun 20.11 under a 22.05 controller
+# (the node lane) waits on: measured past 60 s. So a probe that has not ended in this time is itself evidence.
+PROBE_TIMEOUT_S = 15
+# The round's nodes are probed this often: a node lost under a workload that writes no heartbeats is found within
+# PROBE_EVERY_S + 2 x PROBE_TIMEOUT_S (the step over all nodes fails, then the per-node probes name it), 40 s,
+# instead of at SlurmdTimeout (ParallelCluster: 180 s).
+PROBE_EVERY_S = 10.0
+# Heartbeat silence on a node that answers its probe: its ranks' processes are held whole (the writer thread is
+# a daemon thread, so only a process that holds the GIL or is stopped stops it). The longest such hold a healthy
+# job makes is a checkpoint's save that pickles under the GIL: a 7B-parameter model's full training state (fp32
+# weights and Adam's two moments, ~84 GB) written by one client at 100-200 MB/s takes 7-14 minutes. Past 15
+# minutes of silence the ranks are taken for frozen; --silence-bound sets it for a job whose saves take longer.
+SILENCE_BOUND_S = 900.0
 END_STEP_GRACE_S = 5  # after srun is told to end the step, before it is killed
 POLL_S = 0.5
 # srun's line for a task that ended badly, as 22.05 and 26.05 print it: `srun: error: c2: task 1: Killed`,
@@ -70,12 +87,14 @@ NODE_FAILED = re.compile(r"^srun: error: (?P<what>Node failure) on (?P<node>\S+)
 @dataclasses.dataclass
 class Failure:
     """Why a round ended early: what noticed it, and the nodes it points at (before probing). `lost`: the
-    evidence says the nodes are gone (their ranks stopped writing heartbeats and srun heard nothing of them), so
-    the restart need not wait for the probe."""
+    evidence says the nodes are gone (their probe failed, or their ranks' silence outlasted the bound), so the
+    restart need not wait for another probe; `why` says so per node."""
 
     trigger: str
     suspects: list[str]
     lost: bool = False
+    why: dict[str, str] = dataclasses.field(default_factory=dict)
+    probed: dict[str, str] = dataclasses.field(default_factory=dict)  # the failed probes that found them lost
 
 
 @dataclasses.dataclass
@@ -120,6 +139,20 @@ def silent_nodes(beats: Sequence[heartbeat.Beat], since: float, now: float) -> t
     return sorted({b.node for b in silent}), [b.rank for b in silent]
 
 
+def sweep(nodes: Sequence[str], job_id: str, timeout: float = PROBE_TIMEOUT_S) -> str | None:
+    """One probe step over all `nodes` at once (`true` on each): None when every node ran it, else why not."""
+    argv = ["srun", f"--jobid={job_id}", "--overlap", f"--nodes={len(nodes)}", f"--ntasks={len(nodes)}",
+            f"--nodelist={','.join(nodes)}", "--cpus-per-task=1", "--export=ALL", "true"]
+    try:
+        res = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return f"a probe step did not end within {timeout:g} s"
+    if res.returncode == 0:
+        return None
+    lines = [line for line in res.stderr.splitlines() if "error" in line.lower()] or res.stderr.splitlines()
+    return f"a probe step failed: {lines[0].strip() if lines else f'exit {res.returncode}'}"
+
+
 def probe(nodes: Sequence[str], job_id: str, timeout: float = PROBE_TIMEOUT_S) -> dict[str, str | None]:
     """One step per node (`true`), all at once: None for a node that ran it, else why it did not."""
     def one(node: str) -> str | None:
@@ -131,11 +164,88 @@ def probe(nodes: Sequence[str], job_id: str, timeout: float = PROBE_TIMEOUT_S) -
             return f"a probe step did not end within {timeout:g} s"
         if res.returncode == 0:
             return None
-        lines = [l for l in res.stderr.splitlines() if "error" in l.lower()] or res.stderr.splitlines()
+        lines = [x for x in res.stderr.splitlines() if "error" in x.lower()] or res.stderr.splitlines()
         return f"a probe step failed: {lines[0].strip() if lines else f'exit {res.returncode}'}"
 
     with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, len(nodes))) as pool:
         return dict(zip(nodes, pool.map(one, nodes)))
+
+
+class Watch:
+    """A round's evidence about its nodes, besides srun's lines: the periodic probe of all its nodes, and the
+    probe of nodes whose ranks' heartbeats stopped. check() says, poll after poll, whether a node is lost; it
+    never decides on silence alone before silence_bound. The probes run in `pool`: check() never waits."""
+
+    def __init__(self, nodes: Sequence[str], job_id: str, started: float, pool: concurrent.futures.Executor,
+                 probe_every: float = PROBE_EVERY_S, silence_bound: float = SILENCE_BOUND_S,
+                 sweep_fn=sweep, probe_fn=probe) -> None:
+        self.nodes, self.job_id, self.started, self.pool = list(nodes), job_id, started, pool
+        self.probe_every, self.silence_bound = probe_every, silence_bound
+        self.sweep_fn, self.probe_fn = sweep_fn, probe_fn
+        self.last_sweep = started
+        self.sweeping: concurrent.futures.Future | None = None
+        self.confirming: concurrent.futures.Future | None = None  # per node, after a failed sweep
+        self.silence_probes: dict[str, concurrent.futures.Future] = {}  # node -> its probe, once its ranks went silent
+        self.answered: set[str] = set()  # silent nodes whose probe passed: only the bound drops them
+
+    def check(self, beats: Sequence[heartbeat.Beat], now: float) -> Failure | None:
+        found = self._periodic(now)
+        return found or self._silence(beats, now)
+
+    def _periodic(self, now: float) -> Failure | None:
+        if self.sweeping is not None and self.sweeping.done():
+            failed = self.sweeping.result()
+            self.sweeping = None
+            if failed and self.confirming is None:  # which node: one probe step each
+                say(f"the probe of {','.join(self.nodes)} failed ({failed}): probing each node")
+                self.confirming = self.pool.submit(self.probe_fn, self.nodes, self.job_id)
+        if self.confirming is not None and self.confirming.done():
+            dead = {n: why for n, why in self.confirming.result().items() if why}
+            self.confirming = None
+            if dead:
+                return Failure(f"probe: {','.join(sorted(dead))}: no slurmd answered", sorted(dead), lost=True,
+                               why={n: f"its probe failed ({why})" for n, why in dead.items()}, probed=dead)
+        if self.sweeping is None and self.confirming is None and now - self.last_sweep >= self.probe_every:
+            self.last_sweep = now
+            self.sweeping = self.pool.submit(self.sweep_fn, self.nodes, self.job_id)
+        return None
+
+    def _silence(self, beats: Sequence[heartbeat.Beat], now: float) -> Failure | None:
+        nodes, ranks = silent_nodes(beats, self.started, now)
+        for node in nodes:
+            if node not in self.silence_probes:
+                self.silence_probes[node] = self.pool.submit(self.probe_fn, [node], self.job_id)
+        dead: dict[str, str] = {}
+        probed: dict[str, str] = {}
+        for node, probing in self.silence_probes.items():
+            if node in nodes and probing.done() and node not in self.answered:
+                why = probing.result().get(node)
+                if why:
+                    dead[node], probed[node] = f"its ranks' heartbeats stopped and its probe failed ({why})", why
+                else:
+                    self.answered.add(node)
+                    say(f"{node}: its ranks' heartbeats stopped but it answers its probe: kept until "
+                        f"{self.silence_bound:g} s of silence (a save holding the GIL looks the same)")
+        for node in nodes:
+            silence = now - max(b.time for b in beats if b.node == node and b.time >= self.started)
+            if node not in dead and silence > self.silence_bound:
+                dead[node] = f"its ranks wrote no heartbeat for {silence:.0f} s (bound {self.silence_bound:g} s)"
+        for node in list(self.silence_probes):  # beating again: a later silence is probed afresh
+            if node not in nodes:
+                del self.silence_probes[node]
+                self.answered.discard(node)
+        if not dead:
+            return None
+        silent = [b.rank for b in beats if b.node in dead and b.rank in ranks]
+        return Failure(f"heartbeats silent: {heartbeat.rank_ranges(silent)} on {','.join(sorted(dead))}",
+                       sorted(dead), lost=True, why=dead, probed=probed)
+
+
+def done_probe(failure: Failure, chosen: Sequence[str]) -> concurrent.futures.Future:
+    """What the probes that found a failure's nodes lost said, as a finished probe of the round's nodes."""
+    future: concurrent.futures.Future = concurrent.futures.Future()
+    future.set_result({node: failure.probed.get(node) for node in chosen})
+    return future
 
 
 def drain(node: str, reason: str) -> str | None:
@@ -155,14 +265,16 @@ def last_step(directory: Path) -> int | None:
 
 class Supervisor:
     def __init__(self, srun: Sequence[str], nodes: int, spares: int, run_dir: Path, heartbeat_dir: Path,
-                 hang_timeout: float | None, job_id: str, allocated: Sequence[str], batch_host: str) -> None:
+                 hang_timeout: float | None, job_id: str, allocated: Sequence[str], batch_host: str,
+                 probe_every: float = PROBE_EVERY_S, silence_bound: float = SILENCE_BOUND_S) -> None:
         self.srun, self.n, self.spares, self.run_dir = list(srun), nodes, spares, run_dir
+        self.probe_every, self.silence_bound = probe_every, silence_bound
         self.heartbeat_dir, self.hang_timeout, self.job_id = heartbeat_dir, hang_timeout, job_id
         self.order = ordered_nodes(allocated, batch_host)
         self.excluded: dict[str, str] = {}  # node -> why
         self.stopping = False
         self.current: Round | None = None
-        self.probes = concurrent.futures.ThreadPoolExecutor(max_workers=4)
+        self.probes = concurrent.futures.ThreadPoolExecutor(max_workers=8)
         self.pending: list[tuple[int, concurrent.futures.Future]] = []  # probes of nodes already left out
 
     # -- the loop ---------------------------------------------------------------------------------------------
@@ -201,7 +313,7 @@ class Supervisor:
     def preflight(self) -> None:
         """The nodes the job's pre-flight failed (toolkit.node.preflight, run before this), then a probe step on
         the others: neither gets ranks."""
-        checked = RunDir(self.run_dir).preflights(self.job_id)
+        checked = records.job_records(records.batch_dir(self.run_dir) / records.PREFLIGHTS, self.job_id)
         failed = (checked[-1].get("failed") or {}) if checked else {}
         if failed:
             self.exclude({node: "; ".join(f"{c['name']}: {c['detail']}" for c in checks)
@@ -228,13 +340,16 @@ class Supervisor:
         reader = threading.Thread(target=self._read_stderr, args=(current,), daemon=True)
         reader.start()
         probing = None
+        watch = Watch(chosen, self.job_id, current.started, self.probes, self.probe_every, self.silence_bound)
         while current.proc.poll() is None:
             self.finish_probes(wait=False)
             if current.failure is None and not self.stopping:
-                current.failure = self._heartbeat_failure(current)
+                current.failure = self._watched_failure(current, watch)
             if current.failure is not None and not self.stopping:
                 # Probe while the step ends: a lost node's part never ends, and its probe takes MessageTimeout.
-                probing = self.probes.submit(probe, chosen, self.job_id)
+                # Unless a probe already found the lost nodes: the others need not wait for another.
+                probing = done_probe(current.failure, chosen) if current.failure.probed else \
+                    self.probes.submit(probe, chosen, self.job_id)
                 self._end_step(current)
                 break
             time.sleep(POLL_S)
@@ -247,8 +362,8 @@ class Supervisor:
         those the failure points at (a rank died on a node that answers: left out, not drained)."""
         last = last_step(self.heartbeat_dir)
         if failure.lost:
-            self.exclude({n: "its ranks' heartbeats stopped and srun heard nothing of them" for n in failure.suspects},
-                         "restart", number, failure.trigger, last)
+            self.exclude({n: failure.why.get(n, "lost") for n in failure.suspects}, "restart", number,
+                         failure.trigger, last)
             self.pending.append((number, probing))
             return
         dead = {node: why for node, why in probing.result().items() if why}
@@ -289,7 +404,7 @@ class Supervisor:
 
     def give_up(self, number: int, why: str, status: int) -> int:
         self.finish_probes(wait=True)
-        lost_node = any(e.get("kind") == "probe" for e in self.records())
+        lost_node = any(e.get("kind") == "probe" for e in self.own_records())
         self.record({"kind": "gave_up", "round": number, "why": why, "requeued": lost_node})
         if lost_node:  # as Slurm would after a node failure: the rerun gets a fresh allocation
             say(f"giving up: {why}; requeueing job {self.job_id}")
@@ -312,20 +427,20 @@ class Supervisor:
                 current.failure = Failure(f"srun: {node}: {what}", [node])
         sys.stderr.flush()
 
-    def _heartbeat_failure(self, current: Round) -> Failure | None:
+    def _watched_failure(self, current: Round, watch: Watch) -> Failure | None:
         beats = heartbeat.read_beats(self.heartbeat_dir)
         now = time.time()
-        nodes, ranks = silent_nodes(beats, current.started, now)
-        if nodes:
-            return Failure(f"heartbeats silent: {heartbeat.rank_ranges(ranks)} on {','.join(nodes)}", nodes, lost=True)
+        found = watch.check(beats, now)
+        if found is not None:
+            return found
         if self.hang_timeout:
-            found = heartbeat.diagnose([b for b in beats if b.time >= current.started], now, self.hang_timeout)
-            if found.stalled:
-                for line in found.lines():
+            hang = heartbeat.diagnose([b for b in beats if b.time >= current.started], now, self.hang_timeout)
+            if hang.stalled:
+                for line in hang.lines():
                     say(f"hang: {line}")
                 return Failure(f"no progress for {self.hang_timeout:g} s: "
-                               f"{heartbeat.rank_ranges([s.rank for s in found.stalled])}",
-                               sorted({s.node for s in found.stalled}))
+                               f"{heartbeat.rank_ranges([s.rank for s in hang.stalled])}",
+                               sorted({s.node for s in hang.stalled}))
         return None
 
     def _end_step(self, current: Round) -> None:
@@ -352,11 +467,11 @@ class Supervisor:
 
     def record(self, entry: dict) -> None:
         entry = {"time": time.time(), "job_id": self.job_id, **entry}
-        RunDir(self.run_dir).add_restart(entry)
+        records.append_record(self.run_dir / records.RESTARTS, entry)
         say(f"{entry['kind']}: {json.dumps(entry)}")
 
-    def records(self) -> list[dict]:
-        return [e for e in RunDir(self.run_dir).restarts() if str(e.get("job_id")) == self.job_id]
+    def own_records(self) -> list[dict]:
+        return [e for e in records.read_records(self.run_dir / records.RESTARTS) if str(e.get("job_id")) == self.job_id]
 
 
 def with_ignored(call, *args) -> None:
@@ -381,12 +496,17 @@ def allocation() -> tuple[str, list[str], str]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m toolkit.job.spares", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python3 BUNDLE spares", description=__doc__.split("\n")[0])
     parser.add_argument("--nodes", type=int, required=True, help="nodes the ranks run on")
     parser.add_argument("--spares", type=int, required=True, help="nodes held beyond them")
     parser.add_argument("--run-dir", type=Path, required=True)
     parser.add_argument("--heartbeat-dir", type=Path, help="default: RUN_DIR/heartbeats")
     parser.add_argument("--hang-timeout", type=float, help="end a round whose ranks made no progress this long")
+    parser.add_argument("--probe-every", type=float, default=PROBE_EVERY_S,
+                        help="seconds between probes of the round's nodes (default %(default)g)")
+    parser.add_argument("--silence-bound", type=float, default=SILENCE_BOUND_S,
+                        help="seconds of heartbeat silence after which a node that answers its probe is dropped "
+                             "(default %(default)g: longer than a large checkpoint's save)")
     parser.add_argument("srun", nargs=argparse.REMAINDER, help="-- srun OPTIONS... PROGRAM...")
     args = parser.parse_args(argv)
     srun = args.srun[1:] if args.srun[:1] == ["--"] else args.srun
@@ -395,7 +515,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     job_id, allocated, host = allocation()
     supervisor = Supervisor(srun, args.nodes, args.spares, args.run_dir,
                             args.heartbeat_dir or args.run_dir / "heartbeats", args.hang_timeout, job_id, allocated,
-                            host)
+                            host, args.probe_every, args.silence_bound)
     return supervisor.run()
 
 
