@@ -55,9 +55,12 @@ def test_every_rank_runs_in_the_container_with_the_jobs_variables_passed_over_th
     assert "--container-readonly" in words and "--container-writable" not in words
     # the rank program activates the venv inside the container before the contract and the workload
     program = words[words.index("bash") + 2]
-    # the heartbeat dir (the run dir's), then the software's activation inside the container, then the contract
-    assert program.startswith("export HPC_HEARTBEAT_DIR=/scratch/runs/r/heartbeats; "
-                              "set +u; source /fsx/envs/train/bin/activate; set -u; export RANK=")
+    # the heartbeat dir (the run dir's) and the staged node-side code on PYTHONPATH (the run dir is mounted), then
+    # the software's activation inside the container, then the contract
+    heartbeats, bundle, activation = program.split("; ", 2)
+    assert heartbeats == "export HPC_HEARTBEAT_DIR=/scratch/runs/r/heartbeats"
+    assert bundle.startswith("export PYTHONPATH=/scratch/runs/r/.hpc/hpc-node-")
+    assert activation.startswith("set +u; source /fsx/envs/train/bin/activate; set -u; export RANK=")
     # the batch shell (on the host) does not activate it; the data is made by one task inside the container
     assert not any(line.startswith("set +u; source") for line in script.splitlines())
     prepare = srun_words(script, "srun --export=ALL --nodes=1 --ntasks=1")

@@ -101,7 +101,8 @@ def test_slurm_adds_its_part_to_the_neutral_spec_and_changes_nothing_else(recipe
     assert {d.key for d in slurm.derived[len(neutral.derived):]} <= SLURM_ONLY
     assert slurm.slurm_options == {"account": "ml"} and job_options(slurm)["account"] == "ml"
     assert dataclasses.replace(slurm, derived=neutral.derived, wait_all_nodes=False, srun_binding=(),
-                               slurm_options={}, software=neutral.software, preflight_args=()) == neutral
+                               slurm_options={}, software=neutral.software, preflight_args=(),
+                               node_bundle=None) == neutral
     # what the pre-flight checks each node against comes from the queue (neutral: whether to run it at all)
     assert bool(slurm.preflight_args) == neutral.preflight == recipe.resources.requeue
 

@@ -43,7 +43,9 @@ PER_PROCESS = re.compile(r"^(SLURM_|SUBMITIT_|_$|PWD$|OLDPWD$|SHLVL$)")
 CONTRACT = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR")
 # What the probe recipe's job sets (its env, the CPU queue's threads, the rendezvous), and what Slurm sets.
 # ...and the heartbeat dir the rank program exports (toolkit.workloads.heartbeat)
-JOB_VARS = {"PROBE_OUT", "PYTHONUNBUFFERED", "OMP_NUM_THREADS", "MASTER_PORT", "HPC_HEARTBEAT_DIR", *CONTRACT}
+# PYTHONPATH: the staged node-side code (toolkit.job.staging), never the submitter's
+JOB_VARS = {"PROBE_OUT", "PYTHONUNBUFFERED", "OMP_NUM_THREADS", "MASTER_PORT", "HPC_HEARTBEAT_DIR", "PYTHONPATH",
+            *CONTRACT}
 SLURM_MADE = {"ENVIRONMENT", "HOSTNAME", "SLURMD_NODENAME", "SRUN_DEBUG"}
 
 
@@ -82,6 +84,7 @@ def test_every_executor_kind_runs_the_planned_rank_program_with_one_contract(slu
                                                                 "c1"]
             assert int(seen["env"]["MASTER_PORT"]) == master_port(int(real["job_id"]))
             assert seen["env"]["HPC_HEARTBEAT_DIR"] == f"{run}/heartbeats"  # each run's own
+            assert seen["env"]["PYTHONPATH"].split(":")[0].startswith(f"{run}/.hpc/hpc-node-")  # the staged code
             job_env = {k for k in seen["env"] if not PER_PROCESS.match(k)}
             # Nothing of the submitter's but the allow-list (sbatch's --export list makes Slurm add the node's
             # login environment on the sbatch path, never the submitter's).
@@ -91,7 +94,8 @@ def test_every_executor_kind_runs_the_planned_rank_program_with_one_contract(slu
     for rank in range(4):
         slurm, sent = ranks["slurm"][rank], ranks["sbatch"][rank]
         assert slurm["argv"] == sent["argv"], f"rank {rank}"
-        shared = (set(SUBMIT_ENV_ALLOWLIST) & set(env)) | (JOB_VARS - {"MASTER_PORT", "HPC_HEARTBEAT_DIR"})
+        per_run = {"MASTER_PORT", "HPC_HEARTBEAT_DIR", "PYTHONPATH"}  # the job's port, the run dir's files
+        shared = (set(SUBMIT_ENV_ALLOWLIST) & set(env)) | (JOB_VARS - per_run)
         assert {k: slurm["env"].get(k) for k in shared} == {k: sent["env"].get(k) for k in shared}, f"rank {rank}"
     assert not (tmp_path / "canary").exists()
     for path in (p for run in runs.values() for p in run.rglob("*")):

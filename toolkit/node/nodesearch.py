@@ -60,12 +60,13 @@ _AVG_BUSBW = re.compile(r"^#\s*Avg bus bandwidth\s*:\s*(\S+)", re.MULTILINE)  # 
 # collectives module's package must import, else one IMPORT_MARK line and exit 3; then the collective. Python 3.8
 # syntax: a Habana SynapseAI venv may be that old.
 PROBE = """\
-import json, os, socket, sys
+import json, os, socket, sys, time
 node = os.environ.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]  # Slurm's name, as the search's
 def failed(kind, exc):
     sys.stderr.write(%(mark)r + " " + json.dumps({"node": node, "kind": kind,
                      "python": sys.executable, "error": "%%s: %%s" %% (type(exc).__name__, exc)}) + "\\n")
     sys.stderr.flush()
+    time.sleep(3)  # srun --kill-on-bad-exit ends the step at the first exit: the other nodes' ranks report first
     os._exit(3)
 device = sys.argv[1]
 try:
