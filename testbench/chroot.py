@@ -120,10 +120,7 @@ def write(layout: Layout) -> None:
     layout.bin.mkdir(parents=True, exist_ok=True)
     files = {layout.bin / ".enter": enter_script(layout)}
     files.update({layout.bin / p: wrapper_script(layout, p) for p in CLIENTS})
-    for path, text in files.items():
-        if not path.exists() or path.read_text() != text:
-            path.write_text(text)
-        path.chmod(0o755)
+    write_executables(files)
     (root / MARKER).write_text(f"{layout.lane.slurm}\n")
     for daemon, target in DAEMONS.items():
         link = root / daemon_path(layout, daemon).lstrip("/")
@@ -196,12 +193,17 @@ def write_node_entry(layout: Layout) -> None:
     layout.bin.mkdir(parents=True, exist_ok=True)
     files = {layout.node_enter: node_enter_script(layout), layout.bin / ".enter": enter_script(layout)}
     files.update({layout.bin / p: wrapper_script(layout, p) for p in NODE_LANE_CLIENTS})
-    for path, text in files.items():
-        if not path.exists() or path.read_text() != text:
-            path.write_text(text)
-        path.chmod(0o755)
+    write_executables(files)
     (root / MARKER).write_text(f"{layout.lane.suite}\n")
     link = root / daemon_path(layout, "slurmd").lstrip("/")
     link.parent.mkdir(parents=True, exist_ok=True)
     if not link.is_symlink():
         link.symlink_to(DAEMONS["slurmd"])
+
+
+def write_executables(files: dict[Path, str]) -> None:
+    """Write each script where its text changed (a running lane's wrappers stay as they are), executable."""
+    for path, text in files.items():
+        if not path.exists() or path.read_text() != text:
+            path.write_text(text)
+        path.chmod(0o755)

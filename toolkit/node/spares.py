@@ -139,8 +139,8 @@ def silent_nodes(beats: Sequence[heartbeat.Beat], since: float, now: float) -> t
     return sorted({b.node for b in silent}), [b.rank for b in silent]
 
 
-def sweep(nodes: Sequence[str], job_id: str, timeout: float = PROBE_TIMEOUT_S) -> str | None:
-    """One probe step over all `nodes` at once (`true` on each): None when every node ran it, else why not."""
+def probe_step(nodes: Sequence[str], job_id: str, timeout: float = PROBE_TIMEOUT_S) -> str | None:
+    """One probe step (`true` on each of `nodes`, inside the job): None when every node ran it, else why not."""
     argv = ["srun", f"--jobid={job_id}", "--overlap", f"--nodes={len(nodes)}", f"--ntasks={len(nodes)}",
             f"--nodelist={','.join(nodes)}", "--cpus-per-task=1", "--export=ALL", "true"]
     try:
@@ -153,22 +153,15 @@ def sweep(nodes: Sequence[str], job_id: str, timeout: float = PROBE_TIMEOUT_S) -
     return f"a probe step failed: {lines[0].strip() if lines else f'exit {res.returncode}'}"
 
 
-def probe(nodes: Sequence[str], job_id: str, timeout: float = PROBE_TIMEOUT_S) -> dict[str, str | None]:
-    """One step per node (`true`), all at once: None for a node that ran it, else why it did not."""
-    def one(node: str) -> str | None:
-        argv = ["srun", f"--jobid={job_id}", "--overlap", "--nodes=1", "--ntasks=1", f"--nodelist={node}",
-                "--cpus-per-task=1", "--export=ALL", "true"]
-        try:
-            res = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
-        except subprocess.TimeoutExpired:
-            return f"a probe step did not end within {timeout:g} s"
-        if res.returncode == 0:
-            return None
-        lines = [x for x in res.stderr.splitlines() if "error" in x.lower()] or res.stderr.splitlines()
-        return f"a probe step failed: {lines[0].strip() if lines else f'exit {res.returncode}'}"
+def sweep(nodes: Sequence[str], job_id: str, timeout: float = PROBE_TIMEOUT_S) -> str | None:
+    """One probe step over all `nodes` at once: one step per period, whatever the node count."""
+    return probe_step(nodes, job_id, timeout)
 
+
+def probe(nodes: Sequence[str], job_id: str, timeout: float = PROBE_TIMEOUT_S) -> dict[str, str | None]:
+    """One step per node, all at once: None for a node that ran it, else why it did not."""
     with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, len(nodes))) as pool:
-        return dict(zip(nodes, pool.map(one, nodes)))
+        return dict(zip(nodes, pool.map(lambda node: probe_step([node], job_id, timeout), nodes)))
 
 
 class Watch:
