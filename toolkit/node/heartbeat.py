@@ -52,7 +52,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import IO, Mapping, Sequence
+from typing import IO, Callable, Mapping, Sequence
 
 DIR_VAR, HANG_VAR, INTERVAL_VAR = "HPC_HEARTBEAT_DIR", "HPC_HANG_TIMEOUT", "HPC_HEARTBEAT_INTERVAL"
 DEFAULT_INTERVAL_S = 10.0
@@ -182,7 +182,13 @@ class Heartbeat:
         else:
             return
         job_id = os.environ.get("SLURM_JOB_ID")  # this job's own; None in a local run
-        collect_stacks(self.directory, read_beats(self.directory), max(2 * self.interval, 3.0), job_id)
+        # This rank dumps its own stacks here, in ordinary code, and ignores the signal the others get (SIGWINCH's
+        # default action): a dump from the signal handler while this thread runs Python can crash the process
+        # (seen under load: rank 0 ended by SIGSEGV as it asked for stacks, and its diagnosis never written).
+        faulthandler.unregister(STACK_SIGNAL)
+        stack_file = self._stack_file
+        collect_stacks(self.directory, read_beats(self.directory), max(2 * self.interval, 3.0), job_id,
+                       own=(lambda: faulthandler.dump_traceback(stack_file, all_threads=True)) if stack_file else None)
         found = diagnose(read_beats(self.directory), time.time(), hang_timeout, read_stacks(self.directory))
         record = {"time": time.time(), "hang_timeout_s": self.hang_timeout, "lines": found.lines(),
                   **found.to_json()}
@@ -353,11 +359,15 @@ def rank_ranges(ranks: list[int]) -> str:
     return ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(parts)
 
 
-def collect_stacks(directory: Path, beats: Sequence[Beat], timeout: float, job_id: str | None) -> None:
+def collect_stacks(directory: Path, beats: Sequence[Beat], timeout: float, job_id: str | None,
+                   own: Callable[[], None] | None = None) -> None:
     """Ask every rank for its Python stacks and wait until each wrote them (or `timeout` passed). With Slurm's
     `job_id`, scancel --signal=WINCH reaches every task of the job's steps on every node (not the batch shell);
-    without one (a local run), the ranks' own pids on this machine."""
+    without one (a local run), the ranks' own pids on this machine. `own`: the asking rank's own dump, once the
+    files are emptied."""
     clear_stacks(directory)
+    if own is not None:
+        own()
     if not _scancel(f"--signal={int(STACK_SIGNAL)}", job_id=job_id):
         _signal_local(beats, STACK_SIGNAL)
     deadline = time.time() + timeout
