@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import ast
-import glob
 import json
 import os
 import shlex
@@ -100,8 +99,8 @@ def plugin_library(path: Path, version: str, soname: str = "libnccl-net.so") -> 
     """A real ELF shared library standing in for aws-ofi-nccl: its SONAME, the net plugin symbol NCCL looks up,
     and the string the real one compiles in ("Initializing " PACKAGE_STRING: aws/aws-ofi-nccl
     src/nccl_ofi_net.cpp, PACKAGE_STRING from configure.ac's AC_INIT([aws-ofi-nccl], [VERSION]))."""
-    if shutil.which("cc") is None:
-        pytest.skip("no C compiler to build a shared library")
+    # cc: the container lane's build installs it (testbench.containers), as `make test` runs it
+    assert shutil.which("cc"), "no C compiler: `make container-lane` installs gcc"
     path.parent.mkdir(parents=True, exist_ok=True)
     source = path.parent / "plugin.c"
     source.write_text(f'const char *banner = "Initializing aws-ofi-nccl {version}";\nint ncclNetPlugin_v9 = 1;\n')
@@ -118,14 +117,12 @@ def ld_so_conf(root: Path, *dirs: str) -> None:
     # "/opt/amazon/ofi-nccl/lib/$(MULTIARCH_DIR)/")
     write(root / "etc/ld.so.conf.d/100_ofinccl.conf", "".join(f"{d}\n" for d in dirs))
     ldconfig = shutil.which("ldconfig", path="/sbin:/usr/sbin:/usr/bin:/bin")
-    if ldconfig is None:
-        pytest.skip("no ldconfig here")
+    assert ldconfig, "no ldconfig (Debian's libc-bin, an essential package)"
     argv = [ldconfig, "-X", "-r", str(root)]  # -X: no symlinks made in the tree
     if os.geteuid() != 0:  # -r chroots: a user namespace gives an unprivileged user that right
         argv = ["unshare", "-r", *argv]
     res = subprocess.run(argv, capture_output=True, text=True)
-    if res.returncode != 0:
-        pytest.skip(f"cannot build an ld.so cache here: {res.stderr.strip()}")
+    assert res.returncode == 0, f"cannot build an ld.so cache: {res.stderr.strip()}"
 
 
 def node(root: Path, **env: str) -> Node:
@@ -350,24 +347,32 @@ def test_standalone_checks_parse_as_python_3_9(name):
     ast.parse(standalone_source(name), feature_version=(3, 9))
 
 
-def test_node_check_runs_under_python_3_9(tmp_path):
-    """The 3.9 grammar is not all: the standard library's 3.10+ calls fail only when run."""
-    found = [shutil.which("python3.9"), *glob.glob(os.path.expanduser("~/.pyenv/versions/3.9*/bin/python3.9"))]
-    pythons = [p for p in found
-               if p and subprocess.run([p, "-c", "import sys; assert sys.version_info[:2] == (3, 9)"],
-                                       capture_output=True).returncode == 0]
-    if not pythons:
-        pytest.skip("no python3.9 here")
-    root = healthy_tree(tmp_path / "root")
-    (root / "opt/amazon/ofi-nccl/lib/libnccl-net.so").unlink()
-    plugin_library(root / "opt/amazon/ofi-nccl/lib/x86_64-linux-gnu/libnccl-net.so", "1.16.3")
-    ld_so_conf(root, "/opt/amazon/ofi-nccl/lib/x86_64-linux-gnu/")
-    res = subprocess.run([pythons[0], "-I", "-c", doctor.node_check_source(), "--json", "--mount", "/fsx", "--root",
-                          str(root)], capture_output=True, text=True, cwd=tmp_path, timeout=60,
-                         env={"PATH": "/usr/bin:/bin", "SLURMD_NODENAME": "n9"})
-    assert res.returncode == 0, res.stderr
-    facts = json.loads(res.stdout)
-    assert facts["aws_ofi_nccl"]["loaded"]["found_by"] == "ld.so cache" and facts["gpus"]["count"] == 8
+def test_node_check_runs_under_python_3_9(node_lane):
+    """The 3.9 grammar is not all: the standard library's 3.10+ calls fail only when run. Run by the node lane's own
+    python3 (Debian bullseye's 3.9, in its root file system, which `make test` builds), chrooted there with the
+    fake node tree inside it."""
+    from testbench.layout import NODE_LANES
+
+    rootfs = NODE_LANES["bullseye"].rootfs
+    chroot = shutil.which("chroot", path="/usr/sbin:/sbin:/usr/bin:/bin")
+    assert rootfs is not None and chroot
+    inside = Path("/tmp") / f"hpc-node-check-{os.getpid()}"
+    root = healthy_tree(rootfs / inside.relative_to("/"))
+    try:
+        (root / "opt/amazon/ofi-nccl/lib/libnccl-net.so").unlink()
+        plugin_library(root / "opt/amazon/ofi-nccl/lib/x86_64-linux-gnu/libnccl-net.so", "1.16.3")
+        ld_so_conf(root, "/opt/amazon/ofi-nccl/lib/x86_64-linux-gnu/")
+        version = subprocess.run([chroot, str(rootfs), "python3", "-c", "import sys; print(sys.version_info[:2])"],
+                                 capture_output=True, text=True, timeout=60)
+        assert version.stdout.strip() == "(3, 9)", version.stderr
+        res = subprocess.run([chroot, str(rootfs), "python3", "-I", "-c", doctor.node_check_source(), "--json",
+                              "--mount", "/fsx", "--root", str(inside)], capture_output=True, text=True, timeout=60,
+                             env={"PATH": "/usr/bin:/bin", "SLURMD_NODENAME": "n9"})
+        assert res.returncode == 0, res.stderr
+        facts = json.loads(res.stdout)
+        assert facts["aws_ofi_nccl"]["loaded"]["found_by"] == "ld.so cache" and facts["gpus"]["count"] == 8
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
 
 
 def test_version_tuple():
