@@ -1,4 +1,4 @@
-"""A batch host that cannot write the run dir (toolkit.submit.batchhost), with the fault made for real on the local
+"""A batch host that cannot write the run dir (toolkit.slurm.batchhost), with the fault made for real on the local
 Slurm: node w1 of the `wide` partition loses the file system the runs root is on (testbench.faults.missing_mount:
 an empty read-only file system over it in w1's own mount namespace). A 2-node training job lands on w1 and w2,
 and w1, its batch host, cannot open the job's output file: Slurm ends the job FAILED (exit code 0:53) before the

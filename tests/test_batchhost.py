@@ -1,4 +1,4 @@
-"""toolkit.submit.batchhost in-process, Slurm's answers faked with the lines Slurm 22.05 gave on the local lane for
+"""toolkit.slurm.batchhost in-process, Slurm's answers faked with the lines Slurm 22.05 gave on the local lane for
 a job whose batch host could not open its output file (tests/test_batch_host_slurm.py makes that fault for real)."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import pytest
 
 from toolkit.node.records import PREFLIGHTS, read_records
 from toolkit.slurm.status import State
-from toolkit.submit import batchhost
+from toolkit.slurm import batchhost
 
 FAILED_JOB = ("JobId=14 JobName=wrap JobState=FAILED Reason=JobLaunchFailure Requeue=1 Restarts=0 ExitCode=0:53 "
               "Partition=wide NodeList=w[15-16] NumNodes=2 BatchHost=w15 StdOut={out}")

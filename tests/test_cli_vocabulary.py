@@ -69,7 +69,7 @@ def test_choices_mirror_the_library_and_show_in_help():
     from toolkit.cluster.build import FSX_DEPLOYMENTS, OSES
     from toolkit.cluster.diff import STATES
     from toolkit.k8s.manifests import APIS
-    from toolkit.submit.executor import Executor
+    from toolkit.slurm.executors import Executor
 
     for enum, library in ((o.Os, OSES), (o.FsxDeployment, FSX_DEPLOYMENTS), (o.State, STATES),
                           (o.KubeflowApi, APIS), (o.Executor, tuple(e.value for e in Executor))):

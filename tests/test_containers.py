@@ -14,10 +14,10 @@ from tests.jobhelpers import CPU, P3DN
 from toolkit.cluster.queues import load_queues
 from toolkit.errors import HpcError, UsageError
 from toolkit.job.container import CONTRACT_ENV
-from toolkit.job.render import render_script
+from toolkit.slurm.render import render_script
 from toolkit.job.spec import build_job_spec
 from toolkit.recipes.load import load_recipe
-from toolkit.submit.executor import slurm_parameters, submitit_batch_script
+from toolkit.slurm.executors import slurm_parameters, submitit_batch_script
 
 IMAGE = "/fsx/images/train.sqsh"
 

@@ -15,7 +15,7 @@ from testbench import cluster
 from testbench.layout import Layout
 from toolkit.cluster.queues import queues_from_config
 from toolkit.job.gaudi import core_masks
-from toolkit.job.render import render_script, srun_options
+from toolkit.slurm.render import render_script, srun_options
 from toolkit.job.spec import build_job_spec
 from toolkit.recipes.load import load_recipe
 
@@ -62,7 +62,7 @@ def test_one_smt_off_compute_resource_bounds_the_queue():
 
 
 def test_gpu_ranks_are_unbound_on_both_submission_paths(tmp_path):
-    from toolkit.submit.executor import slurm_parameters, submitit_batch_script
+    from toolkit.slurm.executors import slurm_parameters, submitit_batch_script
 
     spec = build_job_spec(load_recipe("roberta"), queue("p4d.24xlarge", True), 2)
     assert spec.srun_binding == ("--cpu-bind=none",)

@@ -18,7 +18,7 @@ from tests.stubs import FIRST_HOST, JOB_ID, install_stubs, run_script, write_exe
 from toolkit.cluster.queues import Queue, load_queues
 from toolkit.errors import HpcError
 from toolkit.job.rank import master_port, preview_argv
-from toolkit.job.render import export_line, render_script, srun_options
+from toolkit.slurm.render import export_line, render_script, srun_options
 from toolkit.job.spec import build_job_spec
 from toolkit.recipes.load import load_recipe
 
@@ -211,7 +211,7 @@ def test_rendered_bert_5b_gives_each_rank_deepspeeds_environment(tmp_path, nodes
 
 def test_the_submitit_path_gets_the_same_gaudi_job():
     """submit (submitit) consumes the same spec: no GPU request, the core binding, the config written in set-up."""
-    from toolkit.submit.executor import slurm_parameters
+    from toolkit.slurm.executors import slurm_parameters
 
     spec = build_job_spec(load_recipe("bert-5b"), DL1, 4)
     params = slurm_parameters(spec)

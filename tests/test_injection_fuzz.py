@@ -25,7 +25,7 @@ from toolkit.job.spec import build_job_spec
 from toolkit.recipes.load import load_recipe, parse_override
 from toolkit.recipes.schema import Recipe
 from toolkit.submit import sweep
-from toolkit.submit.executor import slurm_parameters
+from toolkit.slurm.executors import slurm_parameters
 from toolkit.submit.plan import SubmitRequest, new_run_dir
 
 CANARY = "PWNED"
@@ -124,7 +124,7 @@ RECORD_ARGV = "#!/bin/sh\nprintf '%s\\0' \"$0\" \"$@\" > \"$STUB_OUT/argv\"\n"
 @given(value=HOSTILE, listed=st.lists(HOSTILE, min_size=1, max_size=3))
 def test_the_launcher_runs_exactly_the_recipe_argv(value, listed):
     """The rank program, executed as submitit's per-rank task runs it (the rendered script's srun runs the same)."""
-    from toolkit.submit.launcher import _run
+    from toolkit.slurm.rank_task import _run
 
     COUNTS["launcher argv"] += 1
     with tempfile.TemporaryDirectory() as tmp:

@@ -9,7 +9,7 @@ from tests.jobhelpers import CPU, P3DN
 from toolkit.catalog import instance
 from toolkit.cluster.queues import Queue, queues_from_config
 from toolkit.job.env import communication_env, filter_submit_env, submit_env_allowlist
-from toolkit.job.render import render_script
+from toolkit.slurm.render import render_script
 from toolkit.job.spec import build_job_spec
 from toolkit.recipes.load import load_recipe
 
@@ -130,7 +130,7 @@ def loader_path_in_bash(spec, nodes_value: str | None) -> str:
     """LD_LIBRARY_PATH after the job's environment lines run in bash, on a node whose own value is `nodes_value`."""
     import subprocess
 
-    from toolkit.job.render import export_line
+    from toolkit.slurm.render import export_line
 
     var = next(v for v in spec.env if v.name == "LD_LIBRARY_PATH")
     env = {"PATH": os.environ["PATH"]} | ({"LD_LIBRARY_PATH": nodes_value} if nodes_value is not None else {})
@@ -208,7 +208,7 @@ def test_dl1_efa_jobs_get_the_hccl_ofi_wrapper_on_the_path_and_hccls_interface()
 
 def test_both_submission_paths_give_ranks_the_same_library_path(tmp_path):
     """The rendered script and submitit's batch script (made by submitit's own code) export the same line."""
-    from toolkit.submit.executor import slurm_parameters, submitit_batch_script
+    from toolkit.slurm.executors import slurm_parameters, submitit_batch_script
 
     recipe = load_recipe("roberta", overrides=["software.library_path=[/opt/cuda/lib]"])
     spec = build_job_spec(recipe, P3DN, 2, run_dir=str(tmp_path / "run"))

@@ -13,7 +13,7 @@ from toolkit.cluster.queues import load_queues
 from toolkit.errors import HpcError
 from toolkit.job.advice import advise
 from toolkit.job.rank import RankVar
-from toolkit.job.render import job_options
+from toolkit.slurm.render import job_options
 from toolkit.job.spec import (
     arguments,
     build_job_spec,

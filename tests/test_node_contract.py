@@ -165,22 +165,22 @@ def test_submitit_is_used_only_where_the_nodes_python_can_run_its_side(tmp_path,
     import pytest
 
     from toolkit.errors import HpcError
-    from toolkit.submit import executor
+    from toolkit.slurm import executors
 
     monkeypatch.setattr("toolkit.slurm.commands.slurm_installed", lambda: True)
     here = "%d.%d.%d" % sys.version_info[:3]
     old = _venv(tmp_path / "py39", "3.9.2", submitit=True)
     bare = _venv(tmp_path / "bare", here, submitit=False)
     fit = _venv(tmp_path / "fit", here, submitit=True)
-    kind, note = executor.choose_executor(None, node_python=old)
+    kind, note = executors.choose_executor(None, node_python=old)
     assert kind.value == "sbatch" and f"{tmp_path / 'py39'} is Python 3.9" in note
-    kind, note = executor.choose_executor(None, node_python=bare)
+    kind, note = executors.choose_executor(None, node_python=bare)
     assert kind.value == "sbatch" and "has no submitit" in note
-    assert executor.choose_executor(None, node_python=fit) == ("slurm", None)
-    assert executor.choose_executor(None, node_python="python") == ("slurm", None)  # modules/conda: not readable
-    assert executor.choose_executor("sbatch", node_python=old) == ("sbatch", None)
+    assert executors.choose_executor(None, node_python=fit) == ("slurm", None)
+    assert executors.choose_executor(None, node_python="python") == ("slurm", None)  # modules/conda: not readable
+    assert executors.choose_executor("sbatch", node_python=old) == ("sbatch", None)
     with pytest.raises(HpcError, match="--executor slurm \\(submitit\\): the job's venv .* is Python 3.9") as err:
-        executor.choose_executor("slurm", node_python=old)
+        executors.choose_executor("slurm", node_python=old)
     assert err.value.exit_code == 2
 
 
@@ -218,7 +218,7 @@ def test_a_ranks_script_beats_from_the_staged_bundle_with_nothing_of_ours_instal
     staging lines unpack the bundle, the rank program's prelude puts it first on PYTHONPATH, and this machine's
     system python3 (no venv, run from /) imports it from the zip and writes the rank's heartbeat."""
     from tests.jobhelpers import CPU
-    from toolkit.job.render import staging_lines
+    from toolkit.slurm.render import staging_lines
     from toolkit.job.spec import build_job_spec
     from toolkit.recipes.load import load_recipe
 

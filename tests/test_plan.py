@@ -14,11 +14,11 @@ import pytest
 
 from tests.conftest import cli_json, run_hpc
 from tests.jobhelpers import P3DN, probe_recipe, write_cluster
-from toolkit.job.render import render_script
+from toolkit.slurm.render import render_script
 from toolkit.job.spec import build_job_spec
 from toolkit.recipes.load import load_recipe
 from toolkit.submit import plan as plans
-from toolkit.submit.executor import submitit_batch_script
+from toolkit.slurm.executors import submitit_batch_script
 
 
 def sbatch_lines(script: str) -> dict[str, str | bool]:
@@ -61,17 +61,17 @@ def test_the_stop_policy_answers_submitits_checkpoint_protocol(tmp_path, requeue
     too. checkpoint() returns the resubmission only when the job is to be requeued, after the workload ended."""
     from toolkit import __version__
     from toolkit.job.rank import rank_program
-    from toolkit.submit import launcher
+    from toolkit.slurm import rank_task
 
     program = rank_program((sys.executable, "-c", WORKLOAD), 1, 1, contract=True)
-    task = launcher.RankTask(program.argv, 1, str(tmp_path), __version__, stops_on_signal, requeue)
+    task = rank_task.RankTask(program.argv, 1, str(tmp_path), __version__, stops_on_signal, requeue)
     answers = []
 
     def submitits_handler(_signum, _frame):
         answers.append(task.checkpoint())
 
     def slurm_signals_the_step():
-        os.kill(launcher._running["proc"].pid, signal.SIGUSR2)
+        os.kill(rank_task._running["proc"].pid, signal.SIGUSR2)
         os.kill(os.getpid(), signal.SIGUSR2)
 
     previous = signal.signal(signal.SIGUSR2, submitits_handler)
@@ -79,7 +79,7 @@ def test_the_stop_policy_answers_submitits_checkpoint_protocol(tmp_path, requeue
     timer.start()
     try:
         env = {**os.environ, "SLURM_PROCID": "0", "SLURM_LOCALID": "0", "SLURM_NODEID": "0"}
-        assert launcher._run(list(task.argv), env, ignore_usr2=not (stops_on_signal and requeue)) == code
+        assert rank_task._run(list(task.argv), env, ignore_usr2=not (stops_on_signal and requeue)) == code
     finally:
         timer.cancel()
         signal.signal(signal.SIGUSR2, previous)

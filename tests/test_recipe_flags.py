@@ -6,7 +6,7 @@ import pytest
 
 from tests.jobhelpers import P3DN, parse_flags
 from toolkit.job.rank import preview_argv
-from toolkit.job.render import render_script
+from toolkit.slurm.render import render_script
 from toolkit.job.spec import build_job_spec
 from toolkit.recipes.load import load_recipe
 

@@ -11,7 +11,7 @@ from tests.conftest import REPO
 from tests.jobhelpers import CPU, P3DN, parse_flags
 from toolkit.cluster.queues import Queue, load_queues
 from toolkit.errors import HpcError
-from toolkit.job.render import render_script
+from toolkit.slurm.render import render_script
 from toolkit.job.rank import master_port, preview_argv
 from toolkit.job.spec import GPU_LOADERS, build_job_spec, time_minutes
 from toolkit.recipes.load import list_recipe_files, load_recipe

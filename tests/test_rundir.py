@@ -15,7 +15,7 @@ from toolkit.errors import HpcError
 from toolkit.reports.scaling import read_run
 from toolkit.reports.transport import run_network
 from toolkit.rundir import Array, Executor, Metadata, RankRecord, RunDir, find_run, list_runs
-from toolkit.submit.launcher import _write
+from toolkit.slurm.rank_task import _write
 
 NCCL_TABLE = (FIXTURES / "nccl" / "2022_root_wrong_srun-label.sample.txt").read_text()
 

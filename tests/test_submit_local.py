@@ -6,7 +6,7 @@ from __future__ import annotations
 from tests.conftest import cli_json, run_hpc
 from tests.jobhelpers import HOSTILE, probe_recipe, read_ranks, write_cluster
 from toolkit.job.rank import master_port
-from toolkit.submit import executor
+from toolkit.slurm import executors
 
 
 def test_local_executor_runs_each_rank_with_only_the_jobs_environment(tmp_path, monkeypatch):
@@ -42,9 +42,9 @@ def test_local_executor_refuses_more_than_one_node(tmp_path):
 def test_local_is_chosen_only_where_no_slurm_is_installed(tmp_path, monkeypatch):
     monkeypatch.setattr("toolkit.slurm.commands.PCLUSTER_SLURM_BIN", tmp_path)
     monkeypatch.setattr("shutil.which", lambda _program: None)
-    kind, note = executor.choose_executor(None)
+    kind, note = executors.choose_executor(None)
     assert kind == "local" and "no Slurm is installed" in note
     (tmp_path / "sbatch").write_text("#!/bin/sh\n")
     (tmp_path / "sbatch").chmod(0o755)  # ParallelCluster's /opt/slurm/bin counts as installed
-    assert executor.choose_executor(None) == ("slurm", None)
-    assert executor.choose_executor("local") == ("local", None)
+    assert executors.choose_executor(None) == ("slurm", None)
+    assert executors.choose_executor("local") == ("local", None)

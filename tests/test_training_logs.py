@@ -222,7 +222,7 @@ def test_fairseq_log_without_interval_records_says_to_use_json(tmp_path):
 
 @pytest.mark.parametrize("path", [FAIRSEQ, SIMPLE, LEGACY])
 def test_a_log_labelled_by_srun_gives_the_same_records(path):
-    # the rendered script's srun --label: ` 0: ` on every line of 16 tasks (toolkit.job.render), other ranks' lines too
+    # the rendered script's srun --label: ` 0: ` on every line of 16 tasks (toolkit.slurm.render), others' too
     text = path.read_text()
     labelled = "".join(f" 0: {line}\n" for line in text.splitlines()) + "15: 2026-01-01 00:00:00 | INFO | rank 15 up\n"
     plain, tagged = parse_training_text(text), parse_training_text(labelled)

@@ -24,7 +24,7 @@ and reports all go through RunDir).
 The runs root is $HPC_RUNS_DIR, else <FSx mount>/hpc-runs/<user> where the cluster config has an FSx for Lustre
 (toolkit.submit.runsroot), else ~/hpc-runs (home is shared with the compute nodes on ParallelCluster, but from the
 head node's own EBS root volume, which also holds slurmctld's state: no place for many checkpoints).
-Every rank imports this module (toolkit.submit.launcher writes result and failures): standard library only.
+Every rank imports this module (toolkit.slurm.rank_task writes result and failures): standard library only.
 Readers tolerate run dirs written by older toolkits (missing keys, the old executor names).
 """
 
@@ -58,7 +58,7 @@ SWEEP, SWEEP_TASK = "sweep", "sweep-task"  # Metadata.kind of a sweep's dir and 
 
 
 class Executor(enum.StrEnum):
-    """How a job is submitted (toolkit.submit.executor): one vocabulary for --executor, plans, metadata, output."""
+    """How a job is submitted (toolkit.slurm.executors): one vocabulary for --executor, plans, metadata, output."""
 
     SLURM = "slurm"  # submitit's SlurmExecutor: srun starts one RankTask per Slurm task
     LOCAL = "local"  # submitit's LocalExecutor: this machine, one node
@@ -481,7 +481,7 @@ class RunDir:
 
 
 # srun --label's prefix: the task number, right-aligned to the width of the largest one, then ": " (Slurm's srun(1),
-# -l/--label). The rendered script's ranks share one log, so its srun labels every line (toolkit.job.render).
+# -l/--label). The rendered script's ranks share one log, so its srun labels every line (toolkit.slurm.render).
 _SRUN_LABEL = re.compile(r"^ *(\d+): ")
 
 

@@ -93,7 +93,7 @@ def status(job_id: str = typer.Argument(..., help="Slurm job id (an array task: 
     from toolkit.rundir import RunDir
     from toolkit.slurm.status import State
     from toolkit.submit import runs
-    from toolkit.submit.batchhost import recover, summary_lines
+    from toolkit.slurm.batchhost import recover, summary_lines
 
     s = runs.status(job_id)
     if s.run_dir and not s.tasks and s.source != "local":

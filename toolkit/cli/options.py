@@ -27,7 +27,7 @@ class Launcher(str, enum.Enum):
 
 
 class Executor(str, enum.Enum):
-    """toolkit.submit.executor.Executor."""
+    """toolkit.slurm.executors.Executor."""
     slurm = "slurm"
     local = "local"
     sbatch = "sbatch"

@@ -176,7 +176,7 @@ def render(name: str = o.RECIPE, nodes: Optional[int] = o.NODES, cluster: Option
                                                      "default and -: stdout)."),
            force: bool = o.FORCE, as_json: bool = JSON_OPTION) -> None:
     """Render a recipe as an sbatch script for a queue and node count."""
-    from toolkit.job.render import render_script
+    from toolkit.slurm.render import render_script
 
     job = JobOptions(overrides, (), profile, time, env, venv, account, qos, reservation, dependency, hang_timeout,
                      spares, preflight)
@@ -254,7 +254,7 @@ def submit_request(request, dry_run: bool, wait: bool, as_json: bool, verbose: b
             _print_outcome(result)
     emit(result, as_json, lambda r: f"{r['job_id']}" + (f" {r['state']}" if "state" in r else ""))
     if wait and result["state"] != State.COMPLETED:
-        from toolkit.submit.batchhost import failure_line
+        from toolkit.slurm.batchhost import failure_line
         from toolkit.submit.runs import failure_reason
 
         log = result.get("failed_rank_log")

@@ -1,6 +1,6 @@
 """`hpc cluster doctor --recipe`: does the dynamic loader, in a rendered job's own environment, resolve what it loads?
 
-The job's set-up lines (its modules, venv and exports, LD_LIBRARY_PATH among them: toolkit.job.render.
+The job's set-up lines (its modules, venv and exports, LD_LIBRARY_PATH among them: toolkit.slurm.render.
 environment_lines) run in bash on one node of the job's queue, started by srun with only the submitter variables a
 job gets (toolkit.job.env.SUBMIT_ENV_ALLOWLIST), then toolkit.node.loader_check asks the loader. What a job
 needs follows its spec: an MPI/NCCL program's libraries (nccl-tests: libnccl, libmpi), PyTorch's NCCL on GPU
@@ -59,7 +59,7 @@ def loader_check_source() -> str:
 
 def check_script(spec: JobSpec, fabric: str) -> str:
     """bash: the job's environment, then the loader check in it (one JSON line)."""
-    from toolkit.job.render import environment_lines
+    from toolkit.slurm.render import environment_lines
 
     check = shlex.join(["python3", "-c", loader_check_source(), "--json", *loader_check_arguments(spec, fabric)])
     return "\n".join(["set -eu", *environment_lines(spec), f"exec {check}", ""])

@@ -58,7 +58,7 @@ def search_env(queue: Queue, nodes: int, venv: str | None = None) -> SearchEnv:
     ranks, GPUs, CPUs, binding; toolkit.job.env: EFA/NCCL and loader variables), with `venv` (a path every node
     sees) instead of the recipe's software. CPU queues keep one rank per node holding all of its CPUs."""
     from toolkit.errors import UsageError
-    from toolkit.job.render import environment_lines
+    from toolkit.slurm.render import environment_lines
     from toolkit.job.spec import DEVICE_OF_ACCELERATOR, SoftwareEnv, build_job_spec
     from toolkit.recipes.load import load_recipe
 

@@ -1,7 +1,7 @@
 """What every rank runs, written once: the rank contract and the rank program.
 
 The rank program is `bash -c RANK_SCRIPT WORDS...`. srun starts it once per Slurm task on both submission paths:
-the rendered script's srun line runs it, and submitit's per-rank process (toolkit.submit.launcher) runs the very
+the rendered script's srun line runs it, and submitit's per-rank process (toolkit.slurm.rank_task) runs the very
 same argv as its child. It
 
   - exports the rank contract: torch's env:// variables RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE and

@@ -1,4 +1,4 @@
-"""Shell lines for a job's software and variables, written once: the batch shell's set-up (toolkit.job.render)
+"""Shell lines for a job's software and variables, written once: the batch shell's set-up (toolkit.slurm.render)
 and, for a job in a container, each rank's prelude inside it (toolkit.job.container) both use them."""
 
 from __future__ import annotations

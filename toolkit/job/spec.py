@@ -4,7 +4,7 @@ job_spec() builds the scheduler-neutral spec in small steps, each a plain functi
 ranks, CPUs), arguments (scaling, device forms), dirs, the DeepSpeed file, the per-rank command (rank_command),
 software and environment, advice. A target is a Slurm queue (queue_target) or a Kubernetes node type
 (toolkit.k8s.manifests); build_job_spec() adds what only Slurm needs (on_slurm) and is what the sbatch renderer
-(toolkit.job.render) and the submitit path consume, through toolkit.submit.plan. Its per-rank
+(toolkit.slurm.render) and the submitit path consume, through toolkit.submit.plan. Its per-rank
 command is a tuple of Args: literal strings, or RankVars (values only known inside each task), or tuples of
 both concatenated (`("tcp://", MASTER_ADDR, ":", MASTER_PORT)`). No user value is ever a template:
 every rank's bash expands them from the rank contract (toolkit.job.rank.rank_program), on both submission paths.

@@ -4,7 +4,7 @@
 
 Standalone on purpose (standard library only, Python 3.7 syntax, no toolkit imports): `hpc cluster doctor --recipe`
 runs this file's source with `python3 -c SOURCE` on a node, after the job's own set-up (its modules, venv and
-exports: toolkit.job.render.environment_lines), so LD_LIBRARY_PATH and everything else are the job's. The answers
+exports: toolkit.slurm.render.environment_lines), so LD_LIBRARY_PATH and everything else are the job's. The answers
 come from the loader itself, never from a search of directories of ours:
 - a program (nccl-tests): its own ELF interpreter (ld.so) traces what it would load, as ldd has it do;
 - PyTorch's NCCL: the same trace of torch's libtorch_cuda.so (it finds libnccl.so.2 through its RUNPATH);

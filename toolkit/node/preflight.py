@@ -7,7 +7,7 @@ promises, and a node that does not stops the job there, named with the check, in
 BUNDLE is the node-side package staged in the run dir (toolkit.node's contract: the node's own python3 >= 3.9,
 standard library only); JSON is the queue's promise (toolkit.node.promise), resolved when the job was planned.
 
-The job's set-up runs this in its batch shell as the job's first step (toolkit/job/templates/setup.sh.j2), never
+The job's set-up runs this in its batch shell as the job's first step (toolkit/slurm/templates/setup.sh.j2), never
 in a Slurm prolog: a check that hangs there hangs the node (aws-parallelcluster#6777, the DCGM prolog on p4d/p5).
 The step is `srun` with one task per node and the job's environment (its modules, venv and exports). Each task runs
 node_check's and (on GPU/Gaudi queues) loader_check's source with `python3 -c`, as

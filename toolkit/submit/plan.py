@@ -155,9 +155,9 @@ def plan(request: SubmitRequest, run_dir: Path | None = None, *, task_of: Plan |
     `task_of`: another task of the same job array (toolkit.submit.sweep), whose queue, executor and metadata
     this one shares; the array's batch script is the sweep's, not a task's."""
     from toolkit.job.rank import preview_argv
-    from toolkit.job.render import render_script
+    from toolkit.slurm.render import render_script
     from toolkit.recipes.load import find_recipe
-    from toolkit.submit import executor as executors
+    from toolkit.slurm import executors
 
     recipe, queue, spec, run_dir, notes = plan_job(request, run_dir, task_of.queue if task_of else None)
     if task_of is None:
@@ -215,7 +215,7 @@ def check_slurm_accepts(p: Plan) -> None:
     if p.executor == Executor.LOCAL:
         return
     from toolkit.slurm.commands import check_controller
-    from toolkit.submit.executor import preflight
+    from toolkit.slurm.executors import preflight
 
     check_controller()
     if p.spec.software.container:  # srun's pyxis options exist only where Slurm loads pyxis (plugstack.conf)
@@ -236,7 +236,7 @@ def write_run_dir(p: Plan, metadata: rundir.Metadata | None = None) -> None:
 
 def execute(p: Plan) -> str:
     """Submit a plan: check, write its run dir, submit; returns the job id. A refused job leaves no run dir."""
-    from toolkit.submit import executor as executors
+    from toolkit.slurm import executors
 
     check_slurm_accepts(p)
     try:

@@ -32,7 +32,7 @@ def wait(job_id: str, run: Path, progress: Callable[[str], None], poll_s: float 
     from toolkit.rundir import RunDir
     from toolkit.slurm.status import State, held
     from toolkit.submit import runs
-    from toolkit.submit.batchhost import STAGE as LAUNCH, failure_line, recover
+    from toolkit.slurm.batchhost import STAGE as LAUNCH, failure_line, recover
 
     start, last, announced = time.monotonic(), None, 0
     while True:
@@ -68,7 +68,7 @@ def wait(job_id: str, run: Path, progress: Callable[[str], None], poll_s: float 
         if mine and mine[-1].get("failed"):  # stopped by its pre-flight: that is the reason, not a rank's log
             outcome["preflight"] = mine[-1]
     launches = [r for r in mine if r.get("stage") == LAUNCH]
-    if launches:  # starts that never ran the batch script (toolkit.submit.batchhost), whatever came after
+    if launches:  # starts that never ran the batch script (toolkit.slurm.batchhost), whatever came after
         outcome["launch_failures"] = launches
     return outcome
 

@@ -181,7 +181,7 @@ def plan(request, sweeps: Sequence[str], parallelism: int | None = None,
          sweep_dir: Path | None = None) -> SweepPlan:
     """Every point's plan, built and checked, and the array's parameters; nothing written or submitted."""
     from toolkit.submit import plan as plans, runsroot
-    from toolkit.submit.executor import submitit_batch_script
+    from toolkit.slurm.executors import submitit_batch_script
 
     points = grid(sweeps)
     plans.refuse_conflicts(dataclasses.replace(request, overrides=tuple(Override(s, "--sweep") for s in sweeps)))
@@ -385,8 +385,8 @@ def _submit_array(sp: SweepPlan, chunk: range) -> str:
     import submitit
 
     from toolkit import __version__
-    from toolkit.submit.executor import refused, sbatch_environment, slurm_executor
-    from toolkit.submit.launcher import RankTask
+    from toolkit.slurm.executors import refused, sbatch_environment, slurm_executor
+    from toolkit.slurm.rank_task import RankTask
 
     first = sp.tasks[0]
     ex = slurm_executor(sp.sweep_dir / "submitit", sp.parameters, first.python)

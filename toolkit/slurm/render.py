@@ -21,7 +21,7 @@ from toolkit.job.staging import node_command, unpack_lines
 
 def job_options(spec: JobSpec) -> dict[str, str | int | bool]:
     """The job's sbatch options (name -> value; True is a bare flag): the one source of both the rendered
-    script's #SBATCH lines and submitit's parameters (toolkit.submit.executor.slurm_parameters).
+    script's #SBATCH lines and submitit's parameters (toolkit.slurm.executors.slurm_parameters).
 
     No --mem: ParallelCluster schedules without memory unless EnableMemoryBasedScheduling is on.
     """
@@ -98,8 +98,9 @@ def array_lines(words: tuple[str, ...]) -> list[str]:
 def _template(name: str):
     import jinja2
 
-    env = jinja2.Environment(loader=jinja2.PackageLoader("toolkit.job", "templates"), undefined=jinja2.StrictUndefined,
-                             trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True, autoescape=False)
+    env = jinja2.Environment(loader=jinja2.PackageLoader("toolkit.slurm", "templates"),
+                             undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True,
+                             keep_trailing_newline=True, autoescape=False)
     return env.get_template(name)
 
 

@@ -7,7 +7,7 @@ The executor kinds, one vocabulary for `--executor`, the plan, the run dir's met
              exports, rendezvous) its setup lines, and srun starts one RankTask per Slurm task, which runs the
              job's rank program (toolkit.job.rank)
     local    submitit's LocalExecutor: this machine is the one node (chosen where no Slurm is installed)
-    sbatch   the rendered script (toolkit.job.render), sent with `sbatch --parsable`: its srun line starts the
+    sbatch   the rendered script (toolkit.slurm.render), sent with `sbatch --parsable`: its srun line starts the
              same rank program. MPI binaries (nccl-tests) always go this way: srun --mpi gives each task its rank
 """
 
@@ -21,7 +21,7 @@ from typing import Any, Sequence
 
 from toolkit.errors import HpcError
 from toolkit.job.env import filter_submit_env
-from toolkit.job.render import job_options, node_python, setup_block, srun_options
+from toolkit.slurm.render import job_options, node_python, setup_block, srun_options
 from toolkit.job.spec import JobSpec
 from toolkit.rundir import Executor
 # also still imported from here by toolkit.health.preflight, until it imports toolkit.slurm.env (health must not
@@ -103,7 +103,7 @@ def choose_executor(requested: str | None, *, mpi: bool = False, spares: int = 0
 
 
 def slurm_parameters(spec: JobSpec) -> dict[str, Any]:
-    """submitit SlurmExecutor parameters for a JobSpec: toolkit.job.render.job_options(), the same options as
+    """submitit SlurmExecutor parameters for a JobSpec: toolkit.slurm.render.job_options(), the same options as
     the rendered script's #SBATCH lines.
 
     All options go in `additional_parameters`, which submitit writes as they are and which replace its own
@@ -170,7 +170,7 @@ def submit_submitit(spec: JobSpec, run_dir: Path, parameters: dict[str, Any], py
     import submitit
 
     from toolkit import __version__
-    from toolkit.submit.launcher import RankTask
+    from toolkit.slurm.rank_task import RankTask
 
     folder = run_dir / "submitit"
     if local:
