@@ -14,7 +14,7 @@ from tests.jobhelpers import CPU, P3DN, write_recipe
 from toolkit.cluster.queues import load_queues
 from toolkit.errors import HpcError, UsageError
 from toolkit.job import argcheck
-from toolkit.job.spec import build_job_spec
+from toolkit.slurm.materialize import build_job_spec
 from toolkit.recipes.load import list_recipe_files, load_recipe
 from toolkit.submit import sweep
 from toolkit.submit.plan import SubmitRequest, plan_job

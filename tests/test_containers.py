@@ -15,7 +15,7 @@ from toolkit.cluster.queues import load_queues
 from toolkit.errors import HpcError, UsageError
 from toolkit.job.container import CONTRACT_ENV
 from toolkit.slurm.render import render_script
-from toolkit.job.spec import build_job_spec
+from toolkit.slurm.materialize import build_job_spec
 from toolkit.recipes.load import load_recipe
 from toolkit.slurm.executors import slurm_parameters, submitit_batch_script
 

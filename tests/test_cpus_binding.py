@@ -16,7 +16,7 @@ from testbench.layout import Layout
 from toolkit.cluster.queues import queues_from_config
 from toolkit.job.gaudi import core_masks
 from toolkit.slurm.render import render_script, srun_options
-from toolkit.job.spec import build_job_spec
+from toolkit.slurm.materialize import build_job_spec
 from toolkit.recipes.load import load_recipe
 
 
@@ -65,7 +65,7 @@ def test_gpu_ranks_are_unbound_on_both_submission_paths(tmp_path):
     from toolkit.slurm.executors import slurm_parameters, submitit_batch_script
 
     spec = build_job_spec(load_recipe("roberta"), queue("p4d.24xlarge", True), 2)
-    assert spec.srun_binding == ("--cpu-bind=none",)
+    assert spec.slurm.srun_binding == ("--cpu-bind=none",)
     assert "--cpu-bind=none" in srun_options(spec)
     srun_line = next(line for line in render_script(spec).splitlines() if line.startswith("srun "))
     assert " --cpu-bind=none " in srun_line
@@ -78,7 +78,7 @@ def test_gpu_ranks_are_unbound_on_both_submission_paths(tmp_path):
 
 def test_cpu_ranks_keep_slurms_own_binding():
     spec = build_job_spec(load_recipe("collectives"), queue("c5n.18xlarge", True, ranks=2), 1)
-    assert spec.srun_binding == () and not any(o.startswith("--cpu-bind") for o in srun_options(spec))
+    assert spec.slurm.srun_binding == () and not any(o.startswith("--cpu-bind") for o in srun_options(spec))
 
 
 def test_dl1_masks_give_each_hpu_rank_six_cores_socket_0_first():
@@ -97,14 +97,14 @@ def test_dl1_masks_give_each_hpu_rank_six_cores_socket_0_first():
 def test_dl1_job_binds_hpu_ranks_by_mask(smt_off, cpus_per_task, first):
     spec = build_job_spec(load_recipe("bert-5b"), queue("dl1.24xlarge", smt_off), 2)
     assert spec.cpus_per_task == cpus_per_task
-    (binding,) = spec.srun_binding
+    (binding,) = spec.slurm.srun_binding
     assert binding.startswith(f"--cpu-bind=mask_cpu:{first},") and binding.count(",") == 7
 
 
 def test_hpu_torchrun_task_holds_the_node_unpinned():
     q = queue("dl1.24xlarge", False)
     spec = build_job_spec(load_recipe("resnet50", overrides=["launcher.style=torchrun"]), q, 1)
-    assert spec.srun_binding == ("--cpu-bind=none",)
+    assert spec.slurm.srun_binding == ("--cpu-bind=none",)
 
 
 def test_cluster_show_says_cpus_per_node_and_smt(tmp_path):

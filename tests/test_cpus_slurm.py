@@ -17,7 +17,7 @@ from tests.jobhelpers import write_recipe
 from tests import test_slurm_conformance
 from tests.test_slurm_conformance import slurm
 from toolkit.cluster.queues import Queue
-from toolkit.job.spec import build_job_spec
+from toolkit.slurm.materialize import build_job_spec
 from toolkit.recipes.load import load_recipe
 
 pytestmark = pytest.mark.slurm
@@ -57,7 +57,7 @@ def test_gpu_ranks_binding_leaves_each_rank_every_cpu_of_the_job(lane, tmp_path)
     """The srun binding a p4d job renders (toolkit.job.spec.on_slurm), applied to 2 ranks x 1 CPU on a node of
     the local Slurm (a stand-in for the GPU node: same plugins, same CPUs=N declaration)."""
     p4d = Queue(name="p4d", instance_type="p4d.24xlarge", max_nodes=2, efa_enabled=True)
-    binding = build_job_spec(load_recipe("roberta"), p4d, 1).srun_binding
+    binding = build_job_spec(load_recipe("roberta"), p4d, 1).slurm.srun_binding
     out = slurm(lane, "srun", "--partition=nosmt", "--nodes=1", "--ntasks-per-node=2", "--cpus-per-task=1",
                 *binding, "--label", "grep", "Cpus_allowed_list", "/proc/self/status", timeout=120).stdout
     allowed = sorted(line.split()[-1] for line in out.splitlines())

@@ -17,7 +17,7 @@ from toolkit.cluster import queues
 from toolkit.cluster.queues import CLUSTER_CONFIG_ENV, load_queues
 from toolkit.errors import HpcError
 from toolkit.job.rank import preview_argv
-from toolkit.job.spec import build_job_spec
+from toolkit.slurm.materialize import build_job_spec
 from toolkit.recipes.load import load_recipe
 from toolkit.submit import summary, sweep
 from toolkit.submit.plan import SubmitRequest

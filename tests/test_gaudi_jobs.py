@@ -19,7 +19,7 @@ from toolkit.cluster.queues import Queue, load_queues
 from toolkit.errors import HpcError
 from toolkit.job.rank import master_port, preview_argv
 from toolkit.slurm.render import export_line, render_script, srun_options
-from toolkit.job.spec import build_job_spec
+from toolkit.slurm.materialize import build_job_spec
 from toolkit.recipes.load import load_recipe
 
 NODES = (1, 2, 4, 16)
@@ -217,7 +217,7 @@ def test_the_submitit_path_gets_the_same_gaudi_job():
     params = slurm_parameters(spec)
     assert "gpus_per_node" not in params["additional_parameters"]
     assert (params["nodes"], params["ntasks_per_node"]) == (4, 8)
-    assert params["srun_args"] == srun_options(spec) and spec.srun_binding[0] in params["srun_args"]
+    assert params["srun_args"] == srun_options(spec) and spec.slurm.srun_binding[0] in params["srun_args"]
     setup = "\n".join(params["setup"])
     assert "export FI_EFA_USE_DEVICE_RDMA=1" in setup and f"> {spec.files[0].path}" in setup
 

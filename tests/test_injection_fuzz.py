@@ -21,7 +21,7 @@ from tests.jobhelpers import CPU
 from tests.stubs import write_executable
 from toolkit import rundir
 from toolkit.cluster.build import SSH_ALLOWED_IPS, ClusterSpec, QueueSpec, build_config, render
-from toolkit.job.spec import build_job_spec
+from toolkit.slurm.materialize import build_job_spec
 from toolkit.recipes.load import load_recipe, parse_override
 from toolkit.recipes.schema import Recipe
 from toolkit.submit import sweep

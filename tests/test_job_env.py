@@ -10,7 +10,7 @@ from toolkit.catalog import instance
 from toolkit.cluster.queues import Queue, queues_from_config
 from toolkit.job.env import communication_env, filter_submit_env, submit_env_allowlist
 from toolkit.slurm.render import render_script
-from toolkit.job.spec import build_job_spec
+from toolkit.slurm.materialize import build_job_spec
 from toolkit.recipes.load import load_recipe
 
 

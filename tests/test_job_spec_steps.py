@@ -14,17 +14,8 @@ from toolkit.errors import HpcError
 from toolkit.job.advice import advise
 from toolkit.job.rank import RankVar
 from toolkit.slurm.render import job_options
-from toolkit.job.spec import (
-    arguments,
-    build_job_spec,
-    dirs,
-    dirs_root,
-    job_spec,
-    prepare_step,
-    queue_target,
-    rank_command,
-    resources,
-)
+from toolkit.job.spec import arguments, dirs, dirs_root, job_spec, prepare_step, queue_target, rank_command, resources
+from toolkit.slurm.materialize import build_job_spec
 from toolkit.k8s.manifests import k8s_target
 from toolkit.recipes.load import load_recipe
 
@@ -96,15 +87,13 @@ def test_slurm_adds_its_part_to_the_neutral_spec_and_changes_nothing_else(recipe
     neutral = job_spec(recipe, queue_target(queue), nodes, run_dir="/r")
     slurm = build_job_spec(recipe, queue, nodes, run_dir="/r", slurm_options={"account": "ml", "qos": None})
     assert not SLURM_ONLY & {d.key for d in neutral.derived}
-    assert not neutral.wait_all_nodes and neutral.srun_binding == () and neutral.slurm_options == {}
+    assert neutral.slurm is None and slurm.slurm is not None  # the neutral spec has no Slurm part at all
     assert slurm.derived[:len(neutral.derived)] == neutral.derived
     assert {d.key for d in slurm.derived[len(neutral.derived):]} <= SLURM_ONLY
-    assert slurm.slurm_options == {"account": "ml"} and job_options(slurm)["account"] == "ml"
-    assert dataclasses.replace(slurm, derived=neutral.derived, wait_all_nodes=False, srun_binding=(),
-                               slurm_options={}, software=neutral.software, preflight_args=(),
-                               node_bundle=None) == neutral
+    assert slurm.slurm.options == {"account": "ml"} and job_options(slurm)["account"] == "ml"
+    assert dataclasses.replace(slurm, derived=neutral.derived, slurm=None, software=neutral.software) == neutral
     # what the pre-flight checks each node against comes from the queue (neutral: whether to run it at all)
-    assert bool(slurm.preflight_args) == neutral.preflight == recipe.resources.requeue
+    assert bool(slurm.slurm.preflight_args) == neutral.preflight == recipe.resources.requeue
 
 
 def test_slurm_options_are_checked_where_slurm_is_made():

@@ -3,7 +3,7 @@ import dataclasses
 from tests.jobhelpers import CPU
 from toolkit.cluster.queues import queues_from_config
 from toolkit.slurm.render import sbatch_directives
-from toolkit.job.spec import build_job_spec
+from toolkit.slurm.materialize import build_job_spec
 from toolkit.recipes.load import load_recipe
 
 

@@ -25,7 +25,8 @@ from tests.test_k8s_crd import KUBECTL, kubectl_json, same_json
 from toolkit.cluster.queues import load_queues
 from toolkit.errors import HpcError
 from toolkit.job.rank import RankVar, preview_argv
-from toolkit.job.spec import TORCHRUN_ENV, build_job_spec
+from toolkit.job.spec import TORCHRUN_ENV
+from toolkit.slurm.materialize import build_job_spec
 from toolkit.k8s.kubeyaml import dump_all
 from toolkit.k8s.manifests import EFA, GPU, HUGEPAGES, LAUNCHER_BACKOFF_LIMIT, Storage, render
 from toolkit.k8s.validate import validate_text

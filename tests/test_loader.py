@@ -22,7 +22,7 @@ from tests.jobhelpers import P3DN
 from toolkit.cluster.queues import Queue
 from toolkit.health import loader
 from toolkit.node.loader_check import plugin_names
-from toolkit.job.spec import build_job_spec, loader_check_arguments
+from toolkit.slurm.materialize import build_job_spec, loader_check_arguments
 from toolkit.recipes.load import load_recipe
 
 pytestmark = pytest.mark.skipif(shutil.which("gcc") is None, reason="the stand-in libraries are compiled with gcc")

@@ -219,7 +219,7 @@ def test_a_ranks_script_beats_from_the_staged_bundle_with_nothing_of_ours_instal
     system python3 (no venv, run from /) imports it from the zip and writes the rank's heartbeat."""
     from tests.jobhelpers import CPU
     from toolkit.slurm.render import staging_lines
-    from toolkit.job.spec import build_job_spec
+    from toolkit.slurm.materialize import build_job_spec
     from toolkit.recipes.load import load_recipe
 
     run_dir = tmp_path / "run"

@@ -19,7 +19,7 @@ from tests.conftest import cli_json, REPO, free_port, run_hpc
 from tests.jobhelpers import CPU, stop_agents, write_cluster
 from toolkit.errors import HpcError
 from toolkit.job import staging
-from toolkit.job.spec import build_job_spec
+from toolkit.slurm.materialize import build_job_spec
 from toolkit.recipes.load import load_recipe
 from toolkit.recipes.user import user_recipe
 

@@ -15,7 +15,7 @@ import pytest
 from tests.conftest import cli_json, run_hpc
 from tests.jobhelpers import P3DN, probe_recipe, write_cluster
 from toolkit.slurm.render import render_script
-from toolkit.job.spec import build_job_spec
+from toolkit.slurm.materialize import build_job_spec
 from toolkit.recipes.load import load_recipe
 from toolkit.submit import plan as plans
 from toolkit.slurm.executors import submitit_batch_script

@@ -7,7 +7,7 @@ import pytest
 from tests.jobhelpers import P3DN, parse_flags
 from toolkit.job.rank import preview_argv
 from toolkit.slurm.render import render_script
-from toolkit.job.spec import build_job_spec
+from toolkit.slurm.materialize import build_job_spec
 from toolkit.recipes.load import load_recipe
 
 RANK0 = {"RANK": "0", "LOCAL_RANK": "0", "MASTER_ADDR": "h0", "MASTER_PORT": "1"}

@@ -5,7 +5,7 @@ import pytest
 from tests.jobhelpers import CPU, P3DN
 from toolkit.cluster.queues import Queue
 from toolkit.errors import HpcError
-from toolkit.job.spec import build_job_spec
+from toolkit.slurm.materialize import build_job_spec
 from toolkit.recipes.load import load_recipe
 from toolkit.job.scaling import accumulation, apply_scaling, memory_cap
 

@@ -6,7 +6,7 @@ import pytest
 
 from tests.jobhelpers import MINIMAL_RECIPE, P3DN, write_recipe
 from toolkit.errors import HpcError, UsageError
-from toolkit.job.spec import build_job_spec
+from toolkit.slurm.materialize import build_job_spec
 from toolkit.recipes.load import load_recipe, parse_override
 
 WITH_PROFILE = {**MINIMAL_RECIPE, "profiles": {"smoke": {

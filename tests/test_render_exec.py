@@ -13,7 +13,7 @@ from tests.jobhelpers import CPU, P3DN
 from tests.stubs import FIRST_HOST, JOB_ID, RECORD, install_stubs, run_script, write_executable
 from toolkit.slurm.render import render_script
 from toolkit.job.rank import master_port, preview_argv
-from toolkit.job.spec import build_job_spec
+from toolkit.slurm.materialize import build_job_spec
 from toolkit.recipes.load import load_recipe, parse_override
 
 CANARY = "PWNED"

@@ -126,7 +126,7 @@ def test_only_fairseq_jobs_with_a_checkpoint_dir_get_the_line():
 def test_the_fairseq_recipes_rank_program_repairs_its_own_checkpoint_dir_before_fairseq_starts():
     from toolkit.recipes.load import load_recipe
     from toolkit.cluster.queues import default_queue
-    from toolkit.job.spec import build_job_spec
+    from toolkit.slurm.materialize import build_job_spec
 
     spec = build_job_spec(load_recipe("roberta", profile="smoke"), default_queue(), 1, run_dir="/fsx/runs/r1")
     script = spec.program.script

@@ -131,12 +131,12 @@ def test_the_helper_partition_can_be_set_and_a_wrong_one_is_refused(monkeypatch)
 
 
 def test_the_preflight_of_a_requeued_job_is_told_the_helper_partition(tmp_path):
-    from toolkit.job.spec import build_job_spec
+    from toolkit.slurm.materialize import build_job_spec
     from toolkit.recipes.load import load_recipe
 
     p5 = queues_from_config(GPU_FIRST)["p5"]
     spec = build_job_spec(load_recipe("resnet50"), p5, 1, run_dir=str(tmp_path))
-    args = list(spec.preflight_args)
+    args = list(spec.slurm.preflight_args)
     assert args[args.index("--helper-partition") + 1] == "tiny"
 
 
@@ -164,6 +164,6 @@ def test_the_node_side_sends_the_helper_to_the_helper_partition(tmp_path, monkey
 def test_a_cluster_config_never_gets_an_expedited_requeue(tmp_path, monkeypatch):
     monkeypatch.setattr("toolkit.slurm.version.expedited_requeue", lambda: True)  # a 25.11+ Slurm that allows it
     _, _, spec, _, _ = plans.plan_job(_smoke(write_cluster(tmp_path)), tmp_path / "run")
-    assert spec.requeue and not spec.expedited_requeue
+    assert spec.requeue and not spec.slurm.expedited_requeue
     _, _, spec, _, _ = plans.plan_job(_smoke(None), tmp_path / "run")  # self-managed Slurm: no cluster config
-    assert spec.expedited_requeue
+    assert spec.slurm.expedited_requeue

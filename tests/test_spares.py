@@ -18,7 +18,7 @@ from toolkit.node import spares
 from toolkit.job.rank import master_port
 from toolkit.job import staging
 from toolkit.slurm.render import render_script, sbatch_directives
-from toolkit.job.spec import build_job_spec
+from toolkit.slurm.materialize import build_job_spec
 from toolkit.recipes.load import load_recipe
 from toolkit.slurm.executors import choose_executor
 from toolkit.node.heartbeat import Beat

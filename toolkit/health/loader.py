@@ -19,7 +19,8 @@ from typing import Callable
 from toolkit.node import standalone_source
 from toolkit.job.env import (HCCL_OFI_WRAPPER, HCCL_OFI_WRAPPER_DIRS, LIBFABRIC_DIR, OFI_NCCL_DIRS, OPENMPI_DIR,
                              filter_submit_env, submit_env_allowlist)
-from toolkit.job.spec import JobSpec, loader_check_arguments
+from toolkit.job.spec import JobSpec
+from toolkit.slurm.materialize import loader_check_arguments
 
 JOB_NAME = "hpc-doctor"
 

@@ -59,7 +59,9 @@ def search_env(queue: Queue, nodes: int, venv: str | None = None) -> SearchEnv:
     sees) instead of the recipe's software. CPU queues keep one rank per node holding all of its CPUs."""
     from toolkit.errors import UsageError
     from toolkit.slurm.render import environment_lines
-    from toolkit.job.spec import DEVICE_OF_ACCELERATOR, SoftwareEnv, build_job_spec
+    from toolkit.job.spec import DEVICE_OF_ACCELERATOR, SoftwareEnv
+    from toolkit.slurm.materialize import build_job_spec
+    from toolkit.slurm.render import slurm_part
     from toolkit.recipes.load import load_recipe
 
     recipe = load_recipe(RECIPE)
@@ -78,7 +80,7 @@ def search_env(queue: Queue, nodes: int, venv: str | None = None) -> SearchEnv:
         spec = dataclasses.replace(spec, env=tuple(v for v in spec.env if v.name != "OMP_NUM_THREADS"))
         shape: tuple[int, int, int, tuple[str, ...]] = (1, 0, 0, ("--cpu-bind=none",))
     else:
-        shape = (spec.tasks_per_node, spec.cpus_per_task, spec.gpus_per_node, spec.srun_binding)
+        shape = (spec.tasks_per_node, spec.cpus_per_task, spec.gpus_per_node, slurm_part(spec).srun_binding)
     return SearchEnv(COLLECTIVE_DEVICE[device], *shape, python=python, setup=tuple(environment_lines(spec)))
 
 

@@ -3,8 +3,8 @@
 job_spec() builds the scheduler-neutral spec in small steps, each a plain function: resources (device, nodes,
 ranks, CPUs), arguments (scaling, device forms), dirs, the DeepSpeed file, the per-rank command (rank_command),
 software and environment, advice. A target is a Slurm queue (queue_target) or a Kubernetes node type
-(toolkit.k8s.manifests); build_job_spec() adds what only Slurm needs (on_slurm) and is what the sbatch renderer
-(toolkit.slurm.render) and the submitit path consume, through toolkit.submit.plan. Its per-rank
+(toolkit.k8s.manifests). The Slurm room adds what only Slurm needs as `spec.slurm` (toolkit.slurm.materialize:
+build_job_spec, on_slurm), which its script renderer and submitit executor read. Its per-rank
 command is a tuple of Args: literal strings, or RankVars (values only known inside each task), or tuples of
 both concatenated (`("tcp://", MASTER_ADDR, ":", MASTER_PORT)`). No user value is ever a template:
 every rank's bash expands them from the rank contract (toolkit.job.rank.rank_program), on both submission paths.
@@ -14,27 +14,23 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import re
-import sys
 from pathlib import Path
-from typing import Literal, Mapping
+from typing import TYPE_CHECKING, Literal, Mapping
 
-from toolkit.catalog import InstanceType, instance
+from toolkit.catalog import InstanceType
 from toolkit.cluster.queues import Queue
 from toolkit.errors import HpcError
 from toolkit.job.advice import advise
 from toolkit.job.container import ContainerEnv, prelude, resolve
-from toolkit.job.env import HCCL_OFI_WRAPPER, EnvVar, heartbeat_env, job_env
+from toolkit.job.env import EnvVar, heartbeat_env, job_env
 from toolkit.job.rank import Arg, RankProgram, RankVar, rank_program
 from toolkit.job.resume import checkpoint_repair_script
 from toolkit.job.scaling import Derived, apply_scaling
 from toolkit.job.shell import export_line
-from toolkit.job.staging import bundle_path
 from toolkit.recipes.schema import Recipe, flag_words
 
-# Values that reach `#SBATCH` lines, which sbatch (not the shell) parses: no quoting can make a newline safe
-# there (it would end the comment and start a shell command), so such values are restricted instead.
-DIRECTIVE_SAFE = re.compile(r"^[A-Za-z0-9_.:,+=@%/?-]+$")
+if TYPE_CHECKING:
+    from toolkit.slurm.part import SlurmPart
 
 FAIRSEQ_HALF_PRECISION = ("--fp16", "--bf16", "--memory-efficient-fp16", "--memory-efficient-bf16", "--amp")
 FAIRSEQ_DISTRIBUTED = ("--distributed-world-size", "--distributed-rank", "--device-id", "--distributed-init-method",
@@ -115,28 +111,12 @@ class JobSpec:
     style: LauncherStyle = "script"  # torchrun: one Slurm task per node starts that node's tasks_per_node ranks
     hang_timeout_s: int | None = None  # resources.hang_timeout_s: the watchdog ends a job stalled this long
     spares: int = 0  # resources.spares: nodes held beyond `nodes` to restart on (toolkit.node.spares)
-    expedited_requeue: bool = False  # Slurm's part: sbatch --requeue=expedite (toolkit.slurm.version)
     preflight: bool = False  # check every node before the ranks start (resources.preflight; toolkit.node.preflight)
-    # Slurm's part (on_slurm): the scheduler-neutral spec leaves these empty
-    wait_all_nodes: bool = False
-    srun_binding: tuple[str, ...] = ()  # srun CPU-binding options (GPU ranks unbound, HPU ranks on their cores)
-    slurm_options: Mapping[str, str] = dataclasses.field(default_factory=dict)  # account, qos, ... for sbatch
-    preflight_args: tuple[str, ...] = ()  # the queue's promises, as toolkit.node.preflight's arguments
-    node_bundle: str | None = None  # the staged node-side code (toolkit.job.staging), first on the ranks' PYTHONPATH
+    slurm: SlurmPart | None = None  # what only Slurm needs (toolkit.slurm.materialize): None until planned there
 
     @property
     def world_size(self) -> int:
         return self.nodes * self.tasks_per_node
-
-    @property
-    def slurm_tasks_per_node(self) -> int:
-        """Slurm tasks per node: one per rank, or one torchrun per node."""
-        return 1 if self.style == "torchrun" else self.tasks_per_node
-
-    @property
-    def slurm_cpus_per_task(self) -> int:
-        """CPUs per Slurm task: a torchrun task holds the CPUs of all its node's ranks."""
-        return self.cpus_per_task * (self.tasks_per_node if self.style == "torchrun" else 1)
 
     @property
     def program(self) -> RankProgram:
@@ -145,7 +125,8 @@ class JobSpec:
         # script's set-up (the recipe's env.HPC_HEARTBEAT_DIR, if any, wins). With spares the supervisor watches for
         # hangs and ends only the step (toolkit.node.spares), not rank 0's watchdog, which would end the job.
         hang_timeout = None if self.spares else self.hang_timeout_s
-        heartbeats = "; ".join(export_line(var) for var in heartbeat_env(self.run_dir, hang_timeout, self.node_bundle)
+        bundle = self.slurm.node_bundle if self.slurm else None
+        heartbeats = "; ".join(export_line(var) for var in heartbeat_env(self.run_dir, hang_timeout, bundle)
                                if var.prepend or var.name not in self.environ)
         container = prelude(self.software, self.env) if self.software.container else ""
         resume = checkpoint_repair_script(self.launcher, self.dirs.get("checkpoints"))
@@ -155,11 +136,6 @@ class JobSpec:
     @property
     def environ(self) -> dict[str, str]:
         return {var.name: var.value for var in self.env}
-
-    @property
-    def output(self) -> str:
-        """The Slurm stdout/stderr file pattern (%j = job id)."""
-        return f"{self.run_dir}/{self.job_name}-%j.out"
 
     @property
     def time_limit_minutes(self) -> int:
@@ -178,12 +154,6 @@ def time_minutes(text: str) -> int:
         hours, minutes, seconds = {1: (0, parts[0], 0), 2: (0, *parts), 3: tuple(parts)}[len(parts)]
     total = ((int(days) * 24 + hours) * 60 + minutes) * 60 + seconds
     return -(-total // 60)
-
-
-def _check_directive(what: str, value: str | None) -> None:
-    if value is not None and not DIRECTIVE_SAFE.match(value):
-        raise HpcError(f"{what} {value!r} cannot go into an #SBATCH line: only letters, digits and _.:,+=@%/?- "
-                       "are allowed there", fix=f"choose a {what} without spaces, quotes or shell characters")
 
 
 def _under(root: str, path: str) -> str:
@@ -461,103 +431,6 @@ def job_spec(recipe: Recipe, target: Target, nodes: int | None = None, *, profil
         preflight=(recipe.resources.preflight if recipe.resources.preflight is not None
                    else recipe.resources.requeue and recipe.software.container is None),
     )
-
-
-def build_job_spec(recipe: Recipe, queue: Queue, nodes: int | None = None, *, profile: str | None = None,
-                   slurm_options: Mapping[str, str | None] = {}, run_dir: str | None = None) -> JobSpec:
-    """The job for `recipe` on `nodes` nodes of Slurm queue `queue` (recipe's resources.nodes when None), with
-    `slurm_options` (account, qos, reservation, dependency) passed through to sbatch."""
-    return on_slurm(job_spec(recipe, queue_target(queue), nodes, profile=profile, run_dir=run_dir), queue,
-                    slurm_options)
-
-
-def on_slurm(spec: JobSpec, queue: Queue, slurm_options: Mapping[str, str | None] = {}) -> JobSpec:
-    """What only Slurm needs of a job: values safe in #SBATCH lines, --wait-all-nodes on queues that boot
-    nodes on demand, the HPU ranks' CPU binding, and the nodes' Python where the recipe names no software."""
-    options = {name: value for name, value in slurm_options.items() if value is not None}
-    for what, value in (("run dir", spec.run_dir), ("partition", queue.name), *options.items()):
-        _check_directive(what, value)
-    if spec.spares and spec.nodes + spec.spares > queue.max_nodes:  # the allocation holds the spares too
-        room = queue.max_nodes - spec.spares
-        fix = f"use --nodes 1..{room} or fewer --spares" if room >= 1 else f"use at most --spares {queue.max_nodes - 1}"
-        raise HpcError(f"{spec.nodes} nodes and {spec.spares} spare(s) requested; queue {queue.name} has at most "
-                       f"{queue.max_nodes}", fix=f"{fix}, or a bigger queue")
-    derived = [Derived("--wait-all-nodes", "1" if queue.has_dynamic_nodes else "not set",
-                       f"queue {queue.name} starts nodes on demand: run only once every node has booted"
-                       if queue.has_dynamic_nodes
-                       else f"queue {queue.name}'s nodes are all static (MinCount = MaxCount)")]
-    binding: tuple[str, ...] = ()
-    device = DEVICE_OF_ACCELERATOR[queue.instance.accelerator]
-    if device == "gpu":
-        # ParallelCluster's slurm.conf binds (TaskPlugin=task/affinity,task/cgroup) on nodes declared CPUs=N
-        # (aws-parallelcluster-cookbook cookbooks/aws-parallelcluster-slurm/templates/default/slurm/slurm.conf.erb):
-        # Slurm's automatic binding then hands each rank CPUs blind to its GPU's socket. Unbound, NCCL pins its
-        # threads near each rank's GPU itself; as AWS runs nccl-tests on ParallelCluster (aws-samples/
-        # awsome-distributed-training micro-benchmarks/nccl-tests/slurm/nccl-tests-container.sbatch) and as
-        # aws-ofi-nccl advises.
-        binding = ("--cpu-bind=none",)
-        derived.append(Derived("srun cpu binding", "--cpu-bind=none", "nodes declared CPUs=N give Slurm no GPU "
-                               "locality: GPU ranks stay unbound and NCCL pins its threads near each GPU"))
-    elif device == "hpu":
-        from toolkit.job.gaudi import srun_binding
-
-        holds_node = spec.slurm_tasks_per_node * spec.slurm_cpus_per_task >= queue.cpus_per_node
-        binding, why = srun_binding(queue.instance, spec.slurm_tasks_per_node, queue.smt_off, holds_node)
-        derived += [Derived("srun cpu binding", " ".join(binding), why),
-                    Derived("--gpus-per-node", "not set", "HPUs are no Slurm GPUs (ParallelCluster declares no GRES "
-                                                          "for them): one rank per HPU via --ntasks-per-node")]
-    software = spec.software
-    if software.container:
-        derived.append(Derived("container", software.container.image,
-                               "software.container: every rank runs in it (srun --container-image, NVIDIA pyxis); "
-                               "the batch script stays on the host"))
-    elif (spec.launcher != "binary" and not (software.venv or software.conda_root or software.modules)
-            and sys.prefix != sys.base_prefix):
-        software = dataclasses.replace(software, venv=sys.prefix)  # same Python on every node, as submitit's
-        derived.append(Derived("software", sys.prefix, "the recipe names no software: the nodes use the venv "
-                                                       "this toolkit runs in (it must be on a shared filesystem)"))
-    spec = dataclasses.replace(spec, wait_all_nodes=queue.has_dynamic_nodes, slurm_options=options,
-                               srun_binding=binding, software=software)
-    preflight = preflight_args(spec, queue) if spec.preflight else ()
-    derived.append(Derived("pre-flight", "on" if spec.preflight else "off",
-                           "every node is checked against the queue before the ranks start; a failed node stops "
-                           "the job" + (", which is requeued without it" if spec.requeue else "")
-                           if spec.preflight else "resources.preflight (training jobs outside containers: on)"))
-    # Every Slurm job runs node-side code of ours (its ranks' heartbeats; the pre-flight, the spares supervisor):
-    # the batch shell stages it before the ranks start (templates/setup.sh.j2).
-    return dataclasses.replace(spec, preflight_args=preflight, node_bundle=bundle_path(spec.run_dir),
-                               derived=(*spec.derived, *derived))
-
-
-def preflight_args(spec: JobSpec, queue: Queue) -> tuple[str, ...]:
-    """What toolkit.node.preflight checks each node against: the queue's promise (instance type's devices, EFA,
-    FSx, resolved here from the catalog: the node reads no catalog), and what the job loads (loader_check_arguments)."""
-    args = ["--promise", queue.promise().to_json(), "--partition", queue.name]
-    # the requeue's one-task helper: the config's smallest queue, not an exclusive node of the job's own
-    helper = queue.helper_partition
-    args += ["--helper-partition", helper] if spec.requeue and helper not in (None, queue.name) else []
-    args += ["--spares", str(spec.spares)] if spec.spares else []
-    args += ["--requeue"] if spec.requeue else []
-    return (*args, *(f"--loader={a}" for a in loader_check_arguments(spec, queue.fabric)))
-
-
-PYTHON_LAUNCHERS = ("fairseq", "python-module", "python-script", "deepspeed")
-
-
-def loader_check_arguments(spec: JobSpec, fabric: str) -> list[str]:
-    """What the job loads, as toolkit.node.loader_check's arguments (`fabric`: its queue's,
-    toolkit.cluster.queues.Queue.fabric): the pre-flight's and `hpc cluster doctor --recipe`'s question."""
-    args: list[str] = []
-    environ = spec.environ
-    if spec.launcher == "binary":
-        args += ["--program", str(spec.command[0])]
-    if spec.gpus_per_node and spec.launcher in PYTHON_LAUNCHERS:
-        args.append("--torch-nccl")
-    if spec.gpus_per_node and "NCCL_NET" in environ:  # NCCL_NET names a plugin's network: without it NCCL stops
-        args.append("--nccl-net-plugin")
-    if instance(spec.instance_type).accelerator == "gaudi" and fabric != "none":  # HCCL scale-out over EFA
-        args += ["--library", HCCL_OFI_WRAPPER]
-    return args
 
 
 def _python_program(launcher, root: str, nodes: int, tasks: int) -> tuple[list[Arg], Derived]:

@@ -21,7 +21,7 @@ from typing import Any, Sequence
 
 from toolkit.errors import HpcError
 from toolkit.job.env import filter_submit_env
-from toolkit.slurm.render import job_options, node_python, setup_block, srun_options
+from toolkit.slurm.render import job_options, node_python, setup_block, slurm_part, srun_options
 from toolkit.job.spec import JobSpec
 from toolkit.rundir import Executor
 # also still imported from here by toolkit.health.preflight, until it imports toolkit.slurm.env (health must not
@@ -117,14 +117,14 @@ def slurm_parameters(spec: JobSpec) -> dict[str, Any]:
     # split("\n"), not splitlines(): that also splits at \r, \x85, \u2028 inside a quoted value, and submitit
     # joins the lines with "\n" again, changing the value.
     setup = setup_block(spec).rstrip("\n").split("\n")
-    return dict(nodes=spec.nodes, ntasks_per_node=spec.slurm_tasks_per_node, time=spec.time_limit_minutes,
+    return dict(nodes=spec.nodes, ntasks_per_node=slurm_part(spec).tasks_per_node, time=spec.time_limit_minutes,
                 signal_delay_s=spec.signal_before_s,
                 setup=setup, srun_args=srun_options(spec), additional_parameters={**options, "export": "ALL"})
 
 
 def local_parameters(spec: JobSpec) -> dict[str, Any]:
     """submitit LocalExecutor parameters: this machine is the one node."""
-    return {"nodes": 1, "tasks_per_node": spec.slurm_tasks_per_node, "timeout_min": spec.time_limit_minutes}
+    return {"nodes": 1, "tasks_per_node": slurm_part(spec).tasks_per_node, "timeout_min": spec.time_limit_minutes}
 
 
 def slurm_executor(folder: Path, parameters: dict[str, Any], python: str):

@@ -61,7 +61,9 @@ class RankTask:
     @classmethod
     def for_spec(cls, spec, run_dir, toolkit_version: str, local_env=None) -> RankTask:
         """What a task of this toolkit.job.spec.JobSpec runs, and nothing more."""
-        return cls(spec.program.argv, spec.nodes * spec.slurm_tasks_per_node, str(run_dir), toolkit_version,
+        from toolkit.slurm.render import slurm_part
+
+        return cls(spec.program.argv, spec.nodes * slurm_part(spec).tasks_per_node, str(run_dir), toolkit_version,
                    spec.stops_on_signal, spec.requeue, local_env)
 
     @property

@@ -1,7 +1,7 @@
 """JobSpec -> sbatch script text (Jinja2). All quoting happens here, in Python; the template holds text only.
 
 Every value that reaches the script is either shlex-quoted, an element of a quoted bash array, or (in
-`#SBATCH` lines, which sbatch parses) restricted to a safe character set by toolkit.job.spec.
+`#SBATCH` lines, which sbatch parses) restricted to a safe character set by toolkit.slurm.materialize.
 """
 
 from __future__ import annotations
@@ -17,6 +17,14 @@ from toolkit.job.rank import MASTER_PORT_BASE, MASTER_PORT_SPAN
 from toolkit.job.shell import activation_lines, export_line
 from toolkit.job.spec import JobSpec
 from toolkit.job.staging import node_command, unpack_lines
+from toolkit.slurm.part import SlurmPart
+
+
+def slurm_part(spec: JobSpec) -> SlurmPart:
+    """The job's Slurm part: a spec planned for a Slurm queue (toolkit.slurm.materialize) has one."""
+    if spec.slurm is None:
+        raise ValueError(f"job {spec.job_name} was not planned for a Slurm queue (toolkit.slurm.materialize)")
+    return spec.slurm
 
 
 def job_options(spec: JobSpec) -> dict[str, str | int | bool]:
@@ -25,22 +33,23 @@ def job_options(spec: JobSpec) -> dict[str, str | int | bool]:
 
     No --mem: ParallelCluster schedules without memory unless EnableMemoryBasedScheduling is on.
     """
+    part = slurm_part(spec)
     options: dict[str, str | int | bool] = {
         "job-name": spec.job_name, "partition": spec.partition, "nodes": spec.nodes + spec.spares,
-        "ntasks-per-node": spec.slurm_tasks_per_node,
+        "ntasks-per-node": part.tasks_per_node,
     }
     if spec.gpus_per_node:
         options["gpus-per-node"] = spec.gpus_per_node
-    options.update({"cpus-per-task": spec.slurm_cpus_per_task, "time": spec.time_limit})
+    options.update({"cpus-per-task": part.cpus_per_task, "time": spec.time_limit})
     if spec.exclusive:
         options["exclusive"] = True
-    if spec.wait_all_nodes:
+    if part.wait_all_nodes:
         options["wait-all-nodes"] = 1
     # Explicit both ways: Slurm's own default (JobRequeue=1) would requeue a benchmark after a node failure.
-    options["requeue" if spec.requeue else "no-requeue"] = "expedite" if spec.expedited_requeue else True
+    options["requeue" if spec.requeue else "no-requeue"] = "expedite" if part.expedited_requeue else True
     if spec.spares:  # keep the allocation when a node fails: the spares supervisor restarts on the others
         options["no-kill"] = True
-    options.update(spec.slurm_options)  # account, qos, reservation, dependency: passed through
+    options.update(part.options)  # account, qos, reservation, dependency: passed through
     return options
 
 
@@ -48,7 +57,8 @@ def sbatch_directives(spec: JobSpec) -> list[str]:
     """The #SBATCH options of the rendered script, without the prefix: job_options() plus what only a script
     sent by hand needs (its log file, the allow-listed environment, the stop signal to the batch shell)."""
     directives = [f"--{name}" if value is True else f"--{name}={value}" for name, value in job_options(spec).items()]
-    directives += [f"--output={spec.output}", "--open-mode=append", f"--export={','.join(submit_env_allowlist())}"]
+    directives += [f"--output={slurm_part(spec).output}", "--open-mode=append",
+                   f"--export={','.join(submit_env_allowlist())}"]
     if spec.requeue:  # SIGUSR2 to the batch shell before the time limit (USR1 is NCCL's): the template's trap
         directives.append(f"--signal=B:USR2@{spec.signal_before_s}")
     return directives
@@ -56,13 +66,14 @@ def sbatch_directives(spec: JobSpec) -> list[str]:
 
 def srun_options(spec: JobSpec) -> list[str]:
     """srun's options: the step's shape is spelled out (Slurm >= 22.05 srun does not inherit --cpus-per-task)."""
-    options = ["--export=ALL", f"--nodes={spec.nodes}", f"--ntasks-per-node={spec.slurm_tasks_per_node}",
-               f"--cpus-per-task={spec.slurm_cpus_per_task}", "--kill-on-bad-exit=1"]
+    part = slurm_part(spec)
+    options = ["--export=ALL", f"--nodes={spec.nodes}", f"--ntasks-per-node={part.tasks_per_node}",
+               f"--cpus-per-task={part.cpus_per_task}", "--kill-on-bad-exit=1"]
     if spec.spares:  # the job's SLURM_NTASKS counts the spares' tasks too
-        options.insert(2, f"--ntasks={spec.nodes * spec.slurm_tasks_per_node}")
+        options.insert(2, f"--ntasks={spec.nodes * part.tasks_per_node}")
     if spec.mpi:
         options.append(f"--mpi={spec.mpi}")
-    return options + list(spec.srun_binding) + pyxis_options(spec.software.container, spec.env, spec.style)
+    return options + list(part.srun_binding) + pyxis_options(spec.software.container, spec.env, spec.style)
 
 
 def environment_lines(spec: JobSpec) -> list[str]:
@@ -109,25 +120,28 @@ def prepare_line(spec: JobSpec) -> str:
     there), on this first node."""
     if not spec.prepare or not spec.software.container:
         return shlex.join(spec.prepare)
-    step = ["srun", "--export=ALL", "--nodes=1", "--ntasks=1", f"--cpus-per-task={spec.slurm_cpus_per_task}",
+    step = ["srun", "--export=ALL", "--nodes=1", "--ntasks=1", f"--cpus-per-task={slurm_part(spec).cpus_per_task}",
             *pyxis_options(spec.software.container, spec.env, spec.style)]
     return shlex.join([*step, *container_words(spec.software, spec.env, spec.prepare)])
 
 
 def preflight_line(spec: JobSpec) -> str:
     """The pre-flight's command (toolkit.node.preflight, from the staged bundle) in the batch shell, else nothing."""
-    if not spec.preflight_args:
+    args = slurm_part(spec).preflight_args
+    if not args:
         return ""
     from toolkit.node.records import batch_dir
 
-    return node_command(spec.run_dir, "preflight", "--run-dir", str(batch_dir(spec.run_dir)), *spec.preflight_args)
+    return node_command(spec.run_dir, "preflight", "--run-dir", str(batch_dir(spec.run_dir)), *args)
 
 
 def staging_lines(spec: JobSpec) -> list[str]:
     """The node-side bundle's unpacking (toolkit.job.staging), where the job runs node-side code of ours: the
-    pre-flight, the spares supervisor, or ranks that import the heartbeat from it (every job on_slurm planned)."""
-    commands = bool(spec.preflight_args or spec.spares)  # these run "$HPC_PYTHON" BUNDLE ...: a python3 >= 3.9
-    return unpack_lines(spec.run_dir, choose_python=commands) if spec.node_bundle or commands else []
+    pre-flight, the spares supervisor, or ranks that import the heartbeat from it
+    (every job toolkit.slurm.materialize planned)."""
+    part = slurm_part(spec)
+    commands = bool(part.preflight_args or spec.spares)  # these run "$HPC_PYTHON" BUNDLE ...: a python3 >= 3.9
+    return unpack_lines(spec.run_dir, choose_python=commands) if part.node_bundle or commands else []
 
 
 def _setup_context(spec: JobSpec) -> dict:

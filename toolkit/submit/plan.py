@@ -83,8 +83,9 @@ def plan_job(request: SubmitRequest, run_dir: Path | None = None,
     $HPC_RUNS_DIR, the cluster config's FSx, else home, with a warning for checkpoints there). `queue`: already
     resolved (a task of a sweep), else resolved from the request with a note saying how."""
     from toolkit.job.argcheck import check_arguments
-    from toolkit.job.spec import build_job_spec
     from toolkit.recipes.load import load_recipe
+    from toolkit.slurm.materialize import build_job_spec
+    from toolkit.slurm.render import slurm_part
     from toolkit.submit import runsroot
 
     refuse_conflicts(request)
@@ -108,7 +109,7 @@ def plan_job(request: SubmitRequest, run_dir: Path | None = None,
         # ParallelCluster never takes SlurmctldParameters (CustomSlurmSettings deny-list): a cluster config means
         # a bare --requeue; self-managed Slurm (no cluster config) is asked
         spec = expedite_requeue(spec)
-    if spec.preflight_args and not spec.software.container:  # the job runs hpc's node-side code (toolkit.node)
+    if slurm_part(spec).preflight_args and not spec.software.container:  # it runs hpc's toolkit.node
         from toolkit.errors import HpcError
         from toolkit.job.staging import python_problem
 
@@ -132,7 +133,10 @@ def expedite_requeue(spec):
         return spec
     why = (f"Slurm here is 25.11+ with SlurmctldParameters={EXPEDITED_REQUEUE_PARAMETER}: on a node failure the "
            "job requeues at once, first in line")
-    return dc.replace(spec, expedited_requeue=True, derived=(*spec.derived, Derived("--requeue", "expedite", why)))
+    from toolkit.slurm.render import slurm_part
+
+    return dc.replace(spec, slurm=dc.replace(slurm_part(spec), expedited_requeue=True),
+                      derived=(*spec.derived, Derived("--requeue", "expedite", why)))
 
 
 def refuse_conflicts(request: SubmitRequest) -> None:

@@ -1,0 +1,132 @@
+"""The Slurm materializer: a scheduler-neutral JobSpec (toolkit.job.spec.job_spec) on a Slurm queue becomes a job
+with its Slurm part (toolkit.slurm.part.SlurmPart): values safe in #SBATCH lines, --wait-all-nodes, the ranks' CPU
+binding, the pre-flight's arguments and the staged node-side bundle. The script renderer (toolkit.slurm.render)
+and the submitit executor (toolkit.slurm.executors) read it; Kubernetes (toolkit.k8s) never does."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import sys
+from typing import Mapping
+
+from toolkit.catalog import instance
+from toolkit.cluster.queues import Queue
+from toolkit.errors import HpcError
+from toolkit.job.env import HCCL_OFI_WRAPPER
+from toolkit.job.scaling import Derived
+from toolkit.job.spec import DEVICE_OF_ACCELERATOR, JobSpec, job_spec, queue_target
+from toolkit.job.staging import bundle_path
+from toolkit.recipes.schema import Recipe
+from toolkit.slurm.part import SlurmPart
+
+# Values that reach `#SBATCH` lines, which sbatch (not the shell) parses: no quoting can make a newline safe
+# there (it would end the comment and start a shell command), so such values are restricted instead.
+DIRECTIVE_SAFE = re.compile(r"^[A-Za-z0-9_.:,+=@%/?-]+$")
+
+
+def _check_directive(what: str, value: str | None) -> None:
+    if value is not None and not DIRECTIVE_SAFE.match(value):
+        raise HpcError(f"{what} {value!r} cannot go into an #SBATCH line: only letters, digits and _.:,+=@%/?- "
+                       "are allowed there", fix=f"choose a {what} without spaces, quotes or shell characters")
+
+
+def build_job_spec(recipe: Recipe, queue: Queue, nodes: int | None = None, *, profile: str | None = None,
+                   slurm_options: Mapping[str, str | None] = {}, run_dir: str | None = None) -> JobSpec:
+    """The job for `recipe` on `nodes` nodes of Slurm queue `queue` (recipe's resources.nodes when None), with
+    `slurm_options` (account, qos, reservation, dependency) passed through to sbatch."""
+    return on_slurm(job_spec(recipe, queue_target(queue), nodes, profile=profile, run_dir=run_dir), queue,
+                    slurm_options)
+
+
+def on_slurm(spec: JobSpec, queue: Queue, slurm_options: Mapping[str, str | None] = {}) -> JobSpec:
+    """What only Slurm needs of a job: values safe in #SBATCH lines, --wait-all-nodes on queues that boot
+    nodes on demand, the HPU ranks' CPU binding, and the nodes' Python where the recipe names no software."""
+    options = {name: value for name, value in slurm_options.items() if value is not None}
+    # one Slurm task per rank, or one torchrun per node holding the CPUs of all its node's ranks
+    tasks = 1 if spec.style == "torchrun" else spec.tasks_per_node
+    cpus = spec.cpus_per_task * (spec.tasks_per_node if spec.style == "torchrun" else 1)
+    for what, value in (("run dir", spec.run_dir), ("partition", queue.name), *options.items()):
+        _check_directive(what, value)
+    if spec.spares and spec.nodes + spec.spares > queue.max_nodes:  # the allocation holds the spares too
+        room = queue.max_nodes - spec.spares
+        fix = f"use --nodes 1..{room} or fewer --spares" if room >= 1 else f"use at most --spares {queue.max_nodes - 1}"
+        raise HpcError(f"{spec.nodes} nodes and {spec.spares} spare(s) requested; queue {queue.name} has at most "
+                       f"{queue.max_nodes}", fix=f"{fix}, or a bigger queue")
+    derived = [Derived("--wait-all-nodes", "1" if queue.has_dynamic_nodes else "not set",
+                       f"queue {queue.name} starts nodes on demand: run only once every node has booted"
+                       if queue.has_dynamic_nodes
+                       else f"queue {queue.name}'s nodes are all static (MinCount = MaxCount)")]
+    binding: tuple[str, ...] = ()
+    device = DEVICE_OF_ACCELERATOR[queue.instance.accelerator]
+    if device == "gpu":
+        # ParallelCluster's slurm.conf binds (TaskPlugin=task/affinity,task/cgroup) on nodes declared CPUs=N
+        # (aws-parallelcluster-cookbook cookbooks/aws-parallelcluster-slurm/templates/default/slurm/slurm.conf.erb):
+        # Slurm's automatic binding then hands each rank CPUs blind to its GPU's socket. Unbound, NCCL pins its
+        # threads near each rank's GPU itself; as AWS runs nccl-tests on ParallelCluster (aws-samples/
+        # awsome-distributed-training micro-benchmarks/nccl-tests/slurm/nccl-tests-container.sbatch) and as
+        # aws-ofi-nccl advises.
+        binding = ("--cpu-bind=none",)
+        derived.append(Derived("srun cpu binding", "--cpu-bind=none", "nodes declared CPUs=N give Slurm no GPU "
+                               "locality: GPU ranks stay unbound and NCCL pins its threads near each GPU"))
+    elif device == "hpu":
+        from toolkit.job.gaudi import srun_binding
+
+        holds_node = tasks * cpus >= queue.cpus_per_node
+        binding, why = srun_binding(queue.instance, tasks, queue.smt_off, holds_node)
+        derived += [Derived("srun cpu binding", " ".join(binding), why),
+                    Derived("--gpus-per-node", "not set", "HPUs are no Slurm GPUs (ParallelCluster declares no GRES "
+                                                          "for them): one rank per HPU via --ntasks-per-node")]
+    software = spec.software
+    if software.container:
+        derived.append(Derived("container", software.container.image,
+                               "software.container: every rank runs in it (srun --container-image, NVIDIA pyxis); "
+                               "the batch script stays on the host"))
+    elif (spec.launcher != "binary" and not (software.venv or software.conda_root or software.modules)
+            and sys.prefix != sys.base_prefix):
+        software = dataclasses.replace(software, venv=sys.prefix)  # same Python on every node, as submitit's
+        derived.append(Derived("software", sys.prefix, "the recipe names no software: the nodes use the venv "
+                                                       "this toolkit runs in (it must be on a shared filesystem)"))
+    spec = dataclasses.replace(spec, software=software)
+    part = SlurmPart(tasks_per_node=tasks, cpus_per_task=cpus, output=f"{spec.run_dir}/{spec.job_name}-%j.out",
+                     wait_all_nodes=queue.has_dynamic_nodes, srun_binding=binding, options=options)
+    preflight = preflight_args(spec, queue) if spec.preflight else ()
+    derived.append(Derived("pre-flight", "on" if spec.preflight else "off",
+                           "every node is checked against the queue before the ranks start; a failed node stops "
+                           "the job" + (", which is requeued without it" if spec.requeue else "")
+                           if spec.preflight else "resources.preflight (training jobs outside containers: on)"))
+    # Every Slurm job runs node-side code of ours (its ranks' heartbeats; the pre-flight, the spares supervisor):
+    # the batch shell stages it before the ranks start (templates/setup.sh.j2).
+    part = dataclasses.replace(part, preflight_args=preflight, node_bundle=bundle_path(spec.run_dir))
+    return dataclasses.replace(spec, slurm=part, derived=(*spec.derived, *derived))
+
+
+def preflight_args(spec: JobSpec, queue: Queue) -> tuple[str, ...]:
+    """What toolkit.node.preflight checks each node against: the queue's promise (instance type's devices, EFA,
+    FSx, resolved here from the catalog: the node reads no catalog), and what the job loads (loader_check_arguments)."""
+    args = ["--promise", queue.promise().to_json(), "--partition", queue.name]
+    # the requeue's one-task helper: the config's smallest queue, not an exclusive node of the job's own
+    helper = queue.helper_partition
+    args += ["--helper-partition", helper] if spec.requeue and helper not in (None, queue.name) else []
+    args += ["--spares", str(spec.spares)] if spec.spares else []
+    args += ["--requeue"] if spec.requeue else []
+    return (*args, *(f"--loader={a}" for a in loader_check_arguments(spec, queue.fabric)))
+
+
+PYTHON_LAUNCHERS = ("fairseq", "python-module", "python-script", "deepspeed")
+
+
+def loader_check_arguments(spec: JobSpec, fabric: str) -> list[str]:
+    """What the job loads, as toolkit.node.loader_check's arguments (`fabric`: its queue's,
+    toolkit.cluster.queues.Queue.fabric): the pre-flight's and `hpc cluster doctor --recipe`'s question."""
+    args: list[str] = []
+    environ = spec.environ
+    if spec.launcher == "binary":
+        args += ["--program", str(spec.command[0])]
+    if spec.gpus_per_node and spec.launcher in PYTHON_LAUNCHERS:
+        args.append("--torch-nccl")
+    if spec.gpus_per_node and "NCCL_NET" in environ:  # NCCL_NET names a plugin's network: without it NCCL stops
+        args.append("--nccl-net-plugin")
+    if instance(spec.instance_type).accelerator == "gaudi" and fabric != "none":  # HCCL scale-out over EFA
+        args += ["--library", HCCL_OFI_WRAPPER]
+    return args
