@@ -152,11 +152,11 @@ def test_hpc_run_container_options(tmp_path):
 
 
 def test_a_container_job_is_refused_where_srun_has_no_pyxis(monkeypatch):
-    from toolkit.health import containers
+    from toolkit.slurm import pyxis
 
-    monkeypatch.setattr(containers, "pyxis_loaded", lambda: False)  # stand-in for a cluster without pyxis
+    monkeypatch.setattr(pyxis, "pyxis_loaded", lambda: False)  # stand-in for a cluster without pyxis
     with pytest.raises(HpcError, match="pyxis is not loaded") as err:
-        containers.require_pyxis()
+        pyxis.require_pyxis()
     assert "--pyxis" in err.value.fix
 
 

@@ -229,7 +229,7 @@ def _stub_submission(monkeypatch, refuse_at: int | None = None) -> list[list[str
         submitted.append(chunk)
         return str(500 + len(submitted) - 1)
     monkeypatch.setattr(sweep, "_submit_array", submit_array)
-    monkeypatch.setattr("toolkit.submit.plan.check_slurm_accepts", lambda p: None)
+    monkeypatch.setattr("toolkit.slurm.targets.SubmititSlurm.check", lambda self, p: None)
     return _recording_slurm(monkeypatch)
 
 

@@ -166,10 +166,8 @@ def logs(job_id: str = typer.Argument(..., help="Slurm job id."),
 
 @app.command("cancel")
 def cancel(job_id: str = typer.Argument(..., help="Slurm job id."), json_: bool = JSON_OPTION) -> None:
-    """Cancel a job (scancel); a sweep's id (any of its arrays') cancels all its arrays."""
-    from toolkit.slurm import commands
+    """Cancel a job (scancel; a local run's process); a sweep's id (any of its arrays') cancels all its arrays."""
     from toolkit.submit import runs
 
-    ids = runs.cancel_ids(job_id)
-    commands.run(["scancel", *ids])
+    ids = runs.cancel(job_id)
     emit({"job_id": job_id, "cancelled": True, "job_ids": ids}, json_, f"cancelled job {' '.join(ids)}")

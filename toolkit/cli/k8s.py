@@ -125,3 +125,15 @@ def validate(file: Path = typer.Argument(..., help="A file of Kubernetes manifes
     emit(report, as_json, _validation_text)
     if not report["valid"]:
         raise fail(f"{file}: the manifests are not valid")
+
+
+@app.command()
+def apply(file: Path = typer.Argument(..., help="A file of rendered manifests (`hpc k8s render -o FILE`)."),
+          context: Optional[str] = typer.Option(None, "--context", help="kubectl context (default: its current one)."),
+          as_json: bool = JSON_OPTION) -> None:
+    """Apply rendered manifests with kubectl, after the offline checks pass; refused, naming the file, where this
+    machine has no kubectl or no context."""
+    from toolkit.k8s.target import Apply, Kubernetes
+
+    created = Kubernetes().schedule(Apply(file, context))
+    emit({"file": str(file), "created": created.split()}, as_json, f"applied {file}: {created}")

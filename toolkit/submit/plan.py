@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import dataclasses
 import shlex
-import sys
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
@@ -162,6 +161,7 @@ def plan(request: SubmitRequest, run_dir: Path | None = None, *, task_of: Plan |
     from toolkit.slurm.render import render_script
     from toolkit.recipes.load import find_recipe
     from toolkit.slurm import executors
+    from toolkit.target import target_for
 
     recipe, queue, spec, run_dir, notes = plan_job(request, run_dir, task_of.queue if task_of else None)
     if task_of is None:
@@ -173,22 +173,7 @@ def plan(request: SubmitRequest, run_dir: Path | None = None, *, task_of: Plan |
     warnings = list(spec.warnings)
     if spec.software.container and task_of is None:  # a sweep's tasks share their array's cluster
         warnings += container_warnings(request)
-    python = batch_script = argv = None
-    parameters: dict[str, Any] = {}
-    if executor == Executor.SBATCH:
-        # --export=ALL of the clean environment submit_script() gives sbatch: the script's own --export=LIST (for
-        # a script sent by hand) implies --get-user-env, which loads the node's login environment and, on Slurm
-        # >= 25.05, holds the job where that fails (sbatch(1); SchedMD/slurm CHANGELOG/slurm-25.05.md). A command-
-        # line option wins over the script's #SBATCH line.
-        argv = ("sbatch", "--parsable", "--export=ALL", str(run_dir / "job.sbatch"))
-    elif executor == Executor.LOCAL:
-        python = sys.executable
-        parameters = executors.local_parameters(spec)
-    else:
-        python = executors.node_python(spec)
-        parameters = executors.slurm_parameters(spec)
-        if task_of is None:
-            batch_script = executors.submitit_batch_script(spec, run_dir / "submitit")
+    dispatch = target_for(executor).dry_run(spec, run_dir, array=task_of is not None)
     # A task shares its array's recipe file and commit: no git calls per task of a large sweep.
     recipe_file = find_recipe(request.recipe) if request.recipe_data is None else None
     base = rundir.base_metadata(recipe.name, recipe_file) if task_of is None else task_of.metadata
@@ -197,10 +182,10 @@ def plan(request: SubmitRequest, run_dir: Path | None = None, *, task_of: Plan |
                 "nodes": spec.nodes, "ranks_per_node": spec.tasks_per_node, "ranks": spec.world_size,
                 "launcher_style": spec.style, "job_ids": []}
     return Plan(request=request, recipe=recipe, queue=queue, spec=spec, run_dir=run_dir, script=render_script(spec),
-                executor=executor, python=python, parameters=parameters, batch_script=batch_script,
-                argv=argv, rank_program=spec.program.argv, rank0_argv=tuple(preview_argv(spec.command)),
-                notes=tuple(notes),
-                warnings=tuple(warnings), metadata=metadata)
+                executor=executor, python=dispatch.python, parameters=dispatch.parameters,
+                batch_script=dispatch.batch_script, argv=dispatch.argv, rank_program=spec.program.argv,
+                rank0_argv=tuple(preview_argv(spec.command)), notes=tuple(notes), warnings=tuple(warnings),
+                metadata=metadata)
 
 
 def container_warnings(request: SubmitRequest) -> list[str]:
@@ -213,22 +198,6 @@ def container_warnings(request: SubmitRequest) -> list[str]:
     return [warning] if warning else []
 
 
-def check_slurm_accepts(p: Plan) -> None:
-    """Before anything is written: the controller answers, a containerized job finds pyxis, and `sbatch
-    --test-only` takes the job."""
-    if p.executor == Executor.LOCAL:
-        return
-    from toolkit.slurm.commands import check_controller
-    from toolkit.slurm.executors import preflight
-
-    check_controller()
-    if p.spec.software.container:  # srun's pyxis options exist only where Slurm loads pyxis (plugstack.conf)
-        from toolkit.health.containers import require_pyxis
-
-        require_pyxis()
-    preflight(p.script)
-
-
 def write_run_dir(p: Plan, metadata: rundir.Metadata | None = None) -> None:
     """The one run-dir writer: resolved recipe, the script, the plan and its metadata (run dir created here)."""
     import yaml
@@ -239,41 +208,27 @@ def write_run_dir(p: Plan, metadata: rundir.Metadata | None = None) -> None:
 
 
 def execute(p: Plan) -> str:
-    """Submit a plan: check, write its run dir, submit; returns the job id. A refused job leaves no run dir."""
-    from toolkit.slurm import executors
+    """Submit a plan: the target checks it would take the job, the run dir is written, the target submits;
+    returns the job id. A refused job leaves no run dir."""
+    from toolkit.target import target_for
 
-    check_slurm_accepts(p)
+    target = target_for(p.executor)
+    target.check(p)
     try:
         write_run_dir(p)
-        if p.executor == Executor.SBATCH:
-            assert p.argv is not None, "an sbatch plan has the command that submits it"
-            job_id = executors.submit_script(p.argv)
-        else:
-            job_id = executors.submit_submitit(p.spec, p.run_dir, p.parameters, p.python,
-                                               local=p.executor == Executor.LOCAL)
+        job_id = target.schedule(p)
     except BaseException:
         rundir.RunDir(p.run_dir).discard()  # never leave a run dir for a job that was not submitted
         raise
     rundir.RunDir(p.run_dir).write_metadata(rundir.Metadata.from_json({**p.metadata, "job_ids": [job_id]}))
-    if p.executor != Executor.LOCAL:
-        save_batch_script(job_id, p.run_dir)
     return job_id
-
-
-def save_batch_script(job_id: str, run: Path) -> None:
-    """Keep the batch script Slurm stored for the job (what really ran, for reproduction)."""
-    from toolkit.slurm import commands
-
-    res = commands.run(["scontrol", "write", "batch_script", job_id, str(run / "batch_script.sh")], check=False)
-    if res.returncode != 0:
-        (run / "batch_script.sh.missing").write_text(res.stderr or res.stdout)
 
 
 def describe(p: Plan) -> str:
     """The plan for people: how it is submitted, with what, and the script."""
-    how = {Executor.SLURM: f"submitit's Slurm executor (nodes run {p.python})",
-           Executor.LOCAL: f"submitit's local executor on this machine ({p.python})",
-           Executor.SBATCH: "sbatch: " + shlex.join(p.argv or ())}[p.executor]
+    from toolkit.target import Dispatch, target_for
+
+    how = target_for(p.executor).describe(Dispatch(p.python, p.parameters, p.batch_script, p.argv))
     lines = [f"would submit {p.spec.job_name}: {p.spec.nodes} x {p.spec.instance_type} on queue {p.queue.name}, "
              f"{p.spec.world_size} ranks", f"  with: {how}", f"  run dir: {p.run_dir}"]
     if p.parameters:

@@ -78,30 +78,15 @@ def state_from_run_dir(run: RunDir) -> State:
     return State.FAILED if run.failed() else State.UNKNOWN
 
 
-def _local_state(job_id: str, run: RunDir) -> State:
-    """A local run: its result, else whether submitit's process (job id = its pid) still runs."""
-    import os
-
-    state = state_from_run_dir(run)
-    if state != State.UNKNOWN:
-        return state
-    try:
-        os.kill(int(job_id), 0)
-        return State.RUNNING
-    except (ProcessLookupError, ValueError):
-        return State.FAILED  # gone without rank 0's result
-    except PermissionError:
-        return State.RUNNING
-
-
 def status(job_id: str, root: Path | None = None) -> RunStatus:
     run = rundir.find_run(job_id, root or reader_roots())
     meta = (run.metadata() if run else None) or Metadata()
     if run is not None and meta.kind == SWEEP:
         return sweep_status(job_id, run, meta)
-    if run is not None and meta.executor == Executor.LOCAL:
-        return RunStatus(job_id, _local_state(job_id, run), "local", str(run.path), meta.recipe, meta.nodes)
-    found = slurm_status.query([job_id])
+    from toolkit.target import target_for
+
+    # a run dir without metadata, or no run dir here at all: Slurm may still know the job
+    found = target_for(meta.executor or Executor.SLURM).status([job_id], run)
     base = RunStatus(job_id, State.UNKNOWN, "run-dir", str(run.path) if run else None, meta.recipe, meta.nodes)
     if job_id in found:
         s = found[job_id]
@@ -124,7 +109,10 @@ def status(job_id: str, root: Path | None = None) -> RunStatus:
 def list_statuses(root: Path | None = None) -> list[RunStatus]:
     """Every run in the runs root, newest last, with one Slurm query for all of them."""
     runs = [(run, run.metadata() or Metadata()) for run in rundir.list_runs(root or reader_roots())]
-    slurm_ids = [j for run, meta in runs if meta.executor != Executor.LOCAL for j in meta.job_ids]
+    from toolkit.target import target_for
+
+    slurm_ids = [j for run, meta in runs if target_for(meta.executor or Executor.SLURM).scheduler == "slurm"
+                 for j in meta.job_ids]
     answer = slurm_status.ask(slurm_ids) if slurm_ids else slurm_status.Answer({}, False)
     found = answer.jobs
     out = []
@@ -232,14 +220,26 @@ def sweep_failed_tasks(sweep_dir: Path, meta: Metadata) -> list[dict]:
 
 
 def cancel_ids(job_id: str, root: Path | None = None) -> list[str]:
-    """What `hpc jobs cancel` hands scancel: a sweep's every array for the sweep's id (any array's, or its dir's
-    name), else the id itself (one task ID_N stays one task)."""
+    """What `hpc jobs cancel` ends: a sweep's every array for the sweep's id (any array's, or its dir's name),
+    else the id itself (one task ID_N stays one task)."""
     run = rundir.find_run(job_id, root or reader_roots())
     meta = (run.metadata() if run else None) or Metadata()
     arrays = [a.job_id for a in meta.sweep_arrays] if meta.kind == SWEEP else []
     if (run is not None and job_id == run.name) or job_id in arrays:
         return arrays
     return [job_id]
+
+
+def cancel(job_id: str, root: Path | None = None) -> list[str]:
+    """End a job (or a sweep's arrays) through the target that ran it: scancel on Slurm, the process on this
+    machine for the local executor. Returns the ids ended."""
+    from toolkit.target import target_for
+
+    run = rundir.find_run(job_id, root or reader_roots())
+    meta = (run.metadata() if run else None) or Metadata()
+    ids = cancel_ids(job_id, root)
+    target_for(meta.executor or Executor.SLURM).cancel(ids)
+    return ids
 
 
 def rank_lines(job_id: str, rank: int, stream: str = "out", keep_following: bool = False,

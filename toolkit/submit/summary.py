@@ -15,12 +15,10 @@ import re
 import shlex
 from typing import Any
 
-from toolkit.rundir import Executor
+from toolkit.target import target_for
 
 VERBOSE_HINT = "the full plan and its scripts: add --verbose (or --json)"
 DEVICE_UNITS = {"gpu": "GPUs", "hpu": "HPUs", "cpu": "CPUs"}
-HOW = {Executor.SLURM: "submitit, to Slurm", Executor.LOCAL: "submitit's local executor, on this machine",
-       Executor.SBATCH: "sbatch, the rendered script"}
 # A variable whose name has one of these words (between underscores) holds a credential: its value is never shown.
 SECRET_WORDS = {"SECRET", "TOKEN", "PASSWORD", "PASSWD", "PASS", "CREDENTIAL", "CREDENTIALS", "KEY", "APIKEY",
                 "AUTH", "PRIVATE"}
@@ -145,7 +143,7 @@ def lines(s: dict[str, Any]) -> list[str]:
            f"cluster:     {cluster['config'] + ', from ' if cluster['config'] else ''}{cluster['source']}; "
            "--cluster FILE picks another",
            f"time limit:  {s['time_limit']}",
-           f"submit with: {HOW[Executor(s['executor'])]}",
+           f"submit with: {target_for(s['executor']).summary}",
            f"{'sweep dir:' if 'sweep' in s else 'run dir:':13}{s['run_dir']}"]
     env = [_env_line(v) for v in s["env"]] or ["(none set by the job)"]
     out += [f"environment: {env[0]}", *(f"             {line}" for line in env[1:])]

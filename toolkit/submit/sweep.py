@@ -37,7 +37,7 @@ from typing import Any, Sequence
 from toolkit import rundir
 from toolkit.errors import HpcError, UsageError
 from toolkit.recipes.load import Override
-from toolkit.rundir import SWEEP, SWEEP_TASK, Array, Executor, Metadata, RunDir
+from toolkit.rundir import SWEEP, SWEEP_TASK, Array, Metadata, RunDir
 
 NUMBER = r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?"
 RANGE = re.compile(rf"^(?P<first>{NUMBER})\.\.(?P<last>{NUMBER})(?::(?P<step>{NUMBER}))?$")
@@ -203,13 +203,11 @@ def plan(request, sweeps: Sequence[str], parallelism: int | None = None,
     _refuse_shared_output_dirs(tasks, points)
     home = runsroot.refuse_home_sweep(root, [t.spec for t in tasks]) if root is not None else None
     first = tasks[0]
-    if first.executor == Executor.LOCAL:
-        raise UsageError("a sweep runs as a Slurm job array; the local executor has none",
-                         fix="submit the sweep to a Slurm cluster (--executor slurm), or submit points one by one")
-    if first.executor == Executor.SBATCH:
-        raise HpcError(f"recipe {first.recipe.name} goes to sbatch as its rendered script (an MPI binary, --spares, or "
-                       "--executor sbatch): a sweep is a submitit job array",
-                       fix="submit each variation with `hpc recipes submit --set ...` (or sweep with --executor slurm)")
+    from toolkit.target import target_for
+
+    refusal = target_for(first.executor).sweep_refusal(first.recipe.name)
+    if refusal is not None:
+        raise refusal
     shared = _flat(first.parameters)
     for task, point in zip(tasks[1:], points[1:], strict=True):
         params = _flat(task.parameters)
@@ -336,9 +334,10 @@ def array_limit(cluster: str | None = None) -> tuple[int, str]:
 def execute(sp: SweepPlan) -> str:
     """Check Slurm takes the job, write the sweep dir and every task's run dir, submit one job array per chunk.
     Returns the sweep's id: its first array's job id (any array's id names the sweep in `hpc jobs`)."""
-    from toolkit.submit.plan import check_slurm_accepts, write_run_dir
+    from toolkit.submit.plan import write_run_dir
+    from toolkit.target import target_for
 
-    check_slurm_accepts(sp.tasks[0])
+    target_for(sp.tasks[0].executor).check(sp.tasks[0])
     sweep_dir = RunDir(sp.sweep_dir)
     arrays: list[Array] = []
     try:
@@ -365,7 +364,7 @@ def _cancel(job_ids: list[str]) -> None:
     if job_ids:
         from toolkit.slurm import commands
 
-        commands.run(["scancel", *job_ids], check=False)
+        commands.run(["scancel", *job_ids], check=False)  # not the target's cancel: this one never raises
 
 
 def _task_metadata(sp: SweepPlan, point: Point, array: Array | None) -> Metadata:
