@@ -151,11 +151,14 @@ def test_a_reviewed_render_runs_its_preflight_from_the_run_dir_not_the_submitter
     assert before_ranks.index("<<'HPC_NODE_BUNDLE'") < before_ranks.index(f'"$HPC_PYTHON" {bundle} preflight')
 
 
-def _venv(root: Path, version: str, submitit: bool) -> str:
+def _venv(root: Path, version: str, submitit: bool, hpc: bool = True) -> str:
     write(root / "pyvenv.cfg", f"home = /usr/bin\ninclude-system-site-packages = false\nversion = {version}\n")
     write(root / "bin" / "python", "", 0o755)
+    site = root / "lib" / f"python{version.rsplit('.', 1)[0]}" / "site-packages"
     if submitit:
-        (root / "lib" / f"python{version.rsplit('.', 1)[0]}" / "site-packages" / "submitit").mkdir(parents=True)
+        (site / "submitit").mkdir(parents=True)
+    if hpc:
+        (site / "hpc_toolkit-0.1.0.dist-info").mkdir(parents=True)
     return str(root / "bin" / "python")
 
 
@@ -177,6 +180,9 @@ def test_submitit_is_used_only_where_the_nodes_python_can_run_its_side(tmp_path,
     kind, note = executors.choose_executor(None, node_python=bare)
     assert kind.value == "sbatch" and "has no submitit" in note
     assert executors.choose_executor(None, node_python=fit) == ("slurm", None)
+    # submitit there, but not hpc, whose rank task submitit unpickles on the node
+    kind, note = executors.choose_executor(None, node_python=_venv(tmp_path / "nohpc", here, True, hpc=False))
+    assert kind.value == "sbatch" and "has no hpc" in note
     assert executors.choose_executor(None, node_python="python") == ("slurm", None)  # modules/conda: not readable
     assert executors.choose_executor("sbatch", node_python=old) == ("sbatch", None)
     with pytest.raises(HpcError, match="--executor slurm \\(submitit\\): the job's venv .* is Python 3.9") as err:

@@ -38,7 +38,8 @@ def submitit_unfit(python: str) -> str | None:
 
     submitit's node side unpickles the job (a cloudpickle of our rank task, made by this Python) with
     `python -m submitit.core._submit`: the nodes' Python needs submitit and this Python's major.minor. A venv on the
-    shared file system says both in its pyvenv.cfg and site-packages; a `python` that modules, conda or a container
+    shared file system says both in its pyvenv.cfg and site-packages (and whether it holds hpc, whose rank task
+    submitit unpickles there); a `python` that modules, conda or a container
     put on PATH, or a venv not readable from here, cannot be told (None: submitit is tried, as before)."""
     import sys
 
@@ -55,6 +56,10 @@ def submitit_unfit(python: str) -> str | None:
                 f"Python's {here[0]}.{here[1]}")
     if not list(prefix.glob("lib/python*/site-packages/submitit")):
         return f"the job's venv {prefix} has no submitit"
+    # the pickled job is hpc's rank task (toolkit.slurm.rank_task), imported by reference on the node: the venv
+    # needs hpc itself too (an install or an editable one, each leaves its dist-info)
+    if not list(prefix.glob("lib/python*/site-packages/hpc_toolkit-*.dist-info")):
+        return f"the job's venv {prefix} has no hpc (submitit's node side runs hpc's rank task)"
     return None
 
 
