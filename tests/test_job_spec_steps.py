@@ -45,12 +45,17 @@ def test_arguments_refuse_a_flag_the_toolkit_sets_and_scale_the_rest():
 
 
 def test_dirs_resolve_under_the_root_or_the_given_run_dir():
-    recipe = load_recipe("resnet50", overrides=["dirs.logs.under=run", "dirs.root=/data/team"])
+    """Data is read by every run (the root); a run owns what it writes (its run dir), unless `under: root`."""
+    recipe = load_recipe("resnet50", overrides=["dirs.root=/data/team"])
     root, why = dirs_root(recipe, queue_target(P3DN))
     assert (root, why.rule) == ("/data/team", "dirs.root of the recipe")
     placed = dirs(recipe, root, "resnet50", "/runs/r1")
-    assert placed.paths == {"data": "/data/team/data/imagenet", "checkpoints": "/data/team/checkpoints/resnet50",
+    assert placed.paths == {"data": "/data/team/data/imagenet", "checkpoints": "/runs/r1/checkpoints/resnet50",
                             "logs": "/runs/r1/logs/resnet50"}
+    assert "each run its own" in next(d.rule for d in placed.derived if d.key == "checkpoints dir")
+    pinned = dirs(load_recipe("resnet50", overrides=["dirs.root=/data/team", "dirs.checkpoints.under=root"]), root,
+                  "resnet50", "/runs/r1")
+    assert pinned.paths["checkpoints"] == "/data/team/checkpoints/resnet50"  # continuing across runs: explicit
     assert placed.args == {"--data": placed.paths["data"], "--checkpoint-dir": placed.paths["checkpoints"],
                            "--log-dir": placed.paths["logs"]}
     assert dirs(recipe, root, "resnet50", None).run_dir == "/data/team/runs/resnet50"  # a target without runs root

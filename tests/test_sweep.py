@@ -99,9 +99,9 @@ def test_each_point_checkpoints_and_logs_in_its_own_run_dir(tmp_path):
         assert task.spec.dirs["logs"] == f"{task.run_dir}/logs/roberta"
         assert task.spec.command[task.spec.command.index("--save-dir") + 1] == task.spec.dirs["checkpoints"]
         assert task.spec.dirs["data"] == "/shared/data-bin/wikitext-103"  # read by all: stays shared
-    # a single submission keeps the recipe's dir (a resubmission resumes it)
+    # a single submission owns its dirs too (issue 31: a second run never continues the first)
     single = plans.plan(_roberta_request(tmp_path), tmp_path / "single")
-    assert single.spec.dirs["checkpoints"] == "/shared/checkpoints/roberta"
+    assert single.spec.dirs["checkpoints"] == f"{tmp_path}/single/checkpoints/roberta"
 
 
 @pytest.mark.parametrize("overrides,sweeps", [

@@ -143,3 +143,26 @@ def test_a_fairseq_run_is_read_from_rank0_stdout(smoke):
     text = run_hpc("report", "run", str(run), env=smoke.env, cwd=smoke.cwd)
     assert text.returncode == 0, text.stderr
     assert " words/s (" in text.stdout and "updates: 20" in text.stdout and "(base 2)" in text.stdout
+
+
+# Both recipes go through our fairseq launcher and --save-dir; roberta's (the issue's own example) is a canary.
+@pytest.mark.parametrize("recipe", ["transformer", pytest.param("roberta", marks=pytest.mark.canary)])
+def test_a_second_run_with_other_values_starts_from_scratch_in_its_own_checkpoint_dir(smoke, recipe):
+    """A run owns its checkpoints (issue 31): a second submission of the recipe with another learning rate trains
+    from update 1 and saves its own values beside the module's first run (20 updates). With one shared --save-dir,
+    fairseq restored the first run's checkpoint_last.pt in the second, which continued it with the first's values."""
+    import torch
+
+    first = smoke(recipe)
+    second = submit_json(recipe, "--profile", "smoke", "--nodes", "1", "--set", "args.--lr=0.000123",
+                         "--set", "args.--max-update=2", "--wait", env=smoke.env, cwd=smoke.cwd)
+    assert second["state"] == "COMPLETED"
+    found = {}
+    for name, result in (("first", first), ("second", second)):
+        checkpoint = next(Path(result["run_dir"]).glob("checkpoints/**/checkpoint_last.pt"))
+        found[name] = (checkpoint.parent, torch.load(checkpoint, map_location="cpu", weights_only=False))
+    assert found["first"][0] != found["second"][0]
+    state = found["second"][1]
+    assert list(state["cfg"]["optimization"]["lr"]) == [0.000123]
+    assert state["optimizer_history"][-1]["num_updates"] == 2  # its own two updates, not the first run's 20
+    assert found["first"][1]["optimizer_history"][-1]["num_updates"] == 20  # and the first run's are untouched

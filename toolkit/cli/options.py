@@ -121,6 +121,9 @@ DEPENDENCY = typer.Option(None, "--dependency", "-d", metavar="WHEN:JOB_ID",
                           help="Slurm dependency, e.g. afterok:123 (sbatch --dependency).")
 EXECUTOR = typer.Option(None, "--executor", help="slurm (default), local (only where no Slurm is installed) or "
                                                  "sbatch (the rendered script itself, as MPI binaries always go).")
+RESUME_FROM = typer.Option(None, "--resume-from", metavar="RUN_DIR|JOB_ID",
+                           help="Continue another run: its checkpoints seed this run's own, once (every run owns its "
+                                "checkpoints and logs; a requeue resumes its own).")
 DRY_RUN = typer.Option(False, "--dry-run", help="Print what would be submitted; submit nothing.")
 VERBOSE = typer.Option(False, "--verbose", help="With --dry-run: the scripts and submitit's parameters in full "
                                                 "after the summary.")

@@ -201,7 +201,7 @@ def submit(name: str = o.RECIPE, nodes: Optional[int] = o.NODES, cluster: Option
            spares: Optional[int] = o.SPARES, preflight: Optional[bool] = o.PREFLIGHT, env: list[str] = o.ENV,
            venv: Optional[Path] = o.VENV, account: Optional[str] = o.ACCOUNT, qos: Optional[str] = o.QOS,
            reservation: Optional[str] = o.RESERVATION, dependency: Optional[str] = o.DEPENDENCY,
-           executor: Optional[o.Executor] = o.EXECUTOR,
+           executor: Optional[o.Executor] = o.EXECUTOR, resume_from: Optional[str] = o.RESUME_FROM,
            dry_run: bool = o.DRY_RUN, verbose: bool = o.VERBOSE, wait: bool = o.WAIT,
            as_json: bool = JSON_OPTION) -> None:
     """Submit a recipe through submitit (srun starts one rank per GPU, or per declared CPU rank)."""
@@ -210,7 +210,8 @@ def submit(name: str = o.RECIPE, nodes: Optional[int] = o.NODES, cluster: Option
     job = JobOptions(overrides, sweeps, profile, time, env, venv, account, qos, reservation, dependency, hang_timeout,
                      spares, preflight)
     request = plans.SubmitRequest(name, nodes, str(cluster) if cluster else None, queue, profile,
-                                  job.recipe_overrides(), job.slurm_options(), o.value(executor))
+                                  job.recipe_overrides(), job.slurm_options(), o.value(executor),
+                                  resume_from=resume_from)
     submit_any(request, sweeps, array_parallelism, dry_run, wait, as_json, verbose)
 
 

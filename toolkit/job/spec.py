@@ -27,7 +27,7 @@ from toolkit.job.rank import Arg, RankProgram, RankVar, rank_program
 from toolkit.job.resume import checkpoint_repair_script
 from toolkit.job.scaling import Derived, apply_scaling
 from toolkit.job.shell import export_line
-from toolkit.recipes.schema import Recipe, flag_words
+from toolkit.recipes.schema import Recipe, dir_under, flag_words
 
 if TYPE_CHECKING:
     from toolkit.slurm.part import SlurmPart
@@ -112,6 +112,7 @@ class JobSpec:
     hang_timeout_s: int | None = None  # resources.hang_timeout_s: the watchdog ends a job stalled this long
     spares: int = 0  # resources.spares: nodes held beyond `nodes` to restart on (toolkit.node.spares)
     preflight: bool = False  # check every node before the ranks start (resources.preflight; toolkit.node.preflight)
+    resume_from: str | None = None  # another run's checkpoints dir, copied into this one's once (--resume-from)
     slurm: SlurmPart | None = None  # what only Slurm needs (toolkit.slurm.materialize): None until planned there
 
     @property
@@ -327,10 +328,13 @@ def dirs(recipe: Recipe, root: str, job_name: str, run_dir: str | None) -> Dirs:
         entry = getattr(recipe.dirs, name)
         if entry is None:
             continue
-        base, where = (run_dir, "the run dir") if entry.under == "run" else (root, "the dirs root")
+        under = dir_under(name, entry)
+        base, where = (run_dir, "the run dir") if under == "run" else (root, "the dirs root")
         path = paths[name] = _under(base, entry.dir)
-        derived.append(Derived(f"{name} dir", path, f"dirs.{name}.dir under {where}" if path != entry.dir
-                               else f"dirs.{name}.dir (absolute)"))
+        why = (f"dirs.{name}.dir (absolute)" if path == entry.dir else
+               f"dirs.{name}.dir under {where}" + (": each run its own" if entry.under is None and under == "run"
+                                                  else ""))
+        derived.append(Derived(f"{name} dir", path, why))
         if entry.arg == "positional":
             positional.append(path)
         elif entry.arg:

@@ -7,8 +7,9 @@ devices, CPU forms, the NCCL/EFA environment) are not recipe fields: they come f
 Conventions:
   args     an ordered mapping flag -> value: `true` is a bare flag, a list gives several values, and `null`
            (in a profile or `--set`) removes the flag. Order is kept as written.
-  dirs     relative paths are under `dirs.root`, else the queue's FSx mount; `under: run` puts one in the
-           run's own dir instead (a fresh run never resumes another run's checkpoints).
+  dirs     relative paths are under `dirs.root`, else the queue's FSx mount, except that a run owns its outputs:
+           checkpoints and logs go under the run's own dir unless `under: root` says otherwise (a fresh run never
+           resumes another run's checkpoints; `--resume-from` continues one explicitly). Data stays under the root.
   prepare  a command that makes the data if it is missing: it runs once, on the first node, before the
            ranks start, with the data dir appended as its last argument (smoke data, preprocessing).
   profiles named overlays with the recipe's own shape, merged over it (see toolkit.recipes.load).
@@ -199,7 +200,16 @@ class PathArg(StrictModel):
 
     dir: SafeStr
     arg: Annotated[str, Field(pattern=FLAG_PATTERN + "|^positional$")] | None = None
-    under: Literal["root", "run"] = "root"
+    # null: data under the dirs root (read, shared); checkpoints and logs under the run dir (each run its own)
+    under: Literal["root", "run"] | None = None
+
+
+OUTPUT_DIRS = ("checkpoints", "logs")  # the dirs a run writes: its own unless the recipe says `under: root`
+
+
+def dir_under(name: str, entry: PathArg) -> Literal["root", "run"]:
+    """Where dirs.<name> is: as the recipe says, else the run dir for what a run writes, the root for data."""
+    return entry.under or ("run" if name in OUTPUT_DIRS else "root")
 
 
 class Dirs(StrictModel):

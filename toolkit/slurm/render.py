@@ -144,9 +144,22 @@ def staging_lines(spec: JobSpec) -> list[str]:
     return unpack_lines(spec.run_dir, choose_python=commands) if part.node_bundle or commands else []
 
 
+def seed_line(spec: JobSpec) -> str:
+    """--resume-from: the other run's checkpoints copied into this run's empty checkpoints dir, once (a requeue
+    finds its own there and resumes them). A copy, not hard links: torch.save and fairseq rewrite checkpoint files
+    in place (open "wb"), which through a link would change the other run's."""
+    if not spec.resume_from:
+        return ""
+    source, own = spec.resume_from, spec.dirs["checkpoints"]
+    q_own = shlex.quote(own)
+    return (f'if [ -z "$(ls -A {q_own} 2>/dev/null)" ]; then mkdir -p {q_own} && cp -a {shlex.quote(source + "/.")} '
+            f'{q_own}/ && echo {shlex.quote(f"hpc: checkpoints of {source} copied to {own} (--resume-from)")}; fi')
+
+
 def _setup_context(spec: JobSpec) -> dict:
     return dict(
         spec=spec,
+        seed=seed_line(spec),
         preflight=preflight_line(spec),
         staging=staging_lines(spec),
         setup=setup_lines(spec),

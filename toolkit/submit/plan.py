@@ -30,6 +30,7 @@ class SubmitRequest:
     slurm_options: Mapping[str, str | None] = dataclasses.field(default_factory=dict)  # sbatch --account, --qos...
     executor: str | None = None
     recipe_data: Mapping[str, Any] | None = None  # a recipe built in memory (`hpc run`); `recipe` is its name
+    resume_from: str | None = None  # another run (dir or job id) whose checkpoints seed this one's
 
     @property
     def run_name(self) -> str:
@@ -85,7 +86,7 @@ def plan_job(request: SubmitRequest, run_dir: Path | None = None,
     from toolkit.recipes.load import load_recipe
     from toolkit.slurm.materialize import build_job_spec
     from toolkit.slurm.render import slurm_part
-    from toolkit.submit import runsroot
+    from toolkit.submit import outputs, runsroot
 
     refuse_conflicts(request)
     notes: list[str] = []
@@ -104,6 +105,11 @@ def plan_job(request: SubmitRequest, run_dir: Path | None = None,
                           slurm_options=request.slurm_options, run_dir=str(run_dir))
     if root is not None and (warning := runsroot.home_warning(root, spec)):
         spec = dataclasses.replace(spec, warnings=(*spec.warnings, warning))
+    roots = [root.path] if root is not None else runsroot.reader_roots()
+    if request.resume_from:  # a run owns its outputs; continuing another is explicit (toolkit.submit.outputs)
+        spec = outputs.resume_from(spec, request.resume_from, roots)
+    if shared := outputs.shared_output_warnings(spec, roots):
+        spec = dataclasses.replace(spec, warnings=(*spec.warnings, *shared))
     if spec.requeue and not queue.from_config:
         # ParallelCluster never takes SlurmctldParameters (CustomSlurmSettings deny-list): a cluster config means
         # a bare --requeue; self-managed Slurm (no cluster config) is asked

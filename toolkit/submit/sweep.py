@@ -46,7 +46,6 @@ RANGE_FORMS = "A..B (every integer from A to B) or A..B:STEP (e.g. 0.1..0.4:0.1,
 MAX_RANGE_POINTS = 10_000
 SLURM_DEFAULT_MAX_ARRAY_SIZE = 1001  # slurm.conf(5)'s default: ParallelCluster's, or where scontrol does not answer
 MAX_ARRAY_SIZE_ENV = "HPC_MAX_ARRAY_SIZE"
-OUTPUT_DIRS = ("checkpoints", "logs")  # the recipe dirs a run writes (data is read, and made once if missing)
 SWEEP_FIX = ("write --sweep KEY.PATH=V1,V2,... (e.g. --sweep args.--lr=0.1,0.2, --sweep args.--seed=1..8 or "
              "--sweep args.--lr=0.1..0.4:0.1)")
 
@@ -235,15 +234,18 @@ def _own_output_dirs(request) -> tuple[str, ...]:
     """Overrides that put the recipe's checkpoint and log dirs under each task's own run dir (where they are
     under the dirs root: one dir for every point)."""
     from toolkit.recipes.load import load_recipe
+    from toolkit.recipes.schema import OUTPUT_DIRS
 
     recipe = load_recipe(request.recipe, profile=request.profile, overrides=request.overrides,
                          data=request.recipe_data)
     return tuple(f"dirs.{name}.under=run" for name in OUTPUT_DIRS
-                 if (entry := getattr(recipe.dirs, name)) is not None and entry.under == "root")
+                 if (entry := getattr(recipe.dirs, name)) is not None and entry.under != "run")
 
 
 def _refuse_shared_output_dirs(tasks: Sequence[Any], points: Sequence[Point]) -> None:
     """Two points with one checkpoint or log dir (absolute, or swept to one value) would resume each other."""
+    from toolkit.recipes.schema import OUTPUT_DIRS
+
     for name in OUTPUT_DIRS:
         owner: dict[str, Point] = {}
         for task, point in zip(tasks, points, strict=True):
