@@ -61,10 +61,12 @@ def test_the_stop_policy_answers_submitits_checkpoint_protocol(tmp_path, requeue
     too. checkpoint() returns the resubmission only when the job is to be requeued, after the workload ended."""
     from toolkit import __version__
     from toolkit.job.rank import rank_program
+    from toolkit.node.stop import StopPolicy
     from toolkit.slurm import rank_task
 
     program = rank_program((sys.executable, "-c", WORKLOAD), 1, 1, contract=True)
-    task = rank_task.RankTask(program.argv, 1, str(tmp_path), __version__, stops_on_signal, requeue)
+    task = rank_task.RankTask(program.argv, 1, str(tmp_path), __version__,
+                              StopPolicy(requeue=requeue, saves_on_signal=stops_on_signal))
     answers = []
 
     def submitits_handler(_signum, _frame):

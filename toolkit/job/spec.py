@@ -27,6 +27,7 @@ from toolkit.job.rank import Arg, RankProgram, RankVar, rank_program
 from toolkit.job.resume import checkpoint_repair_script
 from toolkit.job.scaling import Derived, apply_scaling
 from toolkit.job.shell import export_line
+from toolkit.node.stop import SIGNAL as STOP_SIGNAL, StopPolicy
 from toolkit.recipes.schema import Recipe, dir_under, flag_words
 
 if TYPE_CHECKING:
@@ -43,9 +44,10 @@ LauncherKind = Literal["fairseq", "python-module", "python-script", "binary", "d
 LauncherStyle = Literal["script", "torchrun"]
 OUR_TRAINERS = "toolkit.workloads."  # modules that take TRAINER_DEVICE flags (a user's module gets none)
 USER_MAIN = Path(__file__).with_name("user_main.py")  # each Python rank's first code (`python -c`)
-# torchrun with SIGUSR2 ignored: Slurm signals every process of the step before the time limit, and USR2's default
-# action would kill torchrun (and with it the ranks) while they save. Ranks inherit the ignore; a workload that stops
-# on the signal installs its own handler (our trainers), any other resumes from its checkpoint after the requeue.
+# torchrun with SIGUSR2 (toolkit.node.stop.SIGNAL) ignored: Slurm signals every process of the step before the time
+# limit, and USR2's default action would kill torchrun (and with it the ranks) while they save. Ranks inherit the
+# ignore; a workload that stops on the signal installs its own handler (our trainers), any other resumes from its
+# checkpoint after the requeue.
 # torchrun's environment on every target (Slurm here, the pods' container env in toolkit.k8s): each rendezvous round
 # gets its own store. By default (torch >= 2.4) the workers share the agent's store, which outlives rounds, and tell
 # restarts apart by TORCHELASTIC_RESTART_COUNT, which only the agent whose worker failed increments: after a failure
@@ -54,7 +56,8 @@ USER_MAIN = Path(__file__).with_name("user_main.py")  # each Python rank's first
 # (torch/distributed/elastic/rendezvous/dynamic_rendezvous.py, next_rendezvous), so all nodes agree.
 TORCHRUN_ENV = (("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1"),)
 TORCHRUN = (f"import os, signal, sys; os.environ.update({dict(TORCHRUN_ENV)!r}); "
-            "signal.signal(signal.SIGUSR2, signal.SIG_IGN); from torch.distributed.run import main; sys.exit(main())")
+            f"signal.signal(signal.SIG{STOP_SIGNAL}, signal.SIG_IGN); from torch.distributed.run import main; "
+            "sys.exit(main())")
 # The catalog's accelerator kind decides the device form of a job (GRES GPUs, devices, collective backend).
 DEVICE_OF_ACCELERATOR = {"nvidia": "gpu", "gaudi": "hpu", "none": "cpu"}
 
@@ -114,6 +117,11 @@ class JobSpec:
     preflight: bool = False  # check every node before the ranks start (resources.preflight; toolkit.node.preflight)
     resume_from: str | None = None  # another run's checkpoints dir, copied into this one's once (--resume-from)
     slurm: SlurmPart | None = None  # what only Slurm needs (toolkit.slurm.materialize): None until planned there
+
+    @property
+    def stop(self) -> StopPolicy:
+        """What the job does when Slurm says stop, on every path (toolkit.node.stop)."""
+        return StopPolicy(requeue=self.requeue, saves_on_signal=self.stops_on_signal, before_s=self.signal_before_s)
 
     @property
     def world_size(self) -> int:

@@ -1,9 +1,12 @@
 """Hot spares: a job holds N + K nodes, runs its ranks on N, and when a node or a rank is lost runs them again on N
 healthy nodes of the same allocation, resuming from the last checkpoint, instead of ending and waiting in the queue.
 
-    "$HPC_PYTHON" BUNDLE spares --nodes N --spares K --run-dir DIR [--hang-timeout S] -- srun OPTIONS... PROGRAM...
+    "$HPC_PYTHON" BUNDLE spares --nodes N --spares K --run-dir DIR [--hang-timeout S] [--stop POLICY]
+        -- srun OPTIONS... PROGRAM...
 
-The rendered script runs this in place of its srun line (the batch shell's stop trap signals it as it would srun).
+The rendered script runs this in place of its srun line (the batch shell's stop trap signals it as it would srun):
+the job's stop policy (toolkit.node.stop, `--stop` its JSON) says which signals it passes on to the round's srun
+and which rank exit says "saved and stopped", no failure; a stop ends the rounds, nothing restarts.
 It rests on Slurm's own rules (sbatch(1), srun(1)):
 
   - `sbatch --no-kill` keeps the allocation when a node fails; the job "assumes all responsibilities for
@@ -59,7 +62,8 @@ from pathlib import Path
 from typing import Sequence
 
 from . import heartbeat, records
-from .rank import EXIT_STOPPED, master_port
+from .rank import master_port
+from .stop import StopPolicy, signal_number
 
 # A probe step (`true`) ends within about a second on a node whose slurmd answers (0.3-1 s here). On a node without
 # one, srun 22.05 fails it after MessageTimeout (Slurm's default 10 s), but srun 20.11 under a 22.05 controller
@@ -82,6 +86,9 @@ POLL_S = 0.5
 TASK_FAILED = re.compile(r"^srun: error: (?P<node>[^\s:]+): tasks? (?P<tasks>[\d,\-\[\]]+): (?P<what>.+)$")
 # Once Slurm declares a node of the step down (SlurmdTimeout), srun says so and ends, with status 0 on 22.05.
 NODE_FAILED = re.compile(r"^srun: error: (?P<what>Node failure) on (?P<node>\S+)$")
+TASK_EXITED = re.compile(r"^Exited with exit code (?P<code>\d+)$")  # TASK_FAILED's `what` for a task's own exit
+# Without --stop: a recipe's defaults (the signals passed on and the stopped exit are every policy's).
+DEFAULT_STOP = StopPolicy()
 
 
 @dataclasses.dataclass
@@ -129,6 +136,12 @@ def failed_task(line: str) -> tuple[str, str] | None:
     """(node, what) of an srun line reporting a task that ended badly or a node that failed, else None."""
     found = TASK_FAILED.match(line.strip()) or NODE_FAILED.match(line.strip())
     return (found["node"], found["what"]) if found else None
+
+
+def exit_code(what: str) -> int | None:
+    """The exit status in failed_task()'s `what`, when the task exited by itself (not killed, not a lost node)."""
+    found = TASK_EXITED.match(what)
+    return int(found["code"]) if found else None
 
 
 def silent_nodes(beats: Sequence[heartbeat.Beat], since: float, now: float) -> tuple[list[str], list[int]]:
@@ -259,8 +272,9 @@ def last_step(directory: Path) -> int | None:
 class Supervisor:
     def __init__(self, srun: Sequence[str], nodes: int, spares: int, run_dir: Path, heartbeat_dir: Path,
                  hang_timeout: float | None, job_id: str, allocated: Sequence[str], batch_host: str,
-                 probe_every: float = PROBE_EVERY_S, silence_bound: float = SILENCE_BOUND_S) -> None:
-        self.srun, self.n, self.spares, self.run_dir = list(srun), nodes, spares, run_dir
+                 probe_every: float = PROBE_EVERY_S, silence_bound: float = SILENCE_BOUND_S,
+                 stop: StopPolicy = DEFAULT_STOP) -> None:
+        self.srun, self.n, self.spares, self.run_dir, self.stop = list(srun), nodes, spares, run_dir, stop
         self.probe_every, self.silence_bound = probe_every, silence_bound
         self.heartbeat_dir, self.hang_timeout, self.job_id = heartbeat_dir, hang_timeout, job_id
         self.order = ordered_nodes(allocated, batch_host)
@@ -273,8 +287,8 @@ class Supervisor:
     # -- the loop ---------------------------------------------------------------------------------------------
 
     def run(self) -> int:
-        signal.signal(signal.SIGUSR2, self._forward)  # the batch shell's stop trap: save and requeue
-        signal.signal(signal.SIGTERM, self._forward)
+        for name in self.stop.forwarded_signals:  # the batch shell's stop trap (save and requeue), Slurm's SIGTERM
+            signal.signal(signal_number(name), self._forward)
         try:
             return self._rounds()
         finally:
@@ -414,7 +428,7 @@ class Supervisor:
             sys.stderr.write(line)
             found = failed_task(line)
             # A rank that saved and stopped on request (Slurm's SIGTERM of a requeue, the stop signal) did not fail.
-            if found and found[1] != f"Exited with exit code {EXIT_STOPPED}" and current.failure is None \
+            if found and not self.stop.stopped(exit_code(found[1])) and current.failure is None \
                     and not self.stopping:
                 node, what = found
                 current.failure = Failure(f"srun: {node}: {what}", [node])
@@ -500,6 +514,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--silence-bound", type=float, default=SILENCE_BOUND_S,
                         help="seconds of heartbeat silence after which a node that answers its probe is dropped "
                              "(default %(default)g: longer than a large checkpoint's save)")
+    parser.add_argument("--stop", type=StopPolicy.from_json, default=DEFAULT_STOP, metavar="POLICY",
+                        help="the job's stop policy as JSON (toolkit.node.stop.StopPolicy.to_json; default: a "
+                             "recipe's defaults)")
     parser.add_argument("srun", nargs=argparse.REMAINDER, help="-- srun OPTIONS... PROGRAM...")
     args = parser.parse_args(argv)
     srun = args.srun[1:] if args.srun[:1] == ["--"] else args.srun
@@ -508,7 +525,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     job_id, allocated, host = allocation()
     supervisor = Supervisor(srun, args.nodes, args.spares, args.run_dir,
                             args.heartbeat_dir or args.run_dir / "heartbeats", args.hang_timeout, job_id, allocated,
-                            host, args.probe_every, args.silence_bound)
+                            host, args.probe_every, args.silence_bound, args.stop)
     return supervisor.run()
 
 

@@ -116,15 +116,16 @@ def slurm_parameters(spec: JobSpec) -> dict[str, Any]:
     also named, since submitit counts a job's tasks and times its own requeue logic from them. --export=ALL of the
     clean environment sbatch gets (see toolkit.slurm.env.clean_sbatch_env): exactly the allow-listed variables,
     like the rendered script's --export=LIST, but without the login-environment load that a variable list implies
-    on the node (about 1.3 s per job here).
+    on the node (about 1.3 s per job here). The stop signal goes to the steps (toolkit.node.stop: step_signal), where
+    submitit's per-rank handler calls RankTask.checkpoint().
     """
     options = {name.replace("-", "_"): value for name, value in job_options(spec).items()}
     # split("\n"), not splitlines(): that also splits at \r, \x85, \u2028 inside a quoted value, and submitit
     # joins the lines with "\n" again, changing the value.
     setup = setup_block(spec).rstrip("\n").split("\n")
     return dict(nodes=spec.nodes, ntasks_per_node=slurm_part(spec).tasks_per_node, time=spec.time_limit_minutes,
-                signal_delay_s=spec.signal_before_s,
-                setup=setup, srun_args=srun_options(spec), additional_parameters={**options, "export": "ALL"})
+                signal_delay_s=spec.stop.before_s, setup=setup, srun_args=srun_options(spec),
+                additional_parameters={**options, "export": "ALL", "signal": spec.stop.step_signal})
 
 
 def local_parameters(spec: JobSpec) -> dict[str, Any]:

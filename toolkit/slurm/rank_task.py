@@ -6,22 +6,11 @@ signal handlers (submitit/core/job_environment.py: SIGUSR2 -> `checkpoint_and_tr
 logged and bypassed), and this callable answers submitit's checkpoint protocol (`checkpoint()` returning a
 DelayedSubmission to requeue, None not to).
 
-The stop policy, one per job (JobSpec.requeue, JobSpec.stops_on_signal), as each path carries it out. Slurm
-sends SIGUSR2 signal_before_s before the time limit (USR1 is NCCL's): on the submitit path to every process of
-the steps (`--signal=USR2@N`), so the workload gets it directly; the rendered script's batch shell gets it
-(`--signal=B:USR2@N`) and its trap passes it to srun, which signals every task.
-
-  requeue, stops_on_signal (our trainers)  the workload agrees on a step, saves, exits 75; then the job requeues
-                                           (script: the trap, after srun ends; submitit: checkpoint() waits for
-                                           rank 0's workload, submitit runs `scontrol requeue`)
-  requeue, cannot save (fairseq, ...)      the workload starts with SIGUSR2 ignored; the job requeues at once and
-                                           the rerun resumes from its last periodic checkpoint (checkpoint() ends
-                                           rank 0's workload first)
-  no requeue (benchmarks)                  the workload ignores SIGUSR2 and the job is never requeued (script: no
-                                           signal is asked for; submitit always asks, and checkpoint() answers
-                                           None: submitit ends the job as not requeued)
-
-`scontrol requeue` sends SIGTERM (no SIGUSR2): workloads that save on it exit 75, the rerun resumes from there.
+The stop policy is the job's (toolkit.node.stop.StopPolicy, JobSpec.stop; its table shows every path): on this
+path Slurm sends the stop signal to every process of the steps (`--signal=USR2@N`), so the workload gets it
+directly, unless it starts with the signal ignored (StopPolicy.workload_ignores_signal); checkpoint() answers as
+StopPolicy says (requeue or not; wait for rank 0's workload to save, or end it first), and submitit runs
+`scontrol requeue`.
 """
 
 from __future__ import annotations
@@ -34,7 +23,7 @@ import subprocess
 import sys
 import threading
 
-from toolkit.node.rank import EXIT_STOPPED  # standard library only: cheap for every rank
+from toolkit.node.stop import SIGNAL, StopPolicy, signal_number  # standard library only: cheap for every rank
 
 # How long checkpoint() gives a stopping workload to save before requeueing without it.
 STOP_GRACE_S = 120
@@ -52,8 +41,7 @@ class RankTask:
     ntasks: int  # Slurm tasks: the ranks, or the nodes under torchrun
     run_dir: str
     toolkit_version: str
-    stops_on_signal: bool = False
-    requeue: bool = True
+    stop: StopPolicy
     # Local executor only: the whole environment of the workload (submitit's local processes inherit the
     # submitter's, which a job must never see). Under Slurm the batch script already made it explicit.
     local_env: tuple[tuple[str, str], ...] | None = None
@@ -64,7 +52,7 @@ class RankTask:
         from toolkit.slurm.render import slurm_part
 
         return cls(spec.program.argv, spec.nodes * slurm_part(spec).tasks_per_node, str(run_dir), toolkit_version,
-                   spec.stops_on_signal, spec.requeue, local_env)
+                   spec.stop, local_env)
 
     @property
     def program(self) -> str:
@@ -95,10 +83,10 @@ class RankTask:
                                "nodes' training environment and submit again")
         env = self.environment()
         rank = int(env["SLURM_PROCID"])
-        returncode = _run(list(self.argv), env, ignore_usr2=not (self.stops_on_signal and self.requeue))
+        returncode = _run(list(self.argv), env, ignore_usr2=self.stop.workload_ignores_signal)
         record = {"rank": rank, "host": os.uname().nodename, "exit_code": returncode, "argv0": self.program,
                   "finished_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")}
-        if returncode == EXIT_STOPPED:  # saved on a stop signal; Slurm or rank 0 requeues the job
+        if self.stop.stopped(returncode):  # saved on a stop signal; Slurm or rank 0 requeues the job
             return "stopped"
         if returncode != 0:
             _write(self.run_dir, record)
@@ -110,11 +98,11 @@ class RankTask:
     def checkpoint(self, *args, **kwargs):
         """submitit's checkpoint protocol, called on rank 0 when the stop signal arrives: requeue the job (return
         a DelayedSubmission) once this rank's workload has saved or been ended, or not at all (None)."""
-        if not self.requeue:
+        if not self.stop.checkpoint_requeues:
             return None
         proc, ended = _running.get("proc"), _running.get("ended")
         if isinstance(proc, subprocess.Popen) and isinstance(ended, threading.Event):
-            if not self.stops_on_signal:
+            if self.stop.checkpoint_ends_workload:
                 proc.terminate()  # it cannot save on request: the rerun resumes from its last checkpoint
             if not ended.wait(STOP_GRACE_S):
                 proc.kill()
@@ -137,7 +125,7 @@ def _write(run_dir: str, record: dict) -> None:
 
 
 def _ignore_usr2() -> None:
-    signal.signal(signal.SIGUSR2, signal.SIG_IGN)  # kept across exec: the workload never dies of it
+    signal.signal(signal_number(SIGNAL), signal.SIG_IGN)  # kept across exec: the workload never dies of it
 
 
 def _run(argv: list[str], env: dict[str, str], ignore_usr2: bool) -> int:

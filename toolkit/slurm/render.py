@@ -45,8 +45,7 @@ def job_options(spec: JobSpec) -> dict[str, str | int | bool]:
         options["exclusive"] = True
     if part.wait_all_nodes:
         options["wait-all-nodes"] = 1
-    # Explicit both ways: Slurm's own default (JobRequeue=1) would requeue a benchmark after a node failure.
-    options["requeue" if spec.requeue else "no-requeue"] = "expedite" if part.expedited_requeue else True
+    options[spec.stop.requeue_option] = "expedite" if part.expedited_requeue else True  # toolkit.node.stop
     if spec.spares:  # keep the allocation when a node fails: the spares supervisor restarts on the others
         options["no-kill"] = True
     options.update(part.options)  # account, qos, reservation, dependency: passed through
@@ -59,8 +58,8 @@ def sbatch_directives(spec: JobSpec) -> list[str]:
     directives = [f"--{name}" if value is True else f"--{name}={value}" for name, value in job_options(spec).items()]
     directives += [f"--output={slurm_part(spec).output}", "--open-mode=append",
                    f"--export={','.join(submit_env_allowlist())}"]
-    if spec.requeue:  # SIGUSR2 to the batch shell before the time limit (USR1 is NCCL's): the template's trap
-        directives.append(f"--signal=B:USR2@{spec.signal_before_s}")
+    if spec.stop.batch_signal:  # the stop signal to the batch shell before the time limit: the template's trap
+        directives.append(f"--signal={spec.stop.batch_signal}")
     return directives
 
 
@@ -192,6 +191,7 @@ def spares_supervisor(spec: JobSpec) -> str:
              "--heartbeat-dir", spec.environ.get(DIR_VAR, f"{spec.run_dir}/heartbeats")]
     if spec.hang_timeout_s:
         words += ["--hang-timeout", str(spec.hang_timeout_s)]
+    words += ["--stop", spec.stop.to_json()]  # which signals it passes on to srun, which exit is a stop
     return node_command(spec.run_dir, "spares", *words, "--") + " "
 
 
@@ -210,6 +210,7 @@ def render_script(spec: JobSpec) -> str:
     program = spec.program
     return _template("job.sbatch.j2").render(
         **_setup_context(spec),
+        stop=spec.stop,
         directives=sbatch_directives(spec),
         array_lines=array_lines(program.words),
         launch=spares_supervisor(spec) + shlex.join(["srun", *SHARED_LOG_SRUN_OPTIONS, *srun_options(spec)]),

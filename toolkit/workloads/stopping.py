@@ -11,8 +11,10 @@ import signal
 from collections.abc import Sequence
 
 from toolkit.node.rank import EXIT_STOPPED  # noqa: F401  (the spares supervisor, on the node, reads it too)
+from toolkit.node.stop import STOP_SIGNALS as STOP_SIGNAL_NAMES, signal_number
 
-STOP_SIGNALS = (signal.SIGUSR2, signal.SIGTERM)
+# The signals the job's stop policy sends a workload (toolkit.node.stop): the stop signal and Slurm's SIGTERM.
+STOP_SIGNALS = tuple(signal_number(name) for name in STOP_SIGNAL_NAMES)
 
 
 class StopFlag:
