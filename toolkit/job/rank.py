@@ -62,8 +62,8 @@ class RankProgram:
 def rank_program(command: tuple[Arg, ...], world_size: int, local_world_size: int, contract: bool,
                  prelude: str = "") -> RankProgram:
     """The rank program of a command. `contract`: export the rank contract (False under torchrun, which sets it).
-    `prelude`: shell run first (a container's software activation, toolkit.job.container; a fairseq checkpoint's
-    repair, toolkit.job.resume)."""
+    `prelude`: shell run first (a container's software activation, toolkit.job.container; the launcher's resume
+    rule, toolkit.launchers)."""
     head, tail = split_command(command)
     exports = []
     if contract:

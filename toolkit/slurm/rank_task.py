@@ -14,7 +14,7 @@ the steps (`--signal=USR2@N`), so the workload gets it directly; the rendered sc
   requeue, stops_on_signal (our trainers)  the workload agrees on a step, saves, exits 75; then the job requeues
                                            (script: the trap, after srun ends; submitit: checkpoint() waits for
                                            rank 0's workload, submitit runs `scontrol requeue`)
-  requeue, cannot save (fairseq, ...)      the workload starts with SIGUSR2 ignored; the job requeues at once and
+  requeue, cannot save (most programs)     the workload starts with SIGUSR2 ignored; the job requeues at once and
                                            the rerun resumes from its last periodic checkpoint (checkpoint() ends
                                            rank 0's workload first)
   no requeue (benchmarks)                  the workload ignores SIGUSR2 and the job is never requeued (script: no
