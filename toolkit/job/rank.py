@@ -39,12 +39,16 @@ class RankVar(enum.Enum):
     LOCAL_RANK = "LOCAL_RANK"
     MASTER_ADDR = "MASTER_ADDR"
     MASTER_PORT = "MASTER_PORT"
+    # The node's index, for a per-node agent that needs it given (accelerate's --machine_rank): not in the rank
+    # contract (a rank reads GROUP_RANK); the launcher's rank prelude sets it (toolkit.launchers.accelerate)
+    NODE_RANK = "NODE_RANK"
 
 
 Arg = Union[str, RankVar, tuple[Union[str, RankVar], ...]]
 
 # Rank 0's view with the rendezvous left symbolic: what `show` and `submit --dry-run` print.
-RANK0_PREVIEW = {"RANK": "0", "LOCAL_RANK": "0", "MASTER_ADDR": "$MASTER_ADDR", "MASTER_PORT": "$MASTER_PORT"}
+RANK0_PREVIEW = {"RANK": "0", "LOCAL_RANK": "0", "MASTER_ADDR": "$MASTER_ADDR", "MASTER_PORT": "$MASTER_PORT",
+                 "NODE_RANK": "0"}
 
 
 @dataclasses.dataclass(frozen=True)

@@ -6,7 +6,7 @@ scaling (update-freq, LR), device forms, argv and the EFA/NCCL environment there
 place that computes them; this module only translates:
 
   training launchers                           -> Kubeflow PyTorchJob (kubeflow.org/v1), torchrun elastic agent
-                                                  (or the launcher's own per-node agent)
+                                                  (or the launcher's own per-node agent: accelerate launch)
   MPI binaries (nccl-tests)                    -> MPIJob (kubeflow.org/v2beta1), one slot per GPU
   which launcher kind takes which form         -> the launcher's (toolkit.launchers: Launcher.kubernetes_kind)
   the recipe's dirs                            -> an FSx for Lustre PersistentVolumeClaim (ReadWriteMany)
