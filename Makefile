@@ -19,16 +19,17 @@ $(VENV)/.core-installed: pyproject.toml
 venv: $(VENV)/.core-installed
 
 # The training environment (workloads and their tests): torch and torchvision from this machine's disk, then
-# fairseq-fixed compiled against that torch, and DeepSpeed (its config parser checks generated configs on CPU)
-# (~4 min, ~6 GB). Own stamp and no dependency on the core stamp, so
-# it can be added to any venv without reinstalling the toolkit there.
+# fairseq-fixed compiled against that torch, DeepSpeed (its config parser checks generated configs on CPU) and
+# Hugging Face Accelerate (launcher kind accelerate: its parser checks the argv hpc writes) (~4 min, ~6 GB). Own
+# stamp and no dependency on the core stamp, so it can be added to any venv without reinstalling the toolkit there.
 $(VENV)/.train-installed:
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(PIP) install $(TORCH_PINS)
 	$(PIP) install $(TORCH_PINS) cython numpy setuptools wheel scikit-learn
 	$(PIP) install --no-build-isolation $(TORCH_PINS) fairseq-fixed==0.12.3.1
 	$(PIP) install $(TORCH_PINS) deepspeed==0.19.8
-	$(BIN)/python -c 'import torch, torchvision, fairseq, sklearn, deepspeed; assert torch.__version__.startswith("2.14.1"), torch.__version__'
+	$(PIP) install $(TORCH_PINS) accelerate==1.15.0
+	$(BIN)/python -c 'import torch, torchvision, fairseq, sklearn, deepspeed, accelerate; assert torch.__version__.startswith("2.14.1"), torch.__version__'
 	touch $@
 
 train-env: $(VENV)/.train-installed

@@ -7,7 +7,7 @@ import pytest
 
 from tests.conftest import run_hpc
 from tests.jobhelpers import P3DN
-from toolkit.job.advice import idx_tokens
+from toolkit.launchers.fairseq import idx_tokens
 from toolkit.slurm.materialize import build_job_spec
 from toolkit.recipes.load import load_recipe
 

@@ -13,7 +13,8 @@ from tests.conftest import REPO, cli_json, run_hpc
 from tests.jobhelpers import CPU, P3DN, write_recipe
 from toolkit.cluster.queues import load_queues
 from toolkit.errors import HpcError, UsageError
-from toolkit.job import argcheck
+from toolkit.launchers import check_arguments
+from toolkit.launchers import fairseq as fairseq_launcher
 from toolkit.slurm.materialize import build_job_spec
 from toolkit.recipes.load import list_recipe_files, load_recipe
 from toolkit.submit import sweep
@@ -105,12 +106,12 @@ def test_deepspeed_config_goes_through_deepspeeds_own_parser():
 
 def test_where_no_parser_loads_it_is_said_once(monkeypatch, tmp_path):
     """A stand-in for a machine without fairseq: its import fails; the plan goes ahead with one note."""
-    argcheck._fairseq.cache_clear()
+    fairseq_launcher._fairseq.cache_clear()
     monkeypatch.setitem(sys.modules, "fairseq", None)
     try:
         notes = plan_job(SubmitRequest("roberta", overrides=("args.--lrr=0.1",)))[4]
     finally:
-        argcheck._fairseq.cache_clear()
+        fairseq_launcher._fairseq.cache_clear()
     assert [n for n in notes if n.startswith(NOT_CHECKED)] == [
         "arguments: not checked: fairseq is not installed where hpc runs, so fairseq-train's parser is not available "
         "(the nodes' fairseq will check them when the job starts)"]
@@ -135,7 +136,7 @@ def test_every_recipe_profile_and_reviewed_render_passes_the_check():
                 if device not in recipe.resources.runs_on or (device != "gpu" and recipe.args.get("--loader") == "gpu"):
                     continue
                 spec = build_job_spec(recipe, queue, 2 if recipe.launcher.kind == "binary" else 1, profile=profile)
-                notes = argcheck.check_arguments(recipe, spec)
+                notes = check_arguments(recipe, spec)
                 assert bool(notes) == (recipe.launcher.kind in ("binary", "deepspeed")), (path.stem, profile, notes)
                 checked += 1
     for path in sorted((REPO / "jobs").glob("*.sbatch")):

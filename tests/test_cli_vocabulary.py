@@ -69,12 +69,13 @@ def test_choices_mirror_the_library_and_show_in_help():
     from toolkit.cluster.build import FSX_DEPLOYMENTS, OSES
     from toolkit.cluster.diff import STATES
     from toolkit.k8s.manifests import APIS
+    from toolkit.recipes.user import STYLES
     from toolkit.slurm.executors import Executor
 
     for enum, library in ((o.Os, OSES), (o.FsxDeployment, FSX_DEPLOYMENTS), (o.State, STATES),
-                          (o.KubeflowApi, APIS), (o.Executor, tuple(e.value for e in Executor))):
+                          (o.KubeflowApi, APIS), (o.Executor, tuple(e.value for e in Executor)), (o.Launcher, STYLES)):
         assert tuple(e.value for e in enum) == tuple(library), enum
-    assert "<script|torchrun>" in run_hpc("run", "--help").stdout
+    assert "<script|torchrun|accelerate>" in run_hpc("run", "--help").stdout
     assert "<trainer-v2|v1>" in run_hpc("k8s", "render", "--help").stdout
 
 
@@ -91,7 +92,7 @@ def test_shell_completion_answers_for_a_command(tmp_path):
            "COMP_CWORD": "3"}
     assert run_hpc_process(env=env).stdout.split() == ["--profile"]
     env.update(COMP_WORDS="hpc run x.py --launcher ", COMP_CWORD="4")
-    assert run_hpc_process(env=env).stdout.split() == ["script", "torchrun"]
+    assert run_hpc_process(env=env).stdout.split() == ["script", "torchrun", "accelerate"]
 
 
 @pytest.mark.parametrize("args,flag", [

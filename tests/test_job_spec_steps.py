@@ -15,6 +15,7 @@ from toolkit.job.advice import advise
 from toolkit.job.rank import RankVar
 from toolkit.slurm.render import job_options
 from toolkit.job.spec import arguments, dirs, dirs_root, job_spec, prepare_step, queue_target, rank_command, resources
+from toolkit.launchers import launcher_for
 from toolkit.slurm.materialize import build_job_spec
 from toolkit.k8s.manifests import k8s_target
 from toolkit.recipes.load import load_recipe
@@ -78,10 +79,11 @@ def test_rank_command_puts_the_program_positional_dirs_then_flags():
 
 def test_advice_takes_values_not_an_argv():
     resnet = load_recipe("resnet50")
-    derived, warnings = advise("python-module", {"--batch-size": 256}, resnet.scaling, None, 256)
+    derived, warnings = advise(launcher_for("python-module"), {"--batch-size": 256}, resnet.scaling, None, 256)
     assert derived == [] and "global batch 65536" in warnings[0]
-    assert advise("python-module", {"--batch-size": 256}, resnet.scaling, None, 8) == ([], [])
-    derived, warnings = advise("fairseq", {"--max-epoch": 2, "--max-update": 10, "--fp16": True}, {}, "/nowhere", 8)
+    assert advise(launcher_for("python-module"), {"--batch-size": 256}, resnet.scaling, None, 8) == ([], [])
+    derived, warnings = advise(launcher_for("fairseq"), {"--max-epoch": 2, "--max-update": 10, "--fp16": True}, {},
+                               "/nowhere", 8)
     assert [(d.key, d.value) for d in derived] == [("run length", "unknown")] and warnings == []
 
 

@@ -74,7 +74,8 @@ BAD = [
     (("nodes",), 4,
      "nodes: unknown key; did you mean resources.nodes? (allowed here: args, deepspeed, description, dirs, env,"),
     (("launcher", "kind"), "torchrun",
-     "launcher.kind: 'torchrun' is not one of 'fairseq', 'python-module', 'python-script', 'binary', 'deepspeed'"),
+     "launcher.kind: 'torchrun' is not one of 'fairseq', 'python-module', 'python-script', 'binary', 'deepspeed', "
+     "'accelerate'"),
     (("launcher",), {"kind": "python-module"}, "launcher: launcher kind python-module needs `module`"),
     (("args", "--lr; rm -rf /"), 1, "args.--lr; rm -rf /: bad key '--lr; rm -rf /'"),
     (("args", "--fp16"), False, "args.--fp16: `false` is not a flag value: use null"),

@@ -13,7 +13,8 @@ from toolkit.cluster.queues import Queue, load_queues
 from toolkit.errors import HpcError
 from toolkit.slurm.render import render_script
 from toolkit.job.rank import master_port, preview_argv
-from toolkit.job.spec import GPU_LOADERS, time_minutes
+from toolkit.job.spec import time_minutes
+from toolkit.launchers.trainer import GPU_LOADERS
 from toolkit.slurm.materialize import build_job_spec
 from toolkit.recipes.load import list_recipe_files, load_recipe
 

@@ -1,6 +1,6 @@
-"""A requeued fairseq job resumes from a whole checkpoint_last.pt: the line toolkit.job.resume puts in the rank
-program, run by bash on checkpoints torch really wrote, the way fairseq 0.12 leaves them when a job is stopped during
-its copy."""
+"""A requeued fairseq job resumes from a whole checkpoint_last.pt: the line the fairseq launcher
+(toolkit.launchers.fairseq) puts in the rank program, run by bash on checkpoints torch really wrote, the way fairseq
+0.12 leaves them when a job is stopped during its copy."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from toolkit.job.rank import rank_program
-from toolkit.job.resume import checkpoint_repair_script
+from toolkit.launchers import launcher_for
 
 
 @pytest.fixture
@@ -35,7 +35,7 @@ def rank_start(checkpoint_dir: Path, ranks: int = 1) -> str:
     """What `ranks` ranks of a fairseq job run before fairseq, all at once, as their rank program's bash runs it
     (then `exec "$0"`: here `true`); what they said."""
     program = rank_program(("true",), ranks, ranks, contract=True,
-                           prelude=checkpoint_repair_script("fairseq", str(checkpoint_dir)))
+                           prelude=launcher_for("fairseq").resume_script(str(checkpoint_dir)))
     env = {"PATH": "/usr/bin:/bin", "SLURM_LOCALID": "0", "SLURM_NODEID": "0"}
     procs = [subprocess.Popen(program.argv, env={**env, "SLURM_PROCID": str(r)}, stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True) for r in range(ranks)]
@@ -119,8 +119,8 @@ def test_eight_ranks_repairing_at_once_leave_one_whole_file_and_no_temporary_one
 
 
 def test_only_fairseq_jobs_with_a_checkpoint_dir_get_the_line():
-    assert checkpoint_repair_script("python-module", "/ck") == ""
-    assert checkpoint_repair_script("fairseq", None) == ""
+    assert launcher_for("python-module").resume_script("/ck") == ""
+    assert launcher_for("fairseq").resume_script(None) == ""
 
 
 def test_the_fairseq_recipes_rank_program_repairs_its_own_checkpoint_dir_before_fairseq_starts():
@@ -130,5 +130,5 @@ def test_the_fairseq_recipes_rank_program_repairs_its_own_checkpoint_dir_before_
 
     spec = build_job_spec(load_recipe("roberta", profile="smoke"), default_queue(), 1, run_dir="/fsx/runs/r1")
     script = spec.program.script
-    assert checkpoint_repair_script("fairseq", spec.dirs["checkpoints"]) in script
+    assert launcher_for("fairseq").resume_script(spec.dirs["checkpoints"]) in script
     assert script.index("checkpoint_last.pt") < script.index('exec "$0"')

@@ -24,6 +24,7 @@ class Launcher(str, enum.Enum):
     """toolkit.recipes.user.user_recipe's styles."""
     script = "script"
     torchrun = "torchrun"
+    accelerate = "accelerate"
 
 
 class Executor(str, enum.Enum):

@@ -17,9 +17,11 @@ from toolkit.cli.output import JSON_OPTION
 
 LAUNCHER = typer.Option(o.Launcher.script, "--launcher", help="script: srun starts one process per rank; torchrun: "
                                                               "one torchrun per node starts its ranks (restarts: "
-                                                              "--max-restarts).")
-MAX_RESTARTS = typer.Option(None, "--max-restarts", min=0, help="torchrun: restart the ranks up to K times after "
-                                                                "a failure (the script resumes from its checkpoint).")
+                                                              "--max-restarts); accelerate: one `accelerate launch` "
+                                                              "per node (Hugging Face Accelerate).")
+MAX_RESTARTS = typer.Option(None, "--max-restarts", min=0, help="torchrun, accelerate: restart the ranks up to K "
+                                                                "times after a failure (the script resumes from its "
+                                                                "checkpoint).")
 CONTAINER = typer.Option(None, "--container", help="Run every rank in this container image (a .sqsh file or an "
                                                    "image reference) with pyxis: srun --container-image.")
 CONTAINER_MOUNT = typer.Option([], "--container-mount", help="SRC[:DST[:FLAGS]] mounted into the container "

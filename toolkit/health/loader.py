@@ -20,6 +20,7 @@ from toolkit.node import standalone_source
 from toolkit.job.env import (HCCL_OFI_WRAPPER, HCCL_OFI_WRAPPER_DIRS, LIBFABRIC_DIR, OFI_NCCL_DIRS, OPENMPI_DIR,
                              filter_submit_env, submit_env_allowlist)
 from toolkit.job.spec import JobSpec
+from toolkit.launchers import launcher_for
 from toolkit.slurm.materialize import loader_check_arguments
 
 JOB_NAME = "hpc-doctor"
@@ -86,7 +87,7 @@ def fix_for(library: str, spec: JobSpec) -> str:
                 "the recipe's software.library_path; with NCCL_NET='AWS Libfabric' the job stops without it. A "
                 "dependency error above (libfabric) means its directory is missing from the path")
     if library.startswith("libnccl"):
-        if spec.launcher == "binary":
+        if not launcher_for(spec.launcher).python:  # a binary: the NCCL it was built against
             return ("set the recipe's software.nccl_home to the NCCL the program was built against "
                     "(`make NCCL_HOME=...`; its lib/ holds libnccl.so.2)")
         return "install PyTorch with CUDA (it brings its NCCL, nvidia-nccl) in the job's environment (software:)"

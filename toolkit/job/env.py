@@ -78,7 +78,7 @@ def communication_env(instance: InstanceType, fabric: str) -> list[EnvVar]:
         env += [
             EnvVar("FI_PROVIDER", "efa", "aws-ofi-nccl <= 1.5 does not pick the EFA libfabric provider itself"),
             EnvVar("FI_EFA_TX_MIN_CREDITS", "64", "older libfabric EFA provider: more send credits, as in the "
-                                                  "P3dn fairseq/RoBERTa runs"),
+                                                  "P3dn RoBERTa runs"),
             EnvVar("NCCL_SOCKET_IFNAME", "^lo,docker", "bootstrap on the instance's network interface (eth0 or "
                                                        "ens5 by AMI), never loopback or docker"),
             EnvVar("NCCL_PROTO", "simple", "aws-ofi-nccl <= 1.5 over EFA: its maintainers require the Simple protocol "
@@ -175,7 +175,7 @@ def heartbeat_env(run_dir: str, hang_timeout_s: int | None, bundle: str | None =
     return env
 
 
-def job_env(instance: InstanceType, fabric: str, *, threads_per_rank: int | None, launcher_kind: str,
+def job_env(instance: InstanceType, fabric: str, *, threads_per_rank: int | None, launcher_env: Sequence[EnvVar],
             recipe_env: Mapping[str, str], recipe_name: str, library_dirs: Sequence[str] = (),
             nccl_home: str | None = None) -> tuple[EnvVar, ...]:
     """The ordered variables a job exports: the loader path, communication, threads, launcher needs, then the
@@ -191,9 +191,7 @@ def job_env(instance: InstanceType, fabric: str, *, threads_per_rank: int | None
     if threads_per_rank is not None:
         env.append(EnvVar("OMP_NUM_THREADS", str(threads_per_rank),
                           "one thread per CPU given to the rank: oversubscribed ranks run 2-3x slower"))
-    if launcher_kind == "fairseq":
-        env.append(EnvVar("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD", "1",
-                          "torch >= 2.6 refuses fairseq's own checkpoints (resume, generate) without it"))
+    env += launcher_env  # what the launcher's program needs (toolkit.launchers)
     merged = {var.name: var for var in env}
     for name, value in recipe_env.items():
         reason = RECIPE_ENV_REASONS.get(name)

@@ -39,12 +39,16 @@ class RankVar(enum.Enum):
     LOCAL_RANK = "LOCAL_RANK"
     MASTER_ADDR = "MASTER_ADDR"
     MASTER_PORT = "MASTER_PORT"
+    # The node's index, for a per-node agent that needs it given (accelerate's --machine_rank): not in the rank
+    # contract (a rank reads GROUP_RANK); the launcher's rank prelude sets it (toolkit.launchers.accelerate)
+    NODE_RANK = "NODE_RANK"
 
 
 Arg = Union[str, RankVar, tuple[Union[str, RankVar], ...]]
 
 # Rank 0's view with the rendezvous left symbolic: what `show` and `submit --dry-run` print.
-RANK0_PREVIEW = {"RANK": "0", "LOCAL_RANK": "0", "MASTER_ADDR": "$MASTER_ADDR", "MASTER_PORT": "$MASTER_PORT"}
+RANK0_PREVIEW = {"RANK": "0", "LOCAL_RANK": "0", "MASTER_ADDR": "$MASTER_ADDR", "MASTER_PORT": "$MASTER_PORT",
+                 "NODE_RANK": "0"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,8 +66,8 @@ class RankProgram:
 def rank_program(command: tuple[Arg, ...], world_size: int, local_world_size: int, contract: bool,
                  prelude: str = "") -> RankProgram:
     """The rank program of a command. `contract`: export the rank contract (False under torchrun, which sets it).
-    `prelude`: shell run first (a container's software activation, toolkit.job.container; a fairseq checkpoint's
-    repair, toolkit.job.resume)."""
+    `prelude`: shell run first (a container's software activation, toolkit.job.container; the launcher's resume
+    rule, toolkit.launchers)."""
     head, tail = split_command(command)
     exports = []
     if contract:

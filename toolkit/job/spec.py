@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from pathlib import Path
 from typing import TYPE_CHECKING, Literal, Mapping
 
 from toolkit.catalog import InstanceType
@@ -23,41 +22,20 @@ from toolkit.errors import HpcError
 from toolkit.job.advice import advise
 from toolkit.job.container import ContainerEnv, prelude, resolve
 from toolkit.job.env import EnvVar, heartbeat_env, job_env
-from toolkit.job.rank import Arg, RankProgram, RankVar, rank_program
-from toolkit.job.resume import checkpoint_repair_script
+from toolkit.job.rank import Arg, RankProgram, rank_program
 from toolkit.job.scaling import Derived, apply_scaling
 from toolkit.job.shell import export_line
-from toolkit.node.stop import SIGNAL as STOP_SIGNAL, StopPolicy
+from toolkit.launchers import launcher_for, launcher_of
+from toolkit.launchers.base import under as _under
+from toolkit.launchers.torchrun import TORCHRUN, TORCHRUN_ENV, USER_MAIN  # noqa: F401 (re-exported)
+from toolkit.node.stop import StopPolicy
 from toolkit.recipes.schema import Recipe, dir_under, flag_words
 
 if TYPE_CHECKING:
     from toolkit.slurm.part import SlurmPart
 
-FAIRSEQ_HALF_PRECISION = ("--fp16", "--bf16", "--memory-efficient-fp16", "--memory-efficient-bf16", "--amp")
-FAIRSEQ_DISTRIBUTED = ("--distributed-world-size", "--distributed-rank", "--device-id", "--distributed-init-method",
-                       "--distributed-backend", "--distributed-no-spawn", "--distributed-port", "--cpu")
-TRAINER_DEVICE = ("--device", "--backend", "--threads")  # our trainers' (toolkit.workloads) device flags
-GPU_LOADERS = ("gpu", "dali")  # the ResNet trainer's --loader values that need CUDA (toolkit.workloads.resnet_loaders)
-
-
-LauncherKind = Literal["fairseq", "python-module", "python-script", "binary", "deepspeed"]
+LauncherKind = str  # the recipe's launcher.kind: toolkit.launchers.KINDS
 LauncherStyle = Literal["script", "torchrun"]
-OUR_TRAINERS = "toolkit.workloads."  # modules that take TRAINER_DEVICE flags (a user's module gets none)
-USER_MAIN = Path(__file__).with_name("user_main.py")  # each Python rank's first code (`python -c`)
-# torchrun with SIGUSR2 (toolkit.node.stop.SIGNAL) ignored: Slurm signals every process of the step before the time
-# limit, and USR2's default action would kill torchrun (and with it the ranks) while they save. Ranks inherit the
-# ignore; a workload that stops on the signal installs its own handler (our trainers), any other resumes from its
-# checkpoint after the requeue.
-# torchrun's environment on every target (Slurm here, the pods' container env in toolkit.k8s): each rendezvous round
-# gets its own store. By default (torch >= 2.4) the workers share the agent's store, which outlives rounds, and tell
-# restarts apart by TORCHELASTIC_RESTART_COUNT, which only the agent whose worker failed increments: after a failure
-# the nodes' workers disagree and hang (pytorch/pytorch#135712; measured on torch 2.14.1). With the shared store off,
-# rank 0's agent picks a free MASTER_PORT each round and every agent reads it from that round's rendezvous store
-# (torch/distributed/elastic/rendezvous/dynamic_rendezvous.py, next_rendezvous), so all nodes agree.
-TORCHRUN_ENV = (("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1"),)
-TORCHRUN = (f"import os, signal, sys; os.environ.update({dict(TORCHRUN_ENV)!r}); "
-            f"signal.signal(signal.SIG{STOP_SIGNAL}, signal.SIG_IGN); from torch.distributed.run import main; "
-            "sys.exit(main())")
 # The catalog's accelerator kind decides the device form of a job (GRES GPUs, devices, collective backend).
 DEVICE_OF_ACCELERATOR = {"nvidia": "gpu", "gaudi": "hpu", "none": "cpu"}
 
@@ -138,9 +116,11 @@ class JobSpec:
         heartbeats = "; ".join(export_line(var) for var in heartbeat_env(self.run_dir, hang_timeout, bundle)
                                if var.prepend or var.name not in self.environ)
         container = prelude(self.software, self.env) if self.software.container else ""
-        resume = checkpoint_repair_script(self.launcher, self.dirs.get("checkpoints"))
+        launcher = launcher_for(self.launcher)
+        resume = launcher.resume_script(self.dirs.get("checkpoints"))
         return rank_program(self.command, self.world_size, self.tasks_per_node, contract=self.style == "script",
-                            prelude="; ".join(part for part in (heartbeats, container, resume) if part))
+                            prelude="; ".join(part for part in (heartbeats, container, launcher.rank_prelude(),
+                                                                resume) if part))
 
     @property
     def environ(self) -> dict[str, str]:
@@ -163,60 +143,6 @@ def time_minutes(text: str) -> int:
         hours, minutes, seconds = {1: (0, parts[0], 0), 2: (0, *parts), 3: tuple(parts)}[len(parts)]
     total = ((int(days) * 24 + hours) * 60 + minutes) * 60 + seconds
     return -(-total // 60)
-
-
-def _under(root: str, path: str) -> str:
-    return path if path.startswith("/") else f"{root}/{path}"
-
-
-def _device_forms(flags: Literal["fairseq", "trainer"] | None, args: dict, device: str, threads: int | None,
-                  world: int) -> tuple[dict, list[Derived]]:
-    """The recipe's args in the queue's device form (GPU as published; HPU: hccl; CPU: gloo, no half precision),
-    for fairseq and our trainers; other programs' args are left as written."""
-    args = dict(args)
-    on_gpu = device == "gpu"
-    why = f"{device.upper()} queue"
-    derived: list[Derived] = []
-
-    def put(flag: str, value, reason: str) -> None:
-        args[flag] = value
-        derived.append(Derived(flag, "set" if value is True else str(value), f"{why}: {reason}"))
-
-    def drop(flags: tuple[str, ...], reason: str) -> None:
-        for flag in flags:
-            if args.pop(flag, None) is not None:
-                derived.append(Derived(flag, "removed", f"{why}: {reason}"))
-
-    if flags == "fairseq":
-        if device == "hpu":
-            raise HpcError("fairseq has no Habana HPU support", fix="run fairseq recipes on a GPU or CPU queue")
-        if on_gpu:
-            put("--distributed-backend", "nccl", "NCCL between GPUs")
-        else:
-            drop(FAIRSEQ_HALF_PRECISION, "no half precision on CPU")
-            put("--cpu", True, "train on CPU")
-            put("--distributed-backend", "gloo", "gloo is the CPU collective backend")
-            put("--ddp-backend", "legacy_ddp", "pytorch_ddp/c10d pass GPU device_ids and fail on CPU")
-        put("--distributed-world-size", world, "world size = nodes x ranks per node")
-        put("--distributed-no-spawn", True, "srun starts one process per rank; fairseq must not spawn more")
-    elif flags == "trainer":
-        loader = args.get("--loader")
-        if loader in GPU_LOADERS and not on_gpu:  # said here, not by every rank at start (resnet_loaders)
-            raise HpcError(f"--loader {loader} decodes JPEGs on a CUDA GPU, which this queue does not have ({why})",
-                           fix="use --loader pil there (--set args.--loader=pil, or leave out --profile gpu-data), "
-                               "or choose a GPU queue")
-        if on_gpu:
-            put("--device", "cuda", "one GPU per rank (LOCAL_RANK)")
-            put("--backend", "nccl", "NCCL between GPUs")
-        elif device == "hpu":
-            put("--device", "hpu", "one HPU per rank (the Habana bridge takes module id = LOCAL_RANK)")
-            put("--backend", "hccl", "HCCL between HPUs (scale-out over EFA)")
-        else:
-            drop(("--amp",), "no mixed precision on CPU")
-            put("--device", "cpu", "no GPUs")
-            put("--backend", "gloo", "gloo is the CPU collective backend")
-            put("--threads", threads, "torch threads = CPUs per task (oversubscription costs 2-3x)")
-    return args, derived
 
 
 @dataclasses.dataclass(frozen=True)
@@ -284,18 +210,10 @@ def resources(recipe: Recipe, target: Target, nodes: int | None) -> Resources:
     ))
 
 
-def _flag_style(recipe: Recipe) -> Literal["fairseq", "trainer"] | None:
-    """Whose device flags the toolkit sets: fairseq's, our trainers' (toolkit.workloads), or none."""
-    if recipe.launcher.kind == "fairseq":
-        return "fairseq"
-    ours = recipe.launcher.kind == "python-module" and (recipe.launcher.module or "").startswith(OUR_TRAINERS)
-    return "trainer" if ours else None
-
-
 def arguments(recipe: Recipe, target: Target, res: Resources) -> tuple[dict, list[Derived]]:
-    """The recipe's args scaled to the world size and put in the target's device form."""
-    style = _flag_style(recipe)
-    for flag in {"fairseq": FAIRSEQ_DISTRIBUTED, "trainer": TRAINER_DEVICE, None: ()}[style]:
+    """The recipe's args scaled to the world size and put in the target's device form (the launcher's)."""
+    launcher = launcher_of(recipe.launcher)
+    for flag in launcher.owned_flags:
         if flag in recipe.args:
             raise HpcError(f"recipe {recipe.name}: args.{flag} is set by the toolkit from the queue",
                            fix=f"remove {flag} from the recipe (or --set args.{flag}=null)")
@@ -303,7 +221,7 @@ def arguments(recipe: Recipe, target: Target, res: Resources) -> tuple[dict, lis
                                  max_nodes=target.max_nodes,
                                  gpu_memory_gib=target.instance.gpu_memory_gib if res.device != "cpu" else None,
                                  cpus_per_rank=res.cpus)
-    args, forms = _device_forms(style, args, res.device, res.threads, res.world)
+    args, forms = launcher.device_args(args, res.device, res.threads, res.world)
     return args, scaled + forms
 
 
@@ -374,30 +292,16 @@ def prepare_step(recipe: Recipe, data_dir: str | None) -> tuple[str, ...]:
     return (*recipe.prepare, data_dir)
 
 
-def rank_command(recipe: Recipe, root: str, nodes: int, tasks: int, positional: tuple[str, ...],
-                 args: dict) -> tuple[list[Arg], list[Derived]]:
-    """The per-rank command: the launcher's program, the positional dirs, then every arg as flags."""
-    ours = _flag_style(recipe) == "trainer"
-    derived: list[Derived] = []
-    launcher = recipe.launcher
-    program: list[Arg]
-    if launcher.kind in ("python-module", "python-script") and not (ours and launcher.style == "script"):
-        program, how = _python_program(launcher, root, nodes, tasks)
-        derived.append(how)
-    else:  # one process per rank under srun, reading the rank contract (toolkit.job.rank): our trainers, DeepSpeed
-        programs: dict[str, list[Arg]] = {
-            "fairseq": ["fairseq-train"], "python-module": ["python", "-m", launcher.module or ""],
-            "binary": [_under(root, launcher.program or "")],
-            "deepspeed": ["python", _under(root, launcher.script or "")]}
-        program = programs[launcher.kind]
+def rank_command(recipe: Recipe, root: str, nodes: int, tasks: int, positional: tuple[str, ...], args: dict,
+                 device: str = "gpu", threads: int | None = None) -> tuple[list[Arg], list[Derived]]:
+    """The per-rank command: the launcher's program, the positional dirs, every arg as flags, the launcher's
+    trailer."""
+    launcher = launcher_of(recipe.launcher)
+    program, derived = launcher.program(recipe.launcher, root, nodes, tasks, device, threads)
     command: list[Arg] = [*program, *positional]
     for flag, value in args.items():
         command += flag_words(flag, value)
-    if launcher.kind == "fairseq":  # explicit rendezvous: fairseq's own Slurm auto-detection is unsafe
-        command += ["--distributed-rank", RankVar.RANK, "--device-id", RankVar.LOCAL_RANK,
-                    "--distributed-init-method", ("tcp://", RankVar.MASTER_ADDR, ":", RankVar.MASTER_PORT)]
-
-    return command, derived
+    return [*command, *launcher.trailer()], derived
 
 
 def software_env(recipe: Recipe, root: str, run_dir: str) -> SoftwareEnv:
@@ -421,8 +325,8 @@ def job_spec(recipe: Recipe, target: Target, nodes: int | None = None, *, profil
     files, ds_args, ds_derived = deepspeed_file(recipe, target, res, where.run_dir)
     args.update(ds_args)
     prepare = prepare_step(recipe, where.paths.get("data"))
-    command, launch = rank_command(recipe, root, res.nodes, res.tasks, where.positional, args)
-    advice, warnings = advise(recipe.launcher.kind, args, recipe.scaling, where.paths.get("data"), res.world)
+    command, launch = rank_command(recipe, root, res.nodes, res.tasks, where.positional, args, res.device, res.threads)
+    advice, warnings = advise(launcher_of(recipe.launcher), args, recipe.scaling, where.paths.get("data"), res.world)
     launcher = recipe.launcher
     return JobSpec(
         job_name=job_name, recipe=recipe.name, profile=profile, partition=target.name,
@@ -432,42 +336,15 @@ def job_spec(recipe: Recipe, target: Target, nodes: int | None = None, *, profil
         launcher=launcher.kind, mpi=launcher.mpi, stops_on_signal=launcher.stops_on_signal,
         requeue=recipe.resources.requeue, signal_before_s=recipe.resources.signal_before_s,
         software=software_env(recipe, root, where.run_dir),
-        env=job_env(target.instance, target.fabric, threads_per_rank=res.threads, launcher_kind=launcher.kind,
+        env=job_env(target.instance, target.fabric, threads_per_rank=res.threads,
+                    launcher_env=launcher_of(launcher).env(),
                     recipe_env=recipe.env, recipe_name=recipe.name,
                     library_dirs=[_under(root, d) for d in recipe.software.library_path],
                     nccl_home=recipe.software.nccl_home and _under(root, recipe.software.nccl_home)),
         command=tuple(command), prepare=prepare, root=root, run_dir=where.run_dir,
         derived=(*res.derived, root_rule, *derived, *where.derived, *ds_derived, *launch, *advice),
-        warnings=tuple(warnings), files=files, dirs=where.paths, style=launcher.style,
+        warnings=tuple(warnings), files=files, dirs=where.paths, style=launcher_of(launcher).style(launcher),
         hang_timeout_s=recipe.resources.hang_timeout_s, spares=recipe.resources.spares,
         preflight=(recipe.resources.preflight if recipe.resources.preflight is not None
                    else recipe.resources.requeue and recipe.software.container is None),
     )
-
-
-def _python_program(launcher, root: str, nodes: int, tasks: int) -> tuple[list[Arg], Derived]:
-    """A Python launcher's argv up to its args: toolkit.job.user_main run by `python -c` (the rank environment,
-    the import check, the rendezvous timeout), started per rank by srun or per node by torchrun. torchrun's
-    endpoint (the first node, MASTER_ADDR:MASTER_PORT) and id (the job id) come from the job's set-up
-    (PET_RDZV_ENDPOINT, PET_RDZV_ID: torchrun's own variables), so the whole argv is literal."""
-    if launcher.kind == "python-script":
-        script = _under(root, launcher.script)
-        if not os.path.isfile(script):
-            raise HpcError(f"script {script} does not exist" + ("" if launcher.script.startswith("/") else
-                                                                 f" (launcher.script {launcher.script} under {root})"),
-                           fix="give the path of an existing .py file on the file system the nodes share")
-        target = [os.path.abspath(script)]
-    else:
-        target = ["-m", launcher.module]
-    text = USER_MAIN.read_text()
-    code = text[text.index('"""', 3) + 3:].lstrip()  # without the module's docstring (the contract)
-    user_main = ["python", "-c", code, str(launcher.rendezvous_timeout_s), *target, *launcher.argv]
-    if launcher.style == "script":
-        return user_main, Derived("launcher", "srun: one process per rank", "style script")
-    torchrun: list[Arg] = [
-        "python", "-c", TORCHRUN, "--nnodes", str(nodes), "--nproc-per-node", str(tasks),
-        "--rdzv-backend", "c10d", "--rdzv-conf", f"join_timeout={launcher.rendezvous_timeout_s}",
-        "--max-restarts", str(launcher.max_restarts), "--no-python"]
-    return [*torchrun, *user_main], Derived(
-        "launcher", f"torchrun per node, {tasks} ranks each, max {launcher.max_restarts} restarts",
-        "style torchrun: c10d rendezvous on the first node, the job id as rendezvous id")

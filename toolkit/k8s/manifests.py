@@ -5,8 +5,10 @@ made for the instance type (max nodes = the job's nodes, the pod's share of the 
 scaling (update-freq, LR), device forms, argv and the EFA/NCCL environment therefore come from the one
 place that computes them; this module only translates:
 
-  training launchers (fairseq, python-module)  -> Kubeflow PyTorchJob (kubeflow.org/v1), torchrun elastic agent
-  binary + MPI (nccl-tests)                    -> MPIJob (kubeflow.org/v2beta1), one slot per GPU
+  training launchers                           -> Kubeflow PyTorchJob (kubeflow.org/v1), torchrun elastic agent
+                                                  (or the launcher's own per-node agent: accelerate launch)
+  MPI binaries (nccl-tests)                    -> MPIJob (kubeflow.org/v2beta1), one slot per GPU
+  which launcher kind takes which form         -> the launcher's (toolkit.launchers: Launcher.kubernetes_kind)
   the recipe's dirs                            -> an FSx for Lustre PersistentVolumeClaim (ReadWriteMany)
 
 Per-rank values (toolkit.job.rank.RankVar) are the rank contract's variables, which torchrun sets for its workers
@@ -91,18 +93,6 @@ def pod_cpus(it: InstanceType) -> int:
     return math.floor(it.vcpus * (1 - NODE_RESERVE))
 
 
-def _kind_of(recipe) -> str:
-    launcher = recipe.launcher
-    if launcher.kind in ("fairseq", "python-module"):
-        return "PyTorchJob"
-    if launcher.kind == "binary" and launcher.mpi:
-        return "MPIJob"
-    raise HpcError(f"recipe {recipe.name}: launcher kind {launcher.kind}"
-                   + (" without `mpi`" if launcher.kind == "binary" else "") + " has no Kubernetes form",
-                   fix="Kubernetes forms exist for fairseq and python-module launchers (PyTorchJob) and MPI "
-                       "binaries (MPIJob, launcher.mpi set); run this recipe with `hpc recipes submit`")
-
-
 def _check_input(recipe, it: InstanceType, profile: str | None) -> None:
     if it.accelerator == "gaudi":
         raise HpcError(f"{it.name} is a Gaudi instance: recipes have no Gaudi form yet",
@@ -136,6 +126,19 @@ def resources(it: InstanceType, gpus: int, efa: int) -> dict:
 
 def shm_size(it: InstanceType) -> str:
     return f"{math.floor(it.memory_gib * (1 - NODE_RESERVE) * SHM_SHARE)}Gi"
+
+
+def worker_command(spec) -> tuple[list[str], list[str]]:
+    """A PyTorchJob worker's command and args: torchrun starting the rank program, or a launcher that is its own
+    per-node agent (its pod prelude sets what its argv reads)."""
+    from toolkit.job.rank import rank_program
+    from toolkit.launchers import launcher_for
+
+    prelude = launcher_for(spec.launcher).pod_prelude()
+    if prelude is None:
+        return ["torchrun"], torchrun_args(spec.command)
+    program = rank_program(spec.command, 0, 0, contract=False, prelude=prelude)
+    return ["bash"], as_written(["-c", program.script, *program.words])
 
 
 def torchrun_args(command: tuple[Arg, ...]) -> list[str]:
@@ -230,8 +233,8 @@ def _metadata(name: str, namespace: str, labels: dict) -> dict:
 
 def pytorch_job(spec, it: InstanceType, name: str, namespace: str, image: str, claim: str, efa: int) -> dict:
     labels = {"app.kubernetes.io/managed-by": "hpc-toolkit", "hpc-toolkit/recipe": _dns_name(spec.recipe)}
-    container = {"name": "pytorch", "image": image, "command": ["torchrun"], "args": torchrun_args(spec.command),
-                 "env": torchrun_env(spec)}
+    command, args = worker_command(spec)
+    container = {"name": "pytorch", "image": image, "command": command, "args": args, "env": torchrun_env(spec)}
     return {
         "apiVersion": "kubeflow.org/v1",
         "kind": "PyTorchJob",
@@ -322,8 +325,15 @@ def render(recipe, instance_type: str, nodes: int, *, profile: str | None = None
     """The manifests of `recipe` on `nodes` nodes of `instance_type` (all derived values from the JobSpec)."""
     from toolkit.job.spec import job_spec
 
+    from toolkit.launchers import launcher_of
+
     it = instance(instance_type)
-    kind = _kind_of(recipe)
+    launcher = launcher_of(recipe.launcher)
+    kind = launcher.kubernetes_kind(recipe)
+    if api == TRAINER_V2 and launcher.pod_prelude() is not None:  # TrainJob's torch runtime prefixes torchrun's
+        raise HpcError(f"recipe {recipe.name}: launcher kind {recipe.launcher.kind} is its own per-node agent: its "
+                       "Kubernetes form is the v1 PyTorchJob (a Trainer v2 TrainJob runs torchrun)",
+                       fix="add --api v1")
     _check_input(recipe, it, profile)
     target, efa_devices = k8s_target(instance_type, nodes, efa)
     spec = job_spec(recipe, target, nodes, profile=profile)
@@ -332,7 +342,7 @@ def render(recipe, instance_type: str, nodes: int, *, profile: str | None = None
                        f"see only the FSx volume at {FSX_MOUNT}",
                        fix=f"put dirs.root under {FSX_MOUNT} (e.g. --set dirs.root={FSX_MOUNT}/{spec.recipe}), "
                            "or leave it unset")
-    from toolkit.job.argcheck import check_arguments
+    from toolkit.launchers import check_arguments
 
     notes = check_arguments(recipe, spec)  # the launcher's own parser, as for a Slurm plan (toolkit.submit.plan)
     if spec.spares:

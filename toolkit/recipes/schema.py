@@ -70,7 +70,8 @@ class StrictModel(BaseModel):
 
 class Launcher(StrictModel):
     """What each rank runs: fairseq-train, `python -m MODULE`, `python SCRIPT.py`, a binary (MPI: srun --mpi), or
-    `python SCRIPT` under DeepSpeed (the user's model code; the toolkit writes its config, see `deepspeed`).
+    `python SCRIPT` under DeepSpeed (the user's model code; the toolkit writes its config, see `deepspeed`), or a
+    script or module under Hugging Face Accelerate (`accelerate launch` per node; toolkit.launchers.accelerate).
 
     Python code (python-module, python-script) is started in one of two styles: `script` (srun starts one
     process per rank) or `torchrun` (srun starts one torchrun per node, which starts the node's ranks and
@@ -78,14 +79,14 @@ class Launcher(StrictModel):
     LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR, MASTER_PORT): see toolkit.job.user_main.
     """
 
-    kind: Literal["fairseq", "python-module", "python-script", "binary", "deepspeed"]
+    kind: Literal["fairseq", "python-module", "python-script", "binary", "deepspeed", "accelerate"]
     module: str | None = Field(None, pattern=r"^[A-Za-z_][A-Za-z0-9_.]*$")
     program: SafeStr | None = None
-    script: SafeStr | None = None  # python-script, deepspeed: the training script (relative means under dirs.root)
+    script: SafeStr | None = None  # python-script, deepspeed, accelerate: the training script (relative: dirs.root)
     argv: list[SafeStr] = []  # python code: arguments passed as they are, before `args`
     mpi: Literal["pmix"] | None = None
     style: Literal["script", "torchrun"] = "script"
-    max_restarts: Annotated[int, Field(ge=0)] = 0  # torchrun: restarts of a node's ranks after a failure
+    max_restarts: Annotated[int, Field(ge=0)] = 0  # torchrun, accelerate: restarts of a node's ranks after a failure
     # A rank whose init_process_group has not returned after this long exits with a clear message, instead of
     # waiting until the time limit (a script that ignores the rendezvous environment).
     rendezvous_timeout_s: PositiveInt = 300
@@ -96,6 +97,8 @@ class Launcher(StrictModel):
     @model_validator(mode="after")
     def _fields_match_kind(self) -> Launcher:
         python = self.kind in ("python-module", "python-script")
+        if self.kind == "accelerate":
+            return self._accelerate_fields()
         if self.kind == "python-module" and not self.module:
             raise ValueError("launcher kind python-module needs `module` (e.g. toolkit.workloads.resnet)")
         if self.kind == "binary" and not self.program:
@@ -114,6 +117,17 @@ class Launcher(StrictModel):
                              "python-script launchers")
         if self.style == "script" and self.max_restarts:
             raise ValueError("`max_restarts` needs `style: torchrun` (srun does not restart ranks)")
+        return self
+
+    def _accelerate_fields(self) -> Launcher:
+        """accelerate launch runs a script or a module (its --module) and is its own per-node agent."""
+        if bool(self.script) == bool(self.module):
+            raise ValueError("launcher kind accelerate needs `script` (a .py file) or `module`, not both")
+        if self.program or self.mpi:
+            raise ValueError("`program` and `mpi` are only for launcher kind binary")
+        if self.style != "script":
+            raise ValueError("launcher kind accelerate starts one accelerate launch per node itself: leave out "
+                             "`style`")
         return self
 
 

@@ -9,6 +9,7 @@ from typing import Any, Mapping, Sequence
 
 from toolkit.errors import UsageError
 
+STYLES = ("script", "torchrun", "accelerate")  # --launcher: srun per rank, torchrun per node, accelerate per node
 MODULE_PATTERN = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
 
 
@@ -53,14 +54,20 @@ def user_recipe(target: str, script_args: Sequence[str], *, name: str | None = N
                 rendezvous_timeout_s: int | None = None, container: str | None = None,
                 container_mounts: Sequence[str] = (), hang_timeout_s: int | None = None,
                 spares: int | None = None) -> dict[str, Any]:
-    """The recipe (as data) that runs `python TARGET SCRIPT_ARGS...` on every rank."""
-    if style not in ("script", "torchrun"):
-        raise UsageError(f"--launcher {style!r} is not one of script, torchrun",
-                         fix="use --launcher script (srun, one process per rank) or --launcher torchrun")
-    if max_restarts and style != "torchrun":
-        raise UsageError("--max-restarts needs --launcher torchrun (srun does not restart ranks)",
+    """The recipe (as data) that runs `python TARGET SCRIPT_ARGS...` on every rank. `style`: script, torchrun, or
+    accelerate (launcher kind accelerate: `accelerate launch` per node)."""
+    if style not in STYLES:
+        raise UsageError(f"--launcher {style!r} is not one of {', '.join(STYLES)}",
+                         fix="use --launcher script (srun, one process per rank), --launcher torchrun or "
+                             "--launcher accelerate")
+    if max_restarts and style == "script":
+        raise UsageError("--max-restarts needs --launcher torchrun or accelerate (srun does not restart ranks)",
                          fix="add --launcher torchrun, or drop --max-restarts")
-    launcher: dict[str, Any] = {**target_launcher(target), "style": style}
+    launcher: dict[str, Any] = target_launcher(target)
+    if style == "accelerate":  # its own kind, for a script or a module alike (toolkit.launchers.accelerate)
+        launcher["kind"] = "accelerate"
+    else:
+        launcher["style"] = style
     if script_args:
         launcher["argv"] = list(script_args)
     if max_restarts:

@@ -16,6 +16,7 @@ from toolkit.errors import HpcError
 from toolkit.job.env import HCCL_OFI_WRAPPER
 from toolkit.job.scaling import Derived
 from toolkit.job.spec import DEVICE_OF_ACCELERATOR, JobSpec, job_spec, queue_target
+from toolkit.launchers import launcher_for
 from toolkit.job.staging import bundle_path
 from toolkit.recipes.schema import Recipe
 from toolkit.slurm.part import SlurmPart
@@ -82,7 +83,7 @@ def on_slurm(spec: JobSpec, queue: Queue, slurm_options: Mapping[str, str | None
         derived.append(Derived("container", software.container.image,
                                "software.container: every rank runs in it (srun --container-image, NVIDIA pyxis); "
                                "the batch script stays on the host"))
-    elif (spec.launcher != "binary" and not (software.venv or software.conda_root or software.modules)
+    elif (launcher_for(spec.launcher).python and not (software.venv or software.conda_root or software.modules)
             and sys.prefix != sys.base_prefix):
         software = dataclasses.replace(software, venv=sys.prefix)  # same Python on every node, as submitit's
         derived.append(Derived("software", sys.prefix, "the recipe names no software: the nodes use the venv "
@@ -113,17 +114,15 @@ def preflight_args(spec: JobSpec, queue: Queue) -> tuple[str, ...]:
     return (*args, *(f"--loader={a}" for a in loader_check_arguments(spec, queue.fabric)))
 
 
-PYTHON_LAUNCHERS = ("fairseq", "python-module", "python-script", "deepspeed")
-
-
 def loader_check_arguments(spec: JobSpec, fabric: str) -> list[str]:
     """What the job loads, as toolkit.node.loader_check's arguments (`fabric`: its queue's,
     toolkit.cluster.queues.Queue.fabric): the pre-flight's and `hpc cluster doctor --recipe`'s question."""
     args: list[str] = []
     environ = spec.environ
-    if spec.launcher == "binary":
+    python = launcher_for(spec.launcher).python
+    if not python:  # a binary: what it links
         args += ["--program", str(spec.command[0])]
-    if spec.gpus_per_node and spec.launcher in PYTHON_LAUNCHERS:
+    if spec.gpus_per_node and python:
         args.append("--torch-nccl")
     if spec.gpus_per_node and "NCCL_NET" in environ:  # NCCL_NET names a plugin's network: without it NCCL stops
         args.append("--nccl-net-plugin")

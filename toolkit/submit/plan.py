@@ -82,7 +82,7 @@ def plan_job(request: SubmitRequest, run_dir: Path | None = None,
     `render`, `submit --dry-run`). `run_dir`: default a fresh path under the runs root (toolkit.submit.runsroot:
     $HPC_RUNS_DIR, the cluster config's FSx, else home, with a warning for checkpoints there). `queue`: already
     resolved (a task of a sweep), else resolved from the request with a note saying how."""
-    from toolkit.job.argcheck import check_arguments
+    from toolkit.launchers import check_arguments
     from toolkit.recipes.load import load_recipe
     from toolkit.slurm.materialize import build_job_spec
     from toolkit.slurm.render import slurm_part

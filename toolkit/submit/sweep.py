@@ -9,9 +9,9 @@ anything else number-like around `..`, is refused with these forms rather than s
 job built, before anything is submitted; a point whose job differs from the others' in anything but the
 command (nodes, environment, time: what the one batch script of an array fixes) is refused.
 
-Every point writes its own checkpoints and logs: fairseq (and our trainers) resume from the checkpoint_last.pt
-they find, so points sharing one dir would continue each other's runs. A recipe's relative checkpoint/log dirs
-therefore go under each task's run dir (dirs.<name>.under=run), and a sweep whose points would still share one
+Every point writes its own checkpoints and logs: training programs (ours, and the launchers') resume from the last
+checkpoint they find, so points sharing one dir would continue each other's runs. A recipe's relative checkpoint/log
+dirs therefore go under each task's run dir (dirs.<name>.under=run), and a sweep whose points would still share one
 (an absolute dir) is refused.
 
 Slurm refuses an array whose task indices reach MaxArraySize (the target cluster's: a --cluster config's, else

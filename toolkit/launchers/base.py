@@ -1,0 +1,186 @@
+"""What every launcher kind answers (toolkit.launchers: one module per kind), with the defaults of a program hpc
+knows nothing about: its argv as written, no device flags, no parser, no resume rule, no advice, no Kubernetes form.
+
+A launcher is asked by the job spec (toolkit.job.spec: device forms, argv, environment, advice), by the rank program
+(its resume rule), by the plan (its own-parser argument check) and by the Kubernetes renderer (its Kubeflow kind).
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import os
+import pkgutil
+from typing import TYPE_CHECKING, Any, Literal, Mapping
+
+from toolkit.errors import HpcError
+from toolkit.job.env import EnvVar
+from toolkit.job.rank import Arg
+from toolkit.job.scaling import Derived
+
+if TYPE_CHECKING:
+    from toolkit.recipes.schema import Launcher as LauncherSection, Recipe
+
+# The Kubeflow kinds a launcher may take on Kubernetes (toolkit.k8s.manifests)
+PYTORCH_JOB, MPI_JOB = "PyTorchJob", "MPIJob"
+
+
+def under(root: str, path: str) -> str:
+    """A recipe path: absolute as given, relative under the dirs root."""
+    return path if path.startswith("/") else f"{root}/{path}"
+
+
+class DeviceForm:
+    """A launcher's args being put in a queue's device form, each change said as a Derived value."""
+
+    def __init__(self, args: Mapping[str, Any], device: str) -> None:
+        self.args = dict(args)
+        self.device = device
+        self.why = f"{device.upper()} queue"
+        self.derived: list[Derived] = []
+
+    def put(self, flag: str, value: Any, reason: str) -> None:
+        self.args[flag] = value
+        self.derived.append(Derived(flag, "set" if value is True else str(value), f"{self.why}: {reason}"))
+
+    def drop(self, flags: tuple[str, ...], reason: str) -> None:
+        for flag in flags:
+            if self.args.pop(flag, None) is not None:
+                self.derived.append(Derived(flag, "removed", f"{self.why}: {reason}"))
+
+
+class Launcher:
+    """A launcher kind with the defaults of a program hpc has no knowledge of. Subclasses override what their
+    program needs."""
+
+    kind = ""  # the recipe's launcher.kind
+    python = True  # its ranks run Python with torch (the loader check asks for torch's NCCL; a venv is inferred)
+    owned_flags: tuple[str, ...] = ()  # args hpc sets from the queue: a recipe may not set them
+    kubernetes: str | None = None  # its Kubeflow kind (PYTORCH_JOB, MPI_JOB), None: no Kubernetes form
+    one_task_per_node = False  # Slurm starts one agent per node that starts its ranks (torchrun's way)
+    parser: str | None = None  # whose parser checks the job's arguments at plan time (None: not checked)
+
+    def owns_module(self, module: str | None) -> bool:
+        """Whether this launcher is its kind's for launcher.module (a kind may have several launchers)."""
+        return True
+
+    def style(self, section: LauncherSection) -> Literal["script", "torchrun"]:
+        """The JobSpec's style: "torchrun" (one Slurm task per node) or "script" (one per rank)."""
+        return "torchrun" if self.one_task_per_node else section.style
+
+    def device_args(self, args: Mapping[str, Any], device: str, threads: int | None,
+                    world: int) -> tuple[dict, list[Derived]]:
+        """The recipe's args in the queue's device form (gpu, hpu, cpu); as written by default."""
+        return dict(args), []
+
+    def program(self, section: LauncherSection, root: str, nodes: int, tasks: int, device: str,
+                threads: int | None) -> tuple[list[Arg], list[Derived]]:
+        """The argv before the positional dirs and the args, for `nodes` nodes of `tasks` ranks on `device`."""
+        raise NotImplementedError
+
+    def trailer(self) -> list[Arg]:
+        """Words after every arg (a program's explicit rendezvous)."""
+        return []
+
+    def env(self) -> list[EnvVar]:
+        """Variables the program needs on every node, whatever the queue."""
+        return []
+
+    def rank_prelude(self) -> str:
+        """Bash each Slurm task runs before the program (values its argv reads): "" for none."""
+        return ""
+
+    def pod_prelude(self) -> str | None:
+        """On Kubernetes: None when torchrun (the Training Operator's PET_* settings) starts the workers, else bash
+        each pod runs before the program, which is its own per-node agent."""
+        return None
+
+    def resume_script(self, checkpoint_dir: str | None) -> str:
+        """Bash each rank runs before the program so that a requeued job resumes ("" for none)."""
+        return ""
+
+    def advice(self, args: Mapping[str, Any], data_dir: str | None,
+               world_size: int) -> tuple[list[Derived], list[str]]:
+        """What the job's numbers imply that its flags do not say (toolkit.job.advice adds the general rules)."""
+        return [], []
+
+    def check_arguments(self, recipe: Recipe, spec: Any, argv: list[str]) -> list[str]:
+        """Refuse the job's arguments where the program's own parser refuses them; the notes name what was not
+        checked. `argv` is rank 0's (toolkit.job.rank.preview_argv)."""
+        return [f"arguments: not checked: hpc has no parser for {self.what(recipe.launcher)} (only {parsers()})"]
+
+    def what(self, section: LauncherSection) -> str:
+        """The program, in messages."""
+        return f"the {self.kind} launcher"
+
+    def kubernetes_kind(self, recipe: Recipe) -> str:
+        """The Kubeflow kind of the recipe's job, or a refusal naming the launchers that have one."""
+        if self.kubernetes is None:
+            raise no_kubernetes_form(recipe)
+        return self.kubernetes
+
+
+def no_kubernetes_form(recipe: Recipe, detail: str = "") -> HpcError:
+    return HpcError(f"recipe {recipe.name}: launcher kind {recipe.launcher.kind}{detail} has no Kubernetes form",
+                    fix=f"Kubernetes forms exist for {kubernetes_forms()}; run this recipe with `hpc recipes submit`")
+
+
+def checked_script(root: str, script: str) -> str:
+    """A launcher's training script as the nodes see it, refused here when it does not exist."""
+    path = under(root, script)
+    if not os.path.isfile(path):
+        raise HpcError(f"script {path} does not exist" + ("" if script.startswith("/") else
+                                                           f" (launcher.script {script} under {root})"),
+                       fix="give the path of an existing .py file on the file system the nodes share")
+    return os.path.abspath(path)
+
+
+HELPERS = ("base", "torchrun")  # modules of toolkit.launchers that are no launcher kind
+
+
+@functools.lru_cache(maxsize=None)
+def registry() -> dict[str, tuple[Launcher, ...]]:
+    """recipe launcher.kind -> its launchers, the most specific first (python-module has two: our trainers' for a
+    module under toolkit.workloads, a user's module otherwise). Every module of toolkit.launchers but the helpers
+    is one launcher (its LAUNCHER): adding a kind is adding a module. Imported on the first question only."""
+    package = importlib.import_module("toolkit.launchers")
+    found: dict[str, list[Launcher]] = {}
+    for info in sorted(pkgutil.iter_modules(package.__path__), key=lambda info: info.name):
+        if info.name not in HELPERS:
+            launcher = importlib.import_module(f"toolkit.launchers.{info.name}").LAUNCHER
+            found.setdefault(launcher.kind, []).append(launcher)
+    # a launcher that claims only some modules (overrides owns_module) before its kind's catch-all
+    return {kind: tuple(sorted(launchers, key=lambda one: type(one).owns_module is Launcher.owns_module))
+            for kind, launchers in found.items()}
+
+
+def launcher_for(kind: str, module: str | None = None) -> Launcher:
+    """The launcher of a recipe's launcher.kind (and launcher.module, for python-module)."""
+    kinds = registry()
+    if kind not in kinds:
+        raise HpcError(f"launcher kind {kind!r} is not one of {', '.join(sorted(kinds))}",
+                       fix="set launcher.kind in the recipe to one of them")
+    return next(launcher for launcher in kinds[kind] if launcher.owns_module(module) or launcher is kinds[kind][-1])
+
+
+def launcher_of(section: LauncherSection) -> Launcher:
+    """The launcher of a recipe's launcher section."""
+    return launcher_for(section.kind, section.module)
+
+
+def all_launchers() -> list[Launcher]:
+    return [launcher for launchers in registry().values() for launcher in launchers]
+
+
+def parsers() -> str:
+    """The programs whose own parsers check a job's arguments, for messages."""
+    return ", ".join(dict.fromkeys(p for launcher in all_launchers() if (p := launcher.parser)))
+
+
+def kubernetes_forms() -> str:
+    """Which launcher kinds have which Kubeflow kind, for messages."""
+    forms: dict[str, list[str]] = {}
+    for launcher in all_launchers():
+        if launcher.kubernetes:
+            forms.setdefault(launcher.kubernetes, []).append(launcher.kind)
+    return "; ".join(f"{', '.join(dict.fromkeys(kinds))} launchers ({kind})" for kind, kinds in forms.items())

@@ -1,0 +1,26 @@
+"""A researcher's own script (launcher kind python-script): `python SCRIPT.py ARGV...` after toolkit.job.user_main,
+per rank or under torchrun (toolkit.launchers.torchrun). The script must exist where the nodes read it; its
+arguments are its own. No Kubernetes form: the pods see only the image and the FSx volume."""
+
+from __future__ import annotations
+
+from toolkit.job.rank import Arg
+from toolkit.job.scaling import Derived
+from toolkit.launchers import torchrun
+from toolkit.launchers.base import Launcher, checked_script
+
+
+class Script(Launcher):
+    kind = "python-script"
+
+    def what(self, section) -> str:
+        return f"the script {section.script}"
+
+    def program(self, section, root: str, nodes: int, tasks: int, device: str,
+                threads: int | None) -> tuple[list[Arg], list[Derived]]:
+        user = torchrun.user_main(section, [checked_script(root, section.script)])
+        program, how = torchrun.styled(section, user, nodes, tasks)
+        return program, [how]
+
+
+LAUNCHER = Script()
