@@ -17,6 +17,7 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal, Mapping
 
+from toolkit.accelerators import family, of_device
 from toolkit.catalog import InstanceType
 from toolkit.cluster.queues import Queue
 from toolkit.errors import HpcError
@@ -55,8 +56,6 @@ USER_MAIN = Path(__file__).with_name("user_main.py")  # each Python rank's first
 TORCHRUN_ENV = (("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1"),)
 TORCHRUN = (f"import os, signal, sys; os.environ.update({dict(TORCHRUN_ENV)!r}); "
             "signal.signal(signal.SIGUSR2, signal.SIG_IGN); from torch.distributed.run import main; sys.exit(main())")
-# The catalog's accelerator kind decides the device form of a job (GRES GPUs, devices, collective backend).
-DEVICE_OF_ACCELERATOR = {"nvidia": "gpu", "gaudi": "hpu", "none": "cpu"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -162,10 +161,11 @@ def _under(root: str, path: str) -> str:
 
 def _device_forms(flags: Literal["fairseq", "trainer"] | None, args: dict, device: str, threads: int | None,
                   world: int) -> tuple[dict, list[Derived]]:
-    """The recipe's args in the queue's device form (GPU as published; HPU: hccl; CPU: gloo, no half precision),
-    for fairseq and our trainers; other programs' args are left as written."""
+    """The recipe's args in the queue's device form (its accelerator family's device and collective backend; CPU:
+    gloo, no half precision), for fairseq and our trainers; other programs' args are left as written."""
     args = dict(args)
-    on_gpu = device == "gpu"
+    accel = of_device(device)
+    on_cpu = device == "cpu"
     why = f"{device.upper()} queue"
     derived: list[Derived] = []
 
@@ -179,33 +179,27 @@ def _device_forms(flags: Literal["fairseq", "trainer"] | None, args: dict, devic
                 derived.append(Derived(flag, "removed", f"{why}: {reason}"))
 
     if flags == "fairseq":
-        if device == "hpu":
-            raise HpcError("fairseq has no Habana HPU support", fix="run fairseq recipes on a GPU or CPU queue")
-        if on_gpu:
-            put("--distributed-backend", "nccl", "NCCL between GPUs")
-        else:
+        if not accel.runs_fairseq:
+            raise HpcError(f"fairseq has no {accel.label} support", fix="run fairseq recipes on a GPU or CPU queue")
+        if on_cpu:
             drop(FAIRSEQ_HALF_PRECISION, "no half precision on CPU")
             put("--cpu", True, "train on CPU")
-            put("--distributed-backend", "gloo", "gloo is the CPU collective backend")
+        put("--distributed-backend", accel.collective, accel.collective_why)
+        if on_cpu:
             put("--ddp-backend", "legacy_ddp", "pytorch_ddp/c10d pass GPU device_ids and fail on CPU")
         put("--distributed-world-size", world, "world size = nodes x ranks per node")
         put("--distributed-no-spawn", True, "srun starts one process per rank; fairseq must not spawn more")
     elif flags == "trainer":
         loader = args.get("--loader")
-        if loader in GPU_LOADERS and not on_gpu:  # said here, not by every rank at start (resnet_loaders)
+        if loader in GPU_LOADERS and accel.torch_device != "cuda":  # said here, not by every rank (resnet_loaders)
             raise HpcError(f"--loader {loader} decodes JPEGs on a CUDA GPU, which this queue does not have ({why})",
                            fix="use --loader pil there (--set args.--loader=pil, or leave out --profile gpu-data), "
                                "or choose a GPU queue")
-        if on_gpu:
-            put("--device", "cuda", "one GPU per rank (LOCAL_RANK)")
-            put("--backend", "nccl", "NCCL between GPUs")
-        elif device == "hpu":
-            put("--device", "hpu", "one HPU per rank (the Habana bridge takes module id = LOCAL_RANK)")
-            put("--backend", "hccl", "HCCL between HPUs (scale-out over EFA)")
-        else:
+        if on_cpu:
             drop(("--amp",), "no mixed precision on CPU")
-            put("--device", "cpu", "no GPUs")
-            put("--backend", "gloo", "gloo is the CPU collective backend")
+        put("--device", accel.torch_device, accel.torch_device_why)
+        put("--backend", accel.collective, accel.collective_why)
+        if on_cpu:
             put("--threads", threads, "torch threads = CPUs per task (oversubscription costs 2-3x)")
     return args, derived
 
@@ -234,12 +228,12 @@ def queue_target(queue: Queue) -> Target:
 
 @dataclasses.dataclass(frozen=True)
 class Resources:
-    device: str  # gpu, hpu or cpu (DEVICE_OF_ACCELERATOR)
+    device: str  # the accelerator family's device form (toolkit.accelerators.base.Device)
     nodes: int
     tasks: int  # ranks per node
     cpus: int  # CPUs per rank
     threads: int | None  # threads per rank on CPU queues
-    gpus: int  # GPUs per node (HPUs are no GPUs to a scheduler: one rank per HPU instead)
+    gpus: int  # GPUs per node: Slurm GRES (Family.slurm_gres; other devices get one rank each instead)
     derived: tuple[Derived, ...]
 
     @property
@@ -250,16 +244,12 @@ class Resources:
 def resources(recipe: Recipe, target: Target, nodes: int | None) -> Resources:
     """Device, nodes (the recipe's resources.nodes when None), ranks and CPUs per node, checked against the target."""
     instance = target.instance
-    device = DEVICE_OF_ACCELERATOR.get(instance.accelerator)
-    if device is None:  # Neuron (Trainium): its own runtime and compiler (torch-neuronx), no job form here yet
-        where = instance.name if target.name == instance.name else f"queue {target.name} ({instance.name})"
-        raise HpcError(f"{where} has {instance.gpu_model} ({instance.accelerator}) "
-                       "accelerators: hpc makes no jobs for them (only GPU, Gaudi HPU and CPU jobs)",
-                       fix="choose a GPU, Gaudi or CPU queue (--cluster FILE --queue Q) or instance type")
+    accel = family(instance, instance.name if target.name == instance.name else f"queue {target.name} "
+                                                                                  f"({instance.name})")
+    device = accel.device
     if device not in recipe.resources.runs_on:
-        has = {"gpu": "GPUs", "hpu": "Gaudi HPUs", "cpu": "no GPUs"}[device]
         raise HpcError(f"recipe {recipe.name} runs on {' or '.join(recipe.resources.runs_on)} only; queue "
-                       f"{target.name} ({instance.name}) has {has}",
+                       f"{target.name} ({instance.name}) has {accel.has}",
                        fix="choose another queue with --cluster FILE --queue Q")
     nodes = nodes or recipe.resources.nodes
     if nodes > target.max_nodes:
@@ -267,7 +257,7 @@ def resources(recipe: Recipe, target: Target, nodes: int | None) -> Resources:
                        fix=f"use --nodes 1..{target.max_nodes} or a bigger queue")
     tasks, cpus = target.tasks_per_node, target.cpus_per_task
     return Resources(device, nodes, tasks, cpus, None if device != "cpu" else cpus,
-                     instance.gpus if device == "gpu" else 0, (
+                     instance.gpus if accel.slurm_gres else 0, (
         Derived("ranks per node", str(tasks), f"one per {device.upper()} ({instance.gpus} x {instance.gpu_model})"
                 if device != "cpu" else f"queue {target.name} declares {tasks} ranks per node (CPU queue)"),
         Derived("world size", str(nodes * tasks), f"{nodes} nodes x {tasks} ranks per node"),
