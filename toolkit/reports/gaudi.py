@@ -1,4 +1,5 @@
-"""Collectives on Habana Gaudi (dl1.24xlarge) judged against Intel's DL1 EFA peer-direct post.
+"""Collectives on Habana Gaudi (dl1.24xlarge) judged against Intel's DL1 EFA peer-direct post: the reports' module
+of the Gaudi family (toolkit.accelerators.gaudi), whose verdict_for every collectives report asks.
 
 The post measured 32 HPUs (4 nodes) at 32 MB messages, without and with EFA peer-direct (MB/s):
 all-reduce 12,110 -> 21,136, all-gather 20,299 -> 41,082, reduce-scatter 9,249 -> 17,418. Peer-direct is the
@@ -53,9 +54,11 @@ def judge_gaudi(test: NcclTest, ranks: int | None = None) -> Verdict:
 
 
 def is_gaudi(instance_type: str | None) -> bool:
+    from toolkit.accelerators import family_or_none
+    from toolkit.accelerators.gaudi import GAUDI
     from toolkit.catalog import instance
 
-    return instance_type is not None and instance(instance_type).accelerator == "gaudi"
+    return instance_type is not None and family_or_none(instance(instance_type)) is GAUDI
 
 
 def verdict_for(test: NcclTest, instance_type: str | None, nodes: int | None,
