@@ -107,3 +107,34 @@ def test_every_catalog_accelerator_has_a_family_module_or_a_refusal():
     # an accelerator the registry does not know is refused, not mistaken for another family
     with pytest.raises(HpcError, match="which it lacks"):
         family("tpu")
+
+
+def family_branches(source: str) -> list[int]:
+    """Lines comparing an `accelerator` (the catalog's field) with a family's name: what family() answers instead.
+    `accelerator != "none"` (has it devices at all) is a catalog fact, not a family's behaviour."""
+    import ast
+
+    named = (set(FAMILIES) | set(REFUSED)) - {"none"}
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Compare):
+            sides = [node.left, *node.comparators]
+            if any(isinstance(s, ast.Attribute) and s.attr == "accelerator" for s in sides) and any(
+                    isinstance(s, ast.Constant) and s.value in named for s in sides):
+                found.append(node.lineno)
+    return found
+
+
+def test_outside_the_node_side_callers_ask_the_family_instead_of_branching_on_its_name():
+    """Exempt: toolkit/node, the node-side room (it cannot import toolkit.accelerators: its promise carries the
+    kind), and the catalog's own InstanceType.is_gpu fact."""
+    from tests.conftest import REPO
+
+    exempt = (REPO / "toolkit" / "node", REPO / "toolkit" / "catalog.py")
+    branching = {str(p.relative_to(REPO)): lines for p in sorted((REPO / "toolkit").rglob("*.py"))
+                 if not any(p == e or p.is_relative_to(e) for e in exempt)
+                 and (lines := family_branches(p.read_text()))}
+    assert branching == {}  # before the families: job/env, slurm/materialize, k8s/manifests, cluster/*, reports
+    # the check sees one where there is one (as toolkit/job/env.py branched before the families)
+    assert family_branches('if instance.accelerator == "gaudi":\n    pass\nif it.accelerator != "none":\n    pass\n') \
+        == [1]
