@@ -3,9 +3,9 @@ catalog's `accelerator` field (toolkit/catalog.yaml). Callers ask family(...) th
 toolkit.accelerators.base.Family (device form, GRES, CPU binding, collective, environment, loader checks, cluster
 health checks and AMI, Kubernetes resource) instead of branching on a family's name.
 
-Neuron (Trainium, Inferentia) is in the catalog, so clusters of it can be built and validated, but it has no
-family: its own runtime and compiler (torch-neuronx, neuronx-cc), launcher and collectives (neuronx-cc's CC cores,
-not NCCL) are not done here. family() refuses it, in this one place."""
+Neuron (the catalog's Trainium types; Inferentia would be alike) is in the catalog, so clusters of it can be built and
+validated, but it has no family: its own runtime and compiler (torch-neuronx, neuronx-cc), launcher and collectives
+(the Neuron runtime's own, not NCCL) are not done here. family() refuses it, in this one place."""
 
 from __future__ import annotations
 
