@@ -39,6 +39,7 @@ def test_nvidia_gpus_are_gres_unbound_nccl_with_aws_ofi_nccl_and_dcgm():
     assert "nccl_home" in (NVIDIA.loader_fix("libnccl.so.2", binary=True) or "")
     assert NVIDIA.loader_fix(HCCL_OFI_WRAPPER, binary=False) is None
     assert NVIDIA.kubernetes_resource == "nvidia.com/gpu" and NVIDIA.kubernetes_form and NVIDIA.prolog_health_check
+    assert NVIDIA.collective_reference is None  # judged against the catalog's NCCL floors
     # the AMI trap is V100's (proprietary driver), not every NVIDIA GPU's
     assert NVIDIA.official_ami_trap(P4D) is None
     trap = NVIDIA.official_ami_trap(P3)
@@ -61,6 +62,9 @@ def test_gaudi_hpus_are_no_gres_pinned_to_their_cores_with_hccl_over_efa():
     assert GAUDI.loader_checks(fabric="none", python_ranks=True, gpus_per_node=0, environ={}) == []
     assert "hccl_ofi_wrapper" in (GAUDI.loader_fix(HCCL_OFI_WRAPPER, binary=False) or "")
     assert not GAUDI.runs_fairseq and not GAUDI.kubernetes_form and not GAUDI.prolog_health_check
+    # its collectives are judged against the DL1 post, not catalog floors (toolkit.reports.nccl.verdict_for)
+    ref = GAUDI.collective_reference
+    assert ref is not None and ref.ranks == 32 and ref.figures_mbs["all_reduce"] == (12110, 21136)
     trap = GAUDI.official_ami_trap(DL1)
     assert "dl1.24xlarge has Habana Gaudi" in trap.trap and trap.reminder is None
 

@@ -46,6 +46,24 @@ class AmiTrap(NamedTuple):
     reminder: str | None = None
 
 
+@dataclasses.dataclass(frozen=True)
+class CollectiveReference:
+    """A published collectives run a family's results are judged against (toolkit.reports.nccl.judge_reference):
+    bus bandwidth in MB/s per collective at one message size on a number of ranks, in the expected state and in
+    the failure state it is told apart from; a result nearer the failure figure gets `failure_means` and `fix`."""
+
+    source: str
+    called: str  # how verdicts name it: "the post"
+    ranks: int
+    devices: str  # what its ranks were: "HPUs"
+    nodes: int
+    size_bytes: int
+    figures_mbs: Mapping[str, tuple[int, int]]  # collective: (failure-state figure, expected-state figure)
+    expected: str  # the expected state's name, e.g. peer-direct
+    failure_means: str
+    fix: str
+
+
 class Family:
     """An accelerator family's answers. One instance per family, registered in toolkit.accelerators.FAMILIES under
     the catalog's `accelerator` value it serves."""
@@ -65,6 +83,8 @@ class Family:
     kubernetes_form: ClassVar[bool] = True  # recipes render for Kubernetes on it
     ec2_manufacturer: ClassVar[str | None] = None  # EC2's GpuInfo Manufacturer (toolkit.cluster.pcluster_offline)
     prolog_health_check: ClassVar[bool] = False  # ParallelCluster's (DCGM) GPU health check applies
+    # the published run its collectives are judged against; None: the catalog's NCCL floors (nccl_floors)
+    collective_reference: ClassVar[CollectiveReference | None] = None
 
     def srun_binding(self, instance: InstanceType, tasks_per_node: int, smt_off: bool,
                      holds_node: bool) -> tuple[tuple[str, ...], tuple[Note, ...]]:

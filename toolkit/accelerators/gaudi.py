@@ -12,7 +12,8 @@ from __future__ import annotations
 
 from typing import Mapping
 
-from toolkit.accelerators.base import LIBFABRIC_DIR, OPENMPI_DIR, AmiTrap, EnvVar, Family, Note
+from toolkit.accelerators.base import (LIBFABRIC_DIR, OPENMPI_DIR, AmiTrap, CollectiveReference, EnvVar, Family,
+                                       Note)
 from toolkit.catalog import InstanceType
 
 # HCCL finds its libfabric wrapper (libhccl_ofi_wrapper.so) through the loader: HabanaAI/hccl_ofi_wrapper README.md
@@ -23,6 +24,21 @@ HCCL_OFI_WRAPPER = "libhccl_ofi_wrapper.so"  # HabanaAI/hccl_ofi_wrapper README.
 HCCL_OFI_WRAPPER_DIRS = ("/usr/lib/habanalabs", "/root/hccl_ofi_wrapper")
 # The SynapseAI release that brought EFA peer-direct (Host NIC Gaudi Direct) to DL1.
 PEER_DIRECT_SYNAPSEAI = "1.8.0"
+
+# Intel's DL1 EFA peer-direct post: 32 HPUs (4 nodes) at 32 MB messages, without and with peer-direct (MB/s), as the
+# bus bandwidth column of nccl-tests-format tables (Habana's hccl_demo calls it NW bandwidth: algbw x 2(n-1)/n for
+# all-reduce, x (n-1)/n for the others), GB/s x 1000 = MB/s. Peer-direct is the expected state (gaudi_env sets it
+# up on queues with EFA).
+PEER_DIRECT_MBS = {"all_reduce": (12110, 21136), "all_gather": (20299, 41082), "reduce_scatter": (9249, 17418)}
+DL1_PEER_DIRECT = CollectiveReference(
+    source=f"Intel's DL1 EFA peer-direct post: 32 HPUs (4 x dl1.24xlarge), 32 MB messages, SynapseAI "
+           f"{PEER_DIRECT_SYNAPSEAI}",
+    called="the post", ranks=32, devices="HPUs", nodes=4, size_bytes=32 * 2**20, figures_mbs=PEER_DIRECT_MBS,
+    expected="peer-direct",
+    failure_means="HCCL is staging through host memory",
+    fix=(f"enable EFA peer-direct: RDMAV_FORK_SAFE=1 and FI_EFA_USE_DEVICE_RDMA=1 on SynapseAI >= "
+         f"{PEER_DIRECT_SYNAPSEAI} (libfabric >= 1.16.1, Linux >= 5.12), EFA enabled on the queue, and HCCL_OVER_OFI "
+         "unset (it forces the host-memory path); `hpc recipes render` sets the variables for dl1 queues with EFA"))
 
 GAUDI_TRAP = (
     "{itype} has Habana Gaudi accelerators, which ParallelCluster's official AMIs do not support (no Habana "
@@ -109,6 +125,7 @@ class Gaudi(Family):
     kubernetes_resource = "habana.ai/gaudi"  # Habana's k8s device plugin
     kubernetes_form = False  # no Gaudi pod form yet (images, the device plugin's set-up)
     ec2_manufacturer = "Habana"
+    collective_reference = DL1_PEER_DIRECT
 
     def srun_binding(self, instance: InstanceType, tasks_per_node: int, smt_off: bool,
                      holds_node: bool) -> tuple[tuple[str, ...], tuple[Note, ...]]:
