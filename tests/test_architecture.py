@@ -115,7 +115,11 @@ UPWARD = [("toolkit.health", "toolkit.submit"), ("toolkit.health", "toolkit.cli"
           ("toolkit.rundir", "toolkit.health"), ("toolkit.rundir", "toolkit.job"),
           ("toolkit.slurm", "toolkit.submit"), ("toolkit.slurm", "toolkit.health"),
           ("toolkit.slurm", "toolkit.reports"), ("toolkit.slurm", "toolkit.cli"),
-          ("toolkit.reports", "toolkit.cli"), ("toolkit.submit", "toolkit.cli"), ("toolkit.job", "toolkit.cli")]
+          ("toolkit.reports", "toolkit.cli"), ("toolkit.submit", "toolkit.cli"), ("toolkit.job", "toolkit.cli"),
+          # the accelerator families answer from the catalog's facts alone: every planner asks them
+          *(("toolkit.accelerators", higher) for higher in ("toolkit.job", "toolkit.slurm", "toolkit.k8s",
+                                                            "toolkit.cluster", "toolkit.health", "toolkit.submit",
+                                                            "toolkit.reports", "toolkit.cli"))]
 
 
 @pytest.mark.parametrize("lower,higher", UPWARD)

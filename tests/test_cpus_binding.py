@@ -14,7 +14,7 @@ from tests.jobhelpers import write_cluster
 from testbench import cluster
 from testbench.layout import Layout
 from toolkit.cluster.queues import queues_from_config
-from toolkit.job.gaudi import core_masks
+from toolkit.accelerators.gaudi import core_masks
 from toolkit.slurm.render import render_script, srun_options
 from toolkit.slurm.materialize import build_job_spec
 from toolkit.recipes.load import load_recipe

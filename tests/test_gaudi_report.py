@@ -11,8 +11,8 @@ import json
 import pytest
 
 from tests.conftest import cli_json, run_hpc
-from toolkit.reports.gaudi import PEER_DIRECT_MBS, judge_gaudi
-from toolkit.reports.nccl import parse_text
+from toolkit.accelerators.gaudi import DL1_PEER_DIRECT, PEER_DIRECT_MBS
+from toolkit.reports.nccl import judge_reference, parse_text
 from toolkit.workloads.collectives import Measure, REDOP, bus_factor, footer_lines, header_lines, layout, row_line
 
 MiB = 2**20
@@ -77,7 +77,8 @@ def test_the_midpoint_between_the_figures_decides():
     without, with_pd = PEER_DIRECT_MBS["all_reduce"]
     middle = (without + with_pd) / 2
     below, above = (parse_text(gaudi_log({"all_reduce": middle + d}))[0] for d in (-50, 50))
-    assert judge_gaudi(below).status == "FAIL" and judge_gaudi(above).status == "PASS"
+    assert judge_reference(below, DL1_PEER_DIRECT).status == "FAIL"
+    assert judge_reference(above, DL1_PEER_DIRECT).status == "PASS"
 
 
 @pytest.mark.parametrize("ranks,sizes,reason", [

@@ -8,7 +8,8 @@ from tests.conftest import run_hpc
 from tests.jobhelpers import CPU, P3DN
 from toolkit.catalog import instance
 from toolkit.cluster.queues import Queue, queues_from_config
-from toolkit.job.env import communication_env, filter_submit_env, submit_env_allowlist
+from toolkit.accelerators.nvidia import communication_env
+from toolkit.job.env import filter_submit_env, submit_env_allowlist
 from toolkit.slurm.render import render_script
 from toolkit.slurm.materialize import build_job_spec
 from toolkit.recipes.load import load_recipe

@@ -96,7 +96,7 @@ def test_fairseq_owns_its_device_forms_rendezvous_environment_resume_and_advice(
                     "--distributed-world-size": 8, "--distributed-no-spawn": True}
     assert ("--fp16", "removed") in [(d.key, d.value) for d in derived]
     assert fairseq.device_args({}, "gpu", None, 16)[0]["--distributed-backend"] == "nccl"
-    with pytest.raises(HpcError, match="fairseq has no Habana HPU support"):
+    with pytest.raises(HpcError, match="fairseq has no Gaudi HPU support"):
         fairseq.device_args({}, "hpu", None, 8)
     assert RankVar.MASTER_ADDR in fairseq.trailer()[-1]
     assert [var.name for var in fairseq.env()] == ["TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD"]

@@ -164,7 +164,7 @@ def test_a_venv_replaces_the_recipes_software_and_the_submitters_python_reaches_
 def test_dl1_runs_one_rank_per_hpu_with_gaudis_binding_and_no_gpus():
     env = search_env(efa_queue("dl1.24xlarge"), 2)
     assert (env.device, env.ranks_per_node, env.gpus_per_node) == ("hpu", 8, 0)
-    assert env.binding and env.binding != ("--cpu-bind=none",)  # toolkit.job.gaudi.srun_binding's
+    assert env.binding and env.binding != ("--cpu-bind=none",)  # toolkit.accelerators.gaudi.srun_binding's
     assert "export PT_HPU_LAZY_MODE=1" in env.setup and not any("NCCL_NET" in line for line in env.setup)
     argv = step(env)
     assert "--ntasks-per-node=8" in argv and not any(a.startswith("--gpus-per-node") for a in argv)

@@ -364,7 +364,7 @@ def find_bad_nodes(
     """Find the slow or failing nodes with short all_reduce runs over groups of nodes, splitting the slow groups
     (at most ceil(log2 N) + 2 rounds, not all pairs); print a table and a drain plan, applied with --apply
     (exit 1 when a node is bad, or its torch or NCCL does not load). Each group runs as a collectives job of the
-    queue would: one rank per GPU (or HPU) of each node, in the job's software and EFA/NCCL environment."""
+    queue would: one rank per accelerator of each node, in the job's software and EFA/NCCL environment."""
     import math
 
     from toolkit.cluster.queues import cluster_config_candidates, resolve_queue

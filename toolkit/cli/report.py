@@ -81,10 +81,8 @@ def nccl(
     estimated floor (no published run of that instance and node count) the verdict is WARN and the exit 0.
     """
     from toolkit.reports import nccl as nccl_report
-    from toolkit.reports.gaudi import verdict_for
-
     paths: list[str | Path] = list(logs)
-    data, tests = nccl_report.report(paths, instance, nodes, o.value(transport), verdict=verdict_for)
+    data, tests = nccl_report.report(paths, instance, nodes, o.value(transport), verdict=nccl_report.verdict_for)
     emit(data, as_json, _nccl_text)
     for error in data["errors"]:  # the other files are reported; the bad ones are named on stderr too
         warn(f"{error['source']}: {error['error']}\n  fix: {error['fix']}")

@@ -16,6 +16,7 @@ import textwrap
 from pathlib import Path
 from typing import Any, Literal
 
+from toolkit.accelerators import FAMILIES, family_or_none
 from toolkit.catalog import InstanceType
 from toolkit.cluster import checks, flags
 from toolkit.cluster.queues import EFA_STACKS, TAG_EFA_STACK, TAG_RANKS_PER_NODE
@@ -195,13 +196,11 @@ def _check_spec(spec: ClusterSpec) -> dict[str, InstanceType]:
     for queue in spec.queues:
         if queue.ranks_per_node and types[queue.name].accelerator != "none":
             raise UsageError(f"queue {queue.name!r}: ranks-per-node is for CPU queues",
-                             fix="GPU and Gaudi queues run one rank per accelerator: drop ranks-per-node")
-        if types[queue.name].proprietary_driver and not spec.custom_ami:
-            raise HpcError(checks.V100_TRAP.format(itype=queue.instance_type), fix=checks.V100_FIX.replace(
-                "(Image/CustomAmi or the queue's Image/CustomAmi)", "(pass it as --custom-ami AMI_ID)"))
-        if types[queue.name].accelerator == "gaudi" and not spec.custom_ami:
-            raise HpcError(checks.GAUDI_TRAP.format(itype=queue.instance_type), fix=checks.GAUDI_FIX.replace(
-                "(Image/CustomAmi or the queue's Image/CustomAmi)", "(pass it as --custom-ami AMI_ID)"))
+                             fix="accelerator queues run one rank per accelerator: drop ranks-per-node")
+        trap = checks.ami_trap(types[queue.name])
+        if trap is not None and not spec.custom_ami:
+            raise HpcError(trap.trap, fix=trap.fix.replace("(Image/CustomAmi or the queue's Image/CustomAmi)",
+                                                           "(pass it as --custom-ami AMI_ID)"))
     return types
 
 
@@ -344,6 +343,12 @@ def _local_storage(it: InstanceType):
     return storage or None
 
 
+def _prolog_health_check(it: InstanceType) -> bool:
+    """ParallelCluster's GPU health check (NVIDIA DCGM's) applies to the queue's accelerator family."""
+    accel = family_or_none(it)
+    return accel is not None and accel.prolog_health_check
+
+
 def _queue(spec: ClusterSpec, queue: QueueSpec, it: InstanceType, reservation: str | None, block: bool):
     stack = queue.efa_stack or ("modern" if it.has_efa else "none")
     tags = _seq(_map(("Key", TAG_EFA_STACK), ("Value", stack)))
@@ -361,7 +366,7 @@ def _queue(spec: ClusterSpec, queue: QueueSpec, it: InstanceType, reservation: s
     entry["ComputeResources"] = _seq(_compute_resource(queue, it, reservation, block))
     if storage := _local_storage(it):
         entry["ComputeSettings"] = _map(("LocalStorage", storage))
-    if it.is_gpu:  # ParallelCluster's GPU check is NVIDIA DCGM's: for NVIDIA queues only
+    if _prolog_health_check(it):
         entry["HealthChecks"] = _map(("Gpu", _map(("Enabled", True), Enabled=(
             "ParallelCluster runs a DCGM GPU check in each job's prolog: a node whose GPUs fail it is drained, "
             "not given the job (its time limits: SlurmSettings/CustomSlurmSettings)"))))
@@ -456,8 +461,8 @@ def comment_safe(text: str) -> str:
 
 def build_config(spec: ClusterSpec, output: str = "cluster.yaml"):
     """(commented ParallelCluster v3 document, warnings). Raises UsageError / HpcError on bad input,
-    including the V100 and Gaudi traps without a custom AMI. The values themselves are checked by
-    write_config, with `hpc cluster validate`'s rules."""
+    including the accelerators' official-AMI traps without a custom AMI (Family.official_ami_trap). The values
+    themselves are checked by write_config, with `hpc cluster validate`'s rules."""
     # instance types in the catalog's spelling (flags accept any case)
     spec = dataclasses.replace(spec, head_node=flags.instance_type(spec.head_node, "--head-node").name, queues=tuple(
         dataclasses.replace(q, instance_type=flags.instance_type(
@@ -470,8 +475,8 @@ def build_config(spec: ClusterSpec, output: str = "cluster.yaml"):
         raise UsageError(f"queue {block_queue!r} is given both --capacity-reservation and --capacity-block",
                          fix="a queue uses one: a Capacity Block (CAPACITY_BLOCK) or an On-Demand Capacity "
                          "Reservation; name the queue each is for (QUEUE=cr-...)")
-    warnings = [checks.V100_REMINDER.format(itype=q.instance_type) for q in spec.queues
-                if types[q.name].proprietary_driver]
+    traps = [trap for q in spec.queues if (trap := checks.ami_trap(types[q.name])) is not None]
+    warnings = [trap.reminder for trap in traps if trap.reminder]
     if not spec.ssh_allowed_ips.startswith("pl-") and ipaddress.ip_network(spec.ssh_allowed_ips).prefixlen == 0:
         warnings.append(f"--ssh-allowed-ips {spec.ssh_allowed_ips} opens the head node's SSH port to the whole "
                         "internet: give your address (/32), your VPN's range or a prefix list")
@@ -481,12 +486,11 @@ def build_config(spec: ClusterSpec, output: str = "cluster.yaml"):
                         f"{spec.fsx.deployment}) shared by up to {accelerators} accelerators reading from /fsx: "
                         "size it for your jobs with --fsx-throughput MB/s")
     image = _map(("Os", spec.os))
-    if spec.custom_ami:  # cluster-wide: the proprietary driver serves every NVIDIA GPU, not only V100
+    if spec.custom_ami:  # cluster-wide: e.g. the proprietary driver serves every NVIDIA GPU, not only V100
         image["CustomAmi"] = spec.custom_ami
-        gaudi = any(t.accelerator == "gaudi" for t in types.values())
-        _note(image, "CustomAmi", "edit: your AMI" + (" with NVIDIA's proprietary driver" if warnings else "") + (
-            ", made by `pcluster build-image` with a Habana Deep Learning AMI as ParentImage (ParallelCluster does "
-            "not boot the DLAMI itself)" if gaudi else ""))
+        trapped = {family_or_none(t) for t in types.values() if checks.ami_trap(t) is not None}
+        _note(image, "CustomAmi", "edit: your AMI" + "".join(
+            accel.custom_ami_note() for accel in FAMILIES.values() if accel in trapped))
     shared = spec.head_subnet == spec.compute_subnet
     head = _map(("InstanceType", spec.head_node),
                 ("Networking", _map(("SubnetId", spec.head_subnet), SubnetId=(
@@ -519,7 +523,7 @@ def build_config(spec: ClusterSpec, output: str = "cluster.yaml"):
                  ScaledownIdletime=("minutes an idle dynamic node stays up: GPU nodes take minutes to boot, so "
                                     "keep them between jobs" if accelerated else "minutes an idle dynamic node "
                                     "stays up (ParallelCluster's default)"))
-    if any(t.is_gpu for t in types.values()):  # the queues with ParallelCluster's GPU health check (_queue)
+    if any(_prolog_health_check(t) for t in types.values()):  # the queues with the GPU health check (_queue)
         slurm["CustomSlurmSettings"] = _seq(
             _map(("BatchStartTimeout", BATCH_START_TIMEOUT_S), BatchStartTimeout=(
                 "s: room for the GPU check in the prolog (ParallelCluster's 180 can fail p4d/p5 jobs, "

@@ -1,8 +1,8 @@
 """The toolkit's own checks on a ParallelCluster config dict: the traps pcluster cannot see offline.
 
-- the V100 trap: ParallelCluster >= 3.9 official AMIs carry NVIDIA's open (OpenRM) kernel driver, which does
-  not support V100 (p3, p3dn); pcluster's own check needs AWS (DescribeImages), so we catch it from the catalog;
-  likewise Gaudi (dl1), which the official AMIs do not support at all
+- the official-AMI traps, each accelerator family's (toolkit.accelerators: Family.official_ami_trap), e.g. V100:
+  ParallelCluster >= 3.9 official AMIs carry NVIDIA's open (OpenRM) kernel driver, which does not support V100
+  (p3, p3dn); pcluster's own check needs AWS (DescribeImages), so we catch it from the catalog
 - a CAPACITY_BLOCK queue without its reservation id (pcluster's check of it needs AWS)
 - ImportPath / ExportPath / AutoImportPolicy on a PERSISTENT_2 FSx (it links S3 only through
   DataRepositoryAssociations)
@@ -18,32 +18,11 @@ from __future__ import annotations
 import re
 from typing import Any, Iterator
 
-from toolkit.catalog import catalog, facts_hint, suggestion
+from toolkit.accelerators import family_or_none
+from toolkit.accelerators.base import AmiTrap
+from toolkit.catalog import InstanceType, catalog, facts_hint, suggestion
 from toolkit.cluster.findings import Finding
 
-V100_TRAP = (
-    "{itype} has V100 GPUs, which NVIDIA's open (OpenRM) kernel driver does not support, and ParallelCluster "
-    ">= 3.9 official AMIs ship only that driver: nodes would boot without a working GPU"
-)
-V100_FIX = (
-    "use an AMI with NVIDIA's proprietary driver (Image/CustomAmi or the queue's Image/CustomAmi), e.g. built by "
-    "`pcluster build-image` with the open kernel module turned off or with a Deep Learning AMI as parent; "
-    "an AMI made by build-image then needs `pcluster create-cluster --suppress-validators "
-    "type:InstanceTypeBaseAMICompatibleValidator`"
-)
-V100_REMINDER = (
-    "V100 trap: {itype} needs NVIDIA's proprietary driver (the open OpenRM driver of ParallelCluster >= 3.9 "
-    "official AMIs has no V100 support). Make sure the custom AMI carries it; an AMI made by `pcluster "
-    "build-image` needs `--suppress-validators type:InstanceTypeBaseAMICompatibleValidator` at create time."
-)
-GAUDI_TRAP = (
-    "{itype} has Habana Gaudi accelerators, which ParallelCluster's official AMIs do not support (no Habana "
-    "driver or SynapseAI): nodes would boot without working accelerators"
-)
-GAUDI_FIX = (
-    "use an AMI with the Habana driver and SynapseAI (Image/CustomAmi or the queue's Image/CustomAmi), e.g. built "
-    "by `pcluster build-image` with a Habana Deep Learning AMI as parent"
-)
 CAPACITY_BLOCK_NO_ID = (
     "CapacityType CAPACITY_BLOCK needs the Capacity Block's reservation id: ParallelCluster launches the nodes "
     "into that reservation only"
@@ -132,20 +111,25 @@ def custom_ami(config: dict, queue: dict) -> str | None:
 
 
 def official_ami_traps(config: dict) -> list[Finding]:
-    """Accelerators the official AMIs cannot drive: V100 (open NVIDIA driver only) and Gaudi (no Habana driver)."""
+    """Accelerators the official AMIs cannot drive (Family.official_ami_trap): an error without a custom AMI, the
+    family's reminder (if any) with one."""
     found = []
     for path, queue, itype in queue_instance_types(config):
         it = catalog().get(itype)
-        if it is None or not (it.proprietary_driver or it.accelerator == "gaudi"):
+        trap = ami_trap(it) if it is not None else None
+        if trap is None:
             continue
-        if it.accelerator == "gaudi":
-            if not custom_ami(config, queue):
-                found.append(Finding("error", path, GAUDI_TRAP.format(itype=itype), GAUDI_FIX))
-        elif custom_ami(config, queue):
-            found.append(Finding("warning", path, V100_REMINDER.format(itype=itype)))
-        else:
-            found.append(Finding("error", path, V100_TRAP.format(itype=itype), V100_FIX))
+        if not custom_ami(config, queue):
+            found.append(Finding("error", path, trap.trap, trap.fix))
+        elif trap.reminder:
+            found.append(Finding("warning", path, trap.reminder))
     return found
+
+
+def ami_trap(it: InstanceType) -> AmiTrap | None:
+    """Why the official AMIs cannot run `it`'s accelerators, or None (a type without a family has no trap here)."""
+    accel = family_or_none(it)
+    return accel.official_ami_trap(it) if accel is not None else None
 
 
 def capacity_block_rules(config: dict) -> list[Finding]:

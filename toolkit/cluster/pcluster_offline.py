@@ -26,6 +26,7 @@ from typing import Any, Iterator
 
 from pcluster.aws.common import AWSClientError
 
+from toolkit.accelerators import family_or_none
 from toolkit.catalog import catalog
 
 # Validators that ask AWS (EC2, S3, IAM, KMS, FSx, EFS, Route 53, Secrets Manager, a URL) -> what they check.
@@ -178,10 +179,12 @@ def instance_types_data() -> dict[str, dict]:
             "InstanceStorageSupported": it.instance_store_gb > 0,
             "SupportedUsageClasses": ["on-demand", "spot"],
         }
-        if it.gpus and it.accelerator != "neuron":  # EC2 reports Trainium as NeuronInfo, which pcluster ignores
+        accel = family_or_none(it)
+        # EC2 reports other devices (Trainium: NeuronInfo) outside GpuInfo, which pcluster ignores
+        if it.gpus and accel is not None and accel.ec2_manufacturer:
             entry["GpuInfo"] = {"Gpus": [{
                 "Name": it.gpu_model, "Count": it.gpus,
-                "Manufacturer": "NVIDIA" if it.accelerator == "nvidia" else "Habana",
+                "Manufacturer": accel.ec2_manufacturer,
                 "MemoryInfo": {"SizeInMiB": (it.gpu_memory_gib or 0) * 1024},
             }]}
         data[name] = entry

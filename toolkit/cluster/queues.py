@@ -71,7 +71,7 @@ class Queue:
 
     def promise(self) -> Promise:
         """What a node of this queue must have, for the node-side checks (toolkit.node.promise)."""
-        from toolkit.job.env import OFI_NCCL_DIRS
+        from toolkit.accelerators.nvidia import OFI_NCCL_DIRS
 
         it = self.instance
         return Promise(queue=self.name, instance_type=self.instance_type, accelerator=it.accelerator,

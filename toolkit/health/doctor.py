@@ -11,6 +11,7 @@ import json
 import signal
 import subprocess
 
+from toolkit.accelerators import family_or_none
 from toolkit.cluster.queues import Queue
 from toolkit.errors import HpcError, UsageError
 from toolkit.health.containers import ContainerCheck, pyxis_loaded, start_argv, started_check
@@ -97,7 +98,8 @@ def srun_argv(queue: Queue, nodes: int, nodelist: list[str] | None, python: str 
         argv.append(f"--nodelist={','.join(nodelist)}")
     # the submitter variables a job gets, no more: the submitter's LD_LIBRARY_PATH would widen the library search
     argv.append(f"--export={','.join(submit_env_allowlist())}")
-    if queue.instance.is_gpu:  # Gaudi HPUs are no Slurm GRES: asking for them would be refused
+    accel = family_or_none(queue.instance)  # the doctor checks any queue, one with a refused family too
+    if accel is not None and accel.slurm_gres:  # devices that are no Slurm GRES: asking for them would be refused
         argv.append(f"--gpus-per-node={queue.gpus_per_node}")
     argv += [python, "-c", node_check_source(), "--json"]
     if queue.fsx_mount:

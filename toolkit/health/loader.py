@@ -3,9 +3,8 @@
 The job's set-up lines (its modules, venv and exports, LD_LIBRARY_PATH among them: toolkit.slurm.render.
 environment_lines) run in bash on one node of the job's queue, started by srun with only the submitter variables a
 job gets (toolkit.job.env.SUBMIT_ENV_ALLOWLIST), then toolkit.node.loader_check asks the loader. What a job
-needs follows its spec: an MPI/NCCL program's libraries (nccl-tests: libnccl, libmpi), PyTorch's NCCL on GPU
-queues, NCCL's net plugin where NCCL_NET makes it mandatory (EFA queues fail closed), HCCL's OFI wrapper on
-Gaudi EFA queues.
+needs follows its spec: an MPI/NCCL program's libraries (nccl-tests: libnccl, libmpi), then what its accelerator
+family's collective library loads (toolkit.accelerators: Family.loader_checks, and Family.loader_fix for the fix).
 """
 
 from __future__ import annotations
@@ -17,8 +16,9 @@ import subprocess
 from typing import Callable
 
 from toolkit.node import standalone_source
-from toolkit.job.env import (HCCL_OFI_WRAPPER, HCCL_OFI_WRAPPER_DIRS, LIBFABRIC_DIR, OFI_NCCL_DIRS, OPENMPI_DIR,
-                             filter_submit_env, submit_env_allowlist)
+from toolkit.accelerators import FAMILIES
+from toolkit.accelerators.base import OPENMPI_DIR
+from toolkit.job.env import filter_submit_env, submit_env_allowlist
 from toolkit.job.spec import JobSpec
 from toolkit.launchers import launcher_for
 from toolkit.slurm.materialize import loader_check_arguments
@@ -81,22 +81,13 @@ def run_here(script: str, environ: dict[str, str], timeout: float) -> subprocess
 
 
 def fix_for(library: str, spec: JobSpec) -> str:
-    if library == "nccl-net-plugin":
-        return (f"install aws-ofi-nccl on the nodes (the EFA installer puts it in {OFI_NCCL_DIRS[0]}, older AMIs "
-                f"{OFI_NCCL_DIRS[1]}: both are on EFA jobs' path), or add the directory of its libnccl-net*.so to "
-                "the recipe's software.library_path; with NCCL_NET='AWS Libfabric' the job stops without it. A "
-                "dependency error above (libfabric) means its directory is missing from the path")
-    if library.startswith("libnccl"):
-        if not launcher_for(spec.launcher).python:  # a binary: the NCCL it was built against
-            return ("set the recipe's software.nccl_home to the NCCL the program was built against "
-                    "(`make NCCL_HOME=...`; its lib/ holds libnccl.so.2)")
-        return "install PyTorch with CUDA (it brings its NCCL, nvidia-nccl) in the job's environment (software:)"
+    # any family's: a program's ld.so trace may name a collective library on any queue (libnccl of a binary)
+    fixes = (f.loader_fix(library, binary=not launcher_for(spec.launcher).python) for f in FAMILIES.values())
+    if (fix := next((f for f in fixes if f), None)) is not None:
+        return fix
     if library.startswith("libmpi"):
         return (f"the EFA installer's Open MPI ({OPENMPI_DIR}) is on EFA jobs' path; elsewhere add the lib "
                 "directory of the MPI the program was built against to the recipe's software.library_path")
-    if library == HCCL_OFI_WRAPPER:
-        return (f"build HabanaAI/hccl_ofi_wrapper against libfabric ({LIBFABRIC_DIR}) and install it in "
-                f"{HCCL_OFI_WRAPPER_DIRS[0]}, or add its directory to the recipe's software.library_path")
     return f"add the directory that holds {library} on the nodes to the recipe's software.library_path"
 
 

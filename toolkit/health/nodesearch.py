@@ -1,5 +1,5 @@
 """`hpc cluster find-bad-nodes` from the login node: the search job, made like a collectives job of the queue
-(one rank per GPU, or HPU, of every node; the collectives recipe's software or --venv; the queue's EFA/NCCL
+(one rank per accelerator of every node; the collectives recipe's software or --venv; the queue's EFA/NCCL
 environment), submitted, followed round by round, and its answer read. The search itself (group testing with
 short all_reduce runs, 2 to 5 rounds where all pairs would take N(N-1)/2 runs) runs inside the job with only the
 nodes' python3: toolkit.node.nodesearch, whose docstring describes the rounds.
@@ -23,8 +23,6 @@ if TYPE_CHECKING:
     from toolkit.cluster.queues import Queue
 
 RECIPE = "collectives"  # the job whose software and environment the search's ranks run in
-# srun's device form per queue device (toolkit.job.spec.DEVICE_OF_ACCELERATOR) -> the collective's --device
-COLLECTIVE_DEVICE = {"gpu": "cuda", "hpu": "hpu", "cpu": "cpu"}
 
 
 def drain_commands(bad: dict[str, str]) -> list[list[str]]:
@@ -38,7 +36,7 @@ class SearchEnv:
     """What the search job is made of: each group step's shape on a node, the job's python, and the set-up lines
     (software activation, then the job's exports) its batch shell runs before the search."""
 
-    device: str  # the collective's --device: cuda, hpu or cpu
+    device: str  # the collective's --device: the accelerator family's torch device (Family.torch_device)
     ranks_per_node: int
     cpus_per_task: int  # 0: the whole node to its one rank (CPU queues)
     gpus_per_node: int
@@ -59,7 +57,8 @@ def search_env(queue: Queue, nodes: int, venv: str | None = None) -> SearchEnv:
     sees) instead of the recipe's software. CPU queues keep one rank per node holding all of its CPUs."""
     from toolkit.errors import UsageError
     from toolkit.slurm.render import environment_lines
-    from toolkit.job.spec import DEVICE_OF_ACCELERATOR, SoftwareEnv
+    from toolkit.accelerators import family
+    from toolkit.job.spec import SoftwareEnv
     from toolkit.slurm.materialize import build_job_spec
     from toolkit.slurm.render import slurm_part
     from toolkit.recipes.load import load_recipe
@@ -75,13 +74,13 @@ def search_env(queue: Queue, nodes: int, venv: str | None = None) -> SearchEnv:
                              "mounts")
     software = spec.software
     python = f"{software.venv}/bin/python" if software.venv else "python"  # modules / conda: first on PATH
-    device = DEVICE_OF_ACCELERATOR[queue.instance.accelerator]
-    if device == "cpu":  # one rank per node with every CPU: its threads share the node (no OMP limit)
+    accel = family(queue.instance)
+    if accel.device == "cpu":  # one rank per node with every CPU: its threads share the node (no OMP limit)
         spec = dataclasses.replace(spec, env=tuple(v for v in spec.env if v.name != "OMP_NUM_THREADS"))
         shape: tuple[int, int, int, tuple[str, ...]] = (1, 0, 0, ("--cpu-bind=none",))
     else:
         shape = (spec.tasks_per_node, spec.cpus_per_task, spec.gpus_per_node, slurm_part(spec).srun_binding)
-    return SearchEnv(COLLECTIVE_DEVICE[device], *shape, python=python, setup=tuple(environment_lines(spec)))
+    return SearchEnv(accel.torch_device, *shape, python=python, setup=tuple(environment_lines(spec)))
 
 
 def script_text(env: SearchEnv, run_dir: Path, options: Sequence[str]) -> str:

@@ -16,6 +16,7 @@ import dataclasses
 import os
 from typing import TYPE_CHECKING, Literal, Mapping
 
+from toolkit.accelerators import family
 from toolkit.catalog import InstanceType
 from toolkit.cluster.queues import Queue
 from toolkit.errors import HpcError
@@ -36,8 +37,6 @@ if TYPE_CHECKING:
 
 LauncherKind = str  # the recipe's launcher.kind: toolkit.launchers.KINDS
 LauncherStyle = Literal["script", "torchrun"]
-# The catalog's accelerator kind decides the device form of a job (GRES GPUs, devices, collective backend).
-DEVICE_OF_ACCELERATOR = {"nvidia": "gpu", "gaudi": "hpu", "none": "cpu"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -169,12 +168,12 @@ def queue_target(queue: Queue) -> Target:
 
 @dataclasses.dataclass(frozen=True)
 class Resources:
-    device: str  # gpu, hpu or cpu (DEVICE_OF_ACCELERATOR)
+    device: str  # the accelerator family's device form (toolkit.accelerators.base.Device)
     nodes: int
     tasks: int  # ranks per node
     cpus: int  # CPUs per rank
     threads: int | None  # threads per rank on CPU queues
-    gpus: int  # GPUs per node (HPUs are no GPUs to a scheduler: one rank per HPU instead)
+    gpus: int  # GPUs per node: Slurm GRES (Family.slurm_gres; other devices get one rank each instead)
     derived: tuple[Derived, ...]
 
     @property
@@ -185,16 +184,12 @@ class Resources:
 def resources(recipe: Recipe, target: Target, nodes: int | None) -> Resources:
     """Device, nodes (the recipe's resources.nodes when None), ranks and CPUs per node, checked against the target."""
     instance = target.instance
-    device = DEVICE_OF_ACCELERATOR.get(instance.accelerator)
-    if device is None:  # Neuron (Trainium): its own runtime and compiler (torch-neuronx), no job form here yet
-        where = instance.name if target.name == instance.name else f"queue {target.name} ({instance.name})"
-        raise HpcError(f"{where} has {instance.gpu_model} ({instance.accelerator}) "
-                       "accelerators: hpc makes no jobs for them (only GPU, Gaudi HPU and CPU jobs)",
-                       fix="choose a GPU, Gaudi or CPU queue (--cluster FILE --queue Q) or instance type")
+    accel = family(instance, instance.name if target.name == instance.name else f"queue {target.name} "
+                                                                                  f"({instance.name})")
+    device = accel.device
     if device not in recipe.resources.runs_on:
-        has = {"gpu": "GPUs", "hpu": "Gaudi HPUs", "cpu": "no GPUs"}[device]
         raise HpcError(f"recipe {recipe.name} runs on {' or '.join(recipe.resources.runs_on)} only; queue "
-                       f"{target.name} ({instance.name}) has {has}",
+                       f"{target.name} ({instance.name}) has {accel.has}",
                        fix="choose another queue with --cluster FILE --queue Q")
     nodes = nodes or recipe.resources.nodes
     if nodes > target.max_nodes:
@@ -202,7 +197,7 @@ def resources(recipe: Recipe, target: Target, nodes: int | None) -> Resources:
                        fix=f"use --nodes 1..{target.max_nodes} or a bigger queue")
     tasks, cpus = target.tasks_per_node, target.cpus_per_task
     return Resources(device, nodes, tasks, cpus, None if device != "cpu" else cpus,
-                     instance.gpus if device == "gpu" else 0, (
+                     instance.gpus if accel.slurm_gres else 0, (
         Derived("ranks per node", str(tasks), f"one per {device.upper()} ({instance.gpus} x {instance.gpu_model})"
                 if device != "cpu" else f"queue {target.name} declares {tasks} ranks per node (CPU queue)"),
         Derived("world size", str(nodes * tasks), f"{nodes} nodes x {tasks} ranks per node"),

@@ -21,6 +21,8 @@ import dataclasses
 import math
 from typing import Any
 
+from toolkit.accelerators import family
+from toolkit.accelerators.nvidia import NVIDIA
 from toolkit.catalog import InstanceType, instance
 from toolkit.errors import HpcError
 from toolkit.job.rank import Arg
@@ -28,7 +30,7 @@ from toolkit.job.rank import Arg
 # The only values a user must supply by hand: flagged by `hpc k8s validate` until they are replaced.
 FILL_IN = "<fill in: "
 INSTANCE_LABEL = "node.kubernetes.io/instance-type"
-GPU = "nvidia.com/gpu"
+GPU = NVIDIA.kubernetes_resource  # the GPUs' extended resource (and taint) a pod requests: Family.kubernetes_resource
 EFA = "vpc.amazonaws.com/efa"
 HUGEPAGES = "hugepages-2Mi"
 # libfabric's EFA provider allocates its bounce buffers from 2 MiB huge pages; a pod gets none unless it asks
@@ -94,10 +96,12 @@ def pod_cpus(it: InstanceType) -> int:
 
 
 def _check_input(recipe, it: InstanceType, profile: str | None) -> None:
-    if it.accelerator == "gaudi":
-        raise HpcError(f"{it.name} is a Gaudi instance: recipes have no Gaudi form yet",
+    accel = family(it)  # a family the registry refuses stops here, in its words
+    if not accel.kubernetes_form:
+        raise HpcError(f"{it.name} is a {accel.label} instance: recipes have no {accel.label} form on Kubernetes "
+                       "yet",
                        fix="choose an NVIDIA GPU instance (e.g. p4d.24xlarge, p5.48xlarge)")
-    if not it.is_gpu and "cpu" not in recipe.resources.runs_on:
+    if accel.device == "cpu" and "cpu" not in recipe.resources.runs_on:
         raise HpcError(f"recipe {recipe.name} runs on GPUs only; {it.name} has no GPUs",
                        fix="choose a GPU instance with --instance (e.g. p4d.24xlarge, p5.48xlarge)")
     if recipe.prepare:
@@ -111,13 +115,20 @@ def _dns_name(text: str) -> str:
     return text.replace("_", "-").lower()[:63].rstrip("-")
 
 
+def _device_resource(it: InstanceType) -> str:
+    resource = family(it).kubernetes_resource
+    if resource is None:  # a family without devices has no GPUs to request
+        raise HpcError(f"{it.name} has no devices a pod can request", fix="request no GPUs on it")
+    return resource
+
+
 def resources(it: InstanceType, gpus: int, efa: int) -> dict:
     """A node-sized pod: every GPU and EFA device, huge pages for EFA, CPU/memory less the daemons' share."""
     requests: dict[str, Any] = {"cpu": str(pod_cpus(it)),
                                 "memory": f"{math.floor(it.memory_gib * (1 - NODE_RESERVE))}Gi"}
     devices: dict[str, Any] = {}
     if gpus:
-        devices[GPU] = gpus
+        devices[_device_resource(it)] = gpus
     if efa:
         devices[EFA] = efa
         devices[HUGEPAGES] = EFA_HUGEPAGES
@@ -221,7 +232,7 @@ def _pod(spec, it: InstanceType, container: dict, claim: str | None, labels: dic
     container["volumeMounts"] = mounts
     pod: dict[str, Any] = {"nodeSelector": {INSTANCE_LABEL: it.name}}
     if gpus:
-        pod["tolerations"] = [{"key": GPU, "operator": "Exists", "effect": "NoSchedule"}]
+        pod["tolerations"] = [{"key": _device_resource(it), "operator": "Exists", "effect": "NoSchedule"}]
     pod["containers"] = [container]
     pod["volumes"] = volumes
     return {"metadata": {"labels": labels}, "spec": pod}

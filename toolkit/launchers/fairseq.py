@@ -68,15 +68,17 @@ class Fairseq(Launcher):
 
     def device_args(self, args: Mapping[str, Any], device: str, threads: int | None,
                     world: int) -> tuple[dict, list[Derived]]:
-        if device == "hpu":
-            raise HpcError("fairseq has no Habana HPU support", fix="run fairseq recipes on a GPU or CPU queue")
+        from toolkit.accelerators import of_device
+
+        accel = of_device(device)  # the queue's accelerator family: its collective backend, whether fairseq runs there
+        if not accel.runs_fairseq:
+            raise HpcError(f"fairseq has no {accel.label} support", fix="run fairseq recipes on a GPU or CPU queue")
         form = DeviceForm(args, device)
-        if device == "gpu":
-            form.put("--distributed-backend", "nccl", "NCCL between GPUs")
-        else:
+        if device == "cpu":
             form.drop(HALF_PRECISION, "no half precision on CPU")
             form.put("--cpu", True, "train on CPU")
-            form.put("--distributed-backend", "gloo", "gloo is the CPU collective backend")
+        form.put("--distributed-backend", accel.collective, accel.collective_why)
+        if device == "cpu":
             form.put("--ddp-backend", "legacy_ddp", "pytorch_ddp/c10d pass GPU device_ids and fail on CPU")
         form.put("--distributed-world-size", world, "world size = nodes x ranks per node")
         form.put("--distributed-no-spawn", True, "srun starts one process per rank; fairseq must not spawn more")

@@ -35,23 +35,21 @@ class Trainer(Launcher):
 
     def device_args(self, args: Mapping[str, Any], device: str, threads: int | None,
                     world: int) -> tuple[dict, list[Derived]]:
+        from toolkit.accelerators import of_device
+
+        accel = of_device(device)  # the queue's accelerator family: its torch device and collective backend
         form = DeviceForm(args, device)
         loader = args.get("--loader")
-        if loader in GPU_LOADERS and device != "gpu":  # said here, not by every rank at start (resnet_loaders)
+        if loader in GPU_LOADERS and accel.torch_device != "cuda":  # said here, not by every rank (resnet_loaders)
             raise HpcError(f"--loader {loader} decodes JPEGs on a CUDA GPU, which this queue does not have "
                            f"({form.why})",
                            fix="use --loader pil there (--set args.--loader=pil, or leave out --profile gpu-data), "
                                "or choose a GPU queue")
-        if device == "gpu":
-            form.put("--device", "cuda", "one GPU per rank (LOCAL_RANK)")
-            form.put("--backend", "nccl", "NCCL between GPUs")
-        elif device == "hpu":
-            form.put("--device", "hpu", "one HPU per rank (the Habana bridge takes module id = LOCAL_RANK)")
-            form.put("--backend", "hccl", "HCCL between HPUs (scale-out over EFA)")
-        else:
+        if device == "cpu":
             form.drop(("--amp",), "no mixed precision on CPU")
-            form.put("--device", "cpu", "no GPUs")
-            form.put("--backend", "gloo", "gloo is the CPU collective backend")
+        form.put("--device", accel.torch_device, accel.torch_device_why)
+        form.put("--backend", accel.collective, accel.collective_why)
+        if device == "cpu":
             form.put("--threads", threads, "torch threads = CPUs per task (oversubscription costs 2-3x)")
         return form.args, form.derived
 

@@ -23,6 +23,8 @@ import re
 from pathlib import Path
 from typing import Callable, Literal
 
+from toolkit.accelerators import family_or_none
+from toolkit.accelerators.base import CollectiveReference
 from toolkit.errors import HpcError, UsageError
 from toolkit.reports.transport import ANSI, nccl_transport
 
@@ -395,6 +397,54 @@ def summarize(test: NcclTest) -> dict:
     }
 
 
+def judge_reference(test: NcclTest, ref: CollectiveReference, ranks: int | None = None) -> Verdict:
+    """Against a family's published run (Family.collective_reference): PASS when the bus bandwidth at its message
+    size is nearer its expected-state figure; FAIL (with the fix) when nearer the failure-state figure or when
+    values are wrong; NO-VERDICT when the run is not the reference's shape."""
+    summary = summarize(test)
+    wrong, out_of_bounds = summary["wrong_values"] or 0, test.out_of_bounds or 0
+    if wrong or out_of_bounds:
+        return Verdict("FAIL", f"{wrong} wrong values, {out_of_bounds} sizes out of bounds: "
+                               "the collective returned corrupt data")
+    if test.name is None or test.name not in ref.figures_mbs:
+        return Verdict("NO-VERDICT", f"{ref.called} has figures for {', '.join(ref.figures_mbs)}; this test is "
+                                     f"{test.name or 'unnamed'}")
+    ranks = ranks or test.ranks
+    if ranks != ref.ranks:
+        return Verdict("NO-VERDICT", f"{ref.called} measured {ref.ranks} {ref.devices} ({ref.nodes} nodes); this run "
+                                     f"has {ranks or 'an unknown number of'} ranks (pass --nodes N if the log lacks "
+                                     "them)")
+    row = next((r for r in test.rows if r.size == ref.size_bytes), None)
+    failed, expected = ref.figures_mbs[test.name]
+    mib = ref.size_bytes // 2**20
+    mb = f"{mib} MB"
+    if row is None:
+        return Verdict("NO-VERDICT", f"no {ref.size_bytes} B ({mb}) row: run with -b <= {mib}M and -e >= {mib}M",
+                       expected / 1000, source=ref.source)
+    measured = max(m.busbw_gbs for m in row.measures()) * 1000
+    figures = (f"{measured:,.0f} MB/s at {mb} vs {ref.called}'s {expected:,} with {ref.expected}, {failed:,} "
+               "without")
+    if measured >= (failed + expected) / 2:
+        return Verdict("PASS", f"{figures}: {ref.expected} in effect", expected / 1000, measured / 1000, ref.source)
+    return Verdict("FAIL", f"{figures}: near the without-{ref.expected} figure, {ref.failure_means}; fix: {ref.fix}",
+                   expected / 1000, measured / 1000, ref.source)
+
+
+def verdict_for(test: NcclTest, instance_type: str | None, nodes: int | None,
+                transport: str | None = None) -> Verdict:
+    """The verdict of one collectives test: against the published run of the instance's accelerator family where it
+    has one (Family.collective_reference), else the catalog's NCCL floor (judge, over `transport` when the run's
+    queue says which)."""
+    from toolkit.catalog import instance
+
+    if instance_type is not None:
+        it = instance(instance_type)
+        accel = family_or_none(it)
+        if accel is not None and accel.collective_reference is not None:
+            return judge_reference(test, accel.collective_reference, nodes * it.gpus if nodes else None)
+    return judge(test, instance_type, nodes, transport)
+
+
 def judge(test: NcclTest, instance_type: str | None = None, nodes: int | None = None,
           transport: str | None = None) -> Verdict:
     """PASS / WARN / FAIL / NO-VERDICT of one test against the catalog floor.
@@ -478,8 +528,8 @@ def report(paths: list[str | Path], instance_type: str | None = None, nodes: int
     fails or any file cannot be read (listed under `errors`, the others are still reported), else WARN if any
     is under an estimated floor, else PASS if any passes, else NO-VERDICT. Returns the JSON-ready report and
     the parsed tests. When no file can be read at all, the (first) file's error is raised.
-    `verdict(test, instance_type, nodes, transport)`: judge() unless given (toolkit.reports.gaudi.verdict_for
-    judges Gaudi runs against the DL1 post)."""
+    `verdict(test, instance_type, nodes, transport)`: judge() unless given (verdict_for also judges a family's
+    runs against its published reference)."""
     from toolkit.catalog import instance
 
     if transport not in (None, "efa", "tcp"):

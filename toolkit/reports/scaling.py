@@ -19,7 +19,6 @@ from pathlib import Path
 
 from toolkit.errors import HpcError
 from toolkit.reports import nccl, training_logs, transport
-from toolkit.reports.gaudi import verdict_for
 from toolkit.reports.stragglers import DEFAULT_THRESHOLD, find_stragglers
 from toolkit.reports.transport import Network
 from toolkit.rundir import METADATA, TRAINER_LOG, Metadata, RunDir
@@ -116,7 +115,7 @@ def _summarize_logs(summary: RunSummary, texts: dict[Path, str], network: Networ
             # judged over the queue's transport, not the instance type's
             expected = None if efa is None else transport.EFA if efa else transport.TCP
             summary.nccl = [{**nccl.summarize(t), "verdict": dataclasses.asdict(
-                verdict_for(t, meta.instance_type, summary.nodes, expected))} for t in tests]
+                nccl.verdict_for(t, meta.instance_type, summary.nodes, expected))} for t in tests]
             return summary
     if any(training_logs.looks_like_fairseq(text) for text in texts.values()):
         fix = training_logs.FAIRSEQ_FIX

@@ -10,12 +10,12 @@ import re
 import sys
 from typing import Mapping
 
+from toolkit.accelerators import family
 from toolkit.catalog import instance
 from toolkit.cluster.queues import Queue
 from toolkit.errors import HpcError
-from toolkit.job.env import HCCL_OFI_WRAPPER
 from toolkit.job.scaling import Derived
-from toolkit.job.spec import DEVICE_OF_ACCELERATOR, JobSpec, job_spec, queue_target
+from toolkit.job.spec import JobSpec, job_spec, queue_target
 from toolkit.launchers import launcher_for
 from toolkit.job.staging import bundle_path
 from toolkit.recipes.schema import Recipe
@@ -42,7 +42,8 @@ def build_job_spec(recipe: Recipe, queue: Queue, nodes: int | None = None, *, pr
 
 def on_slurm(spec: JobSpec, queue: Queue, slurm_options: Mapping[str, str | None] = {}) -> JobSpec:
     """What only Slurm needs of a job: values safe in #SBATCH lines, --wait-all-nodes on queues that boot
-    nodes on demand, the HPU ranks' CPU binding, and the nodes' Python where the recipe names no software."""
+    nodes on demand, the ranks' CPU binding (their accelerator family's), and the nodes' Python where the recipe
+    names no software."""
     options = {name: value for name, value in slurm_options.items() if value is not None}
     # one Slurm task per rank, or one torchrun per node holding the CPUs of all its node's ranks
     tasks = 1 if spec.style == "torchrun" else spec.tasks_per_node
@@ -58,26 +59,10 @@ def on_slurm(spec: JobSpec, queue: Queue, slurm_options: Mapping[str, str | None
                        f"queue {queue.name} starts nodes on demand: run only once every node has booted"
                        if queue.has_dynamic_nodes
                        else f"queue {queue.name}'s nodes are all static (MinCount = MaxCount)")]
-    binding: tuple[str, ...] = ()
-    device = DEVICE_OF_ACCELERATOR[queue.instance.accelerator]
-    if device == "gpu":
-        # ParallelCluster's slurm.conf binds (TaskPlugin=task/affinity,task/cgroup) on nodes declared CPUs=N
-        # (aws-parallelcluster-cookbook cookbooks/aws-parallelcluster-slurm/templates/default/slurm/slurm.conf.erb):
-        # Slurm's automatic binding then hands each rank CPUs blind to its GPU's socket. Unbound, NCCL pins its
-        # threads near each rank's GPU itself; as AWS runs nccl-tests on ParallelCluster (aws-samples/
-        # awsome-distributed-training micro-benchmarks/nccl-tests/slurm/nccl-tests-container.sbatch) and as
-        # aws-ofi-nccl advises.
-        binding = ("--cpu-bind=none",)
-        derived.append(Derived("srun cpu binding", "--cpu-bind=none", "nodes declared CPUs=N give Slurm no GPU "
-                               "locality: GPU ranks stay unbound and NCCL pins its threads near each GPU"))
-    elif device == "hpu":
-        from toolkit.job.gaudi import srun_binding
-
-        holds_node = tasks * cpus >= queue.cpus_per_node
-        binding, why = srun_binding(queue.instance, tasks, queue.smt_off, holds_node)
-        derived += [Derived("srun cpu binding", " ".join(binding), why),
-                    Derived("--gpus-per-node", "not set", "HPUs are no Slurm GPUs (ParallelCluster declares no GRES "
-                                                          "for them): one rank per HPU via --ntasks-per-node")]
+    # the ranks' CPU binding is their accelerator family's (toolkit.accelerators)
+    holds_node = tasks * cpus >= queue.cpus_per_node
+    binding, notes = family(queue.instance).srun_binding(queue.instance, tasks, queue.smt_off, holds_node)
+    derived += [Derived(*note) for note in notes]
     software = spec.software
     if software.container:
         derived.append(Derived("container", software.container.image,
@@ -118,14 +103,9 @@ def loader_check_arguments(spec: JobSpec, fabric: str) -> list[str]:
     """What the job loads, as toolkit.node.loader_check's arguments (`fabric`: its queue's,
     toolkit.cluster.queues.Queue.fabric): the pre-flight's and `hpc cluster doctor --recipe`'s question."""
     args: list[str] = []
-    environ = spec.environ
     python = launcher_for(spec.launcher).python
     if not python:  # a binary: what it links
         args += ["--program", str(spec.command[0])]
-    if spec.gpus_per_node and python:
-        args.append("--torch-nccl")
-    if spec.gpus_per_node and "NCCL_NET" in environ:  # NCCL_NET names a plugin's network: without it NCCL stops
-        args.append("--nccl-net-plugin")
-    if instance(spec.instance_type).accelerator == "gaudi" and fabric != "none":  # HCCL scale-out over EFA
-        args += ["--library", HCCL_OFI_WRAPPER]
-    return args
+    # the collective library's own (Family.loader_checks: torch's NCCL and NCCL's net plugin, HCCL's OFI wrapper)
+    return args + family(instance(spec.instance_type)).loader_checks(
+        fabric=fabric, python_ranks=python, gpus_per_node=spec.gpus_per_node, environ=spec.environ)

@@ -18,7 +18,6 @@ from typing import Any
 from toolkit.target import target_for
 
 VERBOSE_HINT = "the full plan and its scripts: add --verbose (or --json)"
-DEVICE_UNITS = {"gpu": "GPUs", "hpu": "HPUs", "cpu": "CPUs"}
 # A variable whose name has one of these words (between underscores) holds a credential: its value is never shown.
 SECRET_WORDS = {"SECRET", "TOKEN", "PASSWORD", "PASSWD", "PASS", "CREDENTIAL", "CREDENTIALS", "KEY", "APIKEY",
                 "AUTH", "PRIVATE"}
@@ -65,10 +64,10 @@ def queue_source(request: Any, config: str | None) -> str:
 
 def summary(p: Any) -> dict[str, Any]:
     """A plan (toolkit.submit.plan.Plan) in the fields a person checks before a job starts."""
-    from toolkit.job.spec import DEVICE_OF_ACCELERATOR
+    from toolkit.accelerators import family
 
     spec, queue = p.spec, p.queue
-    device = DEVICE_OF_ACCELERATOR[queue.instance.accelerator]
+    device = family(queue.instance).device
     config, config_source = cluster_source(p.request)
     return {
         "job": spec.job_name, "nodes": spec.nodes, "spares": spec.spares, "device": device,
@@ -134,10 +133,12 @@ def readable_argv(argv: list[str]) -> str:
 
 def lines(s: dict[str, Any]) -> list[str]:
     """A summary (or sweep summary) as text: one line per fact, the environment one variable a line."""
+    from toolkit.accelerators import of_device
+
     torchrun = ", one torchrun per node starts them" if s["launcher_style"] == "torchrun" else ""
     cluster = s["cluster"]
     out = [f"{s['job']}: {s['nodes']} node{'s' * (s['nodes'] != 1)} x {s['devices_per_node']} "
-           f"{DEVICE_UNITS[s['device']]} ({s['instance_type']}), {s['ranks']} ranks ({s['ranks_per_node']} per "
+           f"{of_device(s['device']).units} ({s['instance_type']}), {s['ranks']} ranks ({s['ranks_per_node']} per "
            f"node{torchrun})" + (f"; {s['spares']} spare node(s) to restart on" if s.get("spares") else ""),
            f"queue:       {s['queue']['name']}, {s['queue']['source']}",
            f"cluster:     {cluster['config'] + ', from ' if cluster['config'] else ''}{cluster['source']}; "
