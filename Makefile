@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 PIP := $(BIN)/pip --disable-pip-version-check -q
 
-.PHONY: bench-deps venv train-env slurm-up slurm-lanes container-lane slurm-down lint test canaries demo bench jobs k8s-jobs cluster-configs clean
+.PHONY: bench-deps venv train-env slurm-up slurm-lanes container-lane slurm-down lint test canaries demo bench jobs k8s-jobs recipe-schema cluster-configs clean
 
 # The torch pins are repeated on every install line that may pull torch, so that no dependency can swap it.
 TORCH_PINS := torch==2.14.1 torchvision==0.29.1
@@ -131,6 +131,11 @@ k8s-jobs: venv
 	    --api v1 -o jobs/k8s/$$name-$${nodes}x$${itype%%.*}.yaml --force || exit 1; \
 	  $(BIN)/python -m toolkit k8s render $$name --nodes $$nodes --instance $$itype --fsx-storage-class fsx-lustre \
 	    -o jobs/k8s/trainer-v2/$$name-$${nodes}x$${itype%%.*}.yaml --force || exit 1; done
+
+# The recipes' JSON Schema for editors, generated from toolkit/recipes/schema.py (tests/test_recipe_schema.py
+# checks the shipped file matches; recipes/recipe.schema.json links to it).
+recipe-schema: venv
+	$(BIN)/python -m toolkit recipes schema -o toolkit/recipes/recipe.schema.json --force
 
 # Rewrite cluster-configs/*.yaml with the command recorded in each file's header.
 cluster-configs: venv

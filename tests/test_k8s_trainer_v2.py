@@ -7,6 +7,7 @@ we read in its source (kubeflow/trainer v2.3.0), including the CEL rules the off
 
 from __future__ import annotations
 
+import copy
 import itertools
 import json
 import re
@@ -155,9 +156,12 @@ def test_nccl_tests_run_on_their_own_mpi_runtime():
     docs = render(load_recipe("nccl-tests"), "p4d.24xlarge", 2, image="img:1", api=TRAINER_V2).documents
     runtime, job = docs[-2:]
     policy = runtime["spec"]["mlPolicy"]
-    assert policy == {"numNodes": 2, "mpi": {"numProcPerNode": 8, "mpiImplementation": "OpenMPI",
+    # one launcher (the trainer-ancestor job gets mlPolicy.numNodes pods); the TrainJob sizes the node job
+    assert policy == {"numNodes": 1, "mpi": {"numProcPerNode": 8, "mpiImplementation": "OpenMPI",
                                              "sshAuthMountPath": "/root/.ssh"}}
-    launcher, node = runtime["spec"]["template"]["spec"]["replicatedJobs"]
+    assert job["spec"]["trainer"]["numNodes"] == 2
+    node, launcher = runtime["spec"]["template"]["spec"]["replicatedJobs"]  # as upstream: the launcher after node
+    assert node["name"] == "node" and "dependsOn" not in node
     assert launcher["template"]["metadata"]["labels"] == {"trainer.kubeflow.org/trainjob-ancestor-step": "trainer"}
     assert launcher["dependsOn"] == [{"name": "node", "status": "Ready"}]
     v1 = render(load_recipe("nccl-tests"), "p4d.24xlarge", 2, image="img:1").documents[-1]["spec"]["runPolicy"]
@@ -167,6 +171,41 @@ def test_nccl_tests_run_on_their_own_mpi_runtime():
     container = node["template"]["spec"]["template"]["spec"]["containers"][0]
     assert container["image"] == "img:1" and container["resources"] == resources(instance("p4d.24xlarge"), 8, 4)
     assert job["spec"]["trainer"]["command"] == ["mpirun"] and "-np" in job["spec"]["trainer"]["args"]
+
+
+def _runtime_errors(text: str) -> list[tuple[str, str]]:
+    report = validate_text(text)
+    return [(f["path"].split(": ", 1)[1], f["message"]) for f in report["findings"] if f["level"] == "error"]
+
+
+@pytest.mark.parametrize("nodes", [2, 4])
+def test_an_mpi_runtime_that_jobset_or_the_trainer_would_get_wrong_is_invalid(nodes):
+    """The form rendered before issue 31 (launcher listed first with dependsOn, mlPolicy.numNodes = the node count)
+    fails validation on both counts; the render passes. Rules: kubernetes-sigs/jobset v0.12.0
+    pkg/webhooks/jobset_webhook.go (DependsOn), kubeflow/trainer v2.3.0 pkg/runtime/core/trainingruntime.go and
+    pkg/runtime/framework/plugins/mpi/mpi.go (the launcher count)."""
+    import yaml
+
+    docs = render(load_recipe("nccl-tests"), "p4d.24xlarge", nodes, image="img:1", api=TRAINER_V2).documents
+    assert _runtime_errors(yaml.safe_dump_all(docs)) == []
+    runtime = docs[-2]
+    old = copy.deepcopy(runtime)
+    old["spec"]["mlPolicy"]["numNodes"] = nodes
+    old["spec"]["template"]["spec"]["replicatedJobs"].reverse()
+    errors = _runtime_errors(yaml.safe_dump_all([*docs[:-2], old, docs[-1]]))
+    assert [path for path, _ in errors] == ["spec.template.spec.replicatedJobs[0].dependsOn", "spec.mlPolicy.numNodes"]
+    assert "DependsOn can't be set for the first ReplicatedJob" in errors[0][1]
+    assert f"{nodes}: on an MPI runtime this is the number of launcher pods" in errors[1][1]
+    # a dependsOn naming a job listed after it (or none at all) is refused too; numNodes left out means 1
+    later = copy.deepcopy(runtime)
+    jobs = later["spec"]["template"]["spec"]["replicatedJobs"]
+    jobs.insert(0, {"name": "prep", "template": copy.deepcopy(jobs[0]["template"])})
+    jobs[1]["dependsOn"] = [{"name": "launcher", "status": "Ready"}]
+    del later["spec"]["mlPolicy"]["numNodes"]
+    assert _runtime_errors(yaml.safe_dump_all([later])) == [
+        ("spec.template.spec.replicatedJobs[1].dependsOn[0].name",
+         "replicatedJob: node cannot depend on replicatedJob: launcher (JobSet's admission: only on one listed "
+         "before it)")]
 
 
 def test_the_cli_renders_trainer_v2_by_default_and_v1_on_request():

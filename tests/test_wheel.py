@@ -49,6 +49,10 @@ def test_the_wheel_holds_the_product_and_its_recipes_but_no_test_bench(installed
     # the operators' CRDs that `hpc k8s validate` checks custom resources against
     assert {"toolkit/k8s/crds/kubeflow.org_pytorchjobs.yaml", "toolkit/k8s/crds/kubeflow.org_mpijobs.yaml",
             "toolkit/k8s/crds/SOURCES.md"} <= set(names)
+    # the recipes' JSON Schema for editors, also beside the built-in recipes their modeline names (a link in the
+    # checkout, a copy in the wheel)
+    wheel = zipfile.ZipFile(installed["wheel"])
+    assert wheel.read("toolkit/builtin_recipes/recipe.schema.json") == wheel.read("toolkit/recipes/recipe.schema.json")
     res = run(installed, sys.executable, "-c", "import toolkit.sandbox")
     assert res.returncode == 1 and "No module named 'toolkit.sandbox'" in res.stderr, res.stderr
     res = run(installed, sys.executable, "-c", "import testbench")

@@ -100,6 +100,27 @@ def validate(file: Path = typer.Argument(..., help="Recipe file."), as_json: boo
 
 
 @app.command()
+def schema(output: Optional[str] = typer.Option(None, "--output", "-o", metavar="FILE|DIR|-",
+                                               help="Write the schema here (a directory: recipe.schema.json in it; "
+                                                    "default and -: stdout)."),
+           force: bool = o.FORCE, as_json: bool = JSON_OPTION) -> None:
+    """Print the JSON Schema of recipe files, for editors (`# yaml-language-server: $schema=FILE` in a recipe)."""
+    import json
+
+    from toolkit.recipes.schema import SCHEMA_FILE, recipe_json_schema_text
+
+    text = recipe_json_schema_text()
+    path = output_target(output, SCHEMA_FILE.name)
+    if path is not None:
+        write_output(path, text, force)
+        info(f"wrote {path} (a recipe's first line: # yaml-language-server: $schema={path.absolute()})")
+    if as_json:
+        emit({"schema": json.loads(text), "output": str(path) if path else None}, True)
+    elif path is None:
+        typer.echo(text, nl=False)
+
+
+@app.command()
 def new(name: str = typer.Argument(..., help="Recipe name ([a-z0-9_-]); the file is recipes/NAME.yaml."),
         script: Optional[str] = typer.Option(None, "--script", metavar="FILE.py", help="Your script."),
         module: Optional[str] = typer.Option(None, "--module", metavar="PKG.MODULE", help="Or your module."),
@@ -125,7 +146,7 @@ def new(name: str = typer.Argument(..., help="Recipe name ([a-z0-9_-]); the file
 
     from toolkit.errors import UsageError
     from toolkit.recipes.load import apply_overlays, load_recipe
-    from toolkit.recipes.schema import NAME_PATTERN
+    from toolkit.recipes.schema import NAME_PATTERN, SCHEMA_FILE
     from toolkit.recipes.user import parse_env, recipe_name, user_recipe
 
     job = JobOptions(overrides, sweeps, profile, time, env, venv, account, qos, reservation, dependency)
@@ -153,7 +174,11 @@ def new(name: str = typer.Argument(..., help="Recipe name ([a-z0-9_-]); the file
     if output is None:  # the default, recipes/NAME.yaml here: the directory is made as needed
         Path("recipes").mkdir(exist_ok=True)
     path = output_target(output if output is not None else "recipes/", f"{name}.yaml")
-    text = (f"# Written by `hpc recipes new {name}`: edit freely, check with `hpc recipes validate "
+    # The editor's schema is the installed hpc's own file, by absolute path: it is the schema of the loader that
+    # will read this recipe and follows it through upgrades, where a copy (`hpc recipes schema -o`) would go
+    # stale. On a machine without this installation the editor finds no schema and simply does not check.
+    text = (f"# yaml-language-server: $schema={SCHEMA_FILE}\n"
+            f"# Written by `hpc recipes new {name}`: edit freely, check with `hpc recipes validate "
             f"{path or name + '.yaml'}`.\n" + yaml.safe_dump(data, sort_keys=False))
     if path is not None:
         write_output(path, text, force)

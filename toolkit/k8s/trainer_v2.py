@@ -81,8 +81,17 @@ def _mpi_parts(mpi_job: dict) -> tuple[dict, dict, dict]:
 
 def mpi_runtime(mpi_job: dict) -> dict:
     """A TrainingRuntime for an MPI binary: the MPIJob's worker pods (an sshd per node, all GPUs and EFA devices)
-    and a launcher pod that runs mpirun once every node pod is ready; shaped as Trainer's deepspeed-distributed
-    runtime (v2.3.0 manifests/base/runtimes/deepspeed_distributed.yaml), with the image's root sshd."""
+    and one launcher pod that runs mpirun once every node pod is ready; shaped as Trainer's deepspeed-distributed
+    runtime (kubeflow/trainer v2.3.0 manifests/base/runtimes/deepspeed_distributed.yaml: `node` listed first, then
+    `launcher` depending on it), with the image's root sshd and a launcher pod of its own (no runLauncherAsNode).
+
+    The order: JobSet's admission refuses dependsOn on the first replicated job and a dependsOn naming a later one
+    (kubernetes-sigs/jobset v0.12.0, the release Trainer v2.3.0 builds on, pkg/webhooks/jobset_webhook.go).
+    The counts: the Trainer gives the replicated job labelled trainer-ancestor (the launcher) mlPolicy.numNodes
+    pods (kubeflow/trainer v2.3.0 pkg/runtime/core/trainingruntime.go newRuntimeInfo; the jobset plugin's
+    SyncParallelCount makes it the Job's parallelism), and the `node` job the TrainJob's trainer.numNodes
+    (pkg/runtime/framework/plugins/mpi/mpi.go EnforceMLPolicy): so numNodes is 1 here, the node count is the
+    TrainJob's. toolkit.k8s.validate checks both rules."""
     spec, launcher, worker = _mpi_parts(mpi_job)
     node = copy.deepcopy(worker["template"]["spec"])
     node["containers"][0]["name"] = NODE
@@ -94,19 +103,19 @@ def mpi_runtime(mpi_job: dict) -> dict:
     return {
         "apiVersion": API_VERSION, "kind": "TrainingRuntime", "metadata": metadata,
         "spec": {
-            "mlPolicy": {"numNodes": worker["replicas"], "mpi": {
+            "mlPolicy": {"numNodes": 1, "mpi": {  # one launcher pod (see above), one mpirun
                 "numProcPerNode": spec["slotsPerWorker"], "mpiImplementation": spec["mpiImplementation"],
                 "sshAuthMountPath": "/root/.ssh"}},
             "template": {"spec": {
                 "network": {"publishNotReadyAddresses": True},
                 "successPolicy": {"operator": "All", "targetReplicatedJobs": [LAUNCHER]},
                 "replicatedJobs": [
+                    {"name": NODE, "template": {"spec": {"template": {"spec": node}}}},
                     {"name": LAUNCHER, "dependsOn": [{"name": NODE, "status": "Ready"}],
                      "template": {"metadata": {"labels": {ANCESTOR_LABEL: "trainer"}},
                                   "spec": {**launcher_limits, "template": {"spec": {
                                       "containers": [{"name": NODE, "image": launcher["image"],
                                                       "resources": launcher["resources"]}]}}}}},
-                    {"name": NODE, "template": {"spec": {"template": {"spec": node}}}},
                 ]}},
         },
     }

@@ -8,7 +8,8 @@ field's path and the fix:
     core kinds (PersistentVolumeClaim, StorageClass, ...) against the Kubernetes OpenAPI schemas
     (toolkit.k8s.coreschema); both strict, as kubectl's --validate=strict;
   - the jobs' pod templates against the core PodTemplateSpec schema (strict) and the core API's pod validation,
-    and each job against its operator's admission rules (toolkit.k8s.admission);
+    and each job against its operator's admission rules (toolkit.k8s.admission); a Trainer v2 runtime's template
+    against JobSet's admission and the MPI plugin's launcher count (runtime_violations);
   - the toolkit's checks: GPUs and EFA devices against the instance type's catalog facts, processes per node and
     slots against the GPUs, workers against the nodes the job was made for, the MPI launcher's start, claims that
     are not ReadWriteMany, values left to fill in.
@@ -20,7 +21,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from toolkit.cluster.findings import Finding, has_errors
-from toolkit.k8s.violations import key_path
+from toolkit.k8s.violations import Violation, key_path
 
 _LEVEL_ORDER = {"error": 0, "warning": 1, "info": 2}
 POD_TEMPLATE = "io.k8s.api.core.v1.PodTemplateSpec"
@@ -71,7 +72,7 @@ def _schema_findings(doc: dict, where: str) -> list[Finding]:
             if isinstance(template, dict):
                 core = coreschema.definition_violations(POD_TEMPLATE, template, parts + ("template",))
                 findings += _findings(core, where, "schema")
-        return findings + _findings(operator_violations(doc), where, "admission")
+        return findings + _findings([*operator_violations(doc), *runtime_violations(doc)], where, "admission")
     schema = coreschema.kind_schema(kind, api_version)
     if schema is None:
         versions = coreschema.api_versions(kind)
@@ -84,6 +85,54 @@ def _schema_findings(doc: dict, where: str) -> list[Finding]:
                         "fix the kind's spelling, or validate it with the tools of the operator that defines it",
                         source="schema")]
     return _findings(coreschema.schema_violations(coreschema.validator(schema), doc), where, "schema")
+
+
+def runtime_violations(doc: dict) -> Iterator[Violation]:
+    """What becomes of a (Cluster)TrainingRuntime's template when a TrainJob runs on it: the JobSet the Trainer
+    makes of it must pass JobSet's admission, and an MPI runtime must start one launcher. Neither is checked when
+    the runtime is created (kubeflow/trainer v2.3.0 pkg/webhooks/trainingruntime_webhook.go checks only the
+    ancestor jobs' replicas and containers): the TrainJob's JobSet is refused, or runs, later."""
+    from toolkit.k8s.trainer_v2 import ANCESTOR_LABEL, LAUNCHER
+
+    if doc.get("kind") not in ("TrainingRuntime", "ClusterTrainingRuntime"):
+        return
+    spec = found if isinstance(found := doc.get("spec"), dict) else {}
+    template = (spec.get("template") or {}).get("spec") or {}
+    jobs = [job for job in template.get("replicatedJobs") or [] if isinstance(job, dict)]
+    base: tuple = ("spec", "template", "spec", "replicatedJobs")
+    # kubernetes-sigs/jobset v0.12.0 (Trainer v2.3.0's go.mod) pkg/webhooks/jobset_webhook.go validateCreate: the
+    # first replicated job has no dependsOn, and each dependsOn names one listed before (a job naming itself
+    # passes the webhook but never starts: refused here too)
+    earlier: list[str] = []
+    for j, job in enumerate(jobs):
+        for d, needs in enumerate(job.get("dependsOn") or []):
+            needed = needs.get("name") if isinstance(needs, dict) else None
+            if j == 0:
+                yield Violation((*base, 0, "dependsOn"), "DependsOn can't be set for the first ReplicatedJob: "
+                                "JobSet's admission refuses the JobSet every TrainJob on this runtime makes",
+                                fix=f"list {needed or 'the job it depends on'} before {job.get('name')}")
+                break
+            if needed not in earlier:
+                yield Violation((*base, j, "dependsOn", d, "name"), f"replicatedJob: {job.get('name')} cannot "
+                                f"depend on replicatedJob: {needed} (JobSet's admission: only on one listed before "
+                                "it)", fix=f"list {needed} before {job.get('name')}")
+        earlier.append(str(job.get("name")))
+    # The MPI launcher count: the trainer-ancestor job gets mlPolicy.numNodes pods (kubeflow/trainer v2.3.0
+    # pkg/runtime/core/trainingruntime.go newRuntimeInfo; the jobset plugin's SyncParallelCount), while the MPI
+    # plugin sizes `node` from the TrainJob (pkg/runtime/framework/plugins/mpi/mpi.go EnforceMLPolicy): N launcher
+    # pods would each run mpirun over the same nodes. Upstream's MPI runtimes set 1
+    # (manifests/base/runtimes/deepspeed_distributed.yaml, mlx_distributed.yaml).
+    policy = spec.get("mlPolicy") or {}
+    def labels(job: dict) -> dict:
+        return ((job.get("template") or {}).get("metadata") or {}).get("labels") or {}
+
+    launchers = [job for job in jobs if job.get("name") == LAUNCHER and labels(job).get(ANCESTOR_LABEL) == "trainer"]
+    count = policy.get("numNodes", 1)
+    if policy.get("mpi") is not None and launchers and count != 1:
+        yield Violation(("spec", "mlPolicy", "numNodes"), f"{count}: on an MPI runtime this is the number of "
+                        f"launcher pods (the trainer-ancestor job {LAUNCHER!r}), each running mpirun over the same "
+                        "nodes", fix="set mlPolicy.numNodes: 1; the TrainJob's spec.trainer.numNodes sets the "
+                        "nodes (the MPI plugin sizes the `node` job from it)")
 
 
 def _count(value: Any) -> int | None:

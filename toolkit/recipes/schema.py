@@ -17,6 +17,8 @@ Conventions:
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from pydantic import (AfterValidator, BaseModel, ConfigDict, Field, PositiveInt, PrivateAttr, field_validator,
@@ -65,7 +67,9 @@ SafeStr = Annotated[str, Field(min_length=1), AfterValidator(_no_nul)]
 
 
 class StrictModel(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # strict: no coercion ("2" is not a node count, "yes" not a boolean), so every fault the JSON Schema of
+    # recipe_json_schema() shows in an editor is one the loader refuses too (tests/test_recipe_schema.py).
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
 
 class Launcher(StrictModel):
@@ -286,7 +290,8 @@ class DeepSpeed(StrictModel):
 
     global_batch: PositiveInt
     micro_batch: PositiveInt
-    zero_stage: Literal[0, 1, 2, 3] = 2
+    # ZeRO stages 0-3; a range, not Literal[0, 1, 2, 3]: a Literal takes `true` as 1 (True == 1), strict or not
+    zero_stage: Annotated[int, Field(ge=0, le=3)] = 2
     # DeepSpeed's activation_checkpointing section, and the script's own switch that turns checkpointing on
     activation_checkpointing: bool = False
     checkpointing_arg: Flag = "--checkpoint_activations"
@@ -356,6 +361,47 @@ class Recipe(StrictModel):
             if rule.per_rank_arg and rule.per_rank_arg not in self.args:
                 raise ValueError(f"scaling.{flag}.per_rank_arg {rule.per_rank_arg} is not in args")
         return self
+
+
+# The JSON Schema of recipe files, generated from Recipe and shipped beside this module (package data) for editors.
+SCHEMA_FILE = Path(__file__).with_name("recipe.schema.json")
+REGENERATE = "make recipe-schema (or: hpc recipes schema -o toolkit/recipes/recipe.schema.json --force)"
+
+
+def recipe_json_schema() -> dict[str, Any]:
+    """The JSON Schema (draft 2020-12, pydantic's dialect) of a recipe file, made from Recipe itself, for editors
+    (yaml-language-server's `# yaml-language-server: $schema=...` modeline). It is looser than the loader where
+    JSON Schema cannot say a rule (the model validators: fields that go with a launcher kind, scaling rules that
+    need args); it is never stricter."""
+    schema = Recipe.model_json_schema()
+    _close_pattern_maps(schema)
+    # A profile is a partial recipe merged over the recipe (toolkit.recipes.load): its values may be null (remove),
+    # so only its keys are checked here; `hpc recipes validate` checks each profile applied.
+    overlay_keys = sorted(set(Recipe.model_fields) - {"name", "profiles"})
+    profile = schema["properties"]["profiles"]["patternProperties"][NAME_PATTERN]
+    profile["propertyNames"] = {"enum": overlay_keys}
+    return {"$comment": f"Generated from toolkit/recipes/schema.py; do not edit. Regenerate: {REGENERATE}",
+            "title": "hpc recipe",
+            "description": "A training recipe for hpc (recipes/*.yaml): what to run, with what resources, in which "
+                           "software environment, on which data. Check a file with `hpc recipes validate FILE`.",
+            **{k: v for k, v in schema.items() if k != "title"}}
+
+
+def _close_pattern_maps(node: Any) -> None:
+    """A mapping keyed by a pattern (args' flags, env names, profile names) allows no other key, as the loader."""
+    if isinstance(node, dict):
+        if "patternProperties" in node and "additionalProperties" not in node:
+            node["additionalProperties"] = False
+        for value in node.values():
+            _close_pattern_maps(value)
+    elif isinstance(node, list):
+        for value in node:
+            _close_pattern_maps(value)
+
+
+def recipe_json_schema_text() -> str:
+    """The schema as the shipped file holds it (tests/test_recipe_schema.py keeps the file in sync)."""
+    return json.dumps(recipe_json_schema(), indent=2) + "\n"
 
 
 def flag_words(flag: str, value: Any) -> list[str]:
