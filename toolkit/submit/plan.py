@@ -166,8 +166,11 @@ def plan(request: SubmitRequest, run_dir: Path | None = None, *, task_of: Plan |
     recipe, queue, spec, run_dir, notes = plan_job(request, run_dir, task_of.queue if task_of else None)
     if task_of is None:
         executor, note = executors.choose_executor(request.executor, mpi=bool(spec.mpi), spares=spec.spares,
-                                                   node_python=executors.node_python(spec))
+                                                   node_python=executors.node_python(spec),
+                                                   cluster_given=queue.from_config)
         notes = [note, *notes] if note else notes
+        if off := executors.planned_without_slurm(executor):  # said once: a sweep's tasks share their notes
+            notes.append(off)
     else:
         executor, notes = task_of.executor, list(task_of.notes)
     warnings = list(spec.warnings)
