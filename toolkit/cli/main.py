@@ -7,6 +7,7 @@ Exit codes: 0 success (a no-op included), 1 a problem found in a file or a faile
 
 from __future__ import annotations
 
+import shlex
 import sys
 
 import typer
@@ -49,23 +50,34 @@ def _named_values(command):
     return command
 
 
-command = _named_values(typer.main.get_command(app))
 _debug = False
+_argv: list[str] = []  # the running command's argv (main sets it): --version reads its --json there
 
 
 def _version(value: bool) -> None:
+    """`hpc --version [--json]`: eager, so it answers before Click asks for a command."""
     if value:
-        print(f"hpc {__version__}")
+        output.emit({"version": __version__}, "--json" in _own_words(_argv), f"hpc {__version__}")
         raise typer.Exit()
 
 
 @app.callback()
 def _root(
-    debug: bool = typer.Option(False, "--debug", help="Show a traceback on errors."),
+    debug: bool = typer.Option(False, "--debug", help="Show a traceback on errors: hpc --debug COMMAND ..."),
     version: bool = typer.Option(False, "--version", callback=_version, is_eager=True, help="Print the version."),
+    as_json: bool = typer.Option(False, "--json", help="With --version: print it as one JSON envelope."),
 ) -> None:
+    from toolkit.errors import UsageError
+
     global _debug
     _debug = debug
+    if as_json:  # a command's own --json follows it; here it is only --version's
+        raise UsageError("--json goes after the command (e.g. hpc recipes list --json), or with --version",
+                         fix="move --json after the command's name")
+
+
+# built once every root option is declared (the callback above): `hpc --debug` and `--version` exist only so
+command = _named_values(typer.main.get_command(app))
 
 
 def _own_words(argv: list[str]) -> list[str]:
@@ -155,9 +167,10 @@ def main(argv: list[str] | None = None) -> None:
     """Run `hpc ARGV` (default: this process's command line) and exit with its code (tests call it in-process)."""
     from toolkit.errors import HpcError
 
-    global _debug
+    global _debug, _argv
     _debug = False  # the root callback sets it; a usage error can come before it runs
     argv = sys.argv[1:] if argv is None else list(argv)
+    _argv = argv
     output.begin()
     try:
         code = command.main(args=argv, prog_name="hpc", standalone_mode=False)
@@ -181,5 +194,7 @@ def main(argv: list[str] | None = None) -> None:
     except Exception as exc:  # an unexpected fault: one line, the traceback only with --debug
         if _debug:
             raise
-        _end(argv, 1, f"internal error: {type(exc).__name__}: {exc}", "re-run with --debug and report the traceback")
+        again = shlex.join([output.hpc_program(), "--debug", *argv])  # a root option: before the command
+        _end(argv, 1, f"internal error: {type(exc).__name__}: {exc}",
+             f"re-run as `{again}` and report the traceback")
     _end(argv, code if isinstance(code, int) else 0)
