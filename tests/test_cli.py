@@ -15,7 +15,7 @@ def test_unknown_command_is_a_usage_error():
 
 def test_an_error_under_json_is_the_failure_envelope_on_stdout_too():
     res = run_hpc("recipes", "validate", "no-such-recipe", "--json")
-    assert res.returncode == 1 and "error: no recipe named 'no-such-recipe'" in res.stderr
+    assert res.returncode == 2 and "error: no recipe named 'no-such-recipe'" in res.stderr  # a usage error
     doc = cli_envelope(res)
     assert (doc["ok"], doc["command"], doc["data"]) == (False, "recipes validate", None)
     assert doc["error"]["message"] == "no recipe named 'no-such-recipe'" and doc["error"]["fix"]

@@ -7,6 +7,7 @@ Exit codes: 0 success (a no-op included), 1 a problem found in a file or a faile
 
 from __future__ import annotations
 
+import difflib
 import shlex
 import sys
 
@@ -150,6 +151,47 @@ def _bad_value(exc, argv: list[str]) -> tuple[str, str] | None:
     return None
 
 
+def _script_args_habit(exc, argv: list[str]) -> tuple[str, str] | None:
+    """An unknown option given to a command that passes arguments on to the user's script (`hpc run`, `hpc
+    recipes new`): torchrun's habit, `hpc run train.py --nodes 2 --epochs 5`. The fix is the command with the
+    unknown options, and the words after them that are not hpc's, moved after `--`."""
+    ctx = getattr(exc, "ctx", None)
+    if ctx is None or type(exc).__name__ != "NoSuchOption":
+        return None
+    if not any(p.param_type_name == "argument" and p.nargs == -1 for p in ctx.command.params):
+        return None
+    own = _own_words(argv)
+    node, end = command, 0
+    for i, word in enumerate(own):  # the command's path (hpc's own options before it stay where they are)
+        if word.startswith("-"):
+            continue
+        sub = getattr(node, "commands", {}).get(word)
+        if sub is None:
+            break
+        node, end = sub, i + 1
+    options = {name: p for p in ctx.command.params if p.param_type_name == "option"
+               for name in (*p.opts, *p.secondary_opts)}
+    kept, moved, rest, i = list[str](), list[str](), own[end:], 0
+    while i < len(rest):
+        word = rest[i]
+        param = options.get(word.split("=", 1)[0]) or (options.get(word[:2]) if not word.startswith("--") else None)
+        if word.startswith("-") and param is not None:
+            joined = "=" in word or word[:2] != word.split("=", 1)[0] and not word.startswith("--")
+            take = 1 if param.is_flag or param.count or joined else 1 + param.nargs
+            kept += rest[i:i + take]
+            i += take
+            continue
+        (moved if moved or word.startswith("-") else kept).append(word)
+        i += 1
+    fixed = shlex.join([output.hpc_program(), *own[:end], *kept, "--", *moved, *argv[len(own) + 1:]])
+    # hpc's own option it may be a typo of: Click's guesses compare the dashes too (--epochs -> --qos)
+    meant = [f"--{m}" for m in difflib.get_close_matches(exc.option_name.lstrip("-"),
+                                                         [n.lstrip("-") for n in options if n.startswith("--")],
+                                                         cutoff=0.75)]
+    return (f"{exc.option_name} is not an option of `{ctx.command_path}`: arguments for your script go after `--`",
+            fixed + (f" (or did you mean {' or '.join(meant)}?)" if meant else ""))
+
+
 def _end(argv: list[str], code: int, message: str | None = None, fix: str | None = None) -> None:
     """Say the error (stderr), write the envelope (--json), exit with `code`."""
     if message is not None:
@@ -180,7 +222,7 @@ def main(argv: list[str] | None = None) -> None:
         if type(exc).__name__ == "NoArgsIsHelpError" and callable(show := getattr(exc, "show", None)):
             show()
             _end(argv, exc.exit_code)
-        message, fix = _missing_options(exc, argv) or _bad_value(exc, argv) or (
+        message, fix = _missing_options(exc, argv) or _bad_value(exc, argv) or _script_args_habit(exc, argv) or (
             exc.format_message(), f"see `{ctx.command_path if ctx else 'hpc'} --help`")
         _end(argv, exc.exit_code, message, fix)
     except typer.Abort:
