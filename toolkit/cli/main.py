@@ -77,7 +77,7 @@ def _root(
                          fix="move --json after the command's name")
 
 
-# built once every root option is declared (the callback above): `hpc --debug` and `--version` exist only so
+# built after the root callback: a command built before it has no --debug and no --version
 command = _named_values(typer.main.get_command(app))
 
 
@@ -174,10 +174,10 @@ def _script_args_habit(exc, argv: list[str]) -> tuple[str, str] | None:
     kept, moved, rest, i = list[str](), list[str](), own[end:], 0
     while i < len(rest):
         word = rest[i]
-        param = options.get(word.split("=", 1)[0]) or (options.get(word[:2]) if not word.startswith("--") else None)
+        attached = "=" in word or (not word.startswith("--") and len(word) > 2)  # --nodes=2, -N2: one word
+        param = options.get(word.split("=", 1)[0]) or (options.get(word[:2]) if attached else None)
         if word.startswith("-") and param is not None:
-            joined = "=" in word or word[:2] != word.split("=", 1)[0] and not word.startswith("--")
-            take = 1 if param.is_flag or param.count or joined else 1 + param.nargs
+            take = 1 if param.is_flag or param.count or attached else 1 + param.nargs
             kept += rest[i:i + take]
             i += take
             continue
