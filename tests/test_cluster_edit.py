@@ -170,7 +170,7 @@ def test_json_output_of_a_real_edit(tmp_path):
     (["set", "{f}", "train", "--compute-resource", "p4d", "--instance", "m5.8xlarge"], 1, "does not support EFA"),
     (["set", "{f}", "cpu", "--min", "20"], 2, "MinCount 20 would be above MaxCount 16"),
     (["set", "{f}", "train", "--max", "3"], 2, "--compute-resource (p4d, p4de)"),
-    (["set", "{f}", "nope", "--max", "3"], 1, "queues in this file: cpu, train"),
+    (["set", "{f}", "nope", "--max", "3"], 2, "queues in this file: cpu, train"),
     (["set", "{f}", "cpu"], 2, "give --max N, --min N, --instance TYPE or --subnet SUBNET_ID"),
     (["add", "{f}", "--queue-spec", "cpu=m5.8xlarge:2"], 1, "already exists"),
     (["add", "{f}", "--queue-spec", "Bad_Name=m5.8xlarge:2"], 2, "queue name 'Bad_Name' is not allowed"),

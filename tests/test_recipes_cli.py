@@ -82,10 +82,10 @@ def test_render_with_cluster_queue_profile_and_set(env, tmp_path):
     (["bert-5b", "--queue", "gaudi", "--nodes", "3"], 1, "use --nodes 1 | 2 | 4"),
     (["roberta", "--nodes", "3"], 1, "use --nodes 1 | 2 | 4 | 8 | 16"),
     (["nccl-tests", "--queue", "cpu"], 1, "runs on gpu only"),
-    (["resnet50", "--queue", "nope"], 1, "use --queue cpu | gaudi | p3"),
+    (["resnet50", "--queue", "nope"], 2, "use --queue cpu | gaudi | p3"),
     (["resnet50", "--set", "nokey"], 2, "is not KEY.PATH=VALUE"),
     (["resnet50", "--profile", "huge"], 1, "no profile 'huge'"),
-    (["no-such-recipe"], 1, "use one of:"),
+    (["no-such-recipe"], 2, "use one of:"),
     (["resnet50", "--nodes", "1", "--account", "a b"], 1, "cannot go into an #SBATCH line"),
 ])
 def test_render_errors_are_one_clear_line(env, tmp_path, args, code, text):

@@ -7,6 +7,8 @@ Exit codes: 0 success (a no-op included), 1 a problem found in a file or a faile
 
 from __future__ import annotations
 
+import difflib
+import shlex
 import sys
 
 import typer
@@ -49,23 +51,34 @@ def _named_values(command):
     return command
 
 
-command = _named_values(typer.main.get_command(app))
 _debug = False
+_argv: list[str] = []  # the running command's argv (main sets it): --version reads its --json there
 
 
 def _version(value: bool) -> None:
+    """`hpc --version [--json]`: eager, so it answers before Click asks for a command."""
     if value:
-        print(f"hpc {__version__}")
+        output.emit({"version": __version__}, "--json" in _own_words(_argv), f"hpc {__version__}")
         raise typer.Exit()
 
 
 @app.callback()
 def _root(
-    debug: bool = typer.Option(False, "--debug", help="Show a traceback on errors."),
+    debug: bool = typer.Option(False, "--debug", help="Show a traceback on errors: hpc --debug COMMAND ..."),
     version: bool = typer.Option(False, "--version", callback=_version, is_eager=True, help="Print the version."),
+    as_json: bool = typer.Option(False, "--json", help="With --version: print it as one JSON envelope."),
 ) -> None:
+    from toolkit.errors import UsageError
+
     global _debug
     _debug = debug
+    if as_json:  # a command's own --json follows it; here it is only --version's
+        raise UsageError("--json goes after the command (e.g. hpc recipes list --json), or with --version",
+                         fix="move --json after the command's name")
+
+
+# built after the root callback: a command built before it has no --debug and no --version
+command = _named_values(typer.main.get_command(app))
 
 
 def _own_words(argv: list[str]) -> list[str]:
@@ -138,6 +151,47 @@ def _bad_value(exc, argv: list[str]) -> tuple[str, str] | None:
     return None
 
 
+def _script_args_habit(exc, argv: list[str]) -> tuple[str, str] | None:
+    """An unknown option given to a command that passes arguments on to the user's script (`hpc run`, `hpc
+    recipes new`): torchrun's habit, `hpc run train.py --nodes 2 --epochs 5`. The fix is the command with the
+    unknown options, and the words after them that are not hpc's, moved after `--`."""
+    ctx = getattr(exc, "ctx", None)
+    if ctx is None or type(exc).__name__ != "NoSuchOption":
+        return None
+    if not any(p.param_type_name == "argument" and p.nargs == -1 for p in ctx.command.params):
+        return None
+    own = _own_words(argv)
+    node, end = command, 0
+    for i, word in enumerate(own):  # the command's path (hpc's own options before it stay where they are)
+        if word.startswith("-"):
+            continue
+        sub = getattr(node, "commands", {}).get(word)
+        if sub is None:
+            break
+        node, end = sub, i + 1
+    options = {name: p for p in ctx.command.params if p.param_type_name == "option"
+               for name in (*p.opts, *p.secondary_opts)}
+    kept, moved, rest, i = list[str](), list[str](), own[end:], 0
+    while i < len(rest):
+        word = rest[i]
+        attached = "=" in word or (not word.startswith("--") and len(word) > 2)  # --nodes=2, -N2: one word
+        param = options.get(word.split("=", 1)[0]) or (options.get(word[:2]) if attached else None)
+        if word.startswith("-") and param is not None:
+            take = 1 if param.is_flag or param.count or attached else 1 + param.nargs
+            kept += rest[i:i + take]
+            i += take
+            continue
+        (moved if moved or word.startswith("-") else kept).append(word)
+        i += 1
+    fixed = shlex.join([output.hpc_program(), *own[:end], *kept, "--", *moved, *argv[len(own) + 1:]])
+    # hpc's own option it may be a typo of: Click's guesses compare the dashes too (--epochs -> --qos)
+    meant = [f"--{m}" for m in difflib.get_close_matches(exc.option_name.lstrip("-"),
+                                                         [n.lstrip("-") for n in options if n.startswith("--")],
+                                                         cutoff=0.75)]
+    return (f"{exc.option_name} is not an option of `{ctx.command_path}`: arguments for your script go after `--`",
+            fixed + (f" (or did you mean {' or '.join(meant)}?)" if meant else ""))
+
+
 def _end(argv: list[str], code: int, message: str | None = None, fix: str | None = None) -> None:
     """Say the error (stderr), write the envelope (--json), exit with `code`."""
     if message is not None:
@@ -155,9 +209,10 @@ def main(argv: list[str] | None = None) -> None:
     """Run `hpc ARGV` (default: this process's command line) and exit with its code (tests call it in-process)."""
     from toolkit.errors import HpcError
 
-    global _debug
+    global _debug, _argv
     _debug = False  # the root callback sets it; a usage error can come before it runs
     argv = sys.argv[1:] if argv is None else list(argv)
+    _argv = argv
     output.begin()
     try:
         code = command.main(args=argv, prog_name="hpc", standalone_mode=False)
@@ -167,7 +222,7 @@ def main(argv: list[str] | None = None) -> None:
         if type(exc).__name__ == "NoArgsIsHelpError" and callable(show := getattr(exc, "show", None)):
             show()
             _end(argv, exc.exit_code)
-        message, fix = _missing_options(exc, argv) or _bad_value(exc, argv) or (
+        message, fix = _missing_options(exc, argv) or _bad_value(exc, argv) or _script_args_habit(exc, argv) or (
             exc.format_message(), f"see `{ctx.command_path if ctx else 'hpc'} --help`")
         _end(argv, exc.exit_code, message, fix)
     except typer.Abort:
@@ -181,5 +236,7 @@ def main(argv: list[str] | None = None) -> None:
     except Exception as exc:  # an unexpected fault: one line, the traceback only with --debug
         if _debug:
             raise
-        _end(argv, 1, f"internal error: {type(exc).__name__}: {exc}", "re-run with --debug and report the traceback")
+        again = shlex.join([output.hpc_program(), "--debug", *argv])  # a root option: before the command
+        _end(argv, 1, f"internal error: {type(exc).__name__}: {exc}",
+             f"re-run as `{again}` and report the traceback")
     _end(argv, code if isinstance(code, int) else 0)

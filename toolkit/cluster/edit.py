@@ -143,7 +143,7 @@ def _find_queue(config: dict, name: str) -> tuple[int, dict]:
         if isinstance(queue, dict) and queue.get("Name") == name:
             return index, queue
     names = [q.get("Name") for q in queues if isinstance(q, dict)]
-    raise HpcError(f"no queue {name!r} in Scheduling/SlurmQueues",
+    raise UsageError(f"no queue {name!r} in Scheduling/SlurmQueues",
                    fix=f"queues in this file: {', '.join(map(str, names)) or 'none'}")
 
 

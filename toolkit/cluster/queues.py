@@ -16,12 +16,13 @@ slurm_parallelcluster_utils.conf, cpus_property: vCPUs // threads per core when 
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import os
 from pathlib import Path
 from typing import Any, Literal
 
 from toolkit.catalog import InstanceType, catalog, instance
-from toolkit.errors import HpcError
+from toolkit.errors import HpcError, UsageError
 from toolkit.node.promise import Promise
 from toolkit.textfile import read_text
 
@@ -238,7 +239,9 @@ def pick_queue(queues: dict[str, Queue], name: str | None, source: str) -> Queue
     if name is None:
         return next(iter(queues.values()))
     if name not in queues:
-        raise HpcError(f"{source} has no queue {name!r}", fix=f"use --queue {' | '.join(queues)}")
+        close = difflib.get_close_matches(name, list(queues), n=1)
+        raise UsageError(f"{source} has no queue {name!r}" + (f"; did you mean {close[0]}?" if close else ""),
+                         fix=f"use --queue {' | '.join(queues)}")
     return queues[name]
 
 
@@ -262,7 +265,7 @@ def resolve_queue(cluster: str | Path | None, queue: str | None) -> tuple[Queue,
         return chosen, f"queue {chosen.name} ({chosen.instance_type}) from {path} ({how})"
     default = default_queue()
     if queue not in (None, default.name):
-        raise HpcError(f"--queue {queue} given, but no cluster config was given or found",
+        raise UsageError(f"--queue {queue} given, but no cluster config was given or found",
                        fix="pass --cluster FILE (a ParallelCluster config) with --queue")
     looked = ", ".join(str(p) for p in cluster_config_candidates())
     return default, (f"assumed the default queue {default.name} ({default.instance_type}, "

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import difflib
 import os
+import re
+import shlex
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
@@ -98,7 +100,7 @@ def find_recipe(name_or_path: str | Path) -> Path:
         if (d / f"{text}.yaml").is_file():
             return d / f"{text}.yaml"
     names = [p.stem for p in list_recipe_files()]
-    raise HpcError(f"no recipe named {text!r}{did_you_mean(text, names)}",
+    raise UsageError(f"no recipe named {text!r}{did_you_mean(text, names)}",
                    fix=f"use one of: {', '.join(names) or 'none'} (see `hpc recipes list`), or a file path")
 
 
@@ -181,6 +183,7 @@ def apply_overlays(data: dict[str, Any], profile: str | None, overrides: Sequenc
         option = option_of(item)
         if path[0] in ("name", "profiles"):
             raise UsageError(f"{option} {item!r}: {path[0]} cannot be overridden", fix="copy the recipe file instead")
+        _refuse_bare_flag(data, path, item, option)
         try:
             data = merge(data, nested(path, value), f"{option} {item}", origins)
         except AttributeError:
@@ -189,6 +192,28 @@ def apply_overlays(data: dict[str, Any], profile: str | None, overrides: Sequenc
     for item in overrides:  # once all are applied: `--set scaling.--lr=null --set args.--lr=0.2` in any order
         _refuse_derived(data, parse_override(item)[0], f"{option_of(item)} {item}")
     return data, origins
+
+
+def _refuse_bare_flag(data: dict[str, Any], path: tuple[str, ...], item: str, option: str) -> None:
+    """`--set args.lr=0.1`: the keys of args are the flags as the program takes them (args.--lr). Say the key to
+    write, the recipe's own flag where it has one (--lr, or --max-update for max_update)."""
+    from toolkit.recipes.schema import FLAG_PATTERN
+
+    if len(path) != 2 or path[0] != "args" or re.match(FLAG_PATTERN, path[1]):
+        return
+    args = data.get("args")
+    args = args if isinstance(args, dict) else {}
+    word = path[1].lstrip("-")
+    flag = next((f for f in args if isinstance(f, str) and f.lstrip("-") in (word, word.replace("_", "-"))), None)
+    value = item.split("=", 1)[1]
+    if flag is not None:
+        why = f"the recipe's flag is {flag}"
+    else:
+        flag, why = ("--" if len(word) > 1 else "-") + word.replace("_", "-"), "a flag the recipe does not set yet"
+    # a sweep point holds one of the sweep's values: its fix names the key, with the values as given
+    fixed = shlex.quote(f"args.{flag}={value}") if option == "--set" else f"args.{flag}=V1,V2,... (the same values)"
+    raise UsageError(f"{option} {item}: the keys of args are the program's flags with their dashes ({why})",
+                     fix=f"{option} {fixed}")
 
 
 def _refuse_derived(data: dict[str, Any], path: tuple[str, ...], given: str) -> None:

@@ -6,7 +6,8 @@ The executor kinds, one vocabulary for `--executor`, the plan, the run dir's met
     slurm    submitit's SlurmExecutor: the job's resources become its parameters, its set-up block (software,
              exports, rendezvous) its setup lines, and srun starts one RankTask per Slurm task, which runs the
              job's rank program (toolkit.job.rank)
-    local    submitit's LocalExecutor: this machine is the one node (chosen where no Slurm is installed)
+    local    submitit's LocalExecutor: this machine is the one node (chosen where no Slurm is installed and no
+             cluster config is given)
     sbatch   the rendered script (toolkit.slurm.render), sent with `sbatch --parsable`: its srun line starts the
              same rank program. MPI binaries (nccl-tests) always go this way: srun --mpi gives each task its rank
 """
@@ -14,6 +15,7 @@ The executor kinds, one vocabulary for `--executor`, the plan, the run dir's met
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import shlex
 from pathlib import Path
@@ -64,20 +66,24 @@ def submitit_unfit(python: str) -> str | None:
 
 
 def choose_executor(requested: str | None, *, mpi: bool = False, spares: int = 0,
-                    node_python: str | None = None) -> tuple[Executor, str | None]:
-    """The executor, and a note when it was chosen for the user (local only where no Slurm is installed).
-    `node_python`: the Python the job's nodes run (render.node_python); where submitit cannot run there the
-    rendered script goes to sbatch instead, which needs nothing of hpc's on the nodes (toolkit.node's contract)."""
+                    node_python: str | None = None, cluster_given: bool = False) -> tuple[Executor, str | None]:
+    """The executor, and a note when it was chosen for the user (local only where no Slurm is installed and no
+    cluster config names the target). `node_python`: the Python the job's nodes run (render.node_python); where
+    submitit cannot run there the rendered script goes to sbatch instead, which needs nothing of hpc's on the
+    nodes (toolkit.node's contract). `cluster_given`: the queue comes from a cluster config (--cluster or
+    $HPC_CLUSTER_CONFIG), so the job is that cluster's Slurm's even where this machine has none: it is planned
+    as it would be there, and only submitting needs Slurm here (planned_without_slurm, toolkit.slurm.targets)."""
     from toolkit.slurm.commands import slurm_installed
 
+    on_slurm = cluster_given or slurm_installed()  # the job goes to a Slurm: the given cluster's, or this one's
     names = [kind.value for kind in Executor]
     if requested is not None and requested not in names:
         raise HpcError(f"--executor {requested!r} is not one of {', '.join(names)}",
                        fix=f"use --executor {' | '.join(names)}", exit_code=2)
     kind = Executor(requested) if requested else None
     if spares:
-        if kind not in (None, Executor.SBATCH) or not slurm_installed():
-            missing = "" if slurm_installed() else "; no Slurm is installed here"
+        if kind not in (None, Executor.SBATCH) or not on_slurm:
+            missing = "" if on_slurm else "; no Slurm is installed here"
             raise HpcError(f"--spares {spares}: spare nodes are a Slurm allocation's, restarted on by the rendered "
                            f"script (toolkit.node.spares){missing}",
                            fix="submit to a Slurm cluster without --executor (or with --executor sbatch), or drop "
@@ -86,7 +92,7 @@ def choose_executor(requested: str | None, *, mpi: bool = False, spares: int = 0
                                  f"{spares} spare node(s): the rendered script goes to sbatch (toolkit.node.spares "
                                  "restarts its ranks on them)")
     if mpi:
-        if kind == Executor.LOCAL or (kind is None and not slurm_installed()):
+        if kind == Executor.LOCAL or (kind is None and not on_slurm):
             raise HpcError("this recipe runs an MPI binary, which only Slurm can start (srun --mpi)",
                            fix="submit it to a Slurm cluster")
         return Executor.SBATCH, (None if kind == Executor.SBATCH else
@@ -99,12 +105,25 @@ def choose_executor(requested: str | None, *, mpi: bool = False, spares: int = 0
                        exit_code=2)
     if kind is not None:
         return kind, None
-    if slurm_installed():
+    if on_slurm:
         if unfit:
             return Executor.SBATCH, f"{unfit}: the rendered script goes to sbatch (it needs nothing of hpc's there)"
         return Executor.SLURM, None
     return Executor.LOCAL, ("no Slurm is installed here (no sbatch on PATH or in /opt/slurm/bin): running on this "
                             "machine")
+
+
+def planned_without_slurm(kind: Executor) -> str | None:
+    """The one note of a plan for Slurm made where no Slurm is installed (a laptop with the cluster's config):
+    what it could not ask a live Slurm. None where Slurm is here, or the job is not Slurm's."""
+    from toolkit.slurm.commands import slurm_installed
+
+    if kind == Executor.LOCAL or slurm_installed():
+        return None
+    return ("no Slurm is installed here (no sbatch on PATH or in /opt/slurm/bin): planned for Slurm without asking "
+            "one (its controller and `sbatch --test-only` answer at submit; MaxArraySize and --requeue=expedite come "
+            "from the cluster config, else Slurm's defaults); submitting needs Slurm: submit from the cluster's "
+            "head or login node")
 
 
 def slurm_parameters(spec: JobSpec) -> dict[str, Any]:
@@ -133,11 +152,13 @@ def local_parameters(spec: JobSpec) -> dict[str, Any]:
     return {"nodes": 1, "tasks_per_node": slurm_part(spec).tasks_per_node, "timeout_min": spec.time_limit_minutes}
 
 
-def slurm_executor(folder: Path, parameters: dict[str, Any], python: str):
-    """A submitit Slurm executor with a plan's parameters (submit through it inside sbatch_environment())."""
+def slurm_executor(folder: Path, parameters: dict[str, Any], python: str, *, text_only: bool = False):
+    """A submitit Slurm executor with a plan's parameters (submit through it inside sbatch_environment()).
+    `text_only`: one that only writes its batch script's text, made where no srun is installed too."""
     import submitit
 
-    ex = submitit.SlurmExecutor(folder=folder, python=shlex.quote(python), max_num_timeout=MAX_TIME_LIMIT_REQUEUES)
+    executor = _script_text_executor() if text_only else submitit.SlurmExecutor
+    ex = executor(folder=folder, python=shlex.quote(python), max_num_timeout=MAX_TIME_LIMIT_REQUEUES)
     ex.update_parameters(**parameters)
     return ex
 
@@ -149,10 +170,26 @@ def submitit_batch_script(spec: JobSpec, folder: Path, array_tasks: int | None =
     parameters = slurm_parameters(spec)
     if array_parallelism:
         parameters["array_parallelism"] = array_parallelism
-    ex = slurm_executor(folder, parameters, node_python(spec))
+    ex = slurm_executor(folder, parameters, node_python(spec), text_only=True)
     if array_tasks is not None:
         ex.parameters["map_count"] = array_tasks  # as submitit's batch submission sets it for an array
     return ex._make_submission_file_text(ex._submitit_command_str, uid="")  # noqa: SLF001 (pinned submitit)
+
+
+@functools.cache
+def _script_text_executor() -> type:
+    """submitit's SlurmExecutor, for the text of its batch script only: its __init__ refuses where `srun` is not
+    on PATH (affinity() < 0: submitit/slurm/slurm.py, SlurmExecutor.__init__ and affinity, pinned 1.5.4), which a
+    plan for a cluster made off it is. The text is made by submitit's own _make_sbatch_string all the same; what
+    submits is always submitit's own class (slurm_executor)."""
+    import submitit
+
+    class ScriptTextSlurmExecutor(submitit.SlurmExecutor):
+        @classmethod
+        def affinity(cls) -> int:
+            return 2  # submitit's own value where srun is found
+
+    return ScriptTextSlurmExecutor
 
 
 @contextlib.contextmanager

@@ -31,8 +31,13 @@ class _OnSlurm:
     def check(self, plan: Any) -> None:
         """Before anything is written: the controller answers, a containerized job finds pyxis, and `sbatch
         --test-only` takes the job."""
-        from toolkit.slurm.commands import check_controller
+        from toolkit.slurm.commands import check_controller, slurm_installed
 
+        if not slurm_installed():  # a plan for a cluster's Slurm, made off it (executors.planned_without_slurm)
+            raise HpcError("submitting needs Slurm, and none is installed here (no sbatch on PATH or in "
+                           "/opt/slurm/bin): nothing was submitted",
+                           fix="submit from the cluster's head or login node (or put Slurm's client commands on "
+                               "PATH); --dry-run shows the plan here")
         check_controller()
         if plan.spec.software.container:  # srun's pyxis options exist only where Slurm loads pyxis (plugstack.conf)
             from toolkit.slurm.pyxis import require_pyxis

@@ -95,6 +95,7 @@ def plan_job(request: SubmitRequest, run_dir: Path | None = None,
 
         queue, how = resolve_queue(request.cluster, request.queue)
         notes.append(f"queue: {how}")
+    refuse_per_node_overrides(request, queue)
     root = None
     if run_dir is None:  # an explicit one (--run-dir, a sweep's task) wins
         root = runsroot.choose(queue)
@@ -159,6 +160,36 @@ def refuse_conflicts(request: SubmitRequest) -> None:
                     f"give one of them: --nodes {request.nodes}, or --set {item}")
 
 
+# resources.* keys a Slurm habit may try: a node's accelerators and ranks are its instance type's (one rank per
+# accelerator; a CPU queue's declared ranks), not a recipe's
+PER_NODE_KEYS = ("gpus_per_node", "gpus", "gpus_per_task", "ntasks_per_node", "tasks_per_node", "ranks_per_node")
+
+
+def refuse_per_node_overrides(request: SubmitRequest, queue: Any) -> None:
+    """`--set resources.gpus_per_node=16` on a queue of 8-GPU nodes: name the instance's count, and how to get
+    more GPUs (more nodes, or another queue)."""
+    from toolkit.cluster.queues import TAG_RANKS_PER_NODE
+    from toolkit.errors import UsageError
+    from toolkit.recipes.load import option_of
+
+    for item in request.overrides:
+        key, _, value = item.partition("=")
+        if key not in {f"resources.{name}" for name in PER_NODE_KEYS}:
+            continue
+        kind = queue.instance.accelerator
+        unit = "GPUs" if kind == "nvidia" else f"{kind} accelerators"
+        has = (f"{queue.gpus_per_node} {unit}, one rank each" if queue.gpus_per_node else
+               f"no accelerators: {queue.tasks_per_node} rank(s) per node, from the queue's {TAG_RANKS_PER_NODE} tag "
+               "(default 1)")
+        wanted = int(value) if value.isdigit() and queue.gpus_per_node else 0
+        nodes = -(-wanted // queue.gpus_per_node) if wanted > queue.gpus_per_node else 0
+        raise UsageError(f"{option_of(item)} {item}: a node's accelerators and ranks come from its instance type, "
+                         f"not the recipe: {queue.instance_type} (queue {queue.name}) has {has}",
+                         fix=(f"ask for nodes instead: --nodes {nodes} gives {nodes * queue.gpus_per_node} {unit}; "
+                              if nodes else f"drop {option_of(item)} {key}; ") + "or pick a queue of another "
+                             "instance type with --queue (`hpc cluster show FILE` lists them)")
+
+
 def plan(request: SubmitRequest, run_dir: Path | None = None, *, task_of: Plan | None = None) -> Plan:
     """Everything a submit does, decided; nothing written or submitted: plan_job() and its executor.
     `task_of`: another task of the same job array (toolkit.submit.sweep), whose queue, executor and metadata
@@ -172,8 +203,11 @@ def plan(request: SubmitRequest, run_dir: Path | None = None, *, task_of: Plan |
     recipe, queue, spec, run_dir, notes = plan_job(request, run_dir, task_of.queue if task_of else None)
     if task_of is None:
         executor, note = executors.choose_executor(request.executor, mpi=bool(spec.mpi), spares=spec.spares,
-                                                   node_python=executors.node_python(spec))
+                                                   node_python=executors.node_python(spec),
+                                                   cluster_given=queue.from_config)
         notes = [note, *notes] if note else notes
+        if off := executors.planned_without_slurm(executor):  # said once: a sweep's tasks share their notes
+            notes.append(off)
     else:
         executor, notes = task_of.executor, list(task_of.notes)
     warnings = list(spec.warnings)

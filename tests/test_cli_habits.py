@@ -1,0 +1,91 @@
+"""Habits from other tools, each answered with one clear usage error (exit 2) and the command that works (issue 31)."""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+
+import pytest
+
+from tests.conftest import REPO, run_hpc
+
+P5 = str(REPO / "cluster-configs" / "p5-reservation.yaml")  # queues p5 (p5.48xlarge, 8 GPUs) and cpu
+
+
+@pytest.fixture
+def env(tmp_path) -> dict[str, str]:
+    return {**{k: v for k, v in os.environ.items() if k != "HPC_CLUSTER_CONFIG"}, "HPC_RUNS_DIR": str(tmp_path)}
+
+
+def _fix(res) -> str:
+    return re.search(r"^  fix: (.*)$", res.stderr, re.MULTILINE).group(1)
+
+
+def test_script_arguments_without_the_double_dash_get_the_corrected_command(tmp_path, env):
+    """torchrun's habit: was `No such option: --epochs (Possible options: --qos)`."""
+    (tmp_path / "train.py").write_text("print('trained')\n")
+    res = run_hpc("run", "train.py", "--nodes", "2", "--epochs", "5", "--note", "it's", "--dry-run", env=env,
+                  cwd=tmp_path)
+    assert res.returncode == 2 and "Traceback" not in res.stderr
+    assert "--epochs is not an option of `hpc run`: arguments for your script go after `--`" in res.stderr
+    assert "--qos" not in res.stderr
+    fixed = shlex.split(_fix(res))  # shell-quoted: the script's "it's" comes back as one word
+    assert os.path.basename(fixed[0]) == "hpc"
+    assert fixed[1:] == ["run", "train.py", "--nodes", "2", "--dry-run", "--", "--epochs", "5", "--note", "it's"]
+    again = run_hpc(*fixed[1:], env=env, cwd=tmp_path)
+    assert again.returncode == 0, again.stderr
+    assert "train.py --epochs 5 --note" in again.stdout
+
+
+def test_a_typo_of_hpcs_own_option_is_named_too(tmp_path, env):
+    res = run_hpc("run", "train.py", "--dryrun", env=env, cwd=tmp_path)
+    assert res.returncode == 2 and "(or did you mean --dry-run?)" in res.stderr
+
+
+def test_an_args_key_without_dashes_names_the_recipes_flag(env):
+    """Was exit 1, "'lr' is not a flag", with a fix pointing at the installed recipe file."""
+    res = run_hpc("recipes", "show", "roberta", "--nodes", "2", "--set", "args.lr=0.1", env=env)
+    assert res.returncode == 2 and "the recipe's flag is --lr" in res.stderr
+    assert _fix(res) == "--set args.--lr=0.1" and "recipes validate" not in res.stderr
+    res = run_hpc("recipes", "submit", "roberta", "--nodes", "2", "--dry-run", "--set", "args.max_update=10",
+                  env=env)
+    assert res.returncode == 2 and _fix(res) == "--set args.--max-update=10"
+
+
+def test_gpus_per_node_names_the_instances_count(env):
+    """Was exit 1, "resources.gpus_per_node: unknown key" with a fix pointing at the installed recipe file."""
+    res = run_hpc("recipes", "submit", "roberta", "--cluster", P5, "--dry-run",
+                  "--set", "resources.gpus_per_node=16", env=env)
+    assert res.returncode == 2, res.stderr
+    assert "p5.48xlarge (queue p5) has 8 GPUs" in res.stderr and "--nodes 2 gives 16 GPUs" in _fix(res)
+
+
+@pytest.mark.parametrize("args", [
+    ["recipes", "show", "robera"], ["recipes", "render", "robera"], ["recipes", "submit", "robera", "--dry-run"],
+    ["recipes", "validate", "robera"], ["k8s", "render", "robera", "--nodes", "1", "--instance", "p5.48xlarge"],
+])
+def test_an_unknown_recipe_name_is_a_usage_error(args, env):
+    res = run_hpc(*args, env=env)
+    assert res.returncode == 2, res.stderr
+    assert "no recipe named 'robera'; did you mean roberta?" in res.stderr and "resnet50" in _fix(res)
+
+
+@pytest.mark.parametrize("args", [
+    ["recipes", "show", "roberta", "--nodes", "2"], ["recipes", "render", "roberta", "--nodes", "2"],
+    ["recipes", "submit", "roberta", "--nodes", "2", "--dry-run"], ["run", "train.py", "--dry-run"],
+    ["cluster", "doctor"],
+])
+def test_an_unknown_queue_is_a_usage_error(args, env, tmp_path):
+    (tmp_path / "train.py").write_text("print('trained')\n")
+    res = run_hpc(*args, "--cluster", P5, "--queue", "p6", env=env, cwd=tmp_path)
+    assert res.returncode == 2, res.stderr
+    assert "has no queue 'p6'" in res.stderr and _fix(res) == "use --queue p5 | cpu"
+    if args[0] != "cluster":  # a job's queue without any cluster config (the doctor needs one: exit 1 there)
+        res = run_hpc(*args, "--queue", "p6", env=env, cwd=tmp_path)
+        assert res.returncode == 2 and "no cluster config was given or found" in res.stderr
+
+
+def test_an_unknown_queue_of_a_config_edit_is_a_usage_error(tmp_path):
+    res = run_hpc("cluster", "queue", "set", P5, "p6", "--max", "2", "--dry-run")
+    assert res.returncode == 2 and "no queue 'p6'" in res.stderr and "p5, cpu" in _fix(res)
