@@ -61,7 +61,7 @@ def test_gaudi_hpus_are_no_gres_pinned_to_their_cores_with_hccl_over_efa():
         "--library", HCCL_OFI_WRAPPER]
     assert GAUDI.loader_checks(fabric="none", python_ranks=True, gpus_per_node=0, environ={}) == []
     assert "hccl_ofi_wrapper" in (GAUDI.loader_fix(HCCL_OFI_WRAPPER, binary=False) or "")
-    assert not GAUDI.runs_fairseq and not GAUDI.kubernetes_form and not GAUDI.prolog_health_check
+    assert not GAUDI.kubernetes_form and not GAUDI.prolog_health_check
     # its collectives are judged against the DL1 post, not catalog floors (toolkit.reports.nccl.verdict_for)
     ref = GAUDI.collective_reference
     assert ref is not None and ref.ranks == 32 and ref.figures_mbs["all_reduce"] == (12110, 21136)

@@ -96,7 +96,7 @@ def test_fairseq_owns_its_device_forms_rendezvous_environment_resume_and_advice(
                     "--distributed-world-size": 8, "--distributed-no-spawn": True}
     assert ("--fp16", "removed") in [(d.key, d.value) for d in derived]
     assert fairseq.device_args({}, "gpu", None, 16)[0]["--distributed-backend"] == "nccl"
-    with pytest.raises(HpcError, match="fairseq has no Gaudi HPU support"):
+    with pytest.raises(HpcError, match="fairseq has no Gaudi HPU support here"):
         fairseq.device_args({}, "hpu", None, 8)
     assert RankVar.MASTER_ADDR in fairseq.trailer()[-1]
     assert [var.name for var in fairseq.env()] == ["TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD"]
@@ -140,7 +140,7 @@ def test_accelerate_runs_one_agent_per_node_with_the_jobs_rendezvous():
     assert 'NODE_RANK="$SLURM_NODEID"' in spec.program.script
     on_gpu = preview_argv(build_job_spec(accelerate_recipe(), P3DN, 2).command)
     assert "ACCELERATE_USE_CPU" not in on_gpu[2] and "--multi_gpu" in on_gpu
-    with pytest.raises(HpcError, match="no accelerate form for Gaudi HPUs"):
+    with pytest.raises(HpcError, match="accelerate has no Gaudi HPU support here"):
         launcher_for("accelerate").program(accelerate_recipe().launcher, "/r", 1, 8, "hpu", None)
 
 

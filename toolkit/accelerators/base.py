@@ -78,7 +78,6 @@ class Family:
     torch_device_why: ClassVar[str]
     collective: ClassVar[str]  # the collective library and torch.distributed backend: nccl, hccl, gloo
     collective_why: ClassVar[str]
-    runs_fairseq: ClassVar[bool] = True
     kubernetes_resource: ClassVar[str | None] = None  # the device plugin's extended resource name
     kubernetes_form: ClassVar[bool] = True  # recipes render for Kubernetes on it
     ec2_manufacturer: ClassVar[str | None] = None  # EC2's GpuInfo Manufacturer (toolkit.cluster.pcluster_offline)

@@ -121,7 +121,6 @@ class Gaudi(Family):
     slurm_gres = False  # ParallelCluster declares no GRES for HPUs: one rank per HPU via --ntasks-per-node
     torch_device, torch_device_why = "hpu", "one HPU per rank (the Habana bridge takes module id = LOCAL_RANK)"
     collective, collective_why = "hccl", "HCCL between HPUs (scale-out over EFA)"
-    runs_fairseq = False  # fairseq has no Habana HPU support
     kubernetes_resource = "habana.ai/gaudi"  # Habana's k8s device plugin
     kubernetes_form = False  # no Gaudi pod form yet (images, the device plugin's set-up)
     ec2_manufacturer = "Habana"

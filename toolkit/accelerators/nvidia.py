@@ -46,7 +46,7 @@ def communication_env(instance: InstanceType, fabric: str) -> list[EnvVar]:
         env += [
             EnvVar("FI_PROVIDER", "efa", "aws-ofi-nccl <= 1.5 does not pick the EFA libfabric provider itself"),
             EnvVar("FI_EFA_TX_MIN_CREDITS", "64", "older libfabric EFA provider: more send credits, as in the "
-                                                  "P3dn fairseq/RoBERTa runs"),
+                                                  "P3dn RoBERTa runs"),
             EnvVar("NCCL_SOCKET_IFNAME", "^lo,docker", "bootstrap on the instance's network interface (eth0 or "
                                                        "ens5 by AMI), never loopback or docker"),
             EnvVar("NCCL_PROTO", "simple", "aws-ofi-nccl <= 1.5 over EFA: its maintainers require the Simple protocol "

@@ -26,7 +26,6 @@ import argparse
 import functools
 from typing import Any
 
-from toolkit.errors import HpcError
 from toolkit.job.rank import MASTER_PORT_BASE, RANK0_PREVIEW, Arg, RankVar, preview_argv
 from toolkit.job.scaling import Derived
 from toolkit.launchers import torchrun
@@ -50,15 +49,15 @@ class Accelerate(Launcher):
     kubernetes = PYTORCH_JOB
     one_task_per_node = True
     parser = "accelerate launch's"
+    devices = ("gpu", "cpu")  # what accelerate's multi-GPU / CPU launch forms start
 
     def what(self, section) -> str:
         return f"the script {section.script}" if section.script else f"the module {section.module}"
 
     def program(self, section, root: str, nodes: int, tasks: int, device: str,
                 threads: int | None) -> tuple[list[Arg], list[Derived]]:
-        if device == "hpu":
-            raise HpcError("hpc has no accelerate form for Gaudi HPUs (optimum-habana's launcher)",
-                           fix="run accelerate recipes on a GPU or CPU queue")
+        self.refuse_device(device, fix="run accelerate recipes on a GPU or CPU queue (other accelerators have "
+                                       "their vendors' own launchers)")
         world = nodes * tasks
         target = ["-m", section.module] if section.module else [checked_script(root, section.script)]
         launch: list[Arg] = [

@@ -59,6 +59,7 @@ class Launcher:
     kubernetes: str | None = None  # its Kubeflow kind (PYTORCH_JOB, MPI_JOB), None: no Kubernetes form
     one_task_per_node = False  # Slurm starts one agent per node that starts its ranks (torchrun's way)
     parser: str | None = None  # whose parser checks the job's arguments at plan time (None: not checked)
+    devices: tuple[str, ...] | None = None  # the device forms its program runs on (None: any the queue has)
 
     def owns_module(self, module: str | None) -> bool:
         """Whether this launcher is its kind's for launcher.module (a kind may have several launchers)."""
@@ -70,8 +71,16 @@ class Launcher:
 
     def device_args(self, args: Mapping[str, Any], device: str, threads: int | None,
                     world: int) -> tuple[dict, list[Derived]]:
-        """The recipe's args in the queue's device form (gpu, hpu, cpu); as written by default."""
+        """The recipe's args in the queue's device form (its accelerator family's); as written by default."""
         return dict(args), []
+
+    def refuse_device(self, device: str, fix: str) -> None:
+        """One clear error where the program has no form for the queue's devices (`devices`)."""
+        if self.devices is not None and device not in self.devices:
+            from toolkit.accelerators import of_device
+            from toolkit.errors import HpcError
+
+            raise HpcError(f"{self.kind} has no {of_device(device).label} support here", fix=fix)
 
     def program(self, section: LauncherSection, root: str, nodes: int, tasks: int, device: str,
                 threads: int | None) -> tuple[list[Arg], list[Derived]]:

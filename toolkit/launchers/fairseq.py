@@ -40,7 +40,6 @@ import struct
 from pathlib import Path
 from typing import Any, Mapping
 
-from toolkit.errors import HpcError
 from toolkit.job.env import EnvVar
 from toolkit.job.rank import Arg, RankVar
 from toolkit.job.scaling import Derived
@@ -62,6 +61,7 @@ class Fairseq(Launcher):
     owned_flags = DISTRIBUTED
     kubernetes = PYTORCH_JOB
     parser = "fairseq-train's"
+    devices = ("gpu", "cpu")  # fairseq 0.12 has CUDA and CPU forms only
 
     def what(self, section) -> str:
         return PROGRAM
@@ -71,8 +71,7 @@ class Fairseq(Launcher):
         from toolkit.accelerators import of_device
 
         accel = of_device(device)  # the queue's accelerator family: its collective backend, whether fairseq runs there
-        if not accel.runs_fairseq:
-            raise HpcError(f"fairseq has no {accel.label} support", fix="run fairseq recipes on a GPU or CPU queue")
+        self.refuse_device(device, fix="run fairseq recipes on a GPU or CPU queue")
         form = DeviceForm(args, device)
         if device == "cpu":
             form.drop(HALF_PRECISION, "no half precision on CPU")

@@ -8,7 +8,7 @@ Slurm asks a job to stop with SIGNAL before its time limit (sbatch --signal, `be
   yes      yes (trainers)    --requeue,                  trap: pass SIGNAL to      checkpoint() waits for rank 0's
                              --signal=B:USR2@N (script)  srun, then requeue once   workload to save (exit 75), then
                              --signal=USR2@N (submitit)  it ended                  requeues; the workload gets SIGNAL
-  yes      no (fairseq...)   as above                    trap: `scontrol requeue`  checkpoint() ends rank 0's
+  yes      no (the rest)     as above                    trap: `scontrol requeue`  checkpoint() ends rank 0's
                                                          at once                   workload, then requeues; the
                                                                                    workload starts with SIGNAL ignored
   no       either (benchm.)  --no-requeue; the script    no trap                   checkpoint() answers None (not

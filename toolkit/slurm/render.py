@@ -145,7 +145,7 @@ def staging_lines(spec: JobSpec) -> list[str]:
 
 def seed_line(spec: JobSpec) -> str:
     """--resume-from: the other run's checkpoints copied into this run's empty checkpoints dir, once (a requeue
-    finds its own there and resumes them). A copy, not hard links: torch.save and fairseq rewrite checkpoint files
+    finds its own there and resumes them). A copy, not hard links: torch.save rewrites checkpoint files
     in place (open "wb"), which through a link would change the other run's."""
     if not spec.resume_from:
         return ""

@@ -1,6 +1,6 @@
 """A run owns its outputs. Checkpoints and logs are under each run's own dir by default (toolkit.recipes.schema:
-dir_under), so a second submission of a recipe never continues the first (fairseq restores whatever
-`checkpoint_last.pt` its --save-dir holds). Continuing another run is explicit: `--resume-from RUN_DIR|JOB_ID`
+dir_under), so a second submission of a recipe never continues the first (a trainer restores whatever
+last checkpoint its checkpoint dir holds). Continuing another run is explicit: `--resume-from RUN_DIR|JOB_ID`
 seeds this run's checkpoints dir with that run's, once, before the ranks start (a requeue of this job then resumes
 its own). A recipe that pins an output dir across runs (`under: root`, or an absolute dir) is warned about when
 another run already wrote there, naming that run."""
