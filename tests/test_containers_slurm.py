@@ -68,7 +68,7 @@ def test_resnet_smoke_in_a_container_2x2_stops_on_usr2_requeues_and_resumes(lane
         return [r for r in read_log(log) if r["event"] == "train"] if log.exists() else []
     wait_until(lambda: len(steps()) >= 3, TIMEOUT, "resnet step 3 in the container")
     subprocess.run(["scancel", "--signal=USR2", "--batch", job_id], env=env, check=True, timeout=30)
-    # The rerun starts once the first run's job credential has expired (AuthInfo=cred_expire=10 on the lanes):
+    # The rerun starts once the first run's job credential has expired (AuthInfo=cred_expire=5 on the lanes):
     # starting it earlier (scontrol update StartTime=now) was seen to kill it ("Job credential revoked").
 
     def ended():

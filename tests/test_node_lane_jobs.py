@@ -22,6 +22,7 @@ import pytest
 from tests.conftest import cli_json, run_hpc_process, wait_until
 from testbench.faults import lost_node, restore_node
 from testbench.layout import Layout
+from toolkit.node.spares import PROBE_EVERY_VAR
 from toolkit.rundir import RunDir
 
 pytestmark = [pytest.mark.slurm]
@@ -59,6 +60,9 @@ for step in range(start + 1, a.steps + 1):
 print(json.dumps({"event": "end", "rank": rank, "host": host}), flush=True)
 """
 HEARTBEAT_INTERVAL = "1"
+# The spares supervisor's probe period (default 10 s): the lost node's test would wait up to that long before the
+# probes (two 15 s timeouts on this lane) it is there to see; the period itself is unit-tested (tests/test_spares.py).
+PROBE_EVERY = "2"
 
 
 @pytest.fixture(scope="module")
@@ -122,7 +126,8 @@ def run_through_a_lost_node(node_lane, node_venv, shared_tmp, *script_args: str)
     Returns the submission, its run dir, and the seconds from the kill to the job's end."""
     checkpoint = shared_tmp / "checkpoint.json"
     job = hpc_run(node_lane, node_venv, shared_tmp, "--nodes", "1", "--spares", "1",
-                  script_args=("--steps", "16", "--step-seconds", "0.5", "--checkpoint", str(checkpoint),
+                  "--env", f"{PROBE_EVERY_VAR}={PROBE_EVERY}",
+                  script_args=("--steps", "12", "--step-seconds", "0.5", "--checkpoint", str(checkpoint),
                                *script_args))
     run, layout = RunDir(job["run_dir"]), Layout.current("bullseye")
     lost = None

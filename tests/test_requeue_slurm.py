@@ -6,8 +6,9 @@ limit (`--signal=USR2@N`; sent here at once with `scancel --signal=USR2`, which 
 when Slurm sends it is Slurm's feature, what the job does with it is ours). On that signal our trainer stops at
 an agreed step and saves, fairseq is ended and resumes from its last periodic checkpoint, and submitit's own
 handler requeues the job through RankTask.checkpoint(). The two runs share the cluster's two nodes; the
-uninterrupted reference follows. A rendered script sent with plain sbatch does the same from its batch shell's
-trap (--signal=B:USR2).
+uninterrupted reference runs meanwhile on two nodes of the `wide` queue (1 rank each: the same 2 ranks, 1 CPU
+each, so the same losses). A rendered script sent with plain sbatch does the same from its batch shell's trap
+(--signal=B:USR2).
 """
 
 from __future__ import annotations
@@ -22,19 +23,31 @@ from tests.conftest import cli_json, run_hpc, slurm_env, submit_json, wait_until
 from toolkit.workloads.train_log import read_log
 
 pytestmark = [pytest.mark.slurm, pytest.mark.training]
-RESNET = ["resnet50", "--profile", "smoke", "--nodes", "1", "--set", "args.--epochs=2", "--set", "args.--max-steps=32",
-          "--set", "args.--log-every-steps=1", "--set", "args.--checkpoint-every-steps=10"]
+RESNET_SETS = ["--set", "args.--epochs=2", "--set", "args.--max-steps=32", "--set", "args.--log-every-steps=1",
+               "--set", "args.--checkpoint-every-steps=10"]
+RESNET = ["resnet50", "--profile", "smoke", "--nodes", "1", *RESNET_SETS]
+# The uninterrupted reference: 2 ranks of 1 CPU as on one cpu node, on nodes the interrupted runs leave free.
+REFERENCE = ["resnet50", "--profile", "smoke", "--nodes", "2", "--queue", "wide", *RESNET_SETS]
 ROBERTA = ["roberta", "--profile", "smoke", "--nodes", "1", "--set", "args.--max-update=160",
            "--set", "args.--total-num-update=160", "--set", "args.--max-epoch=1000",
            "--set", "args.--save-interval-updates=10", "--set", "args.--log-interval=5"]
 
 
+ENDED = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT")
+
+
 def final_status(env, job_id: str, timeout: float = 900) -> dict:
     def done():
         status = cli_json(run_hpc("jobs", "status", job_id, "--json", env=env))
-        return status if status["state"] in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT") else None
-    # Runs last minutes: a poll every 5 s keeps the shared slurmctld (and sacct) free for the jobs themselves.
-    return wait_until(done, timeout, f"job {job_id} to end", poll_s=5)
+        return status if status["state"] in ENDED else None
+
+    def left_the_queue() -> bool:
+        state = subprocess.run(["squeue", "-h", "-t", "all", "-j", job_id, "-o", "%T"], env=env, capture_output=True,
+                               text=True, timeout=60).stdout.strip()
+        return state in ENDED or state == ""
+    # squeue is cheap to poll every second; `hpc jobs status` (a Python process and sacct) is asked once it ended.
+    wait_until(left_the_queue, timeout, f"job {job_id} to end", poll_s=1)
+    return wait_until(done, 60, f"job {job_id}'s end in hpc jobs status", poll_s=1)
 
 
 def train_steps(run: Path) -> list[dict]:
@@ -63,6 +76,7 @@ def interrupted(slurm_sandbox, tmp_path_factory):
     env = dict(slurm_env(slurm_sandbox), HPC_RUNS_DIR=str(tmp / "runs"))
     resnet = submit_json(*RESNET, env=env, cwd=tmp)
     roberta = submit_json(*ROBERTA, env=env, cwd=tmp)
+    reference = submit_json(*REFERENCE, env=env, cwd=tmp)
     resnet_run, roberta_run = Path(resnet["run_dir"]), Path(roberta["run_dir"])
     roberta_log = roberta_run / "submitit" / f"{roberta['job_id']}_0_log.out"
     # Past the first periodic checkpoint (step/update 10), then `scontrol requeue` (no signal).
@@ -90,7 +104,7 @@ def interrupted(slurm_sandbox, tmp_path_factory):
     wait_until(signal_the_ready_ones, 300, "both reruns")
     statuses = {name: final_status(env, job["job_id"]) for name, job in (("resnet", resnet), ("roberta", roberta))}
     return {"env": env, "tmp": tmp, "resnet": (resnet, resnet_before), "roberta": (roberta, roberta_before),
-            "roberta_log": roberta_log, "statuses": statuses}
+            "roberta_log": roberta_log, "statuses": statuses, "reference": reference}
 
 
 def test_resnet_resumes_exactly_after_scontrol_requeue_and_the_stop_signal(interrupted):
@@ -110,8 +124,8 @@ def test_resnet_resumes_exactly_after_scontrol_requeue_and_the_stop_signal(inter
     assert all(any(s["resumed_from_step"] == e["step"] for s in starts) for e in stopped)
 
     # The loss at every step equals that of an uninterrupted run with the same seed.
-    env, tmp = interrupted["env"], interrupted["tmp"]
-    reference = submit_json(*RESNET + ["--wait"], env=env, cwd=tmp)
+    reference = interrupted["reference"]
+    assert final_status(interrupted["env"], reference["job_id"])["state"] == "COMPLETED"
     expected = {r["step"]: r["loss"] for r in train_steps(Path(reference["run_dir"]))}
     got = {r["step"]: r["loss"] for r in train_steps(run)}  # a repeated step keeps its last record
     assert sorted(got) == sorted(expected) == list(range(1, 33))
@@ -138,14 +152,15 @@ def test_rendered_script_stops_saves_and_requeues_on_the_batch_shells_signal(slu
     env = dict(slurm_env(slurm_sandbox))
     script = tmp_path / "resnet.sbatch"
     run = tmp_path / "runs" / "resnet50-smoke"
-    res = run_hpc("recipes", "render", *RESNET, "--set", "args.--max-steps=24", "--run-dir", str(run), "-o",
+    res = run_hpc("recipes", "render", *RESNET, "--set", "args.--max-steps=16", "--run-dir", str(run), "-o",
                   str(script), env=env, cwd=tmp_path)
     assert res.returncode == 0, res.stderr
     assert "#SBATCH --signal=B:USR2@120" in script.read_text() and "#SBATCH --requeue" in script.read_text()
     run.mkdir(parents=True)  # the script's own note: Slurm does not create the log directory
     job_id = subprocess.run(["sbatch", "--parsable", str(script)], env=env, capture_output=True, text=True,
                             check=True, timeout=60).stdout.strip()
-    wait_until(lambda: len(train_steps(run)) >= 12, 300, "step 12")
+    # Before the first periodic checkpoint (step 10): the rerun can only resume from the stop's own save.
+    wait_until(lambda: len(train_steps(run)) >= 6, 300, "step 6")
     subprocess.run(["scancel", "--signal=USR2", "--batch", job_id], env=env, check=True, timeout=30)
 
     def ended():
@@ -155,7 +170,7 @@ def test_rendered_script_stops_saves_and_requeues_on_the_batch_shells_signal(slu
     starts = [r for r in records if r["event"] == "start"]
     stopped = [r for r in records if r["event"] == "end" and r["status"] == "stopped"]
     assert len(starts) == 2 and len(stopped) == 1
-    assert starts[1]["resumed_from_step"] == stopped[0]["step"] >= 12  # resumed exactly where it stopped
+    assert starts[1]["resumed_from_step"] == stopped[0]["step"] >= 6  # resumed exactly where it stopped
     restarts = subprocess.run(["scontrol", "-o", "show", "job", job_id], env=env, capture_output=True, text=True,
                               timeout=30).stdout
     assert "Restarts=1" in restarts

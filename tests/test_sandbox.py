@@ -32,8 +32,8 @@ def rendered(tmp_path):
 def test_slurm_conf_has_the_fast_and_fake_hardware_settings(rendered):
     layout, files = rendered
     settings = {k: v for row in conf_lines(files[layout.slurm_conf]) if len(row) == 1 for k, v in row.items()}
-    assert settings["SchedulerParameters"] == "batch_sched_delay=0,sched_min_interval=0,sched_interval=2"
-    assert settings["AuthInfo"] == f"socket={layout.munge_socket},cred_expire=10"
+    assert settings["SchedulerParameters"] == "batch_sched_delay=0,sched_min_interval=0,sched_interval=1"
+    assert settings["AuthInfo"] == f"socket={layout.munge_socket},cred_expire=5"
     assert (settings["MailProg"], settings["ProctrackType"], settings["TaskPlugin"]) == (
         "/bin/true", "proctrack/linuxproc", "task/affinity,task/cgroup")
     assert settings["SlurmdParameters"] == "config_overrides"

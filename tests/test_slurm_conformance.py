@@ -217,7 +217,7 @@ def test_rendered_job_requeues_once_and_finishes(lane, tmp_path, how):
         slurm(lane, "scancel", "--signal=USR2", "--batch", job_id)
     else:
         slurm(lane, "scontrol", "requeue", job_id)
-    # The requeued job waits out its BeginTime (~11 s with cred_expire=10). Forcing StartTime=now is no
+    # The requeued job waits out its BeginTime (~6 s with cred_expire=5). Forcing StartTime=now is no
     # shortcut: started before its old credential expires, the job is killed ("Job credential revoked").
     wait_until(lambda: job_record(lane, job_id).get("JobState") == "COMPLETED", 300, "the requeued job to finish")
     text = log.read_text()

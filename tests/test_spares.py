@@ -115,6 +115,29 @@ def test_healthy_nodes_are_probed_once_a_period_with_one_step():
     assert slurm.calls == [("sweep", ("c2", "c3"))] * 4  # at 1010, 1020, 1030, 1040
 
 
+@pytest.mark.parametrize("environ,argv,period", [({}, [], spares.PROBE_EVERY_S),
+                                                ({spares.PROBE_EVERY_VAR: "2"}, [], 2.0),
+                                                ({spares.PROBE_EVERY_VAR: "2"}, ["--probe-every", "5"], 5.0)])
+def test_the_probe_period_comes_from_the_job_environment_unless_given(monkeypatch, environ, argv, period):
+    monkeypatch.delenv(spares.PROBE_EVERY_VAR, raising=False)
+    for key, value in environ.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.setattr(spares, "allocation", lambda: ("7", ["c1", "c2"], "c1"))
+    made = {}
+
+    class Supervisor:
+        def __init__(self, *args):
+            made["probe_every"] = args[9]  # Supervisor(srun, nodes, spares, run_dir, beats, hang, job, nodes, host,
+            #                                probe_every, silence_bound, stop)
+
+        def run(self) -> int:
+            return 0
+
+    monkeypatch.setattr(spares, "Supervisor", Supervisor)
+    assert spares.main(["--nodes", "1", "--spares", "1", "--run-dir", "/tmp/run", *argv, "--", "srun", "true"]) == 0
+    assert made["probe_every"] == period
+
+
 def test_silent_heartbeats_drop_a_node_only_on_evidence():
     """Silence alone (a save holding the GIL looks the same) is probed first: a node whose probe fails is lost at
     once; one that answers stays until the silence outlasts the bound."""

@@ -23,14 +23,15 @@ pytestmark = [pytest.mark.slurm, pytest.mark.training]
 
 @pytest.fixture(scope="module")
 def smoke(slurm_sandbox, tmp_path_factory):
-    """smoke(recipe, nodes=2): the recipe's smoke profile submitted once for the module, COMPLETED."""
+    """smoke(recipe, nodes=2, *options): the recipe's smoke profile submitted once for the module, COMPLETED."""
     tmp = tmp_path_factory.mktemp("smoke")
     env = dict(slurm_env(slurm_sandbox), HPC_RUNS_DIR=str(tmp / "runs"))
     done: dict[tuple[str, int], dict] = {}
 
-    def run(recipe: str, nodes: int = 2) -> dict:
+    def run(recipe: str, nodes: int = 2, *options: str) -> dict:
         if (recipe, nodes) not in done:
-            result = submit_json(recipe, "--profile", "smoke", "--nodes", str(nodes), "--wait", env=env, cwd=tmp)
+            result = submit_json(recipe, "--profile", "smoke", "--nodes", str(nodes), *options, "--wait", env=env,
+                                 cwd=tmp)
             assert result["state"] == "COMPLETED" and result["ranks"] == 2 * nodes
             status = run_hpc("jobs", "status", result["job_id"], "--json", env=env)
             assert status.returncode == 0 and cli_json(status)["state"] == "COMPLETED"
@@ -83,19 +84,9 @@ def test_resnet_trains_on_four_ranks(smoke):
                                              for r in stragglers["ranks"])
 
 
-def test_a_bad_data_path_fails_the_wait_and_names_the_failing_ranks_log(slurm_sandbox, tmp_path):
-    env = dict(slurm_env(slurm_sandbox), HPC_RUNS_DIR=str(tmp_path / "runs"))
-    res = run_hpc("recipes", "submit", "resnet50", "--profile", "smoke", "--nodes", "2", "--wait",
-                  "--set", f"dirs.data.dir={tmp_path / 'no-such-data'}", "--set", "prepare=[]",
-                  env=env, cwd=tmp_path, timeout=600)
-    assert res.returncode == 1 and "Traceback" not in res.stderr
-    log = re.search(r"ended FAILED.*\(see (\S+_log\.err)\)", res.stderr)
-    assert log, res.stderr
-    assert "no-such-data" in Path(log.group(1)).read_text()
-
-
 def test_resnet50_at_one_and_two_nodes_gives_a_scaling_table_json_and_png(smoke):
-    runs = [Path(smoke("resnet50", nodes)["run_dir"]) for nodes in (1, 2)]
+    # The 1-node run stops at step 12 (its epoch has twice the 2-node run's steps): 6 logged intervals, a steady rate.
+    runs = [Path(smoke("resnet50", 1, "--set", "args.--max-steps=12")["run_dir"]), Path(smoke("resnet50")["run_dir"])]
     env, cwd = smoke.env, smoke.cwd
     png = cwd / "out.png"
     res = run_hpc("report", "scaling", *map(str, runs), "--json", "--plot", str(png), env=env, cwd=cwd)

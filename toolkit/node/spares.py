@@ -73,6 +73,9 @@ PROBE_TIMEOUT_S = 15
 # PROBE_EVERY_S + 2 x PROBE_TIMEOUT_S (the step over all nodes fails, then the per-node probes name it), 40 s,
 # instead of at SlurmdTimeout (ParallelCluster: 180 s).
 PROBE_EVERY_S = 10.0
+# The job's environment may set the period (`--env HPC_SPARES_PROBE_EVERY=S`), as HPC_HEARTBEAT_INTERVAL sets the
+# heartbeats'; an explicit --probe-every wins. The test suite shortens it where its wait is what a test pays for.
+PROBE_EVERY_VAR = "HPC_SPARES_PROBE_EVERY"
 # Heartbeat silence on a node that answers its probe: its ranks' processes are held whole (the writer thread is
 # a daemon thread, so only a process that holds the GIL or is stopped stops it). The longest such hold a healthy
 # job makes is a checkpoint's save that pickles under the GIL: a 7B-parameter model's full training state (fp32
@@ -509,8 +512,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--run-dir", type=Path, required=True)
     parser.add_argument("--heartbeat-dir", type=Path, help="default: RUN_DIR/heartbeats")
     parser.add_argument("--hang-timeout", type=float, help="end a round whose ranks made no progress this long")
-    parser.add_argument("--probe-every", type=float, default=PROBE_EVERY_S,
-                        help="seconds between probes of the round's nodes (default %(default)g)")
+    parser.add_argument("--probe-every", type=float, default=float(os.environ.get(PROBE_EVERY_VAR) or PROBE_EVERY_S),
+                        help=f"seconds between probes of the round's nodes (default %(default)g: ${PROBE_EVERY_VAR} "
+                             f"or {PROBE_EVERY_S:g})")
     parser.add_argument("--silence-bound", type=float, default=SILENCE_BOUND_S,
                         help="seconds of heartbeat silence after which a node that answers its probe is dropped "
                              "(default %(default)g: longer than a large checkpoint's save)")
