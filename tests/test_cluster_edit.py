@@ -219,12 +219,15 @@ def test_missing_file_and_bad_yaml(tmp_path):
 
 
 def test_readme_maintenance_commands_run_as_written(tmp_path):
-    """The README's block, on a cluster.yaml with a p3dn queue (the README's own config example)."""
-    readme = (REPO / "README.md").read_text()
-    block = readme.split("### Maintaining the queues of a live cluster\n\n", 1)[1].split("\n\n", 1)[0]
+    """docs/admins.md's block, on the cluster.yaml the same page's `hpc cluster config` example writes (queue p4d)."""
+    guide = (REPO / "docs" / "admins.md").read_text()
+    example = guide.split("## Cluster configs (admins)\n\n", 1)[1].split("\n\n", 1)[0].replace("\\\n", " ")
+    example = example.strip().splitlines()[0]  # the block's first command, its continuation lines joined
+    assert example.split()[:3] == ["hpc", "cluster", "config"], example
+    assert run_hpc(*example.split()[1:], cwd=tmp_path).returncode == 0
+    block = guide.split("### Maintaining the queues of a live cluster\n\n", 1)[1].split("\n\n", 1)[0]
     commands = [line.strip().split("  #")[0].strip() for line in block.splitlines()]
     assert [c.split()[0] for c in commands] == ["cp", "hpc", "hpc", "hpc", "hpc"]
-    shutil.copyfile(EXAMPLES[0], tmp_path / "cluster.yaml")  # p3dn-efa-fsx.yaml: queues p3dn and cpu
     codes = []
     for command in commands:
         if command.startswith("cp "):
@@ -235,4 +238,4 @@ def test_readme_maintenance_commands_run_as_written(tmp_path):
         codes.append(res.returncode)
     # the last one is the diff: MaxCount down with the fleet running needs action, so it exits 1
     assert codes == [0, 0, 0, 1]
-    assert list(_queues(tmp_path / "new.yaml")) == ["p3dn", "cpu", "p5"]
+    assert list(_queues(tmp_path / "new.yaml")) == ["p4d", "p5"]

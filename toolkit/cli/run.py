@@ -52,7 +52,7 @@ def run(target: str = typer.Argument(..., metavar="SCRIPT_OR_MODULE",
     """Run your own Python script or module on N nodes: `hpc run train.py --nodes 2 -- --epochs 3`.
 
     Every rank gets RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR and MASTER_PORT,
-    as under torchrun: a script written for torchrun runs unchanged (README: "Your own training script").
+    as under torchrun: a script written for torchrun runs unchanged (docs/researchers.md: "Your own training script").
     """
     from toolkit.cli.recipes import submit_any
     from toolkit.recipes.user import parse_env, user_recipe

@@ -77,7 +77,7 @@ def user_recipe(target: str, script_args: Sequence[str], *, name: str | None = N
     recipe: dict[str, Any] = {
         "name": name or recipe_name(target),
         "description": f"{target} (your own code)",
-        "source": "hpc run: a researcher's own script; the rank environment is torchrun's (see README, "
+        "source": "hpc run: a researcher's own script; the rank environment is torchrun's (see docs/researchers.md, "
                   "'Your own training script')",
         "launcher": launcher,
         "resources": {"nodes": nodes or 1, **({"time": time} if time else {}),
