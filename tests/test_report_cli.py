@@ -226,3 +226,22 @@ def test_report_run_plot_failures_say_why_on_stderr(tmp_path):
     log = Path(__file__).parent / "fixtures" / "training" / "fairseq_translation.sample.txt"
     res = run_hpc("report", "run", str(log), "-o", str(tmp_path / "curves.txt"))
     assert res.returncode == 1 and "does not end in .png" in res.stderr
+
+
+def test_a_run_with_heartbeats_gets_the_ranks_step_times_below_its_curves(tmp_path):
+    import dataclasses
+
+    from tests.test_stragglers import beat
+    from tests.test_training_logs import Attempt, write_trainer_log
+    from toolkit.reports.plots import training_figure
+    from toolkit.reports.stragglers import find_stragglers
+    from toolkit.reports.training_logs import parse_training_file, summarize_training
+
+    training = summarize_training(parse_training_file(write_trainer_log(tmp_path, [Attempt(0, [10.0, 40.0, 80.0])])))
+    ranks = dataclasses.asdict(find_stragglers([beat(0, 0.01, 0.10, 0.20), beat(1, 0.01, 0.11, 0.19),
+                                                beat(2, 0.01, 0.19, 0.01), beat(3, 0.01, 0.20, 0.0)]))
+    loss, rate, steps = training_figure(training, ranks).axes
+    assert [line.get_label() for line in loss.get_lines()] == ["train"]
+    assert list(rate.get_lines()[0].get_xdata()) == [2, 4, 6] and rate.get_ylabel() == "throughput (images/s)"
+    assert steps.get_ylabel() == "median ms per step" and len(steps.patches) >= 4 * 3  # phases stacked per rank
+    assert len(training_figure(training, None).axes) == 2
