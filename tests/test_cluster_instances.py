@@ -209,3 +209,52 @@ def test_a_job_can_use_a_queue_beside_one_of_an_uncatalogued_type(tmp_path):
     with pytest.raises(HpcError) as err:
         _ = queues["train"].gpus_per_node
     assert "did you mean p4d.24xlarge?" in err.value.fix
+
+
+def test_every_ec2_type_is_known_offline_from_botocores_model():
+    from toolkit.catalog import catalog, ec2_type_names, suggestion
+
+    names = ec2_type_names()
+    assert {"c6i.32xlarge", "hpc7a.96xlarge", "p5en.48xlarge", "trn2.48xlarge"} <= names
+    assert set(catalog()) <= names  # the catalog holds real types only
+    assert suggestion("c6i.32xlarge") is None  # a real type: nothing to correct
+    assert suggestion("c6i.32xlarg") == "c6i.32xlarge" and suggestion("C6I.32XLARGE") == "c6i.32xlarge"
+
+
+def test_a_typo_gets_the_closest_real_type_not_a_catalogued_lookalike(tmp_path):
+    path = _copy(tmp_path)
+    original = path.read_bytes()
+    res = run_hpc("cluster", "queue", "set", str(path), "cpu", "--instance", "c6i.32xlarg")
+    assert res.returncode == 2
+    assert "instance type 'c6i.32xlarg' is not in the toolkit's catalog nor among EC2's instance types" in res.stderr
+    assert "did you mean --instance c6i.32xlarge?" in res.stderr and "hpc6id" not in res.stderr
+    assert path.read_bytes() == original
+
+
+def test_a_real_cpu_type_the_catalog_lacks_is_accepted_with_one_note(tmp_path):
+    path = _copy(tmp_path)
+    res = run_hpc("cluster", "queue", "set", str(path), "cpu", "--instance", "c6i.32xlarge")
+    assert res.returncode == 0, res.stderr
+    resource = _queues(path)["cpu"]["ComputeResources"][0]
+    assert resource["InstanceType"] == "c6i.32xlarge" and "Efa" not in resource  # nothing says it has EFA
+    # what is unknown is said once: the validation's warning, naming the facts file to fill in
+    assert res.stderr.count("c6i.32xlarge") == 1, res.stderr
+    assert "'c6i.32xlarge' is a real EC2 type the toolkit's catalog lacks: its vCPUs, cores, memory and EFA are " \
+           "unknown here" in res.stderr and "instances.yaml" in res.stderr
+
+
+def test_a_real_gpu_type_the_catalog_lacks_is_refused_for_a_gpu_queue_with_the_fix(tmp_path):
+    path = _copy(tmp_path)
+    original = path.read_bytes()
+    res = run_hpc("cluster", "queue", "set", str(path), "train", "--compute-resource", "p4d", "--instance",
+                  "p6-b300.48xlarge")
+    assert res.returncode == 2 and path.read_bytes() == original
+    assert ("p6-b300.48xlarge is a real EC2 instance type the toolkit's catalog lacks; its accelerators per node and "
+            "EFA interfaces, which a GPU (accelerator) queue needs, are unknown here") in res.stderr
+    assert "fix: put the type's facts in ~/.config/hpc/instances.yaml" in res.stderr
+    # with the user's facts for it, the same edit goes through (and gets EFA)
+    facts = tmp_path / "facts.yaml"
+    facts.write_text(yaml.safe_dump(USER_FACTS))
+    res = run_hpc("cluster", "queue", "set", str(path), "train", "--compute-resource", "p4d", "--instance",
+                  "p6-b300.48xlarge", env=dict(os.environ, HPC_INSTANCE_FACTS=str(facts)))
+    assert res.returncode == 0, res.stderr

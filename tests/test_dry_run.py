@@ -195,3 +195,75 @@ def test_verbose_without_a_dry_run_is_a_usage_error_and_submits_nothing(tmp_path
     assert res.returncode == 2 and "Traceback" not in res.stderr and res.stderr.count("error:") == 1
     assert "error: --verbose shows a dry run in full" in res.stderr and "fix: add --dry-run" in res.stderr
     assert not (tmp_path / "runs").exists()
+
+
+def shared_cluster(tmp_path: Path) -> tuple[Path, Path]:
+    """The tests' cluster config with its FSx mounted at TMP/fsx (so a test can put files under it): (config, fsx)."""
+    config = yaml.safe_load(yaml.safe_dump(CLUSTER_CONFIG))
+    fsx = tmp_path / "fsx"
+    config["SharedStorage"][0]["MountDir"] = str(fsx)
+    path = tmp_path / "shared-cluster.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return path, fsx
+
+
+def test_a_multi_node_jobs_script_and_venv_outside_the_shared_file_systems_are_warned(tmp_path):
+    cluster, fsx = shared_cluster(tmp_path)
+    (tmp_path / "train.py").write_text("print('hi')\n")
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    (venv / "bin" / "activate").write_text("")
+    res = dry_run(tmp_path, "run", "train.py", "--nodes", "2", "--cluster", str(cluster), "--queue", "cpu",
+                  "--venv", str(venv))
+    mounts = f"({fsx}, /home)"
+    assert (f"warning: script {tmp_path / 'train.py'} is outside the cluster's shared file systems {mounts}: the "
+            "job's other nodes cannot read it") in res.stderr
+    assert f"warning: venv {venv} is outside the cluster's shared file systems {mounts}" in res.stderr
+    # one node reads what the submitting host wrote... only if it is that host: no warning for a one-node job
+    one = dry_run(tmp_path, "run", "train.py", "--nodes", "1", "--cluster", str(cluster), "--queue", "cpu",
+                  "--venv", str(venv))
+    assert "shared file systems" not in one.stderr
+    # under the FSx: nothing to say
+    (fsx / "env" / "bin").mkdir(parents=True)
+    (fsx / "env" / "bin" / "activate").write_text("")
+    (fsx / "train.py").write_text("print('hi')\n")
+    shared = dry_run(tmp_path, "run", str(fsx / "train.py"), "--nodes", "2", "--cluster", str(cluster),
+                     "--queue", "cpu", "--venv", str(fsx / "env"))
+    assert "shared file systems" not in shared.stderr
+
+
+def test_a_data_dir_outside_the_shared_file_systems_is_warned_in_the_plan(tmp_path):
+    from tests.jobhelpers import MINIMAL_RECIPE, write_recipe
+    from toolkit.submit import plan as plans
+
+    cluster, fsx = shared_cluster(tmp_path)
+    local = yaml.safe_load(yaml.safe_dump(MINIMAL_RECIPE))
+    local["dirs"]["root"] = str(tmp_path / "local")
+    p = plans.plan(SubmitRequest(str(write_recipe(tmp_path, local)), nodes=2, cluster=str(cluster), queue="cpu"))
+    # (the recipe's venv, this test's own, is warned about too)
+    assert [w for w in p.warnings if w.startswith("data dir")] == [
+        f"data dir {tmp_path / 'local' / 'data'} is outside the cluster's shared file systems ({fsx}, /home): the "
+        "job's other nodes cannot read it; move it under one of them"]
+    on_fsx = plans.plan(SubmitRequest(str(write_recipe(tmp_path, MINIMAL_RECIPE, "fsx.yaml")), nodes=2,
+                                      cluster=str(cluster), queue="cpu"))
+    assert on_fsx.spec.dirs["data"] == str(fsx / "data") and not [w for w in on_fsx.warnings
+                                                                   if w.startswith("data dir")]
+
+
+def test_the_summary_shows_the_container_image_and_its_mounts(tmp_path):
+    cluster, fsx = shared_cluster(tmp_path)
+    (fsx / "train.py").parent.mkdir(parents=True)
+    (fsx / "train.py").write_text("print('hi')\n")
+    image = f"{fsx}/images/pytorch.sqsh"
+    args = ("run", str(fsx / "train.py"), "--nodes", "2", "--cluster", str(cluster), "--queue", "cpu",
+            "--container", image, "--container-mount", f"{fsx}/data:/data:ro")
+    lines = dry_run(tmp_path, *args).stdout.splitlines()
+    run_dir = next(line for line in lines if line.startswith("run dir:")).split()[-1]
+    start = lines.index(f"container:   {image} (pyxis, every rank)")
+    assert lines[start + 1:start + 3] == [f"mounts:      {fsx}/data:/data:ro", f"             {run_dir}:{run_dir}"]
+    data = cli_json(dry_run(tmp_path, *args, "--json"))
+    assert data["summary"]["container"]["image"] == image
+    assert data["summary"]["container"]["mounts"][0] == f"{fsx}/data:/data:ro"
+    # a squashfs image on the submitting host alone: the other node cannot start the container
+    local = dry_run(tmp_path, *args[:-4], "--container", str(tmp_path / "pytorch.sqsh"))
+    assert f"warning: container image {tmp_path / 'pytorch.sqsh'} is outside the cluster's shared" in local.stderr

@@ -182,3 +182,66 @@ def test_nccl_under_an_estimated_floor_is_warn_with_exit_0(tmp_path):
     assert "overall: WARN" in res.stdout
     res = run_hpc("report", "nccl", str(log), "--instance", "p5.48xlarge", "--json")
     assert res.returncode == 0 and cli_json(res)["status"] == "WARN"
+
+
+def _drawn(png: Path):
+    """The PNG read back: (height, width) and the pixel variance of each half (each half holds one axes)."""
+    from matplotlib.image import imread
+
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    pixels = imread(png)
+    half = pixels.shape[0] // 2
+    return pixels.shape[:2], float(pixels[:half].var()), float(pixels[half:].var())
+
+
+def test_report_run_plots_loss_and_throughput_of_a_fairseq_log_beside_it(tmp_path):
+    log = tmp_path / "train.log"
+    log.write_text((Path(__file__).parent / "fixtures" / "training" / "fairseq_translation.sample.txt").read_text())
+    res = run_hpc("report", "run", str(log), "--plot")
+    assert res.returncode == 0, res.stderr
+    assert f"plot: {tmp_path / 'train.png'}" in res.stderr
+    (height, width), top, bottom = _drawn(tmp_path / "train.png")
+    assert (height, width) == (660, 880) and top > 0.005 and bottom > 0.005  # both axes drawn, not blank
+
+
+def test_report_run_plots_our_trainers_log_to_the_file_named(tmp_path):
+    from tests.test_training_logs import Attempt, write_trainer_log
+
+    log = write_trainer_log(tmp_path, [Attempt(0, [10.0, 40.0, 80.0, 75.0, 82.0], val_top1=87.5)])
+    png = tmp_path / "out" / "curves.png"
+    res = run_hpc("report", "run", str(log), "-o", str(png), "--json")  # -o alone plots too
+    assert res.returncode == 0, res.stderr
+    assert cli_envelope(res)["data"]["training"]["rate_curve"] == [[2, 10.0], [4, 40.0], [6, 80.0], [8, 75.0],
+                                                                    [10, 82.0]]
+    _, top, bottom = _drawn(png)
+    assert top > 0.005 and bottom > 0.005
+
+
+def test_report_run_plot_failures_say_why_on_stderr(tmp_path):
+    run = _collectives_run(tmp_path, NCCL / "2022_root_wrong_srun-label.sample.txt", efa=True)
+    res = run_hpc("report", "run", str(run), "--plot")
+    assert res.returncode == 1
+    assert res.stderr.startswith(f"error: {run}: nothing to plot: no training records and no per-rank step times")
+    assert "hpc report nccl" in res.stderr and not list(run.rglob("*.png"))
+    log = Path(__file__).parent / "fixtures" / "training" / "fairseq_translation.sample.txt"
+    res = run_hpc("report", "run", str(log), "-o", str(tmp_path / "curves.txt"))
+    assert res.returncode == 1 and "does not end in .png" in res.stderr
+
+
+def test_a_run_with_heartbeats_gets_the_ranks_step_times_below_its_curves(tmp_path):
+    import dataclasses
+
+    from tests.test_stragglers import beat
+    from tests.test_training_logs import Attempt, write_trainer_log
+    from toolkit.reports.plots import training_figure
+    from toolkit.reports.stragglers import find_stragglers
+    from toolkit.reports.training_logs import parse_training_file, summarize_training
+
+    training = summarize_training(parse_training_file(write_trainer_log(tmp_path, [Attempt(0, [10.0, 40.0, 80.0])])))
+    ranks = dataclasses.asdict(find_stragglers([beat(0, 0.01, 0.10, 0.20), beat(1, 0.01, 0.11, 0.19),
+                                                beat(2, 0.01, 0.19, 0.01), beat(3, 0.01, 0.20, 0.0)]))
+    loss, rate, steps = training_figure(training, ranks).axes
+    assert [line.get_label() for line in loss.get_lines()] == ["train"]
+    assert list(rate.get_lines()[0].get_xdata()) == [2, 4, 6] and rate.get_ylabel() == "throughput (images/s)"
+    assert steps.get_ylabel() == "median ms per step" and len(steps.patches) >= 4 * 3  # phases stacked per rank
+    assert len(training_figure(training, None).axes) == 2

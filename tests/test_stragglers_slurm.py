@@ -31,7 +31,7 @@ def test_a_node_limited_to_0_4_cpu_is_named_with_its_ranks(slurm_sandbox, tmp_pa
         wait_until(lambda: job_gone(slurm_sandbox, job["job_id"]), 300, "the job's end")
 
     plot = tmp_path / "ranks.png"
-    flagged = run_hpc("report", "run", str(run.path), "--json", "--plot", str(plot), env=env)
+    flagged = run_hpc("report", "run", str(run.path), "--json", "--plot", "-o", str(plot), env=env)
     assert flagged.returncode == 1, flagged.stdout + flagged.stderr
     found = cli_envelope(flagged)["data"]["stragglers"]
     assert found["note"] is None and min(r["steps"] for r in found["ranks"]) >= 10  # enough steps to judge

@@ -228,14 +228,50 @@ def nccl_floor(instance_type: str, transport: str, nodes: int) -> NcclFloor | No
     return next((f for f in nccl_floors_for(instance_type, transport) if f.covers(nodes)), None)
 
 
+# Families whose facts (accelerators per node, EFA interfaces) a queue cannot do without: GPUs (p, g, gr), Trainium,
+# Inferentia, Gaudi (dl), FPGAs (f), video transcoders (vt).
+ACCELERATED_FAMILY = re.compile(r"^(p|g|gr|trn|inf|dl|f|vt)\d")
+
+
+@functools.cache
+def ec2_type_names() -> frozenset[str]:
+    """Every EC2 instance type name, offline: the InstanceType enum of botocore's EC2 service model (botocore comes
+    with aws-parallelcluster, the admin extra; 1,437 names in botocore 1.44.8). Empty without botocore: the
+    catalog alone is known then."""
+    try:
+        from botocore.exceptions import DataNotFoundError
+        from botocore.loaders import Loader
+    except ImportError:
+        return frozenset()
+    try:
+        model = Loader().load_service_model("ec2", "service-2")
+    except DataNotFoundError:
+        return frozenset()
+    return frozenset(model.get("shapes", {}).get("InstanceType", {}).get("enum", ()))
+
+
+def is_accelerated(name: str) -> bool:
+    return bool(ACCELERATED_FAMILY.match(name))
+
+
 def suggestion(name: str) -> str | None:
-    """The catalog type the user probably meant: the same name in another case, else the closest spelling."""
+    """The type the user probably meant: the same name in another case, else the closest spelling among every EC2
+    type (the catalog's where botocore is missing). None for a real type: nothing to correct."""
     known = catalog()
-    same = [k for k in known if k.lower() == name.lower()]
+    names = set(known) | ec2_type_names()
+    if name in names:
+        return None
+    same = sorted(k for k in names if k.lower() == name.lower())
     if same:
         return same[0]
-    close = difflib.get_close_matches(name.lower(), list(known), n=1, cutoff=0.8)
+    close = difflib.get_close_matches(name.lower(), sorted(names), n=1, cutoff=0.8)
     return close[0] if close else None
+
+
+def family_types(name: str) -> list[str]:
+    """The catalog's types of the family of `name` (p5en.48xlarge -> p5en's), for a fix to point at."""
+    family = name.split(".")[0]
+    return sorted(k for k in catalog() if k.split(".")[0] == family)
 
 
 def instance(name: str) -> InstanceType:
@@ -243,6 +279,11 @@ def instance(name: str) -> InstanceType:
     try:
         return catalog()[name]
     except KeyError:
+        if name in ec2_type_names():
+            same = family_types(name)
+            raise HpcError(f"instance type {name} is a real EC2 type the toolkit's catalog lacks: its facts (vCPUs, "
+                           "cores, accelerators, EFA) are unknown here", fix=facts_hint() + (
+                               f"; or use a type the catalog has: {', '.join(same)}" if same else "")) from None
         guess = suggestion(name)
         hint = f"if {name} is a real EC2 instance type the catalog lacks, {facts_hint()}"
         fix = f"did you mean {guess}? ({hint})" if guess else f"use one of: {', '.join(sorted(catalog()))}; or, {hint}"

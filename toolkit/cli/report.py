@@ -145,8 +145,11 @@ def _run_text(run) -> str:
 @app.command("run")
 def run(run_dir: Path = typer.Argument(..., help="A run directory (with metadata.json and its logs), or one log file."),
         as_json: bool = JSON_OPTION,
-        plot: Optional[Path] = typer.Option(None, "--plot", help="Also write a PNG of each rank's step time by "
-                                                                 "phase (the ranks' heartbeats)."),
+        plot: bool = typer.Option(False, "--plot", help="Also draw a PNG: loss and throughput over the steps, and "
+                                  "each rank's step time by phase when the run has the ranks' heartbeats. Written "
+                                  "beside the log (LOG with .png for its suffix) unless -o names the file."),
+        output: Optional[Path] = typer.Option(None, "--output", "-o", metavar="FILE.png",
+                                              help="Where --plot writes (implies --plot)."),
         straggler_threshold: float = typer.Option(DEFAULT_THRESHOLD, "--straggler-threshold", min=0.01,
                                                   metavar="FRACTION", help="Flag ranks whose own work per step (data "
                                                   "+ compute) exceeds the faster ranks' (lower quartile) by this "
@@ -161,15 +164,8 @@ def run(run_dir: Path = typer.Argument(..., help="A run directory (with metadata
     summary = read_run(run_dir, straggler_threshold)
     emit(dataclasses.asdict(summary), as_json, lambda _: _run_text(summary))
     stragglers = summary.stragglers
-    if plot:
-        if not stragglers or not stragglers["ranks"]:
-            raise fail(f"{run_dir}: no per-rank step times to plot" + (f" ({stragglers['note']})" if stragglers
-                                                                        else " (no heartbeats)"))
-        from toolkit.reports.plots import save_png, stragglers_figure
-
-        figure = stragglers_figure(stragglers["ranks"], stragglers["baseline_own_ms"], stragglers["threshold"],
-                                   f"{summary.recipe or 'run'}: step time per rank")
-        info(f"plot: {save_png(figure, plot)}")
+    if plot or output:
+        info(f"plot: {_plot_run(summary, run_dir, output)}")
     if summary.efa_problem and as_json:  # the text output shows it already
         warn(summary.efa_problem)
     if summary.efa_problem:
@@ -178,6 +174,30 @@ def run(run_dir: Path = typer.Argument(..., help="A run directory (with metadata
         raise fail(f"straggler: {stragglers['lines'][0]}")
     if summary.nccl and any(t["verdict"]["status"] == "FAIL" for t in summary.nccl):
         raise fail("an nccl test failed: see its verdict")
+
+
+def _plot_run(summary, run_dir: Path, output: Path | None) -> Path:
+    """Draw `hpc report run --plot`: training curves (with the ranks' step times when there are heartbeats), or
+    the step times alone; written to `output`, else beside the log the summary was read from."""
+    from toolkit.errors import HpcError
+    from toolkit.reports.plots import save_png, stragglers_figure, training_figure
+
+    stragglers = summary.stragglers if summary.stragglers and summary.stragglers["ranks"] else None
+    title = f"{summary.recipe or Path(summary.log or run_dir).name}"
+    if summary.training:
+        figure = training_figure(summary.training, stragglers, title)
+    elif stragglers:
+        figure = stragglers_figure(stragglers["ranks"], stragglers["baseline_own_ms"], stragglers["threshold"],
+                                   f"{title}: step time per rank")
+    else:
+        why = f" ({summary.stragglers['note']})" if summary.stragglers and summary.stragglers["note"] else ""
+        raise HpcError(f"{run_dir}: nothing to plot: no training records and no per-rank step times{why}",
+                       fix="plot a training run (its rank 0 log or run dir); nccl results: `hpc report nccl LOG "
+                       "--plot FILE.png`")
+    if output is None:
+        log = Path(summary.log) if summary.log else Path(run_dir) / "run"
+        output = log.with_suffix(".png") if log.suffix != ".png" else log.with_name(log.name + ".plot.png")
+    return save_png(figure, output)
 
 
 @app.command("scaling")

@@ -20,7 +20,7 @@ from typing import Any, Iterator
 
 from toolkit.accelerators import family_or_none
 from toolkit.accelerators.base import AmiTrap
-from toolkit.catalog import InstanceType, catalog, facts_hint, suggestion
+from toolkit.catalog import InstanceType, catalog, ec2_type_names, facts_hint, suggestion
 from toolkit.cluster.findings import Finding
 
 CAPACITY_BLOCK_NO_ID = (
@@ -88,22 +88,27 @@ def instance_types(config: dict) -> Iterator[tuple[str, str]]:
         yield path, itype
 
 
-def _guess(itype: str) -> str:
+def _unknown_type(itype: str) -> tuple[str, str]:
+    """(what the name is, the fix) for a type outside the catalog: a real EC2 type (botocore's list) lacking facts,
+    or a name EC2 does not have (a typo: the closest real one)."""
+    limited = ("pcluster's checks that need its facts (EFA, GPUs, memory, network interfaces and public IPs, "
+               "architecture, placement groups) were not run for it, nor the toolkit's V100 check")
+    if itype in ec2_type_names():
+        return (f"instance type {itype!r} is a real EC2 type the toolkit's catalog lacks: its vCPUs, cores, memory "
+                f"and EFA are unknown here, so {limited}; jobs planned on it need them",
+                f"{facts_hint()}, to check them offline; `pcluster create-cluster` checks them against AWS")
     guess = suggestion(itype)
-    return f"did you mean {guess}?" if guess else "no catalogued type is close"
+    listed = "the toolkit's catalog" + (" nor among EC2's instance types (botocore's list)" if ec2_type_names() else "")
+    return (f"instance type {itype!r} is not in {listed}: {limited}",
+            (f"did you mean {guess}? " if guess else "") + f"if {itype} is a real type, {facts_hint()}, to check "
+            "them offline; `pcluster create-cluster` checks them against AWS")
 
 
 def unknown_instance_types(config: dict) -> list[Finding]:
     """A type outside the catalog is a hole in our data, not a fault in the file: a warning naming the checks
     that are limited for it."""
-    return [
-        Finding("warning", path, f"instance type {itype!r} is not in the toolkit's catalog: pcluster's checks that "
-                "need its facts (EFA, GPUs, memory, network interfaces and public IPs, architecture, placement "
-                "groups) were not run for it, nor the toolkit's V100 check",
-                f"if {itype} is not a typo ({_guess(itype)}), {facts_hint()}, to check them offline; "
-                "`pcluster create-cluster` checks them against AWS")
-        for path, itype in instance_types(config) if itype not in catalog()
-    ]
+    return [Finding("warning", path, *_unknown_type(itype)) for path, itype in instance_types(config)
+            if itype not in catalog()]
 
 
 def custom_ami(config: dict, queue: dict) -> str | None:

@@ -328,7 +328,8 @@ def set_queue(path: str | Path, name: str, max_nodes: int | None = None, min_nod
     A new instance type with EFA gets EFA (and a placement group) where the compute resource has none."""
     if max_nodes is None and min_nodes is None and instance_type is None and subnet is None:
         raise UsageError("nothing to change", fix="give --max N, --min N, --instance TYPE or --subnet SUBNET_ID")
-    new_type = flags.instance_type(instance_type, "--instance") if instance_type is not None else None
+    new_type, facts = flags.queue_instance_type(instance_type, "--instance") if instance_type is not None else (None,
+                                                                                                             None)
     if subnet is not None:
         flags.subnet_id(subnet, "--subnet")
 
@@ -377,11 +378,12 @@ def set_queue(path: str | Path, name: str, max_nodes: int | None = None, min_nod
                 holder, rt_holder = resource["Instances"][0], rt_resource["Instances"][0]
             else:
                 raise HpcError(f"{where} lists several instance types (Instances)", fix=HAND_FIX)
-            if holder.get("InstanceType") != new_type.name:
-                changes.append(f"{where}: InstanceType {holder.get('InstanceType')} -> {new_type.name}")
-                _set_scalar(lines, rt_holder, "InstanceType", new_type.name)
-                holder["InstanceType"] = new_type.name
-                if new_type.has_efa and "Efa" not in resource:
+            if holder.get("InstanceType") != new_type:
+                changes.append(f"{where}: InstanceType {holder.get('InstanceType')} -> {new_type}")
+                _set_scalar(lines, rt_holder, "InstanceType", new_type)
+                holder["InstanceType"] = new_type
+                # a type outside the catalog (a CPU type: queue_instance_type) gets no EFA: nothing says it has any
+                if facts is not None and facts.has_efa and "Efa" not in resource:
                     changes += _enable_efa(lines, queue, resource, rt_resource, where, nl)
         return changes, []
     return _edit(path, "set", name, splice, dry_run)

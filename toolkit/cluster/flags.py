@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import re
 
-from toolkit.catalog import InstanceType, catalog, facts_hint, suggestion
+from toolkit.catalog import (InstanceType, catalog, ec2_type_names, facts_hint, family_types, is_accelerated,
+                             suggestion)
 from toolkit.errors import UsageError
 
 # ParallelCluster's rule for queue names (pcluster/validators/cluster_validators.py, QueueNameValidator): lower case,
@@ -25,12 +26,45 @@ def instance_type(value: str, option: str, given: str | None = None) -> Instance
     known = catalog()
     found = known.get(value) or next((it for name, it in known.items() if name.lower() == value.lower()), None)
     if found is None:
-        guess = suggestion(value)
-        hint = f"if {value} is a real EC2 instance type the catalog lacks, {facts_hint()}"
-        raise UsageError(f"{option} {given or value!r}: instance type {value!r} is not in the toolkit's catalog",
-                         fix=f"did you mean {option} {(given or value).replace(value, guess, 1)}? ({hint})" if guess
-                         else hint)
+        if value in ec2_type_names():
+            raise _lacks_facts(value, option, given)
+        raise _not_a_type(value, option, given)
     return found
+
+
+def _not_a_type(value: str, option: str, given: str | None) -> UsageError:
+    """A name neither the catalog nor EC2's full list (botocore's) has: a typo, with the closest real name."""
+    guess = suggestion(value)
+    listed = "the toolkit's catalog" + (" nor among EC2's instance types" if ec2_type_names() else "")
+    hint = f"if {value} is a real EC2 instance type the catalog lacks, {facts_hint()}"
+    return UsageError(f"{option} {given or value!r}: instance type {value!r} is not in {listed}",
+                      fix=f"did you mean {option} {(given or value).replace(value, guess, 1)}?" + (
+                          "" if ec2_type_names() else f" ({hint})") if guess else hint)
+
+
+def _lacks_facts(value: str, option: str, given: str | None) -> UsageError:
+    """A real EC2 type the catalog lacks where its facts are needed (a new queue's EFA and GPUs; an accelerator)."""
+    same = family_types(value)
+    return UsageError(f"{option} {given or value!r}: {value} is a real EC2 instance type the toolkit's catalog lacks; "
+                      + ("its accelerators per node and EFA interfaces, which a GPU (accelerator) queue needs, are "
+                         "unknown here" if is_accelerated(value) else "its facts (vCPUs, cores, EFA) are needed here"),
+                      fix=facts_hint() + (f"; or use a type the catalog has: {', '.join(same)}" if same else ""))
+
+
+def queue_instance_type(value: str, option: str) -> tuple[str, InstanceType | None]:
+    """An instance type for an existing queue's compute resource: (its name, its catalog facts). A real EC2 type the
+    catalog lacks (EC2's full list: catalog.ec2_type_names) is accepted for a CPU queue without facts (the config's
+    validation says once what is unknown: checks.unknown_instance_types); an accelerated one is refused, as is a
+    typo."""
+    known = catalog()
+    found = known.get(value) or next((it for name, it in known.items() if name.lower() == value.lower()), None)
+    if found is not None:
+        return found.name, found
+    if value not in ec2_type_names():
+        raise _not_a_type(value, option, None)
+    if is_accelerated(value):
+        raise _lacks_facts(value, option, None)
+    return value, None
 
 
 def queue_name(name: str, option: str, given: str) -> str:

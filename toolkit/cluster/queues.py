@@ -60,6 +60,7 @@ class Queue:
     # (helper_partition_of); None: the job's own partition
     helper_partition: str | None = None
     os: str | None = None  # Image/Os of the cluster config: what the nodes' own python3 is (OS_PYTHON3)
+    shared_mounts: tuple[str, ...] = ()  # every SharedStorage MountDir of the config (FSx, EFS, EBS, RAID)
 
     @property
     def os_python3(self) -> tuple[int, int] | None:
@@ -150,6 +151,10 @@ def queues_from_config(config: dict[str, Any], source: str = "<config>") -> dict
         (s.get("MountDir") for s in config.get("SharedStorage") or [] if s.get("StorageType") == "FsxLustre"),
         None,
     )
+    # ParallelCluster mounts every SharedStorage entry on every node, a relative MountDir under / (the cookbook's
+    # format_directory: aws/aws-parallelcluster-cookbook, recipes/config/mount_home.rb and mount_shared.rb)
+    shared = tuple(dict.fromkeys("/" + str(s["MountDir"]).strip("/") for s in config.get("SharedStorage") or []
+                                 if isinstance(s, dict) and s.get("MountDir")))
     queues: dict[str, Queue] = {}
     for q in (config.get("Scheduling") or {}).get("SlurmQueues") or []:
         name = q.get("Name")
@@ -181,6 +186,7 @@ def queues_from_config(config: dict[str, Any], source: str = "<config>") -> dict
             smt_disabled=any(r.get(SMT_KEY) is True for r in resources),
             from_config=True,
             os=(config.get("Image") or {}).get("Os"),
+            shared_mounts=shared,
         )
     helper = helper_partition_of(queues, source)
     return {name: dataclasses.replace(q, helper_partition=helper) for name, q in queues.items()}

@@ -17,13 +17,13 @@ if TYPE_CHECKING:
     from toolkit.reports.scaling import ScalingRow
 
 
-def _figure():
+def _figure(height: float = 5):
     try:
         from matplotlib.backends.backend_agg import FigureCanvasAgg
         from matplotlib.figure import Figure
     except ImportError:
         raise HpcError("plots need matplotlib", fix="pip install 'hpc-toolkit[reports]' (or matplotlib)") from None
-    fig = Figure(figsize=(8, 5), layout="constrained")  # no pyplot: no global state, no GUI backend
+    fig = Figure(figsize=(8, height), layout="constrained")  # no pyplot: no global state, no GUI backend
     FigureCanvasAgg(fig)
     return fig
 
@@ -73,7 +73,11 @@ def stragglers_figure(ranks: list[dict], baseline_own_ms: float, threshold: floa
     """Each rank's median step split into its phases (stacked bars), the baseline own work (data + compute: the
     ranks' lower quartile) and the straggler line above it; flagged ranks' bars outlined in red."""
     fig = _figure()
-    ax = fig.add_subplot()
+    _stragglers_axes(fig.add_subplot(), ranks, baseline_own_ms, threshold, title)
+    return fig
+
+
+def _stragglers_axes(ax, ranks: list[dict], baseline_own_ms: float, threshold: float, title: str = "") -> None:
     phases = [p for p in ("data", "compute", "sync") if any(p in r["phases_ms"] for r in ranks)]
     labels = [f"{r['rank']}\n{r['node']}" for r in ranks]
     bottom = [0.0] * len(ranks)
@@ -92,6 +96,43 @@ def stragglers_figure(ranks: list[dict], baseline_own_ms: float, threshold: floa
     ax.set_title(title or "per-rank step time")
     ax.grid(True, axis="y", alpha=0.3)
     ax.legend()
+
+
+def training_figure(training: dict, stragglers: dict | None = None, title: str = "") -> Figure:
+    """A run's training over its steps: loss (train, and validation where logged) and each logged interval's
+    throughput with the post-warm-up mean; below them each rank's step time (stragglers_figure) when the run
+    has the ranks' heartbeats. `training` is training_logs.summarize_training()'s dict."""
+    loss, valid, rates = training["loss_curve"], training["valid_curve"], training.get("rate_curve") or []
+    if not loss and not rates:
+        raise HpcError(f"{training['source'] or 'the log'}: no loss or throughput per step to plot",
+                       fix="log training intervals (fairseq: --log-interval; our trainer logs them itself)")
+    ranks = stragglers["ranks"] if stragglers else []
+    fig = _figure(9 if ranks else 6)
+    axes = fig.subplots(3 if ranks else 2, 1)
+    ax = axes[0]
+    if loss:
+        ax.plot(*zip(*loss, strict=True), "-", marker="." if len(loss) < 50 else None, label="train")
+    if valid:
+        ax.plot([v[0] for v in valid], [v[1] for v in valid], "s--", markersize=4, label="validation")
+    ax.set_xlabel("update (step)")
+    ax.set_ylabel(f"loss (base {training['loss_base']})")
+    ax.set_title(title or "training")
+    ax.grid(True, alpha=0.3)
+    ax.legend()
+    ax = axes[1]
+    if rates:
+        ax.plot(*zip(*rates, strict=True), "-", marker="." if len(rates) < 50 else None, color="tab:green",
+                label="per logged interval")
+    if training["throughput"] is not None:
+        ax.axhline(training["throughput"], color="gray", linestyle="--",
+                   label=f"after warm-up: {training['throughput']:.1f}")
+    ax.set_xlabel("update (step)")
+    ax.set_ylabel(f"throughput ({training['unit']})")
+    ax.set_ylim(bottom=0)  # from zero: warm-up dips and a steady rate read at their true size
+    ax.grid(True, alpha=0.3)
+    ax.legend()
+    if ranks and stragglers:
+        _stragglers_axes(axes[2], ranks, stragglers["baseline_own_ms"], stragglers["threshold"])
     return fig
 
 

@@ -238,6 +238,7 @@ def summarize_training(log: TrainingLog, warmup: int = 1) -> dict:
     """Throughput, updates, loss and validation curves of a parsed log, as plain JSON-ready values.
 
     epochs: fairseq's last epoch number (1-based, the last may be partial); our trainer's epochs completed.
+    rate_curve rows are [update, rate of the interval ending there] (warm-up included: the plot shows it);
     valid_curve rows are [update, loss, top1] (top1 in %, None for fairseq); the `end` record, the trainer's
     own summary of its last attempt, is `trainer_summary`.
     """
@@ -260,6 +261,7 @@ def summarize_training(log: TrainingLog, warmup: int = 1) -> dict:
         "final_loss": next((p.loss for p in reversed(train) if p.loss is not None), None),
         "loss_base": log.loss_base,
         "loss_curve": [[p.update, p.loss] for p in train if p.loss is not None],
+        "rate_curve": [[p.update, p.rate] for p in train if p.rate is not None],  # each logged interval's rate
         "valid_curve": [[p.update, p.loss, _num(p.values.get("top1"))] for p in valid if p.loss is not None],
         "final_top1": top1[-1] if top1 else _num((end or {}).get("top1")),
         "starts": sum(r["event"] == "start" for r in log.records) if log.format == "resnet" else None,

@@ -86,7 +86,7 @@ def plan_job(request: SubmitRequest, run_dir: Path | None = None,
     from toolkit.recipes.load import load_recipe
     from toolkit.slurm.materialize import build_job_spec
     from toolkit.slurm.render import slurm_part
-    from toolkit.submit import outputs, runsroot
+    from toolkit.submit import outputs, runsroot, sharedfs
 
     refuse_conflicts(request)
     notes: list[str] = []
@@ -106,6 +106,8 @@ def plan_job(request: SubmitRequest, run_dir: Path | None = None,
                           slurm_options=request.slurm_options, run_dir=str(run_dir))
     if root is not None and (warning := runsroot.home_warning(root, spec)):
         spec = dataclasses.replace(spec, warnings=(*spec.warnings, warning))
+    if outside := sharedfs.outside_warnings(recipe, spec, queue):
+        spec = dataclasses.replace(spec, warnings=(*spec.warnings, *outside))
     roots = [root.path] if root is not None else runsroot.reader_roots()
     if request.resume_from:  # a run owns its outputs; continuing another is explicit (toolkit.submit.outputs)
         spec = outputs.resume_from(spec, request.resume_from, roots)

@@ -80,7 +80,15 @@ def summary(p: Any) -> dict[str, Any]:
         "env": [{"name": v.name, "value": None if is_secret(v.name) else v.value, "prepend": v.prepend,
                  "secret": is_secret(v.name)} for v in spec.env],
         "rank0_argv": list(p.rank0_argv),
+        "container": _container(spec.software.container),
     }
+
+
+def _container(container: Any) -> dict[str, Any] | None:
+    """The image every rank runs in and what is mounted into it (toolkit.job.container.ContainerEnv)."""
+    if container is None:
+        return None
+    return {"image": container.image, "mounts": list(container.mounts), "workdir": container.workdir}
 
 
 def sweep_summary(sp: Any) -> dict[str, Any]:
@@ -146,6 +154,11 @@ def lines(s: dict[str, Any]) -> list[str]:
            f"time limit:  {s['time_limit']}",
            f"submit with: {target_for(s['executor']).summary}",
            f"{'sweep dir:' if 'sweep' in s else 'run dir:':13}{s['run_dir']}"]
+    if container := s.get("container"):
+        out.append(f"container:   {container['image']} (pyxis, every rank)"
+                   + (f", workdir {container['workdir']}" if container["workdir"] else ""))
+        mounts = container["mounts"] or ["(none)"]
+        out += [f"mounts:      {mounts[0]}", *(f"             {mount}" for mount in mounts[1:])]
     env = [_env_line(v) for v in s["env"]] or ["(none set by the job)"]
     out += [f"environment: {env[0]}", *(f"             {line}" for line in env[1:])]
     out.append(f"rank 0 runs: {readable_argv(s['rank0_argv'])}" + (" (point 0)" if "sweep" in s else ""))
