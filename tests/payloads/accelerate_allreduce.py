@@ -1,5 +1,7 @@
 """A user's script written for Hugging Face Accelerate: one all_reduce across every rank, then one JSON line per rank
-(what the launcher gave it: its rank, the world, the backend's device, the sum)."""
+(what the launcher gave it: its rank, the world, the backend's device, the sum); it ends as accelerate's examples do,
+with end_training(), which destroys the process group (a gloo group left to the interpreter's exit can abort a rank:
+"terminate called without an active exception", seen once under load)."""
 
 import json
 import os
@@ -16,3 +18,5 @@ print(json.dumps({"event": "accelerate_allreduce", "rank": accelerator.process_i
                   "world": accelerator.num_processes, "type": str(accelerator.distributed_type),
                   "sum": total.item(), "host": socket.gethostname(), "node": os.environ.get("GROUP_RANK")}),
       flush=True)
+accelerator.wait_for_everyone()
+accelerator.end_training()
