@@ -192,11 +192,11 @@ def test_a_script_missing_on_the_node_fails_the_rank_with_one_line(tmp_path):
 
 @pytest.mark.training
 def test_a_script_that_ignores_the_environment_ends_at_the_rendezvous_timeout(tmp_path):
-    argv = rank_argv(str(PAYLOADS / "ignores_env.py"), str(free_port()), rendezvous_timeout_s=3)
+    argv = rank_argv(str(PAYLOADS / "ignores_env.py"), str(free_port()), rendezvous_timeout_s=8)
     start = time.monotonic()
     res = subprocess.run(argv, env=slurm_task(0), capture_output=True, text=True, timeout=120)
     assert res.returncode == 1 and time.monotonic() - start < 60
-    assert "init_process_group did not complete within 3 s" in res.stderr and "joined" not in res.stdout
+    assert "init_process_group did not complete within 8 s" in res.stderr and "joined" not in res.stdout
 
 
 @pytest.mark.training
