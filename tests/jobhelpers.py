@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
 import signal
 import subprocess
+import threading
 from pathlib import Path
 
 import yaml
@@ -140,3 +142,29 @@ def stop_agents(agents: list[subprocess.Popen], timeout: float) -> None:
             except subprocess.TimeoutExpired:
                 os.killpg(agent.pid, signal.SIGKILL)
                 agent.wait()
+
+
+@contextlib.contextmanager
+def submitits_stop_signal(task, after_s: float = 0.7):
+    """Rank 0 of a submitit task when Slurm's stop signal comes, `after_s` into the block: submitit's own handler
+    calls task.checkpoint() (stood in for by a handler that does what submitit/core/job_environment.py does), and
+    Slurm signals the task's workload too. Yields the list checkpoint()'s answers are appended to."""
+    from toolkit.slurm import rank_task
+
+    answers: list = []
+
+    def submitits_handler(_signum, _frame):
+        answers.append(task.checkpoint())
+
+    def slurm_signals_the_step():
+        os.kill(rank_task._running["proc"].pid, signal.SIGUSR2)
+        os.kill(os.getpid(), signal.SIGUSR2)
+
+    previous = signal.signal(signal.SIGUSR2, submitits_handler)
+    timer = threading.Timer(after_s, slurm_signals_the_step)
+    timer.start()
+    try:
+        yield answers
+    finally:
+        timer.cancel()
+        signal.signal(signal.SIGUSR2, previous)

@@ -8,12 +8,11 @@ import re
 import shlex
 import signal
 import sys
-import threading
 
 import pytest
 
 from tests.conftest import cli_json, run_hpc
-from tests.jobhelpers import P3DN, probe_recipe, write_cluster
+from tests.jobhelpers import P3DN, probe_recipe, submitits_stop_signal, write_cluster
 from toolkit.slurm.render import render_script
 from toolkit.slurm.materialize import build_job_spec
 from toolkit.recipes.load import load_recipe
@@ -67,24 +66,9 @@ def test_the_stop_policy_answers_submitits_checkpoint_protocol(tmp_path, requeue
     program = rank_program((sys.executable, "-c", WORKLOAD), 1, 1, contract=True)
     task = rank_task.RankTask(program.argv, 1, str(tmp_path), __version__,
                               StopPolicy(requeue=requeue, saves_on_signal=stops_on_signal))
-    answers = []
-
-    def submitits_handler(_signum, _frame):
-        answers.append(task.checkpoint())
-
-    def slurm_signals_the_step():
-        os.kill(rank_task._running["proc"].pid, signal.SIGUSR2)
-        os.kill(os.getpid(), signal.SIGUSR2)
-
-    previous = signal.signal(signal.SIGUSR2, submitits_handler)
-    timer = threading.Timer(0.7, slurm_signals_the_step)
-    timer.start()
-    try:
+    with submitits_stop_signal(task) as answers:
         env = {**os.environ, "SLURM_PROCID": "0", "SLURM_LOCALID": "0", "SLURM_NODEID": "0"}
         assert rank_task._run(list(task.argv), env, ignore_usr2=not (stops_on_signal and requeue)) == code
-    finally:
-        timer.cancel()
-        signal.signal(signal.SIGUSR2, previous)
     assert len(answers) == 1
     assert (answers[0] is not None) == requeued
     if requeued:

@@ -16,7 +16,6 @@ import shlex
 import signal
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -24,7 +23,7 @@ from types import SimpleNamespace
 import pytest
 
 from tests.conftest import REPO
-from tests.jobhelpers import CPU
+from tests.jobhelpers import CPU, submitits_stop_signal
 from tests.stubs import JOB_ID, write_executable
 from toolkit.job.spec import TORCHRUN, JobSpec
 from toolkit.slurm.materialize import build_job_spec
@@ -163,25 +162,11 @@ def run_submitits_checkpoint(spec: JobSpec, tmp_path: Path, monkeypatch) -> tupl
     task = dataclasses.replace(rank_task.RankTask.for_spec(spec, tmp_path, __version__), argv=program.argv)
     for name in ("SLURM_PROCID", "SLURM_LOCALID", "SLURM_NODEID"):
         monkeypatch.setenv(name, "0")
-    answers = []
-
-    def submitits_handler(_signum, _frame):
-        answers.append(task.checkpoint())
-
-    def slurm_signals_the_step():
-        os.kill(rank_task._running["proc"].pid, signal.SIGUSR2)
-        os.kill(os.getpid(), signal.SIGUSR2)
-
-    previous = signal.signal(signal.SIGUSR2, submitits_handler)
-    timer = threading.Timer(0.7, slurm_signals_the_step)
-    timer.start()
-    try:
-        outcome = {"stopped": "saved", "completed": "ran on"}[task()]
-    except rank_task.RankFailed:
-        outcome = "ended"
-    finally:
-        timer.cancel()
-        signal.signal(signal.SIGUSR2, previous)
+    with submitits_stop_signal(task) as answers:
+        try:
+            outcome = {"stopped": "saved", "completed": "ran on"}[task()]
+        except rank_task.RankFailed:
+            outcome = "ended"
     [answer] = answers
     if answer is not None:
         assert answer.function is task
