@@ -404,6 +404,14 @@ class RunDir:
         """Whether any rank recorded a failure (cheaper than failures(): for status polls of large sweeps)."""
         return any((self.path / FAILURES).glob("rank-*.json"))
 
+    def outcome(self) -> bool | None:
+        """How the run ended by its own records: rank 0's result (ok or not), else False where a rank recorded a
+        failure, else None (not ended, or ended without a word)."""
+        result = self.result()
+        if result:
+            return result.ok
+        return False if self.failed() else None
+
     def write_failure(self, record: RankRecord) -> None:
         (self.path / FAILURES).mkdir(parents=True, exist_ok=True)
         write_json(self.path / FAILURES / f"rank-{record.rank}.json", record.to_json())

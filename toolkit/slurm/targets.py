@@ -148,11 +148,9 @@ class Local:
     def _state(job_id: str, run: RunDir | None) -> State:
         """Its run dir's result (rank 0's, else a failed rank's record), else whether submitit's process (job id =
         its pid) still runs."""
-        result = run.result() if run else None
-        if result:
-            return State.COMPLETED if result.ok else State.FAILED
-        if run is not None and run.failed():
-            return State.FAILED
+        outcome = run.outcome() if run else None
+        if outcome is not None:
+            return State.COMPLETED if outcome else State.FAILED
         try:
             os.kill(int(job_id), 0)
             return State.RUNNING

@@ -71,11 +71,8 @@ def progress(run: RunDir, job_id: str | None, running: bool, stall_after_s: floa
 
 
 def state_from_run_dir(run: RunDir) -> State:
-    """How a run ended by its own records: rank 0's result, else a failed rank's record, else UNKNOWN."""
-    result = run.result()
-    if result:
-        return State.COMPLETED if result.ok else State.FAILED
-    return State.FAILED if run.failed() else State.UNKNOWN
+    """How a run ended by its own records (RunDir.outcome): rank 0's result, else a failed rank's, else UNKNOWN."""
+    return {True: State.COMPLETED, False: State.FAILED, None: State.UNKNOWN}[run.outcome()]
 
 
 def status(job_id: str, root: Path | None = None) -> RunStatus:
@@ -222,12 +219,15 @@ def sweep_failed_tasks(sweep_dir: Path, meta: Metadata) -> list[dict]:
 def cancel_ids(job_id: str, root: Path | None = None) -> list[str]:
     """What `hpc jobs cancel` ends: a sweep's every array for the sweep's id (any array's, or its dir's name),
     else the id itself (one task ID_N stays one task)."""
-    run = rundir.find_run(job_id, root or reader_roots())
+    return _cancel_ids(job_id, rundir.find_run(job_id, root or reader_roots()))[0]
+
+
+def _cancel_ids(job_id: str, run: RunDir | None) -> tuple[list[str], Metadata]:
     meta = (run.metadata() if run else None) or Metadata()
     arrays = [a.job_id for a in meta.sweep_arrays] if meta.kind == SWEEP else []
     if (run is not None and job_id == run.name) or job_id in arrays:
-        return arrays
-    return [job_id]
+        return arrays, meta
+    return [job_id], meta
 
 
 def cancel(job_id: str, root: Path | None = None) -> list[str]:
@@ -235,9 +235,7 @@ def cancel(job_id: str, root: Path | None = None) -> list[str]:
     machine for the local executor. Returns the ids ended."""
     from toolkit.target import target_for
 
-    run = rundir.find_run(job_id, root or reader_roots())
-    meta = (run.metadata() if run else None) or Metadata()
-    ids = cancel_ids(job_id, root)
+    ids, meta = _cancel_ids(job_id, rundir.find_run(job_id, root or reader_roots()))
     target_for(meta.executor or Executor.SLURM).cancel(ids)
     return ids
 
