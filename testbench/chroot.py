@@ -72,6 +72,47 @@ def _shared_mount_lines(layout: Layout) -> str:
     return f"  mkdir -p {target}\n  mount --bind {shlex.quote(str(layout.lane.shared_dir))} {target}\n"
 
 
+def _private_root_lines(layout: Layout) -> str:
+    """The node lane's submit side shares its root file system with the nodes, so the mount points its binds need
+    (the checkout, the venv, /work) must not be made there: the nodes would see them as empty dirs at this
+    machine's paths (CI's clone at /check/work/main was seen that way). It enters an overlay of the root file
+    system instead, its writes on a tmpfs that goes with the mount namespace. Other lanes' roots are their own."""
+    if not layout.lane.rootfs_nodes_only:
+        return ""
+    return """  scratch="$root/mnt"
+  mount -t tmpfs -o mode=0755 tmpfs "$scratch"
+  mkdir "$scratch/upper" "$scratch/work" "$scratch/root"
+  mount -t overlay overlay -o lowerdir="$root",upperdir="$scratch/upper",workdir="$scratch/work" "$scratch/root" \\
+    || { echo "testbench: the node lane needs overlayfs for its submit side (modprobe overlay)" >&2; exit 2; }
+  root="$scratch/root"
+"""
+
+
+# Top-level dirs of a Debian root file system (debootstrap's, the merged-/usr links included): any other empty
+# one in the node lane's root was a mount point left by an earlier submit side (before _private_root_lines).
+ROOTFS_OWN_TOP = frozenset({"bin", "boot", "dev", "etc", "home", "lib", "lib32", "lib64", "libx32", "media",
+                            "mnt", "opt", "proc", "root", "run", "sbin", "srv", "sys", "tmp", "usr", "var"})
+
+
+def remove_stale_mount_points(root: Path) -> list[Path]:
+    """Remove top-level dirs of ROOT that debootstrap did not make and that hold nothing but empty dirs;
+    return them."""
+    from testbench.layout import SHARED_MOUNT
+
+    removed = []
+    for entry in sorted(root.iterdir()):
+        # the shared dir's mount point is the nodes' own (node_enter_script makes it)
+        own = entry.name in ROOTFS_OWN_TOP or entry.name == SHARED_MOUNT.parts[1]
+        if own or entry.is_symlink() or not entry.is_dir():
+            continue
+        tree = [entry, *entry.rglob("*")]
+        if all(p.is_dir() and not p.is_symlink() for p in tree):
+            for p in sorted(tree, key=lambda q: len(q.parts), reverse=True):
+                p.rmdir()
+            removed.append(entry)
+    return removed
+
+
 def enter_script(layout: Layout) -> str:
     root = shlex.quote(str(layout.lane.rootfs))
     dirs = " ".join(shlex.quote(d) for d in binds())
@@ -86,7 +127,7 @@ set -e
 exec unshare --mount --propagation private ${{HPC_LANE_HOSTNAME:+--uts}} -- /bin/sh -c '
   set -e
   root="$1"; shift
-  mount -t proc proc "$root/proc"
+{_private_root_lines(layout)}  mount -t proc proc "$root/proc"
   for d in {dirs}; do
     if [ -d "$d" ]; then mkdir -p "$root$d"; else mkdir -p "$(dirname "$root$d")"; touch "$root$d"; fi
     mount --rbind "$d" "$root$d"
@@ -194,6 +235,7 @@ def write_node_entry(layout: Layout) -> None:
     files = {layout.node_enter: node_enter_script(layout), layout.bin / ".enter": enter_script(layout)}
     files.update({layout.bin / p: wrapper_script(layout, p) for p in NODE_LANE_CLIENTS})
     write_executables(files)
+    remove_stale_mount_points(root)
     (root / MARKER).write_text(f"{layout.lane.suite}\n")
     link = root / daemon_path(layout, "slurmd").lstrip("/")
     link.parent.mkdir(parents=True, exist_ok=True)

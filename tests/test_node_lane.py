@@ -84,6 +84,30 @@ def test_a_node_sees_only_the_lanes_state_its_spool_dir_and_the_shared_dir(tmp_p
     assert res.returncode == 2 and "HPC_LANE_HOSTNAME" in res.stderr
 
 
+def test_the_submit_side_enters_an_overlay_so_its_mount_points_stay_off_the_nodes_root():
+    layout = Layout.current("bullseye")
+    enter = chroot.enter_script(layout)
+    overlay = 'mount -t overlay overlay -o lowerdir="$root",upperdir="$scratch/upper",workdir="$scratch/work"'
+    assert overlay in enter and enter.index(overlay) < enter.index("mount --rbind")
+    assert 'root="$scratch/root"' in enter
+    for other in LANES.values():  # the other lanes' roots are their own: their scripts are as they were
+        assert "overlay" not in chroot.enter_script(Layout(layout.root, other))
+
+
+def test_stale_mount_points_are_removed_and_nothing_else(tmp_path):
+    root = tmp_path / "rootfs"
+    for d in ("usr/bin", "home", "tmp", "check/work/main", "work", "fsx/tests", "opt"):
+        (root / d).mkdir(parents=True)
+    (root / "fsx" / "tests" / "out.txt").write_text("a job's output")
+    (root / "bin").symlink_to("usr/bin")
+    (root / ".hpc-packages").write_text("python3\n")
+    (root / "fsx" / "empty").mkdir()
+    assert chroot.remove_stale_mount_points(root) == [root / "check", root / "work"]
+    assert sorted(p.name for p in root.iterdir()) == [".hpc-packages", "bin", "fsx", "home", "opt", "tmp", "usr"]
+    assert (root / "fsx" / "tests" / "out.txt").exists()
+    assert chroot.remove_stale_mount_points(root) == []
+
+
 def test_the_shared_dir_appears_at_fsx_unless_something_is_there(tmp_path, monkeypatch):
     host = tmp_path / "state" / "fsx"
     layout = Layout(tmp_path / "state", dataclasses.replace(NODE_LANE, shared_dir=host))
@@ -148,7 +172,10 @@ def test_jobs_run_on_bullseye_nodes_that_see_only_the_shared_dir(node_lane, shar
     own_home = sorted(str(p) for p in Path("/root").iterdir() if p.name not in rootfs_home)[:5]
     marker = tmp_path / "host-only"
     marker.write_text("x")
-    hidden = [str(REPO), "/work/main", sys.prefix, sys.base_prefix, sys.executable, str(marker), *own_home]
+    # the checkout's top dir too: the submit side's binds once left empty mount points in the shared root file
+    # system, so CI's nodes saw its clone's path (/check/work/main) as an empty dir
+    top = [] if REPO.parts[1] in chroot.ROOTFS_OWN_TOP else ["/" + REPO.parts[1]]  # (a node has its own /tmp)
+    hidden = [str(REPO), *top, "/work/main", sys.prefix, sys.base_prefix, sys.executable, str(marker), *own_home]
     assert all(Path(p).exists() for p in hidden)
     (shared_tmp / "probe.py").write_text(PROBE)
     # The submitter's PATH names its venv first, as a login node's user's would; the nodes have no such venv.
@@ -190,6 +217,8 @@ def test_the_submit_sides_srun_reaches_the_nodes(node_lane, shared_tmp):
     # a cwd given to subprocess is the symlink's target (the kernel keeps no other): nodes see that path too
     assert all(f"{major} {minor}" == "(3, 9)" and Path(cwd).resolve() == shared_tmp.resolve()
                for _, major, minor, cwd in tasks)
+    # its binds (the checkout, the venv) were mounted on an overlay: the nodes' root file system gained nothing
+    assert chroot.remove_stale_mount_points(NODE_LANE.rootfs) == []
 
 
 @pytest.mark.slurm
