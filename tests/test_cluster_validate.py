@@ -1,6 +1,7 @@
 """Offline validation: every planted fault is caught with its key path; malformed input gives findings."""
 
 import copy
+import json
 
 import pytest
 import yaml
@@ -180,3 +181,21 @@ def test_custom_action_scripts_on_a_branch_get_a_warning_naming_them():
     assert "'refs/heads/dev'" in warned[f"Scheduling/SlurmQueues[{queue['Name']}]/CustomActions/OnNodeStart/"
                                          "Sequence[1]/Script"].message
     assert validate_config(config).valid  # a warning: the file is still a valid config
+
+
+def test_a_value_a_release_dropped_says_when_it_went_and_what_replaces_it(hpc, tmp_path):
+    from importlib import metadata
+
+    path = tmp_path / "al2.yaml"
+    path.write_text(yaml.safe_dump(_planted(lambda c: c["Image"].update(Os="alinux2"))))
+    res = hpc("cluster", "validate", str(path))
+    assert res.returncode == 1
+    release = metadata.version("aws-parallelcluster")
+    # the verdict names the release that judged it: another pcluster may judge the same file otherwise
+    assert res.stdout.splitlines()[0].startswith(f"{path}: INVALID by ParallelCluster {release}'s rules")
+    assert "fix: Os: alinux2 was dropped in ParallelCluster 3.16; use alinux2023" in res.stdout
+    # a value no release had gets the schema's own list, not a history
+    other = validate_config(_planted(lambda c: c["Image"].update(Os="windows")))
+    assert [f.fix for f in other.findings if f.path == "Image/Os"] == ["use one of the listed values"]
+    data = json.loads(hpc("cluster", "validate", str(path), "--json").stdout)["data"]
+    assert data["parallelcluster"] == release and not data["valid"]

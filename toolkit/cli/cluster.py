@@ -127,7 +127,8 @@ def pyxis_script(
 def _validation_text(report: dict) -> str:
     findings = report["findings"]
     counts = {level: sum(f["level"] == level for f in findings) for level in ("error", "warning", "info")}
-    lines = [f"{report['file']}: {'valid' if report['valid'] else 'INVALID'} "
+    judge = f" by ParallelCluster {report['parallelcluster']}'s rules" if report["parallelcluster"] else ""
+    lines = [f"{report['file']}: {'valid' if report['valid'] else 'INVALID'}{judge} "
              f"({counts['error']} errors, {counts['warning']} warnings, {counts['info']} notes)"]
     for f in findings:
         where = f"{f['file']}:{f['line']}" if f["line"] else f["file"]

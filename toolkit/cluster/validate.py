@@ -55,20 +55,32 @@ _FIXES = [
 ]
 
 
+def parallelcluster_release() -> str | None:
+    """The aws-parallelcluster release whose schema and validators judge configs here (None: not installed)."""
+    from importlib import metadata
+
+    try:
+        return metadata.version("aws-parallelcluster")
+    except metadata.PackageNotFoundError:
+        return None
+
+
 @dataclasses.dataclass
 class Report:
     file: str
     findings: list[Finding]
     not_checked: dict[str, str]  # pcluster validators that need AWS -> what they would check
     subnets_unchecked: dict[str, list[str]] = dataclasses.field(default_factory=dict)  # see pcluster_offline.Outcome
+    # the aws-parallelcluster release that judged it (its schema and validators): another release may judge otherwise
+    parallelcluster: str | None = dataclasses.field(default_factory=parallelcluster_release)
 
     @property
     def valid(self) -> bool:
         return not has_errors(self.findings)
 
     def as_dict(self) -> dict:
-        return {"file": self.file, "valid": self.valid, "findings": [f.as_dict() for f in self.findings],
-                "not_checked_offline": self.not_checked}
+        return {"file": self.file, "valid": self.valid, "parallelcluster": self.parallelcluster,
+                "findings": [f.as_dict() for f in self.findings], "not_checked_offline": self.not_checked}
 
 
 # The fix for a value that does not match its schema pattern, by the key it sits under.
@@ -91,7 +103,27 @@ _PATTERN_FIXES = {
 }
 
 
+# Values a ParallelCluster release took away, by key: value -> (the release it went in, what replaces it). The
+# schema's own error lists what the pinned release takes; this says why a value that worked before fails now.
+# alinux2: not in aws-parallelcluster 3.16's SUPPORTED_OSES (cli/src/pcluster/constants.py), which the schema's
+# Image/Os choice reads; 3.15 still had it (field notes, ../shared/FIELD-NOTES.md).
+DROPPED_VALUES = {"Os": {"alinux2": ("3.16", "alinux2023 (Amazon Linux 2023)")}}
+
+
+def _dropped_value_fix(message: str, path: str) -> str | None:
+    key = re.sub(r"\[[^\]]*\]$", "", path).rsplit("/", 1)[-1]
+    got = re.search(r"\(got '([^']*)'\)", message)
+    dropped = DROPPED_VALUES.get(key, {}).get(got.group(1)) if got else None
+    if got is None or dropped is None:
+        return None
+    release, replacement = dropped
+    return (f"{key}: {got.group(1)} was dropped in ParallelCluster {release}; use {replacement}, or "
+            f"manage a cluster that must keep it with the pcluster release it was made with")
+
+
 def _fix_for(source: str, message: str, path: str = "") -> str | None:
+    if source == "schema" and "Must be one of" in message and (dropped := _dropped_value_fix(message, path)):
+        return dropped
     if source == "schema" and "does not match expected" in message:
         key = re.sub(r"\[[^\]]*\]$", "", path).rsplit("/", 1)[-1]
         return _PATTERN_FIXES.get(key, f"write {key or 'the value'} in the format the ParallelCluster v3 "
