@@ -156,8 +156,11 @@ def _pcluster_findings(config: dict) -> tuple[list[Finding], dict[str, str], dic
         raise HpcError("aws-parallelcluster is not installed: `hpc cluster validate` runs its schema and "
                        "validators offline", fix=INSTALL_FIX) from None
 
+    from toolkit.progress import step
+
     try:
-        outcome = pcluster_offline.validate(config)
+        with step(f"running aws-parallelcluster {parallelcluster_release()}'s validators offline"):
+            outcome = pcluster_offline.validate(config)
     except pcluster_offline.OfflineAccessError as exc:
         return [Finding("error", "", f"pcluster wanted AWS ({exc.service}.{exc.operation}) to validate this "
                         "config; nothing was sent, and the config is not fully checked offline",

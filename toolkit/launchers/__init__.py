@@ -25,5 +25,9 @@ def check_arguments(recipe: Recipe, spec: Any) -> list[str]:
     """Refuse the job's arguments where its launcher's own parser refuses them (toolkit.job.argcheck's messages);
     the notes (said once) name what could not be checked here."""
     from toolkit.job.rank import preview_argv
+    from toolkit.progress import step
 
-    return launcher_of(recipe.launcher).check_arguments(recipe, spec, preview_argv(spec.command))
+    launcher = launcher_of(recipe.launcher)
+    # loading a program's own parser can take seconds (fairseq's: ~5 s of imports)
+    with step(f"checking the arguments with {launcher.what(recipe.launcher)}'s own parser"):
+        return launcher.check_arguments(recipe, spec, preview_argv(spec.command))
