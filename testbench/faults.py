@@ -31,16 +31,41 @@ CPU_CGROUP = Path("/sys/fs/cgroup/cpu")
 PERIOD_US = 100_000
 
 
-def node_processes(node: str) -> list[str]:
-    """The processes running on simulated node `node`: every task and its children carry SLURMD_NODENAME=node
-    (slurmstepd detaches from slurmd, so they are not slurmd's descendants)."""
+def node_processes(node: str, layout: Layout | None = None) -> list[str]:
+    """The processes running on simulated node `node` of the lane: every task and its children carry
+    SLURMD_NODENAME=node (slurmstepd detaches from slurmd, so they are not slurmd's descendants). Lanes share
+    node names (c1, c2 are in the default lane and the node lane), so a task counts only where the slurmstepd it
+    runs under shares this lane's slurmd's mount namespace (each slurmd is started in one of its own): a fault on
+    one lane's c2 never reaches another lane's jobs, which run beside it under `make test`'s workers."""
+    layout = layout or Layout.current()
+    slurmd_ns = _mount_ns(int(layout.pid_file("slurmd", node).read_text().strip()))
     marker = f"SLURMD_NODENAME={node}".encode()
     found = []
     for environ in Path("/proc").glob("[0-9]*/environ"):
         with contextlib.suppress(OSError):
             if marker in environ.read_bytes().split(b"\0"):
-                found.append(environ.parent.name)
+                stepd = _stepd_of(int(environ.parent.name))
+                if stepd is not None and slurmd_ns is not None and _mount_ns(stepd) == slurmd_ns:
+                    found.append(environ.parent.name)
     return found
+
+
+def _mount_ns(pid: int) -> str | None:
+    with contextlib.suppress(OSError):
+        return os.readlink(f"/proc/{pid}/ns/mnt")
+    return None
+
+
+def _stepd_of(pid: int) -> int | None:
+    """The slurmstepd that `pid` runs under (itself, or its nearest such ancestor), or None."""
+    current: int | None = pid
+    for _ in range(64):
+        if current is None or current <= 1:
+            return None
+        if procs.comm(current) == "slurmstepd":
+            return current
+        current = _parent(current)
+    return None
 
 
 @contextlib.contextmanager
@@ -55,7 +80,7 @@ def slow_node(node: str, cpu_fraction: float, layout: Layout | None = None) -> I
     group.mkdir(exist_ok=True)
     (group / "cpu.cfs_period_us").write_text(str(PERIOD_US))
     (group / "cpu.cfs_quota_us").write_text(str(int(PERIOD_US * cpu_fraction)))
-    for member in (pid, *node_processes(node)):
+    for member in (pid, *node_processes(node, layout)):
         with contextlib.suppress(OSError):  # a process that ended meanwhile
             (group / "cgroup.procs").write_text(member)
     try:
@@ -87,7 +112,7 @@ def missing_mount(node: str, directory: Path, layout: Layout | None = None) -> I
 def lost_node(node: str, layout: Layout | None = None) -> list[int]:
     """Kill simulated node `node` for real (module docstring); returns the pids killed."""
     layout = layout or Layout.current()
-    tasks = [int(pid) for pid in node_processes(node)]
+    tasks = [int(pid) for pid in node_processes(node, layout)]
     stepds = {parent for parent in map(_parent, tasks) if parent and procs.comm(parent) == "slurmstepd"}
     slurmd = int(layout.pid_file("slurmd", node).read_text().strip())
     killed = []

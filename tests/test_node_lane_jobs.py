@@ -160,3 +160,31 @@ def test_a_lost_node_under_a_job_without_heartbeats_is_found_within_a_minute(nod
     assert restart["trigger"].startswith("probe: "), restart
     assert took < 60, f"kill -> completion {took:.1f} s"
     print(f"no heartbeats: kill -> completion {took:.1f} s")
+
+
+def test_a_fault_on_one_lanes_node_reaches_only_that_lanes_jobs(node_lane, slurm_sandbox, shared_tmp):
+    # Both lanes have a node c2, and `make test` runs their tests beside each other: lost_node/slow_node must find
+    # the processes of this lane's c2 only (a kill on the default lane's c2 once ended the node lane's jobs there).
+    from testbench.faults import node_processes
+
+    lanes = {"bullseye": (Layout.current("bullseye"), node_lane.env()), "default": (Layout.current(),
+                                                                                    slurm_sandbox.env())}
+    jobs = {}
+    for name, (_, env) in lanes.items():
+        res = subprocess.run(["sbatch", "--parsable", "-w", "c2", "-N", "1", "-o", "/dev/null", "--chdir",
+                              str(shared_tmp), "--wrap", f"exec sleep 3{len(jobs)}7"], env=env, capture_output=True,
+                             text=True, timeout=60)
+        assert res.returncode == 0, res.stderr
+        jobs[name] = res.stdout.strip().split(";")[0]
+    try:
+        def sleeps(name: str) -> list[str]:
+            layout = lanes[name][0]
+            return [Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[1].decode()
+                    for pid in node_processes("c2", layout)
+                    if Path(f"/proc/{pid}/cmdline").read_bytes().startswith(b"sleep")]
+
+        assert wait_until(lambda: sleeps("bullseye"), 30, "the node lane's sleep on c2") == ["307"]
+        assert wait_until(lambda: sleeps("default"), 30, "the default lane's sleep on c2") == ["317"]
+    finally:
+        for name, (_, env) in lanes.items():
+            subprocess.run(["scancel", jobs[name]], env=env, capture_output=True, timeout=30)
