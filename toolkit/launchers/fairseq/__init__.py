@@ -1,6 +1,7 @@
 """fairseq-train (launcher kind fairseq): one process per rank under srun, explicit rendezvous, fairseq's own
-device flags, its parser, its checkpoint repair and its run-length advice. The one module of hpc that knows fairseq
-as a launcher (the reports read its log format: toolkit.reports.training_logs).
+device flags, its parser, its checkpoint repair and its run-length advice. This package is all hpc knows of
+fairseq: the launcher here, its training log's formats in toolkit.launchers.fairseq.log (the reports ask for them
+through the launcher's log_reader()).
 
 Arguments: fairseq-train's argparse, built as fairseq_cli/train.py builds it (facebookresearch/fairseq v0.12,
 fairseq/options.py: get_training_parser(), then parse_args_and_arch(), which parses twice and adds the options of
