@@ -44,7 +44,7 @@ from typing import Any, Mapping
 from toolkit.job.env import EnvVar
 from toolkit.job.rank import Arg, RankVar
 from toolkit.job.scaling import Derived
-from toolkit.launchers.base import PYTORCH_JOB, DeviceForm, Launcher
+from toolkit.launchers.base import PYTORCH_JOB, DeviceForm, Launcher, LogReader
 
 PROGRAM = "fairseq-train"
 HALF_PRECISION = ("--fp16", "--bf16", "--memory-efficient-fp16", "--memory-efficient-bf16", "--amp")
@@ -141,6 +141,11 @@ class Fairseq(Launcher):
             parser = options.get_training_parser()
         check_argparse(recipe, Program(PROGRAM, _help(argv), f"fairseq {version}"), parser, argv, parse)
         return []
+
+    def log_reader(self) -> LogReader:
+        from toolkit.launchers.fairseq.log import READER
+
+        return READER
 
 
 
