@@ -77,6 +77,21 @@ def test_cpu_nodes_get_gloo_and_nothing_else():
     assert CPU.kubernetes_resource is None and CPU.official_ami_trap(C5N) is None
 
 
+def test_each_family_names_the_runtime_module_its_devices_need_in_a_rank_or_none():
+    """toolkit.workloads.devices loads a family's workload_runtime for its torch device; the module answers the
+    questions the workloads ask (that module's docstring)."""
+    import importlib
+
+    assert (NVIDIA.workload_runtime, CPU.workload_runtime, GAUDI.workload_runtime) == (None, None,
+                                                                                       "toolkit.workloads.hpu")
+    for accel in FAMILIES.values():
+        if accel.workload_runtime is not None:
+            runtime = importlib.import_module(accel.workload_runtime)
+            assert runtime.DEVICE == accel.torch_device
+            assert all(hasattr(runtime, name) for name in ("LABEL", "NEEDS", "AMP_DTYPE", "AMP_NAME", "LAZY",
+                                                           "load_bridge", "synchronize", "reduce_dtype"))
+
+
 def test_the_registry_answers_by_the_catalogs_accelerator_field():
     assert family(P4D) is NVIDIA and family(DL1) is GAUDI and family(C5N) is CPU
     assert family("nvidia") is NVIDIA and family("gaudi") is GAUDI and family("none") is CPU

@@ -203,6 +203,26 @@ def test_gaudi_hpus_counted_with_hl_smi(tmp_path):
         hpus = check(gather(node(root), []), dl1, "hpus")
         assert hpus.status == status and hpus.detail.startswith(f"{count}"), hpus
     assert check(gather(node(root), []), P3DN, "hpus").status == "n/a"
+    gpus = check(gather(node(root), []), dl1, "gpus")
+    assert (gpus.status, gpus.detail) == ("n/a", "dl1.24xlarge has Gaudi accelerators: check them with hl-smi")
+
+
+def test_accelerators_counted_by_their_own_tool_are_one_table_and_one_check_each(tmp_path):
+    """node_check.DEVICE_TOOLS is the node side's one table of them: its facts keys are the checks' names (after
+    the GPUs'), and a queue of another family says each does not apply, in that family's words."""
+    from toolkit.node.node_check import DEVICE_TOOLS
+
+    assert CHECKS == ("efa", "ib_uverbs", "gpus", "gpu-health", *DEVICE_TOOLS, "fsx", "nccl", "aws-ofi-nccl",
+                      "efa-stack")
+    assert list(DEVICE_TOOLS) == ["hpus"] and DEVICE_TOOLS["hpus"]["accelerator"] == "gaudi"
+    facts = gather(node(tmp_path), [])
+    assert facts["hpus"] == {"hl_smi": None, "count": None, "bus_ids": [], "error": None}
+    hpus = check(facts, P3DN, "hpus")
+    assert (hpus.status, hpus.detail) == ("n/a", "no Gaudi accelerators on this queue")
+    dl1 = Queue("dl1", "dl1.24xlarge", 4, efa_stack="modern", efa_enabled=True)
+    hpus = check(facts, dl1, "hpus")
+    assert (hpus.status, hpus.detail) == ("FAIL", "hl-smi not found: no Habana driver tools")
+    assert hpus.fix is not None and "habanalabs-firmware-tools" in hpus.fix
 
 
 def test_efa_device_missing_or_fewer_than_the_catalog_says(tmp_path):

@@ -22,7 +22,7 @@ from toolkit.job.spec import arguments, queue_target, resources
 from toolkit.k8s.manifests import TRAINER_V2, V1, Storage, render
 from toolkit.k8s.validate import validate_text
 from toolkit.launchers import all_launchers, check_arguments, kubernetes_forms, launcher_for, launcher_of, registry
-from toolkit.launchers.base import MPI_JOB, PYTORCH_JOB, Launcher
+from toolkit.launchers.base import MPI_JOB, PYTORCH_JOB, Launcher, log_readers
 from toolkit.recipes.load import list_recipe_files, load_recipe
 from toolkit.recipes.schema import Launcher as LauncherSection
 from toolkit.recipes.user import user_recipe
@@ -106,9 +106,27 @@ def test_fairseq_owns_its_device_forms_rendezvous_environment_resume_and_advice(
     assert fairseq.kubernetes_kind(load_recipe("roberta")) == PYTORCH_JOB
 
 
+def test_fairseq_reads_its_own_training_log_and_the_reports_ask_its_launcher():
+    """The reports know no program's log format: they try each launcher's reader (toolkit.launchers.fairseq.log)."""
+    from toolkit.reports.training_logs import parse_training_text, throughput, unreadable_fix
+
+    reader = launcher_for("fairseq").log_reader()
+    assert reader is not None and (reader.name, reader.unit, reader.loss_base) == ("fairseq", "words/s", "2")
+    assert log_readers() == [reader]  # the other kinds' programs write no log hpc reads
+    text = (REPO / "tests/fixtures/training/fairseq_translation.sample.txt").read_text()
+    points = reader.points(text)
+    assert [p.kind for p in points] == ["train_inner"] * 3 + ["valid", "train"]
+    log = parse_training_text(text)
+    assert log is not None and log.format == "fairseq" and log.step_kind == reader.step_kind
+    assert throughput(log) == reader.throughput(log.points, 1) and throughput(log)[0] == pytest.approx(600.0)
+    assert reader.recognises(text) and unreadable_fix(["2024 | INFO | fairseq_cli.train | done"]) == reader.fix
+    assert unreadable_fix(['{"event": "start"}']) is None and not reader.points('{"event": "train", "loss": 1}')
+
+
 def test_launchers_without_a_rule_keep_the_defaults():
     for kind in ("python-script", "binary", "deepspeed", "accelerate"):
         launcher = launcher_for(kind)
+        assert launcher.log_reader() is None
         assert launcher.resume_script("/ck") == "" and launcher.advice({"--max-epoch": 1}, None, 8) == ([], [])
         assert launcher.device_args({"--fp16": True}, "cpu", 2, 4) == ({"--fp16": True}, [])
     assert not launcher_for("binary").python and all(launcher.python for launcher in all_launchers()

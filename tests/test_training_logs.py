@@ -17,7 +17,8 @@ import pytest
 
 from tests.conftest import REPO, free_port
 from toolkit.errors import HpcError
-from toolkit.reports.training_logs import (FAIRSEQ_FIX, parse_training_file, parse_training_text, summarize_training,
+from toolkit.launchers.fairseq.log import FAIRSEQ_FIX
+from toolkit.reports.training_logs import (parse_training_file, parse_training_text, summarize_training,
                                            throughput)
 from toolkit.workloads.train_log import LOG_NAME, TrainLog, read_log, steady_throughput
 

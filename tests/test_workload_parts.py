@@ -108,3 +108,33 @@ def test_children_told_to_ignore_stop_signals_survive_them():
         os._exit(7)
     _, status = os.waitpid(pid, 0)
     assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 7
+
+
+def test_the_workloads_take_devices_backends_and_runtimes_from_the_accelerator_families():
+    """Our workloads name no family's device: the choices, defaults and messages they wrote by hand before come
+    from the registry (toolkit.workloads.devices), and a device with its own runtime gets that module."""
+    import types
+
+    from toolkit.workloads import collectives, devices, hpu, resnet
+
+    assert devices.DEVICES == ("cuda", "hpu", "cpu") and devices.ANYWHERE == "gloo"
+    assert devices.BACKENDS == {"cuda": "nccl", "hpu": "hccl", "cpu": "gloo"}
+    assert devices.runtime("hpu") is hpu and devices.runtime("cuda") is None and devices.runtime("cpu") is None
+    assert devices.of(types.SimpleNamespace(type="hpu")) is hpu
+    assert devices.of(types.SimpleNamespace(type="cpu")) is None
+    fake_torch = types.SimpleNamespace(float32="f32", float64="f64")
+    assert [devices.reduce_dtype(fake_torch, types.SimpleNamespace(type=kind)) for kind in ("hpu", "cuda", "cpu")] \
+        == ["f32", "f64", "f64"]  # Gaudi has no float64
+    assert devices.each("{backend} with {device}", " and ") == "nccl with cuda, hccl with hpu and gloo with cpu"
+    bench = {action.dest: action for action in collectives.parser()._actions}
+    assert bench["device"].choices == ("auto", "cuda", "hpu", "cpu")
+    assert bench["device"].help == "auto: cuda if available, else cpu; hpu needs the Habana PyTorch bridge"
+    assert bench["backend"].choices == ("auto", "nccl", "hccl", "gloo")
+    assert bench["backend"].help == "auto: follows --device (cuda: nccl, hpu: hccl, cpu: gloo)"
+    trainer = {action.dest: action for action in resnet.parser()._actions}
+    assert trainer["device"].choices == ["cpu", "cuda", "hpu"]
+    assert trainer["backend"].choices == ["gloo", "nccl", "hccl"]
+    assert trainer["backend"].help == "default: nccl on cuda, hccl on hpu, gloo on cpu"
+    assert trainer["amp"].help.startswith("fp16 autocast + grad scaling on cuda, bf16 autocast on hpu; ignored on cpu")
+    with pytest.raises(SystemExit):
+        resnet.parse_args(["--data", "/d", "--device", "tpu"])

@@ -84,6 +84,9 @@ class Family:
     prolog_health_check: ClassVar[bool] = False  # ParallelCluster's (DCGM) GPU health check applies
     # the published run its collectives are judged against; None: the catalog's NCCL floors (nccl_floors)
     collective_reference: ClassVar[CollectiveReference | None] = None
+    # The module of our workloads that drives its devices inside a rank where torch alone cannot (a vendor's PyTorch
+    # bridge): toolkit.workloads.devices loads it by this name for --device torch_device; None: torch alone.
+    workload_runtime: ClassVar[str | None] = None
 
     def srun_binding(self, instance: InstanceType, tasks_per_node: int, smt_off: bool,
                      holds_node: bool) -> tuple[tuple[str, ...], tuple[Note, ...]]:

@@ -125,6 +125,7 @@ class Gaudi(Family):
     kubernetes_form = False  # no Gaudi pod form yet (images, the device plugin's set-up)
     ec2_manufacturer = "Habana"
     collective_reference = DL1_PEER_DIRECT
+    workload_runtime = "toolkit.workloads.hpu"  # the Habana PyTorch bridge, in lazy mode
 
     def srun_binding(self, instance: InstanceType, tasks_per_node: int, smt_off: bool,
                      holds_node: bool) -> tuple[tuple[str, ...], tuple[Note, ...]]:

@@ -75,7 +75,8 @@ def nccl(
     """Per-size bandwidth table, max/average bus bandwidth, wrong values and a PASS/WARN/FAIL/NO-VERDICT verdict.
 
     Each run is judged at the largest message size it ran, against the catalog floor measured at the largest size
-    up to it. Gaudi (--instance dl1.24xlarge): judged against Intel's DL1 EFA peer-direct figures (32 HPUs, 32 MB).
+    up to it. A type whose accelerator family has its own published reference (--instance dl1.24xlarge: Intel's
+    DL1 EFA peer-direct figures, 32 devices at 32 MB) is judged against that instead.
 
     Exit 1 when any test fails (bandwidth under a floor from a published measured run, or wrong values). Under an
     estimated floor (no published run of that instance and node count) the verdict is WARN and the exit 0.

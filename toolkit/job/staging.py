@@ -59,7 +59,7 @@ def bundle_path(run_dir: str | Path) -> str:
 
 
 # The interpreter for node-side code: the job's python3 (its venv's, once the set-up ran) if it is new enough, else
-# the node's own. A vendor stack's venv (SynapseAI 1.8's) is Python 3.8 while the node's /usr/bin/python3 may be 3.10.
+# the node's own. An accelerator vendor's venv (its SDK's) may be Python 3.8 while the node's /usr/bin/python3 is 3.10.
 PYTHONS = ("python3", "/usr/bin/python3", "/usr/local/bin/python3", "python3.13", "python3.12", "python3.11",
            "python3.10", "python3.9")
 _MIN = "import sys; sys.exit(sys.version_info < (3, 9))"

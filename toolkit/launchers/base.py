@@ -2,11 +2,13 @@
 knows nothing about: its argv as written, no device flags, no parser, no resume rule, no advice, no Kubernetes form.
 
 A launcher is asked by the job spec (toolkit.job.spec: device forms, argv, environment, advice), by the rank program
-(its resume rule), by the plan (its own-parser argument check) and by the Kubernetes renderer (its Kubeflow kind).
+(its resume rule), by the plan (its own-parser argument check), by the Kubernetes renderer (its Kubeflow kind) and by
+the reports (its program's own training log: log_reader()).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import importlib
 import os
@@ -47,6 +49,60 @@ class DeviceForm:
         for flag in flags:
             if self.args.pop(flag, None) is not None:
                 self.derived.append(Derived(flag, "removed", f"{self.why}: {reason}"))
+
+
+@dataclasses.dataclass
+class LogPoint:
+    """One record of a training log (toolkit.reports.training_logs): what a LogReader yields."""
+
+    kind: str  # the program's own record kinds (per interval, end of epoch, validation); our trainer: train / val
+    update: int | None
+    epoch: float | None
+    loss: float | None
+    rate: float | None  # words/s or images/s over the logged interval
+    wall: float | None  # seconds since start
+    values: dict
+
+
+def number(value: Any) -> float | None:
+    """A log value as a float (logs write numbers as strings too); None for what is no number, booleans included."""
+    if isinstance(value, bool):
+        return None
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return None
+
+
+def whole_number(value: Any) -> int | None:
+    found = number(value)
+    return int(found) if found is not None else None
+
+
+class LogReader:
+    """A launcher's program's own training log, as the reports read it (toolkit.reports.training_logs asks every
+    launcher's log_reader()): its records, its throughput rule, and what to tell a user whose log it cannot read."""
+
+    name = ""  # the log's format, as summaries name it (TrainingLog.format): the program's name
+    unit = ""  # the rate's unit, e.g. words/s
+    loss_base = "e"  # the logarithm's base of the logged loss
+    step_kind = ""  # the per-interval record kind: the loss curve's and the throughput's
+    wanted = ""  # how the program must log, in a fix: "PROGRAM (--log-format ...)"
+    interval_flag = ""  # the program's option that makes it log intervals
+    fix = ""  # for a log of the program that holds no records this reader can read
+
+    def points(self, text: str) -> list[LogPoint]:
+        """Every record of the program's log in `text`, in log order (empty when it holds none)."""
+        raise NotImplementedError
+
+    def recognises(self, text: str) -> bool:
+        """Whether `text` is the program's output (then `fix` says why it holds no records)."""
+        return False
+
+    def throughput(self, points: list[LogPoint], warmup: int) -> tuple[float | None, str]:
+        """The post-warm-up rate of the points (the first `warmup` logged intervals dropped), and how it was
+        computed, in a sentence."""
+        raise NotImplementedError
 
 
 class Launcher:
@@ -122,6 +178,10 @@ class Launcher:
         """The program, in messages."""
         return f"the {self.kind} launcher"
 
+    def log_reader(self) -> LogReader | None:
+        """How the reports read the program's own training log; None: it writes none hpc reads."""
+        return None
+
     def kubernetes_kind(self, recipe: Recipe) -> str:
         """The Kubeflow kind of the recipe's job, or a refusal naming the launchers that have one."""
         if self.kubernetes is None:
@@ -179,6 +239,11 @@ def launcher_of(section: LauncherSection) -> Launcher:
 
 def all_launchers() -> list[Launcher]:
     return [launcher for launchers in registry().values() for launcher in launchers]
+
+
+def log_readers() -> list[LogReader]:
+    """The training-log readers of the launcher kinds that have one (each once), for the reports."""
+    return list({id(reader): reader for launcher in all_launchers() if (reader := launcher.log_reader())}.values())
 
 
 def parsers() -> str:

@@ -1,8 +1,8 @@
 """A training script under DeepSpeed (launcher kind deepspeed): `python SCRIPT` per rank under srun, reading the rank
 contract, with the config hpc generates from the recipe's deepspeed: section (toolkit.job.deepspeed). The config is
 checked through DeepSpeed's own DeepSpeedConfig (microsoft/DeepSpeed deepspeed/runtime/config.py and its pydantic
-section models), where DeepSpeed loads; the training script's own flags (e.g. HabanaAI/Model-References) have no
-parser here. No Kubernetes form yet.
+section models), where DeepSpeed loads; the training script's own flags (e.g. an accelerator vendor's model
+references) have no parser here. No Kubernetes form yet.
 """
 
 from __future__ import annotations
@@ -65,13 +65,13 @@ def check_config(recipe, spec, argv: list[str]) -> list[str]:
     notes = [f"arguments: {script}"]
     if unknown:
         notes.append(f"arguments: DeepSpeed {version} here does not know {', '.join(unknown)} (a key of another "
-                     "DeepSpeed, e.g. Habana's fork): those were not checked")
+                     "DeepSpeed, e.g. an accelerator vendor's fork): those were not checked")
     return notes
 
 
 def _deepspeed_parse(parse, config: dict[str, Any], version: str) -> list[str]:
-    """Parse, setting aside keys this DeepSpeed does not know (another DeepSpeed's, e.g. Habana's fork's); returns
-    their key paths. Any other refusal is an error naming DeepSpeed's own complaint."""
+    """Parse, setting aside keys this DeepSpeed does not know (another DeepSpeed's, e.g. an accelerator vendor's
+    fork's); returns their key paths. Any other refusal is an error naming DeepSpeed's own complaint."""
     from pydantic import ValidationError
 
     config = json.loads(json.dumps(config))

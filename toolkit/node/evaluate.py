@@ -17,10 +17,12 @@ import dataclasses
 import re
 from typing import Any, Literal
 
+from .node_check import DEVICE_TOOLS
 from .promise import Promise
 
 Status = Literal["ok", "FAIL", "warn", "absent", "n/a"]
-CHECKS = ("efa", "ib_uverbs", "gpus", "gpu-health", "hpus", "fsx", "nccl", "aws-ofi-nccl", "efa-stack")
+# after the GPUs' checks, one per accelerator counted by its own tool (node_check.DEVICE_TOOLS, named by its facts key)
+CHECKS = ("efa", "ib_uverbs", "gpus", "gpu-health", *DEVICE_TOOLS, "fsx", "nccl", "aws-ofi-nccl", "efa-stack")
 MODERN_OFI_NCCL = (1, 7)
 MODERN_LIBFABRIC = (1, 18)
 
@@ -99,8 +101,10 @@ def check_ib_uverbs(facts: dict, needs_efa: bool) -> Check:
 
 def check_gpus(facts: dict, promise: Promise) -> Check:
     gpus, instance = facts["gpus"], promise
-    if instance.accelerator == "gaudi":
-        return Check("gpus", "n/a", f"{promise.instance_type} has Gaudi accelerators: check them with hl-smi")
+    tool = next((t for t in DEVICE_TOOLS.values() if t["accelerator"] == promise.accelerator), None)
+    if tool is not None:  # its own check counts them
+        return Check("gpus", "n/a", f"{promise.instance_type} has {tool['name']} accelerators: check them with "
+                                    f"{tool['program']}")
     if not instance.is_gpu:
         if gpus["count"]:
             return Check("gpus", "ok", f"{gpus['count']} GPU(s) present, not used by a CPU queue")
@@ -149,19 +153,20 @@ def check_gpu_health(facts: dict, promise: Promise) -> Check:
     return Check("gpu-health", "ok", f"{len(health)} GPU(s): no uncorrected ECC error, no row remap pending or failed")
 
 
-def check_hpus(facts: dict, promise: Promise) -> Check:
-    if promise.accelerator != "gaudi":
-        return Check("hpus", "n/a", "no Gaudi accelerators on this queue")
-    hpus, expected = facts.get("hpus") or {}, promise.gpus
-    fix = ("install the Habana driver and hl-smi (habanalabs-firmware-tools; the Habana DLAMI has them) or drain "
-           "and replace the node (`scontrol update nodename=NODE state=drain reason=hpu`)")
-    if not hpus.get("hl_smi"):
-        return Check("hpus", "FAIL", "hl-smi not found: no Habana driver tools", fix)
-    if hpus.get("error"):
-        return Check("hpus", "FAIL", f"hl-smi failed: {hpus['error']}", fix)
-    if (hpus.get("count") or 0) < expected:
-        return Check("hpus", "FAIL", f"{hpus.get('count') or 0} of {expected} HPUs visible", fix)
-    return Check("hpus", "ok", f"{hpus['count']} HPU(s)")
+def check_device_tool(facts: dict, promise: Promise, key: str) -> Check:
+    """The devices of a DEVICE_TOOLS entry, as its tool counted them (node_check.device_tool_facts), against the
+    catalog's count for the queue's instance type."""
+    tool = DEVICE_TOOLS[key]
+    if promise.accelerator != tool["accelerator"]:
+        return Check(key, "n/a", f"no {tool['name']} accelerators on this queue")
+    found, expected, fix = facts.get(key) or {}, promise.gpus, tool["fix"]
+    if not found.get(tool["found_as"]):
+        return Check(key, "FAIL", f"{tool['program']} not found: {tool['tools']}", fix)
+    if found.get("error"):
+        return Check(key, "FAIL", f"{tool['program']} failed: {found['error']}", fix)
+    if (found.get("count") or 0) < expected:
+        return Check(key, "FAIL", f"{found.get('count') or 0} of {expected} {tool['devices']} visible", fix)
+    return Check(key, "ok", f"{found['count']} {tool['device']}(s)")
 
 
 def check_fsx(facts: dict, promise: Promise) -> Check:
@@ -282,7 +287,7 @@ def evaluate(facts: dict[str, Any], promise: Promise) -> list[Check]:
         check_ib_uverbs(facts, needs_efa),
         check_gpus(facts, promise),
         check_gpu_health(facts, promise),
-        check_hpus(facts, promise),
+        *(check_device_tool(facts, promise, key) for key in DEVICE_TOOLS),
         check_fsx(facts, promise),
         check_nccl(facts, promise),
         check_ofi_nccl(facts, promise, needs_efa),

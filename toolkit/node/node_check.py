@@ -175,12 +175,28 @@ def gpu_facts(node: Node) -> dict:
     return facts
 
 
-def hpu_facts(node: Node) -> dict:
-    """Habana Gaudi HPUs as `hl-smi -Q index,bus_id -f csv,noheader` lists them (hl-smi's nvidia-smi-like query)."""
-    smi = node.which("hl-smi", ("/usr/bin", "/opt/habanalabs/bin"))
-    facts = {"hl_smi": smi, "count": None, "bus_ids": [], "error": None}
-    if smi:
-        code, out, err = node.run([smi, "-Q", "index,bus_id", "-f", "csv,noheader"])
+# Accelerators that neither nvidia-smi nor Slurm's GRES count, each counted by its vendor's own tool: the node side's
+# one table of them (toolkit.node.evaluate judges every entry alike; this file must stay standalone). Per facts key:
+# the catalog accelerator it serves, the tool and where it lives beside PATH, the tool's nvidia-smi-like CSV query
+# (one row per device, the bus id second), the facts key of the tool's path, and the words evaluate's check says
+# (`devices` counts them, `tools` is what a missing tool means, `fix` installs or replaces).
+DEVICE_TOOLS: dict = {
+    "hpus": {
+        "accelerator": "gaudi", "name": "Gaudi", "devices": "HPUs", "device": "HPU",
+        "program": "hl-smi", "found_as": "hl_smi", "dirs": ("/usr/bin", "/opt/habanalabs/bin"),
+        "query": ("-Q", "index,bus_id", "-f", "csv,noheader"), "tools": "no Habana driver tools",
+        "fix": ("install the Habana driver and hl-smi (habanalabs-firmware-tools; the Habana DLAMI has them) or drain "
+                "and replace the node (`scontrol update nodename=NODE state=drain reason=hpu`)"),
+    },
+}
+
+
+def device_tool_facts(node: Node, tool: dict) -> dict:
+    """A DEVICE_TOOLS entry's devices as its tool's CSV query lists them: the tool's path, how many, their bus ids."""
+    program = node.which(tool["program"], tool["dirs"])
+    facts = {tool["found_as"]: program, "count": None, "bus_ids": [], "error": None}
+    if program:
+        code, out, err = node.run([program, *tool["query"]])
         if code == 0:
             rows = [[c.strip() for c in line.split(",")] for line in out.splitlines() if line.strip()]
             facts.update(count=len(rows), bus_ids=[r[1] for r in rows if len(r) > 1])
@@ -390,7 +406,7 @@ def gather(node: Node, mounts=(), probe_dir=None, disk_paths=()) -> dict:
         "efa": efa_facts(node),
         "ib_uverbs": module_loaded(node, "ib_uverbs"),
         "gpus": gpu_facts(node),
-        "hpus": hpu_facts(node),
+        **{key: device_tool_facts(node, tool) for key, tool in DEVICE_TOOLS.items()},
         "mounts": mount_facts(node, mounts),
         "nccl": find_libraries(node, NCCL_DIRS, NCCL_NAMES, NCCL_VERSION),
         "aws_ofi_nccl": plugin_facts(node),

@@ -7,7 +7,7 @@ concurrent runs).
 runs in the batch shell of a job holding the nodes, in the collectives job's environment (its software activated,
 its EFA/NCCL variables exported: toolkit.health.nodesearch renders it), with only the node's python3. Each round
 runs one short all_reduce (toolkit.workloads.collectives, nccl-tests' table and bus bandwidth, under the job's
-own python PY) per group of nodes, with one rank per GPU (or HPU) of each node as a collectives job has them, every
+own python PY) per group of nodes, with one rank per device of each node as a collectives job has them, every
 group of the round at once as its own job step on its own nodes:
 
   1. the nodes in groups of G (default 2: pairs);
@@ -58,7 +58,7 @@ _AVG_BUSBW = re.compile(r"^#\s*Avg bus bandwidth\s*:\s*(\S+)", re.MULTILINE)  # 
 
 # Each rank's first code, under the job's python (`python -c PROBE DEVICE ARGS...`): torch, NCCL on GPUs and the
 # collectives module's package must import, else one IMPORT_MARK line and exit 3; then the collective. Python 3.8
-# syntax: a Habana SynapseAI venv may be that old.
+# syntax: an accelerator vendor's venv may be that old.
 PROBE = """\
 import json, os, socket, sys, time
 node = os.environ.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]  # Slurm's name, as the search's
@@ -264,7 +264,7 @@ class Shape:
 
 def group_argv(group: Sequence[str], port: int, python: str, device: str, collective: Sequence[str],
                shape: Shape) -> List[str]:
-    """One job step over `group`: `shape.ranks` ranks per node (one per GPU or HPU), the rank contract from
+    """One job step over `group`: `shape.ranks` ranks per node (one per device), the rank contract from
     Slurm's task ids, rendezvous on the group's first node; each rank runs PROBE under the job's `python`, then
     the collective."""
     program = ('export RANK="$SLURM_PROCID" WORLD_SIZE="$SLURM_NTASKS" LOCAL_RANK="$SLURM_LOCALID" '
@@ -336,7 +336,9 @@ def parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python3 BUNDLE nodesearch", description=__doc__.split("\n")[0])
     parser.add_argument("--run-dir", type=Path, required=True)
     parser.add_argument("--python", required=True, help="the job's python (its venv's), which has torch")
-    parser.add_argument("--device", choices=("cuda", "hpu", "cpu"), default="cpu")
+    # the queue's accelerator family's torch device, as the planner resolved it (toolkit.health.nodesearch): the
+    # collective's --device, which checks it; cuda also gets the NCCL probe
+    parser.add_argument("--device", default="cpu")
     parser.add_argument("--ranks-per-node", type=int, default=1)
     parser.add_argument("--cpus-per-task", type=int, default=0, help="0: every CPU of the node (one rank)")
     parser.add_argument("--gpus-per-node", type=int, default=0)

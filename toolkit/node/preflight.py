@@ -10,12 +10,12 @@ standard library only); JSON is the queue's promise (toolkit.node.promise), reso
 The job's set-up runs this in its batch shell as the job's first step (toolkit/slurm/templates/setup.sh.j2), never
 in a Slurm prolog: a check that hangs there hangs the node (aws-parallelcluster#6777, the DCGM prolog on p4d/p5).
 The step is `srun` with one task per node and the job's environment (its modules, venv and exports). Each task runs
-node_check's and (on GPU/Gaudi queues) loader_check's source with `python3 -c`, as
+node_check's and (where the queue's family names loader checks) loader_check's source with `python3 -c`, as
 `hpc cluster doctor` does, so a node needs only a python3, and reports facts; this process judges them:
 
-  - evaluate's checks against the queue's promise (GPU count and memory health, HPUs, EFA devices, ib_uverbs,
-    the FSx mount, NCCL and aws-ofi-nccl, the EFA stack), with the catalog's numbers for the instance type (in the
-    promise);
+  - evaluate's checks against the queue's promise (GPU count and memory health, other accelerators, EFA devices,
+    ib_uverbs, the FSx mount, NCCL and aws-ofi-nccl, the EFA stack), with the catalog's numbers for the instance
+    type (in the promise);
   - the run dir (on the shared file system) written and read back from the node;
   - free memory (MemAvailable) and free disk where the job writes (the run dir, TMPDIR);
   - the dynamic loader's answer, in the job's environment, for the NCCL, net plugin or HCCL wrapper it loads.

@@ -12,8 +12,8 @@ from typing import Optional, Tuple
 class Promise:
     queue: str
     instance_type: str
-    accelerator: str = "none"  # "nvidia" | "gaudi" | "none" (toolkit.catalog's Accelerator)
-    gpus: int = 0  # accelerators per node (GPUs or HPUs)
+    accelerator: str = "none"  # the catalog's accelerator field (toolkit.catalog's Accelerator)
+    gpus: int = 0  # accelerators per node (GPUs or another family's devices)
     gpu_model: Optional[str] = None
     proprietary_driver: bool = False  # the GPU needs NVIDIA's proprietary driver (no OpenRM: V100)
     efa_interfaces: int = 0  # what the instance type has (the catalog's), whether or not the queue enables EFA

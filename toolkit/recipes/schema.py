@@ -24,6 +24,8 @@ from typing import Annotated, Any, Literal
 from pydantic import (AfterValidator, BaseModel, ConfigDict, Field, PositiveInt, PrivateAttr, field_validator,
                       model_validator)
 
+from toolkit.accelerators.base import Device
+
 FLAG_PATTERN = r"^--?[A-Za-z0-9][A-Za-z0-9_-]*$"
 NAME_PATTERN = r"^[a-z0-9][a-z0-9_-]*$"
 ENV_NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*$"
@@ -210,7 +212,7 @@ class Resources(StrictModel):
     # EFA, the loader, the shared file system, memory, disk). null: on for training jobs (requeue: true) outside
     # containers, off for benchmarks (--preflight / --no-preflight).
     preflight: bool | None = None
-    runs_on: list[Literal["gpu", "hpu", "cpu"]] = Field(["gpu", "cpu"], min_length=1)  # hpu: Habana Gaudi
+    runs_on: list[Device] = Field(["gpu", "cpu"], min_length=1)  # the accelerator families' device forms
 
 
 class PathArg(StrictModel):

@@ -104,8 +104,10 @@ def training_figure(training: dict, stragglers: dict | None = None, title: str =
     has the ranks' heartbeats. `training` is training_logs.summarize_training()'s dict."""
     loss, valid, rates = training["loss_curve"], training["valid_curve"], training.get("rate_curve") or []
     if not loss and not rates:
+        from toolkit.reports.training_logs import interval_flags
+
         raise HpcError(f"{training['source'] or 'the log'}: no loss or throughput per step to plot",
-                       fix="log training intervals (fairseq: --log-interval; our trainer logs them itself)")
+                       fix=f"log training intervals ({interval_flags()}; our trainer logs them itself)")
     ranks = stragglers["ranks"] if stragglers else []
     fig = _figure(9 if ranks else 6)
     axes = fig.subplots(3 if ranks else 2, 1)

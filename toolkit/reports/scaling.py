@@ -6,9 +6,9 @@ world_size our trainer logged), gpus, instance_type (the nccl verdict of a colle
 EFA queue, a run whose NCCL used sockets is flagged).
 
 The training log used is the first of RunDir.log_files() (the trainer's train_log.jsonl, rank 0's logs, then
-the run's other logs) that holds training records (only rank 0 logs them: fairseq and our trainer alike). A
-run dir without training records but with nccl-tests tables (the collectives recipe) is summarised as nccl
-results. The network NCCL selected is transport.run_network() over the same logs. A plain log file (no run dir) is
+the run's other logs) that holds training records (only rank 0 logs them: the launchers' programs and our trainer
+alike). A run dir without training records but with nccl-tests tables (the collectives recipe) is summarised as
+nccl results. The network NCCL selected is transport.run_network() over the same logs. A plain log file (no run dir) is
 summarised the same way, without the metadata.
 """
 
@@ -73,8 +73,8 @@ def read_run(run_dir: str | Path, straggler_threshold: float = DEFAULT_THRESHOLD
         network = Network(transport.logs_transport({str(run_dir): texts[run_dir]}), None)
         return _summarize_logs(summary, texts, network, Metadata(),
                                f"no training records or nccl-tests results in {run_dir}",
-                               "pass rank 0's log of fairseq or the ResNet trainer's train_log.jsonl, an "
-                               "nccl-tests log, or the run dir")
+                               f"pass rank 0's log of {training_logs.programs()} or the ResNet trainer's "
+                               "train_log.jsonl, an nccl-tests log, or the run dir")
     run = RunDir(run_dir)
     meta = run.read_metadata()
     ranks = meta.ranks
@@ -117,9 +117,7 @@ def _summarize_logs(summary: RunSummary, texts: dict[Path, str], network: Networ
             summary.nccl = [{**nccl.summarize(t), "verdict": dataclasses.asdict(
                 nccl.verdict_for(t, meta.instance_type, summary.nodes, expected))} for t in tests]
             return summary
-    if any(training_logs.looks_like_fairseq(text) for text in texts.values()):
-        fix = training_logs.FAIRSEQ_FIX
-    raise HpcError(missing, fix=fix)
+    raise HpcError(missing, fix=training_logs.unreadable_fix(texts.values()) or fix)
 
 
 @dataclasses.dataclass

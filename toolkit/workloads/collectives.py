@@ -2,10 +2,11 @@
 
     python -m toolkit.workloads.collectives --ops all_reduce,all_gather,reduce_scatter -b 8 -e 4M -f 2 -n 20 -w 5
 
-nccl on GPUs, hccl on Habana Gaudi HPUs (--device hpu, lazy mode), gloo on CPU. Rank 0 prints nccl-tests' own
-table (same header, columns, number formatting and footer, one block per collective) so `hpc report nccl` reads
-this and real nccl-tests logs alike. The size conventions and bus-bandwidth factors are nccl-tests': the size
-column is the larger of the send and receive buffers; algbw = size / time; busbw = algbw x 2(n-1)/n for
+Each device's own collective backend, as its accelerator family names it (nccl on GPUs, gloo on CPU, ...; a
+family's runtime module drives its devices where torch alone cannot: toolkit.workloads.devices). Rank 0 prints
+nccl-tests' own table (same header, columns, number formatting and footer, one block per collective) so `hpc report
+nccl` reads this and real nccl-tests logs alike. The size conventions and bus-bandwidth factors are nccl-tests':
+the size column is the larger of the send and receive buffers; algbw = size / time; busbw = algbw x 2(n-1)/n for
 all_reduce, x (n-1)/n for all_gather and reduce_scatter; time is the mean over iterations, averaged over ranks;
 #wrong counts elements that differ from the expected result (checked once per size and placement, outside the
 timed loop).
@@ -27,7 +28,7 @@ from collections.abc import Callable
 
 from toolkit.errors import HpcError
 from toolkit.node import heartbeat
-from toolkit.workloads import hpu
+from toolkit.workloads import devices
 from toolkit.workloads.rank_env import rank_env
 
 OPS = ("all_reduce", "all_gather", "reduce_scatter")
@@ -182,16 +183,16 @@ def _expected(op: str, lay: Layout, nranks: int, torch, dtype, device):
 
 
 def run(ops: list[str], byte_sizes: list[int], iters: int, warmup: int, check: bool, dtype_name: str,
-        emit: Callable[[str], None], htcore=None) -> int:
+        emit: Callable[[str], None], htcore=None, runtime=None) -> int:
     """Benchmark `ops` over `byte_sizes` in an initialised process group; rank 0 emits the tables.
-    `htcore`: the Habana bridge (toolkit.workloads.hpu.load_bridge) on HPUs, else None.
-    Returns the number of sizes with wrong values (summed over ops)."""
+    `runtime`, `htcore`: the device's runtime module (devices.runtime) and its bridge (runtime.load_bridge), else
+    None. Returns the number of sizes with wrong values (summed over ops)."""
     import torch
     import torch.distributed as dist
 
     rank, nranks = dist.get_rank(), dist.get_world_size()
-    if htcore is not None:
-        device = torch.device(hpu.DEVICE)
+    if htcore is not None and runtime is not None:
+        device = torch.device(runtime.DEVICE)
     else:
         device = (torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl"
                   else torch.device("cpu"))
@@ -206,12 +207,12 @@ def run(ops: list[str], byte_sizes: list[int], iters: int, warmup: int, check: b
     def sync():
         if device.type == "cuda":
             torch.cuda.synchronize()
-        elif htcore is not None:
+        elif htcore is not None and runtime is not None:
             htcore.mark_step()
-            hpu.synchronize()
+            runtime.synchronize()
 
     def mean_over_ranks(value: float) -> float:
-        t = torch.tensor([value], dtype=hpu.reduce_dtype(torch, device), device=device)
+        t = torch.tensor([value], dtype=devices.reduce_dtype(torch, device), device=device)
         dist.all_reduce(t)
         return t.item() / nranks
 
@@ -273,8 +274,9 @@ def _emit_devices(emit, device, torch, dist) -> None:
                                   getattr(props, "pci_device_id", 0))
         me = (socket.gethostname().split(".")[0], os.getpid(), device.index, bus, props.name)
     else:
+        runtime = devices.of(device)
         me = (socket.gethostname().split(".")[0], os.getpid(), rank_env().local_rank,
-              "0000:00:00", f"HPU ({dist.get_backend()})" if device.type == hpu.DEVICE else "CPU (gloo)")
+              "0000:00:00", f"{runtime.LABEL} ({dist.get_backend()})" if runtime is not None else "CPU (gloo)")
     everyone: list = [None] * dist.get_world_size()
     dist.all_gather_object(everyone, me)
     emit("# Using devices")
@@ -295,11 +297,11 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("-w", "--warmup_iters", type=int, default=5)
     p.add_argument("-c", "--check", type=int, default=1, help="1: count wrong values, 0: skip (N/A)")
     p.add_argument("-d", "--datatype", default="float", choices=sorted(DTYPES))
-    p.add_argument("--backend", choices=("auto", "nccl", "hccl", "gloo"), default="auto",
-                   help="auto: follows --device (cuda: nccl, hpu: hccl, cpu: gloo)")
+    p.add_argument("--backend", choices=("auto", *devices.BACKENDS.values()), default="auto",
+                   help="auto: follows --device ({})".format(devices.each("{device}: {backend}")))
     # --device and --threads: the device flags every toolkit workload takes (toolkit.job.spec sets them per queue)
-    p.add_argument("--device", choices=("auto", "cuda", "hpu", "cpu"), default="auto",
-                   help="auto: cuda if available, else cpu; hpu needs the Habana PyTorch bridge")
+    p.add_argument("--device", choices=("auto", *devices.DEVICES), default="auto",
+                   help=f"auto: cuda if available, else cpu; {devices.needs()}")
     p.add_argument("--threads", type=int, default=None, help="torch intra-op threads (CPU: the CPUs given per rank)")
     p.add_argument("--timeout-min", type=float, default=10.0, help="process-group timeout in minutes")
     return p
@@ -326,12 +328,14 @@ def main(argv: list[str] | None = None) -> int:
         if args.threads:
             torch.set_num_threads(args.threads)
         device = args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
-        native = {"cuda": "nccl", "hpu": "hccl", "cpu": "gloo"}
+        native = devices.BACKENDS
         backend = args.backend if args.backend != "auto" else native[device]
         if backend != native[device]:
+            pairs = devices.each("{backend} with {device}", " and ")
             raise HpcError(f"--backend {backend} does not run on --device {device}",
-                           fix="use nccl with cuda, hccl with hpu and gloo with cpu (or leave --backend auto)")
-        htcore = hpu.load_bridge(env.local_rank) if device == "hpu" else None
+                           fix=f"use {pairs} (or leave --backend auto)")
+        runtime = devices.runtime(device)
+        htcore = runtime.load_bridge(env.local_rank) if runtime is not None else None
         if backend == "nccl":
             torch.cuda.set_device(env.local_rank % torch.cuda.device_count())
         dist.init_process_group(backend, init_method=f"tcp://{env.master_addr}:{env.master_port}", rank=env.rank,
@@ -348,7 +352,8 @@ def main(argv: list[str] | None = None) -> int:
                  + f" warmup iters: {args.warmup_iters} iters: {args.iters} agg iters: 1 validation: {args.check}"
                  + " graph: 0")
             emit("#")
-            bad = run(ops, byte_sizes, args.iters, args.warmup_iters, bool(args.check), args.datatype, emit, htcore)
+            bad = run(ops, byte_sizes, args.iters, args.warmup_iters, bool(args.check), args.datatype, emit, htcore,
+                      runtime)
         finally:
             dist.destroy_process_group()
     except HpcError as exc:

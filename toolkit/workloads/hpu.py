@@ -1,4 +1,6 @@
-"""Habana Gaudi (HPU) support for our workloads: the Habana PyTorch bridge, imported only for `--device hpu`.
+"""Habana Gaudi (HPU) support for our workloads: the Habana PyTorch bridge, imported only for `--device hpu`. The
+Gaudi family's runtime module (toolkit.accelerators.gaudi's workload_runtime), which the workloads reach through
+toolkit.workloads.devices: the one module of them that knows Gaudi.
 
 The bridge runs in lazy mode (PT_HPU_LAZY_MODE=1, set by the job): ops accumulate into a graph that runs at
 htcore.mark_step(). Habana's rule for training: mark a step after loss.backward() and after
@@ -16,6 +18,10 @@ from toolkit.errors import HpcError
 
 BRIDGE_PACKAGE = "habana_frameworks"
 DEVICE = "hpu"  # torch's device type for Gaudi
+LABEL = "HPU"  # in the collectives' device table
+NEEDS = "needs the Habana PyTorch bridge"
+AMP_DTYPE, AMP_NAME = "bfloat16", "bf16"  # Gaudi's mixed precision is bf16, which needs no loss scaling
+LAZY = True  # lazy mode only queues the graph: the host clock sees no compute
 
 
 def load_bridge(local_rank: int) -> ModuleType:

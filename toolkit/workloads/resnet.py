@@ -22,7 +22,7 @@ from collections.abc import Sequence
 
 from toolkit.errors import HpcError
 from toolkit.node import heartbeat
-from toolkit.workloads import checkpoint, hpu
+from toolkit.workloads import checkpoint, devices
 from toolkit.workloads.rank_env import rank_env
 from toolkit.workloads.stopping import EXIT_STOPPED, StopFlag, all_reduce_step, ignore_stop_signals
 from toolkit.workloads.train_log import TrainLog, steady_throughput
@@ -48,8 +48,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--weight-decay", type=float, default=1e-4)
     p.add_argument("--zero-init-last-bn", action="store_true", help="zero gamma of each block's last BN")
     p.add_argument("--amp", action="store_true",
-                   help="fp16 autocast + grad scaling on cuda, bf16 autocast on hpu; ignored on cpu (keeps CPU runs "
-                        "exactly resumable)")
+                   help=f"fp16 autocast + grad scaling on cuda, {devices.amp_forms()}; ignored on cpu (keeps CPU "
+                        "runs exactly resumable)")
     p.add_argument("--image-size", type=int, default=224)
     p.add_argument("--crop-scale-min", type=float, default=0.08,
                    help="smallest area fraction RandomResizedCrop keeps (tiny smoke images need more)")
@@ -66,10 +66,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--log-every-steps", type=int, default=10)
     p.add_argument("--max-steps", type=int, help="stop (exit 0, after saving) once this many steps are done")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--device", choices=("cpu", "cuda", "hpu"),
-                   help="default: cuda if available; hpu (Habana Gaudi) needs the Habana PyTorch bridge")
-    p.add_argument("--backend", choices=("gloo", "nccl", "hccl"),
-                   help="default: nccl on cuda, hccl on hpu, gloo on cpu")
+    p.add_argument("--device", choices=sorted(devices.DEVICES), help=f"default: cuda if available; {devices.needs()}")
+    p.add_argument("--backend", choices=[devices.BACKENDS[device] for device in sorted(devices.DEVICES)],
+                   help="default: {}".format(devices.each("{backend} on {device}")))
     p.add_argument("--threads", type=int, help="torch/OpenMP threads per rank (default: SLURM_CPUS_PER_TASK)")
     return p
 
@@ -125,19 +124,22 @@ class Trainer:
         self.device_type = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
         if self.device_type == "cuda" and not torch.cuda.is_available():
             raise HpcError("--device cuda but this node has no usable GPU", fix="use --device cpu")
-        native = {"cuda": "nccl", "hpu": "hccl", "cpu": "gloo"}
+        native = devices.BACKENDS
         self.backend = args.backend or native[self.device_type]
-        if self.backend in ("nccl", "hccl") and self.backend != native[self.device_type]:
+        if self.backend != devices.ANYWHERE and self.backend != native[self.device_type]:
+            pairs = devices.each("{backend} with {device}")
             raise HpcError(f"--backend {self.backend} does not run on --device {self.device_type}",
-                           fix="use nccl with cuda, hccl with hpu, gloo with cpu (or leave --backend out)")
-        # HPU lazy mode: the graph runs at each mark_step (after backward and after the optimizer step)
-        self.htcore = hpu.load_bridge(self.env.local_rank) if self.device_type == "hpu" else None
+                           fix=f"use {pairs} (or leave --backend out)")
+        # a device with its own runtime (devices.runtime: a vendor's bridge); in lazy mode the graph runs at each
+        # mark_step (after backward and after the optimizer step)
+        self.runtime = devices.runtime(self.device_type)
+        self.htcore = self.runtime.load_bridge(self.env.local_rank) if self.runtime is not None else None
         if self.device_type == "cuda":
             torch.backends.cudnn.benchmark = True
             self.device = torch.device("cuda", self.env.local_rank % torch.cuda.device_count())
             torch.cuda.set_device(self.device)
-        elif self.device_type == "hpu":
-            self.device = torch.device(hpu.DEVICE)
+        elif self.runtime is not None:
+            self.device = torch.device(self.runtime.DEVICE)
         else:
             self.device = torch.device("cpu")
         check_loader(args.loader, self.device)
@@ -189,9 +191,10 @@ class Trainer:
         self.model = model
         self.optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum,
                                          nesterov=args.nesterov, weight_decay=args.weight_decay)
-        self.amp = args.amp and self.device_type in ("cuda", "hpu")
-        # Gaudi's mixed precision is bf16, which needs no loss scaling
-        self.amp_dtype = torch.bfloat16 if self.device_type == "hpu" else torch.float16
+        # mixed precision on cuda (fp16) and where the device's runtime has its own dtype, which takes no scaling
+        own_amp = self.runtime.AMP_DTYPE if self.runtime is not None else None
+        self.amp = args.amp and (self.device_type == "cuda" or own_amp is not None)
+        self.amp_dtype = getattr(torch, own_amp) if own_amp is not None else torch.float16
         on_cuda = self.device_type == "cuda"
         self.scaler = torch.amp.GradScaler("cuda" if on_cuda else "cpu", enabled=self.amp and on_cuda)
         self.criterion = torch.nn.CrossEntropyLoss()
@@ -279,7 +282,7 @@ class Trainer:
     def _evaluate(self) -> dict:
         torch = self.torch
         self.ddp.eval()
-        stat = hpu.reduce_dtype(torch, self.device)
+        stat = devices.reduce_dtype(torch, self.device)
         totals = torch.zeros(3, dtype=stat, device=self.device)  # correct, loss sum, images
         with torch.no_grad(), torch.autocast(self.device.type, dtype=self.amp_dtype, enabled=self.amp):
             for images, targets in self.val_loader:
@@ -394,11 +397,13 @@ class Trainer:
 class ForwardTimer:
     """The forward pass's time, the part of a step no collective holds back (a straggler's own slowness shows
     there; under DDP every rank's backward waits for the slowest). CUDA events on a GPU, read after the step's
-    all-reduce has synchronised the stream; the host clock on CPU; None on HPU, where lazy mode only queues the
-    graph and the host sees no compute."""
+    all-reduce has synchronised the stream; the host clock on CPU; None on a device whose runtime is lazy (it only
+    queues the graph: the host sees no compute)."""
 
     def __init__(self, torch, device) -> None:
         self.kind = device.type
+        runtime = devices.of(device)
+        self.lazy = runtime is not None and runtime.LAZY
         if self.kind == "cuda":
             self.events = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
             self.events[0].record()
@@ -413,7 +418,7 @@ class ForwardTimer:
     def seconds(self) -> float | None:
         if self.kind == "cuda":
             return self.events[0].elapsed_time(self.events[1]) / 1000
-        return None if self.kind == hpu.DEVICE or self.ended is None else self.ended - self.started
+        return None if self.lazy or self.ended is None else self.ended - self.started
 
 
 def main(argv: Sequence[str] | None = None) -> int:

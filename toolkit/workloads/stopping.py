@@ -48,7 +48,7 @@ def all_reduce_step(values: Sequence[float], stop_requested: bool, device) -> tu
     import torch
     import torch.distributed as dist
 
-    from toolkit.workloads.hpu import reduce_dtype
+    from toolkit.workloads.devices import reduce_dtype
 
     packed = torch.tensor([*values, 1.0 if stop_requested else 0.0], dtype=reduce_dtype(torch, device), device=device)
     dist.all_reduce(packed)

@@ -1,6 +1,7 @@
 """fairseq-train (launcher kind fairseq): one process per rank under srun, explicit rendezvous, fairseq's own
-device flags, its parser, its checkpoint repair and its run-length advice. The one module of hpc that knows fairseq
-as a launcher (the reports read its log format: toolkit.reports.training_logs).
+device flags, its parser, its checkpoint repair and its run-length advice. This package is all hpc knows of
+fairseq: the launcher here, its training log's formats in toolkit.launchers.fairseq.log (the reports ask for them
+through the launcher's log_reader()).
 
 Arguments: fairseq-train's argparse, built as fairseq_cli/train.py builds it (facebookresearch/fairseq v0.12,
 fairseq/options.py: get_training_parser(), then parse_args_and_arch(), which parses twice and adds the options of
@@ -43,7 +44,7 @@ from typing import Any, Mapping
 from toolkit.job.env import EnvVar
 from toolkit.job.rank import Arg, RankVar
 from toolkit.job.scaling import Derived
-from toolkit.launchers.base import PYTORCH_JOB, DeviceForm, Launcher
+from toolkit.launchers.base import PYTORCH_JOB, DeviceForm, Launcher, LogReader
 
 PROGRAM = "fairseq-train"
 HALF_PRECISION = ("--fp16", "--bf16", "--memory-efficient-fp16", "--memory-efficient-bf16", "--amp")
@@ -140,6 +141,11 @@ class Fairseq(Launcher):
             parser = options.get_training_parser()
         check_argparse(recipe, Program(PROGRAM, _help(argv), f"fairseq {version}"), parser, argv, parse)
         return []
+
+    def log_reader(self) -> LogReader:
+        from toolkit.launchers.fairseq.log import READER
+
+        return READER
 
 
 
