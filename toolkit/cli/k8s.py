@@ -72,8 +72,8 @@ def render(name: Optional[str] = o.RECIPE_OR_SCRIPT,
                                              "a new install gets today) or v1 (PyTorchJob of the Training Operator "
                                              "v1.9, MPIJob of the MPI Operator, for clusters that run them)."),
            output: Optional[str] = typer.Option(None, "--output", "-o", metavar="FILE|DIR|-",
-                                                help="Write the manifests here (a directory: RECIPE.yaml in it; "
-                                                     "default and -: stdout)."),
+                                                help="Write the manifests here (a directory: RECIPE.yaml, or "
+                                                     "SCRIPT.yaml, in it; default and -: stdout)."),
            force: bool = o.FORCE,
            as_json: bool = JSON_OPTION) -> None:
     """Render a recipe as Kubernetes manifests: a Kubeflow Trainer v2 TrainJob (default) or a v1 PyTorchJob

@@ -9,6 +9,8 @@ place that computes them; this module only translates:
                                                   (or the launcher's own per-node agent: accelerate launch)
   MPI binaries (nccl-tests)                    -> MPIJob (kubeflow.org/v2beta1), one slot per GPU
   which launcher kind takes which form         -> the launcher's (toolkit.launchers: Launcher.kubernetes_kind)
+  a researcher's own script                    -> read from the image, or from a ConfigMap of its bytes mounted
+                                                  in the pods (toolkit.k8s.usercode)
   the recipe's dirs                            -> an FSx for Lustre PersistentVolumeClaim (ReadWriteMany)
 
 Per-rank values (toolkit.job.rank.RankVar) are the rank contract's variables, which torchrun sets for its workers
