@@ -69,14 +69,17 @@ def test_choices_mirror_the_library_and_show_in_help():
     from toolkit.cluster.build import FSX_DEPLOYMENTS, OSES
     from toolkit.cluster.diff import STATES
     from toolkit.k8s.manifests import APIS
+    from toolkit.k8s.usercode import SOURCES
     from toolkit.recipes.user import STYLES
     from toolkit.slurm.executors import Executor
 
     for enum, library in ((o.Os, OSES), (o.FsxDeployment, FSX_DEPLOYMENTS), (o.State, STATES),
-                          (o.KubeflowApi, APIS), (o.Executor, tuple(e.value for e in Executor)), (o.Launcher, STYLES)):
+                          (o.KubeflowApi, APIS), (o.ScriptFrom, SOURCES),
+                          (o.Executor, tuple(e.value for e in Executor)), (o.Launcher, STYLES)):
         assert tuple(e.value for e in enum) == tuple(library), enum
     assert "<script|torchrun|accelerate>" in run_hpc("run", "--help").stdout
     assert "<trainer-v2|v1>" in run_hpc("k8s", "render", "--help").stdout
+    assert "<image|configmap>" in run_hpc("k8s", "render", "--help").stdout
 
 
 def test_help_names_values_not_python_types():

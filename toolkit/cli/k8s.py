@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import shlex
 from pathlib import Path
-from typing import Optional
+from typing import Optional, Sequence
 
 import typer
 
@@ -21,10 +21,12 @@ app = typer.Typer(help="The recipes as Kubernetes manifests (Amazon EKS): render
                   no_args_is_help=True, rich_markup_mode=None)
 
 
-def render_command_line(name: str, nodes: int, instance: str, profile, overrides, namespace, image, claim,
-                        storage_class, efa, output, api: str = DEFAULT_API) -> str:
+def render_command_line(name: str | None, nodes: int, instance: str, profile, overrides, namespace, image, claim,
+                        storage_class, efa, output, api: str = DEFAULT_API, module: str | None = None,
+                        script_from: str | None = None, script_args: Sequence[str] = ()) -> str:
     """The `hpc k8s render` line that reproduces a rendering (recorded in the file's header)."""
-    words = ["hpc", "k8s", "render", name, "--nodes", str(nodes), "--instance", instance]
+    what = ["--module", module] if module is not None else [name or ""]
+    words = ["hpc", "k8s", "render", *what, "--nodes", str(nodes), "--instance", instance]
     words += ["--api", api] if api != DEFAULT_API else []
     words += ["--profile", profile] if profile else []
     for item in overrides:
@@ -34,12 +36,19 @@ def render_command_line(name: str, nodes: int, instance: str, profile, overrides
     words += ["--fsx-claim", claim] if claim else []
     words += ["--fsx-storage-class", storage_class] if storage_class else []
     words += [] if efa is None else ["--efa" if efa else "--no-efa"]
+    words += ["--script-from", script_from] if script_from else []
     words += ["-o", str(output)] if output else []
+    words += ["--", *script_args] if script_args else []
     return shlex.join(words)
 
 
 @app.command()
-def render(name: str = o.RECIPE,
+def render(name: Optional[str] = o.RECIPE_OR_SCRIPT,
+           script_args: Optional[list[str]] = typer.Argument(None, metavar="-- SCRIPT_ARGS...",
+                                                             help="Arguments for your script or module, after `--`."),
+           module: Optional[str] = typer.Option(None, "--module", "-m", metavar="PKG.MODULE",
+                                                help="Your own module instead (python -m), from the image: needs "
+                                                     "--image."),
            nodes: int = typer.Option(..., "--nodes", "-N", min=1, help="Nodes of the job (pods, one per node)."),
            instance: str = typer.Option(..., "--instance", metavar="INSTANCE_TYPE",
                                         help="EC2 instance type of the nodes (catalog name)."),
@@ -54,22 +63,29 @@ def render(name: str = o.RECIPE,
                                                             "provisioning) and a claim through it."),
            efa: Optional[bool] = typer.Option(None, "--efa/--no-efa", help="Use the instance's EFA devices "
                                                                            "(default: all of them, if it has any)."),
+           script_from: Optional[o.ScriptFrom] = typer.Option(
+               None, "--script-from", help="Where the pods read your script: image (the default with --image: it "
+                                           "must hold the script at the path given) or configmap (the default "
+                                           "without: a ConfigMap carries the file, up to 1 MiB)."),
            api: o.KubeflowApi = typer.Option(_DEFAULT_API_CHOICE, "--api",
                                              help="Kubeflow API: trainer-v2 (TrainJob on Kubeflow Trainer v2.2+, what "
                                              "a new install gets today) or v1 (PyTorchJob of the Training Operator "
                                              "v1.9, MPIJob of the MPI Operator, for clusters that run them)."),
            output: Optional[str] = typer.Option(None, "--output", "-o", metavar="FILE|DIR|-",
-                                                help="Write the manifests here (a directory: RECIPE.yaml in it; "
-                                                     "default and -: stdout)."),
+                                                help="Write the manifests here (a directory: RECIPE.yaml, or "
+                                                     "SCRIPT.yaml, in it; default and -: stdout)."),
            force: bool = o.FORCE,
            as_json: bool = JSON_OPTION) -> None:
     """Render a recipe as Kubernetes manifests: a Kubeflow Trainer v2 TrainJob (default) or a v1 PyTorchJob
-    (training) / MPIJob (nccl-tests), and the FSx claim."""
+    (training) / MPIJob (nccl-tests), and the FSx claim. Or your own script or module, as `hpc run` takes it:
+    `hpc k8s render train.py --nodes 2 --instance p4d.24xlarge -- --epochs 3` (a ConfigMap carries the script, or
+    the --image holds it), `hpc k8s render -m mypkg.train --image IMAGE ...`."""
     import dataclasses
 
     from toolkit.errors import UsageError
     from toolkit.k8s.manifests import DEFAULT_CLAIM, Storage
     from toolkit.k8s.manifests import render as render_manifests
+    from toolkit.k8s.usercode import is_user_code, user_code_recipe
     from toolkit.recipes.load import load_recipe
     from toolkit.textfile import refuse_overwrite
 
@@ -77,15 +93,33 @@ def render(name: str = o.RECIPE,
     if claim and storage_class:
         raise UsageError("--fsx-claim names an existing claim; --fsx-storage-class makes a new one",
                          fix="give one of them")
-    path = output_target(output, f"{Path(name).stem}.yaml")
+    if name is None and module is None:
+        raise UsageError("no recipe, script or module given",
+                         fix="e.g. hpc k8s render resnet50 ..., hpc k8s render train.py ..., or "
+                             "hpc k8s render -m mypkg.train --image IMAGE ...")
+    user_code = is_user_code(name, module)
+    if not user_code and script_args:
+        raise UsageError(f"{name} is a recipe: arguments after it ({shlex.join(script_args)}) are for a script",
+                         fix="set the recipe's arguments with --set args.--FLAG=VALUE, or render your script "
+                             "(SCRIPT.py -- ARGS)")
+    if user_code and profile:
+        raise UsageError("--profile: your script has no recipe profiles", fix="drop --profile")
+    data = user_code_recipe(name, module, script_args or [], nodes, image) if user_code else None
+    stem = data["name"] if data is not None else Path(name or "").stem
+    path = output_target(output, f"{stem}.yaml")
     if path is not None:  # before the work of rendering
         refuse_overwrite(path, force)
-    recipe = load_recipe(name, profile=profile, overrides=overrides)
+    recipe = (load_recipe(stem, overrides=overrides, data=data) if data is not None
+              else load_recipe(name or "", profile=profile, overrides=overrides))
     storage = Storage(claim=claim or DEFAULT_CLAIM, storage_class=storage_class)
-    line = render_command_line(name, nodes, instance, profile, overrides, namespace, image, claim, storage_class,
-                               efa, path, api_name)
+    words = [] if module is None or name is None else [name]  # with --module every positional word is its argument
+    line = render_command_line(name if module is None else None, nodes, instance, profile, overrides, namespace,
+                               image, claim, storage_class, efa, path, api_name, module=module,
+                               script_from=o.value(script_from), script_args=[*words, *(script_args or [])])
     rendered = render_manifests(recipe, instance, nodes, profile=profile, namespace=namespace, image=image,
-                                storage=storage, efa=efa, command_line=line, api=api_name)
+                                storage=storage, efa=efa, command_line=line, api=api_name,
+                                script_from=o.value(script_from),
+                                script_in_image=name if user_code and module is None else None)
     for note in rendered.notes:
         info(f"note: {note}")
     for warning in rendered.spec.warnings:
@@ -98,7 +132,7 @@ def render(name: str = o.RECIPE,
         emit({"manifests": rendered.text, "documents": rendered.documents,
               "output": str(path) if path else None, "nodes": spec.nodes, "world_size": spec.world_size,
               "derived": [dataclasses.asdict(d) for d in spec.derived], "warnings": list(spec.warnings),
-              "notes": rendered.notes}, True)
+              "notes": rendered.notes, "script": rendered.script}, True)
     elif path is None:
         typer.echo(rendered.text, nl=False)
 

@@ -40,6 +40,12 @@ class KubeflowApi(str, enum.Enum):
     v1 = "v1"
 
 
+class ScriptFrom(str, enum.Enum):
+    """toolkit.k8s.usercode.SOURCES."""
+    image = "image"
+    configmap = "configmap"
+
+
 class Os(str, enum.Enum):
     """toolkit.cluster.build.OSES (ParallelCluster 3.16's names)."""
     alinux2023 = "alinux2023"
@@ -83,6 +89,10 @@ def _recipe_names(incomplete: str) -> list[str]:
 
 RECIPE = typer.Argument(..., metavar="RECIPE", help="Recipe name or path to a recipe file.",
                         autocompletion=_recipe_names)
+# `hpc k8s render`: a recipe, or a researcher's own script as `hpc run` takes it
+RECIPE_OR_SCRIPT = typer.Argument(None, metavar="RECIPE|SCRIPT.py", autocompletion=_recipe_names,
+                                  help="Recipe name or recipe file; or your own script (a .py file here), as "
+                                       "`hpc run` takes it.")
 
 # Where the job runs.
 NODES = typer.Option(None, "--nodes", "-N", min=1, help="Nodes of the job (default: the recipe's resources.nodes).")

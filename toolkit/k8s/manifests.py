@@ -9,6 +9,8 @@ place that computes them; this module only translates:
                                                   (or the launcher's own per-node agent: accelerate launch)
   MPI binaries (nccl-tests)                    -> MPIJob (kubeflow.org/v2beta1), one slot per GPU
   which launcher kind takes which form         -> the launcher's (toolkit.launchers: Launcher.kubernetes_kind)
+  a researcher's own script                    -> read from the image, or from a ConfigMap of its bytes mounted
+                                                  in the pods (toolkit.k8s.usercode)
   the recipe's dirs                            -> an FSx for Lustre PersistentVolumeClaim (ReadWriteMany)
 
 Per-rank values (toolkit.job.rank.RankVar) are the rank contract's variables, which torchrun sets for its workers
@@ -26,6 +28,7 @@ from toolkit.accelerators.nvidia import NVIDIA
 from toolkit.catalog import InstanceType, instance
 from toolkit.errors import HpcError
 from toolkit.job.rank import Arg
+from toolkit.k8s.usercode import PlacedScript, place_script
 
 # The only values a user must supply by hand: flagged by `hpc k8s validate` until they are replaced.
 FILL_IN = "<fill in: "
@@ -69,6 +72,7 @@ class Rendered:
     documents: list[dict]
     text: str
     notes: list[str]
+    script: dict | None = None  # a researcher's script: where the pods read it (source, path, configmap)
 
 
 def k8s_target(instance_type: str, nodes: int, efa: bool | None) -> tuple[Any, int]:
@@ -219,7 +223,8 @@ def torchrun_env(spec) -> list[dict]:
     return _env(spec) + [{"name": name, "value": value} for name, value in TORCHRUN_ENV] + threads
 
 
-def _pod(spec, it: InstanceType, container: dict, claim: str | None, labels: dict, efa: int) -> dict:
+def _pod(spec, it: InstanceType, container: dict, claim: str | None, labels: dict, efa: int,
+         script: PlacedScript | None = None) -> dict:
     gpus = spec.gpus_per_node
     container = {**container, "resources": resources(it, gpus, efa)}
     volumes: list[dict] = []
@@ -227,6 +232,9 @@ def _pod(spec, it: InstanceType, container: dict, claim: str | None, labels: dic
     if claim:
         volumes.append({"name": "fsx", "persistentVolumeClaim": {"claimName": claim}})
         mounts.append({"name": "fsx", "mountPath": FSX_MOUNT})
+    if script is not None and script.volume is not None and script.mount is not None:  # a ConfigMap's script
+        volumes.append(script.volume)
+        mounts.append(script.mount)
     volumes.append({"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": shm_size(it)}})
     mounts.append({"name": "dshm", "mountPath": "/dev/shm"})
     container["volumeMounts"] = mounts
@@ -242,8 +250,13 @@ def _metadata(name: str, namespace: str, labels: dict) -> dict:
     return {"name": name, "namespace": namespace, "labels": labels}
 
 
-def pytorch_job(spec, it: InstanceType, name: str, namespace: str, image: str, claim: str, efa: int) -> dict:
-    labels = {"app.kubernetes.io/managed-by": "hpc-toolkit", "hpc-toolkit/recipe": _dns_name(spec.recipe)}
+def _labels(spec) -> dict:
+    return {"app.kubernetes.io/managed-by": "hpc-toolkit", "hpc-toolkit/recipe": _dns_name(spec.recipe)}
+
+
+def pytorch_job(spec, it: InstanceType, name: str, namespace: str, image: str, claim: str, efa: int,
+                script: PlacedScript | None = None) -> dict:
+    labels = _labels(spec)
     command, args = worker_command(spec)
     container = {"name": "pytorch", "image": image, "command": command, "args": args, "env": torchrun_env(spec)}
     return {
@@ -259,14 +272,14 @@ def pytorch_job(spec, it: InstanceType, name: str, namespace: str, image: str, c
             "runPolicy": {"cleanPodPolicy": "None"},
             "pytorchReplicaSpecs": {"Worker": {
                 "replicas": spec.nodes, "restartPolicy": "OnFailure",
-                "template": _pod(spec, it, container, claim, labels, efa)}},
+                "template": _pod(spec, it, container, claim, labels, efa, script)}},
         },
     }
 
 
 def mpi_job(spec, it: InstanceType, name: str, namespace: str, image: str, claim: str, efa: int,
             program: str) -> dict:
-    labels = {"app.kubernetes.io/managed-by": "hpc-toolkit", "hpc-toolkit/recipe": _dns_name(spec.recipe)}
+    labels = _labels(spec)
     launcher = {"name": "launcher", "image": image, "command": ["mpirun"],
                 "args": as_written(mpirun_args(spec, program)), "env": _env(spec),
                 "resources": {"requests": {"cpu": "1", "memory": "2Gi"}}}
@@ -330,13 +343,44 @@ def to_yaml(documents: list[dict], header: list[str]) -> str:
     return "".join(f"# {line}\n".replace("# \n", "#\n") for line in header) + "---\n" + dump_all(documents)
 
 
+def per_rank(recipe):
+    """The recipe with its Python started per rank (style script): on Kubernetes each pod's torchrun is its node's
+    agent, which starts the rank program (a style torchrun recipe's own torchrun would start another under it)."""
+    if recipe.launcher.style != "torchrun":
+        return recipe
+    return recipe.model_copy(update={"launcher": recipe.launcher.model_copy(update={"style": "script",
+                                                                                   "max_restarts": 0})})
+
+
+def _started_by_pod_torchrun(spec):
+    """The spec saying how its ranks start here: the Slurm form's launcher value (srun per rank, or its own
+    torchrun per node) is each pod's torchrun on Kubernetes."""
+    from toolkit.job.scaling import Derived
+
+    how = Derived("launcher", f"torchrun per pod, {spec.tasks_per_node} ranks each, max {MAX_RESTARTS} restarts",
+                  "Kubernetes: the operator gives each pod's torchrun the job's rendezvous")
+    return dataclasses.replace(spec, derived=tuple(how if d.key == "launcher" else d for d in spec.derived))
+
+
+def _run_script_from(spec, local: str, path: str):
+    """The spec whose program runs the script at `path` (the pods') instead of `local` (here)."""
+    command = list(spec.command)
+    command[command.index(local)] = path  # the program's word, before any argument
+    return dataclasses.replace(spec, command=tuple(command))
+
+
 def render(recipe, instance_type: str, nodes: int, *, profile: str | None = None, namespace: str = "default",
            image: str | None = None, storage: Storage = Storage(), efa: bool | None = None,
-           command_line: str = "", api: str = V1) -> Rendered:
-    """The manifests of `recipe` on `nodes` nodes of `instance_type` (all derived values from the JobSpec)."""
+           command_line: str = "", api: str = V1, script_from: str | None = None,
+           script_in_image: str | None = None) -> Rendered:
+    """The manifests of `recipe` on `nodes` nodes of `instance_type` (all derived values from the JobSpec). A
+    researcher's own script (Launcher.user_code) comes from the image, at `script_in_image` (default: the recipe's
+    path), or from a ConfigMap: `script_from` (toolkit.k8s.usercode)."""
     from toolkit.job.spec import job_spec
 
+    from toolkit.errors import UsageError
     from toolkit.launchers import launcher_of
+    from toolkit.launchers.base import checked_script
 
     it = instance(instance_type)
     launcher = launcher_of(recipe.launcher)
@@ -346,8 +390,15 @@ def render(recipe, instance_type: str, nodes: int, *, profile: str | None = None
                        "Kubernetes form is the v1 PyTorchJob (a Trainer v2 TrainJob runs torchrun)",
                        fix="add --api v1")
     _check_input(recipe, it, profile)
+    code = launcher.user_code(recipe.launcher)
+    if script_from is not None and (code is None or code[0] != "script"):
+        raise UsageError(f"--script-from {script_from}: {launcher.what(recipe.launcher)} is no script of yours",
+                         fix="leave out --script-from (it says where the pods read a script: SCRIPT.py, or a "
+                             "recipe of launcher kind python-script)")
     target, efa_devices = k8s_target(instance_type, nodes, efa)
-    spec = job_spec(recipe, target, nodes, profile=profile)
+    torchrun = launcher.pod_prelude() is None
+    spec = job_spec(per_rank(recipe) if torchrun else recipe, target, nodes, profile=profile)
+    spec = _started_by_pod_torchrun(spec) if torchrun else spec
     if not spec.root.startswith(FSX_MOUNT + "/") and spec.root != FSX_MOUNT:
         raise HpcError(f"recipe {recipe.name}: its dirs are under {spec.root}, but the pods "
                        f"see only the FSx volume at {FSX_MOUNT}",
@@ -359,6 +410,17 @@ def render(recipe, instance_type: str, nodes: int, *, profile: str | None = None
     if spec.spares:
         notes.append(f"resources.spares {spec.spares} is for Slurm (spare nodes held in the allocation): on "
                      "Kubernetes the operator recreates a failed pod on whatever node the scheduler gives it")
+    name = _dns_name(spec.job_name)
+    script = None
+    if code is not None and code[0] == "script":
+        local = checked_script(spec.root, code[1])
+        script = place_script(local, script_from, image, script_in_image or code[1], name, namespace,
+                              _labels(spec))
+        spec = _run_script_from(spec, local, script.path)
+        notes.append(script.note)
+    elif code is not None:
+        notes.append(f"the module {code[1]} comes from the image: {image or 'the image'} must hold it (installed, "
+                     "or on its PYTHONPATH)")
     if image is None:
         image = FILL_IN + (f"an image with the EFA installer, aws-ofi-nccl, Open MPI, and "
                            f"{image_program(recipe.launcher.program or '')} built against them>" if kind == "MPIJob"
@@ -367,10 +429,9 @@ def render(recipe, instance_type: str, nodes: int, *, profile: str | None = None
     if storage.storage_class is None:
         notes.append(f"the data/checkpoint dirs are on the existing claim {storage.claim!r} mounted at {FSX_MOUNT}: "
                      "it must be ReadWriteMany (FSx for Lustre through fsx.csi.aws.com)")
-    name = _dns_name(spec.job_name)
     program_note = []
     if kind == "PyTorchJob":
-        job = pytorch_job(spec, it, name, namespace, image, storage.claim, efa_devices)
+        job = pytorch_job(spec, it, name, namespace, image, storage.claim, efa_devices, script)
     else:
         program = image_program(recipe.launcher.program or "")
         job = mpi_job(spec, it, name, namespace, image, storage.claim, efa_devices, program)
@@ -383,19 +444,23 @@ def render(recipe, instance_type: str, nodes: int, *, profile: str | None = None
 
         jobs = from_v1(job)
         what = f"TrainJob {name} ({'torch-distributed' if kind == 'PyTorchJob' else 'MPI'} runtime)"
-    documents = storage_documents(storage, namespace) + jobs
+    configmaps = [script.configmap] if script is not None and script.configmap is not None else []
+    documents = storage_documents(storage, namespace) + configmaps + jobs
     header = [f"{what}: {recipe.description}",
               f"Rendered by `{command_line}` (do not edit: change the recipe and render again)." if command_line
               else "Rendered by hpc k8s render (do not edit: change the recipe and render again).",
               f"{spec.nodes} x {it.name}, {spec.tasks_per_node} ranks per node, world size {spec.world_size}; "
-              f"{efa_devices} EFA devices per node.", *program_note, "",
+              f"{efa_devices} EFA devices per node.", *program_note, *([script.note] if script else []), "",
               "Derived values (the same JobSpec code as the Slurm form):"]
     header += [f"  {d.key} = {d.value}  ({d.rule})" for d in spec.derived]
     if spec.warnings:
         header += ["", "Warnings (as for the Slurm form):"] + [f"  {w}" for w in spec.warnings]
     if any(isinstance(v, str) and v.startswith(FILL_IN) for d in documents for v in _strings(d)):
         header += ["", "Values marked '<fill in: ...>' must be replaced before `kubectl apply`."]
-    return Rendered(spec, documents, to_yaml(documents, header), notes)
+    where = None if script is None else {
+        "source": script.source, "path": script.path,
+        "configmap": script.configmap["metadata"]["name"] if script.configmap is not None else None}
+    return Rendered(spec, documents, to_yaml(documents, header), notes, where)
 
 
 def _strings(node: Any):

@@ -5,8 +5,9 @@ unquoted `1e-4` is a number), then each document is checked in layers, each find
 field's path and the fix:
   - custom resources (PyTorchJob kubeflow.org/v1, MPIJob kubeflow.org/v2beta1, any CRD vendored in crds/)
     against the operator's published CRD with the API server's structural-schema semantics (toolkit.k8s.crd);
-    core kinds (PersistentVolumeClaim, StorageClass, ...) against the Kubernetes OpenAPI schemas
-    (toolkit.k8s.coreschema); both strict, as kubectl's --validate=strict;
+    core kinds (PersistentVolumeClaim, StorageClass, ConfigMap, ...) against the Kubernetes OpenAPI schemas
+    (toolkit.k8s.coreschema); both strict, as kubectl's --validate=strict; a ConfigMap's size against the API
+    server's limit (and client-side apply's copy of it in an annotation);
   - the jobs' pod templates against the core PodTemplateSpec schema (strict) and the core API's pod validation,
     and each job against its operator's admission rules (toolkit.k8s.admission); a Trainer v2 runtime's template
     against JobSet's admission and the MPI plugin's launcher count (runtime_violations);
@@ -84,7 +85,27 @@ def _schema_findings(doc: dict, where: str) -> list[Finding]:
                         f"{coreschema.KUBERNETES_VERSION} kind nor a custom resource with a CRD in toolkit/k8s/crds",
                         "fix the kind's spelling, or validate it with the tools of the operator that defines it",
                         source="schema")]
-    return _findings(coreschema.schema_violations(coreschema.validator(schema), doc), where, "schema")
+    findings = _findings(coreschema.schema_violations(coreschema.validator(schema), doc), where, "schema")
+    return findings if has_errors(findings) or kind != "ConfigMap" else _configmap_findings(doc, where)
+
+
+def _configmap_findings(doc: dict, where: str) -> list[Finding]:
+    """A ConfigMap's size: the API server's limit on its data, and client-side apply's on its copy of it."""
+    from toolkit.k8s.usercode import ANNOTATIONS_MAX_BYTES, CONFIGMAP_MAX_BYTES, LAST_APPLIED, data_bytes, \
+        last_applied_bytes
+
+    size = data_bytes(doc)
+    if size > CONFIGMAP_MAX_BYTES:  # kubernetes/kubernetes pkg/apis/core/validation/validation.go ValidateConfigMap
+        return [Finding("error", f"{where}: data", f"{size} bytes of data: the API server refuses a ConfigMap over "
+                        f"{CONFIGMAP_MAX_BYTES} bytes (1 MiB)", "put the files in the image instead (hpc k8s render "
+                        "SCRIPT.py --image IMAGE)", source="admission")]
+    applied = last_applied_bytes(doc)
+    if applied > ANNOTATIONS_MAX_BYTES:  # kubernetes/apimachinery pkg/api/validation/objectmeta.go
+        return [Finding("warning", f"{where}: metadata.annotations", f"client-side `kubectl apply` (and hpc k8s "
+                        f"apply) would keep a {applied}-byte copy of this ConfigMap in its {LAST_APPLIED} "
+                        f"annotation; the API server refuses annotations over {ANNOTATIONS_MAX_BYTES} bytes",
+                        "apply the file with `kubectl apply --server-side -f FILE`", source="admission")]
+    return []
 
 
 def runtime_violations(doc: dict) -> Iterator[Violation]:

@@ -182,6 +182,12 @@ class Launcher:
         """How the reports read the program's own training log; None: it writes none hpc reads."""
         return None
 
+    def user_code(self, section: LauncherSection) -> tuple[Literal["script", "module"], str] | None:
+        """The researcher's own code the ranks run: ("script", its path as the recipe names it), which on Kubernetes
+        the image or a ConfigMap brings to the pods (toolkit.k8s.usercode), or ("module", its name), which the
+        image holds. None: hpc's own program, or one on the FSx volume."""
+        return None
+
     def kubernetes_kind(self, recipe: Recipe) -> str:
         """The Kubeflow kind of the recipe's job, or a refusal naming the launchers that have one."""
         if self.kubernetes is None:

@@ -3,6 +3,8 @@ after toolkit.job.user_main, per rank or under torchrun (toolkit.launchers.torch
 
 from __future__ import annotations
 
+from typing import Literal
+
 from toolkit.job.rank import Arg
 from toolkit.job.scaling import Derived
 from toolkit.launchers import torchrun
@@ -20,6 +22,9 @@ class Module(Launcher):
                 threads: int | None) -> tuple[list[Arg], list[Derived]]:
         program, how = torchrun.styled(section, torchrun.user_main(section, ["-m", section.module]), nodes, tasks)
         return program, [how]
+
+    def user_code(self, section) -> tuple[Literal["script", "module"], str] | None:
+        return "module", section.module or ""
 
 
 LAUNCHER = Module()

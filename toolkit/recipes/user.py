@@ -13,9 +13,13 @@ STYLES = ("script", "torchrun", "accelerate")  # --launcher: srun per rank, torc
 MODULE_PATTERN = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
 
 
-def target_launcher(target: str) -> dict[str, Any]:
-    """SCRIPT.py (a path: kept absolute, as the nodes see the shared file system) or MODULE (dotted name)."""
-    if target.endswith(".py") or os.sep in target or os.path.exists(target):
+def target_launcher(target: str, module: bool = False) -> dict[str, Any]:
+    """SCRIPT.py (a path: kept absolute, as the nodes see the shared file system) or MODULE (dotted name; `module`:
+    it is one, whatever is on the disk here)."""
+    if module and not MODULE_PATTERN.match(target):
+        raise UsageError(f"{target!r} is not a module name (pkg.module)",
+                         fix="pass a dotted module name, e.g. mypkg.train; a script goes without --module")
+    if not module and (target.endswith(".py") or os.sep in target or os.path.exists(target)):
         return {"kind": "python-script", "script": os.path.abspath(target)}
     if MODULE_PATTERN.match(target):
         return {"kind": "python-module", "module": target}
@@ -53,9 +57,9 @@ def user_recipe(target: str, script_args: Sequence[str], *, name: str | None = N
                 venv: str | None = None, env: Mapping[str, str] | None = None,
                 rendezvous_timeout_s: int | None = None, container: str | None = None,
                 container_mounts: Sequence[str] = (), hang_timeout_s: int | None = None,
-                spares: int | None = None) -> dict[str, Any]:
+                spares: int | None = None, module: bool = False) -> dict[str, Any]:
     """The recipe (as data) that runs `python TARGET SCRIPT_ARGS...` on every rank. `style`: script, torchrun, or
-    accelerate (launcher kind accelerate: `accelerate launch` per node)."""
+    accelerate (launcher kind accelerate: `accelerate launch` per node). `module`: TARGET is a module name."""
     if style not in STYLES:
         raise UsageError(f"--launcher {style!r} is not one of {', '.join(STYLES)}",
                          fix="use --launcher script (srun, one process per rank), --launcher torchrun or "
@@ -63,7 +67,7 @@ def user_recipe(target: str, script_args: Sequence[str], *, name: str | None = N
     if max_restarts and style == "script":
         raise UsageError("--max-restarts needs --launcher torchrun or accelerate (srun does not restart ranks)",
                          fix="add --launcher torchrun, or drop --max-restarts")
-    launcher: dict[str, Any] = target_launcher(target)
+    launcher: dict[str, Any] = target_launcher(target, module)
     if style == "accelerate":  # its own kind, for a script or a module alike (toolkit.launchers.accelerate)
         launcher["kind"] = "accelerate"
     else:
