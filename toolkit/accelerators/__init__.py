@@ -3,7 +3,7 @@ catalog's `accelerator` field (toolkit/catalog.yaml). Callers ask family(...) th
 toolkit.accelerators.base.Family (device form, GRES, CPU binding, collective, environment, loader checks, cluster
 health checks and AMI, Kubernetes resource) instead of branching on a family's name.
 
-Neuron (the catalog's Trainium types; Inferentia would be alike) is in the catalog, so clusters of it can be built and
+Neuron (the catalog's Trainium and Inferentia types) is in the catalog, so clusters of it can be built and
 validated, but it has no family: its own runtime and compiler (torch-neuronx, neuronx-cc), launcher and collectives
 (the Neuron runtime's own, not NCCL) are not done here. family() refuses it, in this one place."""
 
