@@ -113,6 +113,16 @@ def test_every_trainium_and_inferentia_type_is_refused_by_name():
         assert family_or_none(it) is None
 
 
+def test_dl2q_qualcomm_cards_are_refused_as_neuron_is():
+    """dl2q.24xlarge's Cloud AI 100 cards have no family: the same one refusal, its own reason."""
+    dl2q = instance("dl2q.24xlarge")
+    with pytest.raises(HpcError) as raised:
+        family(dl2q)
+    assert raised.value.message.startswith("dl2q.24xlarge has Qualcomm AI 100 (qualcomm) accelerators: hpc makes no")
+    assert "Qualcomm's Cloud AI SDKs" in (raised.value.fix or "")
+    assert family_or_none(dl2q) is None and dl2q.gpus == 8
+
+
 def test_every_catalog_accelerator_has_a_family_module_or_a_refusal():
     """A new `accelerator` value in the catalog's schema (catalog.Accelerator, the values catalog.yaml may hold)
     fails here until toolkit/accelerators gets its module (or REFUSED its reason)."""

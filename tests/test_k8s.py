@@ -321,6 +321,8 @@ def test_validate_cli_names_document_path_and_fix(tmp_path):
      "trn1.32xlarge has Trainium (neuron) accelerators: hpc makes no jobs for them"),
     (["resnet50", "--nodes", "2", "--instance", "inf2.48xlarge"],
      "inf2.48xlarge has Inferentia2 (neuron) accelerators: hpc makes no jobs for them"),
+    (["resnet50", "--nodes", "2", "--instance", "dl2q.24xlarge"],
+     "dl2q.24xlarge has Qualcomm AI 100 (qualcomm) accelerators: hpc makes no jobs for them"),
     (["resnet50", "--nodes", "2", "--instance", "p9.huge"], "instance type 'p9.huge' is not in the toolkit's catalog"),
     (["roberta", "--nodes", "2", "--instance", "p4d.24xlarge", "--profile", "smoke", "--set", "prepare=null"],
      "but the pods see only the FSx volume at /fsx"),
