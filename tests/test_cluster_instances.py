@@ -231,22 +231,22 @@ def test_every_ec2_type_is_known_offline_from_botocores_model():
 def test_a_typo_gets_the_closest_real_type_not_a_catalogued_lookalike(tmp_path):
     path = _copy(tmp_path)
     original = path.read_bytes()
-    res = run_hpc("cluster", "queue", "set", str(path), "cpu", "--instance", "c6i.32xlarg")
+    res = run_hpc("cluster", "queue", "set", str(path), "cpu", "--instance", "c6a.48xlarg")
     assert res.returncode == 2
-    assert "instance type 'c6i.32xlarg' is not in the toolkit's catalog nor among EC2's instance types" in res.stderr
-    assert "did you mean --instance c6i.32xlarge?" in res.stderr and "hpc6id" not in res.stderr
+    assert "instance type 'c6a.48xlarg' is not in the toolkit's catalog nor among EC2's instance types" in res.stderr
+    assert "did you mean --instance c6a.48xlarge?" in res.stderr and "c7a.48xlarge" not in res.stderr
     assert path.read_bytes() == original
 
 
 def test_a_real_cpu_type_the_catalog_lacks_is_accepted_with_one_note(tmp_path):
     path = _copy(tmp_path)
-    res = run_hpc("cluster", "queue", "set", str(path), "cpu", "--instance", "c6i.32xlarge")
+    res = run_hpc("cluster", "queue", "set", str(path), "cpu", "--instance", "c6a.48xlarge")
     assert res.returncode == 0, res.stderr
     resource = _queues(path)["cpu"]["ComputeResources"][0]
-    assert resource["InstanceType"] == "c6i.32xlarge" and "Efa" not in resource  # nothing says it has EFA
+    assert resource["InstanceType"] == "c6a.48xlarge" and "Efa" not in resource  # nothing says it has EFA
     # what is unknown is said once: the validation's warning, naming the facts file to fill in
-    assert res.stderr.count("c6i.32xlarge") == 1, res.stderr
-    assert "'c6i.32xlarge' is a real EC2 type the toolkit's catalog lacks: its vCPUs, cores, memory and EFA are " \
+    assert res.stderr.count("c6a.48xlarge") == 1, res.stderr
+    assert "'c6a.48xlarge' is a real EC2 type the toolkit's catalog lacks: its vCPUs, cores, memory and EFA are " \
            "unknown here" in res.stderr and "instances.yaml" in res.stderr
 
 
