@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import re
 import typing
 
 import pytest
@@ -113,6 +114,28 @@ def test_neuron_is_refused_in_one_clear_error_naming_the_instance_and_what_to_do
         family("neuron")
     # the cluster side still builds and validates Trainium clusters: it asks without the refusal
     assert family_or_none(TRN1) is None and family_or_none(P4D) is NVIDIA
+
+
+def test_every_trainium_and_inferentia_type_is_refused_by_name():
+    """Trn1, Trn2, Trn2u, Inf1 and Inf2 alike (catalog accelerator neuron): a job on any of them is refused naming
+    the instance and its chip; the cluster side asks without the refusal."""
+    neuron = sorted(name for name, it in catalog().items() if it.accelerator == "neuron")
+    assert {name.split(".")[0] for name in neuron} == {"trn1", "trn1n", "trn2", "trn2u", "inf1", "inf2"}
+    for name in neuron:
+        it = instance(name)
+        with pytest.raises(HpcError, match=rf"^{re.escape(name)} has (Trainium2?|Inferentia2?) \(neuron\) "):
+            family(it)
+        assert family_or_none(it) is None
+
+
+def test_dl2q_qualcomm_cards_are_refused_as_neuron_is():
+    """dl2q.24xlarge's Cloud AI 100 cards have no family: the same one refusal, its own reason."""
+    dl2q = instance("dl2q.24xlarge")
+    with pytest.raises(HpcError) as raised:
+        family(dl2q)
+    assert raised.value.message.startswith("dl2q.24xlarge has Qualcomm AI 100 (qualcomm) accelerators: hpc makes no")
+    assert "Qualcomm's Cloud AI SDKs" in (raised.value.fix or "")
+    assert family_or_none(dl2q) is None and dl2q.gpus == 8
 
 
 def test_every_catalog_accelerator_has_a_family_module_or_a_refusal():

@@ -10,6 +10,7 @@ import pytest
 import yaml
 
 from tests.conftest import cli_json, REPO, run_hpc
+from toolkit.catalog import instance
 from toolkit.cluster.build import ClusterSpec, QueueSpec, build_config, render
 from toolkit.cluster.validate import validate_config, validate_file, validate_text
 
@@ -299,9 +300,12 @@ def test_an_unsupported_region_is_an_error_at_its_key(region):
 
 def test_wider_catalog_types_validate_in_a_generated_config():
     for itype in ("g5.12xlarge", "g6e.48xlarge", "trn1.32xlarge", "trn2.48xlarge", "hpc7a.96xlarge",
-                  "hpc7g.16xlarge", "c7gn.16xlarge", "p5en.48xlarge"):
+                  "hpc7g.16xlarge", "c7gn.16xlarge", "p5en.48xlarge", "p5.4xlarge", "p6-b300.48xlarge",
+                  "p6e-gb200.36xlarge", "g7e.48xlarge", "g6e.24xlarge", "g5g.16xlarge",
+                  "trn2u.48xlarge", "inf2.48xlarge", "dl2q.24xlarge", "c6in.32xlarge", "c7a.metal-48xl",
+                  "hpc8a.96xlarge", "hpc7g.4xlarge"):
         config = _config(itype)
-        if itype.startswith(("hpc7g", "c7gn")):  # Graviton: head node of the same architecture
+        if instance(itype).architecture == "arm64":  # Graviton, Grace: head node of the same architecture
             config["HeadNode"]["InstanceType"] = "c6gn.16xlarge"
         report = validate_config(config)
         assert report.valid, (itype, _errors(report))

@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 from toolkit.errors import HpcError
 
-Accelerator = Literal["nvidia", "gaudi", "neuron", "none"]
+Accelerator = Literal["nvidia", "gaudi", "neuron", "qualcomm", "none"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -85,7 +85,7 @@ class NcclFloor:
 # ~/.config/hpc/instances.yaml ($XDG_CONFIG_HOME/hpc/instances.yaml) when it exists.
 FACTS_ENV = "HPC_INSTANCE_FACTS"
 TYPE_NAME = re.compile(r"^[a-z][a-z0-9-]*\.[a-z0-9-]+$")  # EC2's form: family[-variant].size, e.g. p6-b200.48xlarge
-_CHOICES = {"accelerator": ("nvidia", "gaudi", "neuron", "none"), "architecture": ("x86_64", "arm64")}
+_CHOICES = {"accelerator": ("nvidia", "gaudi", "neuron", "qualcomm", "none"), "architecture": ("x86_64", "arm64")}
 
 
 @functools.cache

@@ -3,9 +3,10 @@ catalog's `accelerator` field (toolkit/catalog.yaml). Callers ask family(...) th
 toolkit.accelerators.base.Family (device form, GRES, CPU binding, collective, environment, loader checks, cluster
 health checks and AMI, Kubernetes resource) instead of branching on a family's name.
 
-Neuron (the catalog's Trainium types; Inferentia would be alike) is in the catalog, so clusters of it can be built and
-validated, but it has no family: its own runtime and compiler (torch-neuronx, neuronx-cc), launcher and collectives
-(the Neuron runtime's own, not NCCL) are not done here. family() refuses it, in this one place."""
+Neuron (the catalog's Trainium and Inferentia types) and Qualcomm (dl2q's Cloud AI 100) are in the catalog, so
+clusters of them can be built and validated, but they have no family: their own runtimes and compilers (torch-neuronx,
+neuronx-cc; Qualcomm's Cloud AI SDKs), launchers and collectives (not NCCL) are not done here. family() refuses them,
+in this one place."""
 
 from __future__ import annotations
 
@@ -21,7 +22,9 @@ from toolkit.errors import HpcError
 FAMILIES: Mapping[str, Family] = {f.kind: f for f in (NVIDIA, GAUDI, CPU)}
 # Catalog accelerators that have no family, and why (the one place they are refused).
 REFUSED = {"neuron": "its own runtime, compiler and collectives (torch-neuronx / neuronx-cc), which hpc does not "
-                     "drive"}
+                     "drive",
+           "qualcomm": "Qualcomm's Cloud AI SDKs (an inference accelerator's own compiler and runtime), which hpc does "
+                       "not drive"}
 
 
 def family(of: InstanceType | str, where: str | None = None) -> Family:
