@@ -72,8 +72,10 @@ lint: venv train-env
 	$(BIN)/ruff check
 	$(BIN)/mypy
 
+# Two xdist workers: the Slurm tests mostly wait on Slurm, so the unit tests run beside them; each lane's tests stay
+# in order on one worker (tests/conftest.py lane_group). `pytest tests/test_x.py` alone runs in one process.
 test: lint venv train-env slurm-up slurm-lanes container-lane
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n 2 --dist loadgroup
 
 # Checks of third parties' behaviour we rely on (torch's restart hang, Slurm's own features): not our code, so
 # not in `make test`; run them when upgrading torch or Slurm.

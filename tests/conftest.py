@@ -168,7 +168,47 @@ def free_port(span: int = 1) -> int:
 
 
 # Lines the reliability tests (corpus, fuzz, secrets) report: printed in pytest's terminal summary, also in CI.
+# Under xdist (`make test`) each worker sends its lines to the controller, which prints them.
 SUMMARY: list[str] = []
+
+
+def pytest_sessionfinish(session):
+    workeroutput = getattr(session.config, "workeroutput", None)
+    if workeroutput is not None:  # an xdist worker
+        workeroutput["reliability_counts"] = list(SUMMARY)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error):
+    SUMMARY.extend(getattr(node, "workeroutput", {}).get("reliability_counts", []))
+
+
+# `make test` runs the suite on two xdist workers (--dist loadgroup): the unit tests beside the Slurm tests, which
+# mostly wait on Slurm. Each Slurm lane is a cluster of its own, so each lane's tests form one xdist group: run in
+# order on one worker, never two jobs of one lane's tests at once (they share its nodes, as before); lanes run
+# beside each other. A test's lane: its fixture (node_lane; the container module's; a conformance lane's version;
+# 22.05 is the default lane) or else the default lane (slurm_sandbox).
+DEFAULT_LANE_GROUP = "lane-22.05"
+
+
+def lane_group(item) -> str | None:
+    """The xdist group of a `slurm` test (None for a unit test)."""
+    if item.get_closest_marker("slurm") is None:
+        return None
+    if "node_lane" in item.fixturenames:
+        return "lane-bullseye"
+    if item.module.__name__.rsplit(".", 1)[-1] == "test_containers_slurm":
+        return "lane-22.05-pyxis"
+    version = getattr(item, "callspec", None) and item.callspec.params.get("lane")
+    return f"lane-{version}" if isinstance(version, str) else DEFAULT_LANE_GROUP
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the marks into the group names
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        group = lane_group(item)
+        if group is not None:
+            item.add_marker(pytest.mark.xdist_group(group))
 
 
 def pytest_terminal_summary(terminalreporter):
