@@ -28,6 +28,6 @@ def check_arguments(recipe: Recipe, spec: Any) -> list[str]:
     from toolkit.progress import step
 
     launcher = launcher_of(recipe.launcher)
-    # loading a program's own parser can take seconds (fairseq's: ~5 s of imports)
+    # loading a program's own parser can take seconds (the biggest: ~5 s of imports)
     with step(f"checking the arguments with {launcher.what(recipe.launcher)}'s own parser"):
         return launcher.check_arguments(recipe, spec, preview_argv(spec.command))
