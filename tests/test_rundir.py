@@ -78,6 +78,27 @@ def test_the_launchers_records_and_the_first_failed_rank(tmp_path):
     assert len(run.failures()) == 2
 
 
+def test_a_rank_srun_killed_is_not_the_first_failure_within_the_same_second(tmp_path):
+    # rank 0, slow to start, was ended by srun's SIGTERM (--kill-on-bad-exit) in the second rank 1 failed on its
+    # own: rank 1's log says why the job failed (seen under load: "module ... cannot be imported" went missing)
+    run = RunDir(tmp_path)
+
+    def failed(rank: int, code: int, second: int = 1) -> None:
+        _write(str(tmp_path), {"rank": rank, "host": "c1", "exit_code": code, "argv0": "x",
+                               "finished_at": f"2026-01-01T00:00:0{second}"})
+
+    failed(0, -15)
+    failed(2, 1)
+    failed(1, 1)
+    assert run.first_failed_rank() == 1
+    # a rank killed by another signal (the kernel's OOM SIGKILL) is a failure of its own: the lowest rank wins
+    failed(0, -9)
+    assert run.first_failed_rank() == 0
+    # an earlier second still comes first, however it ended
+    failed(3, -15, second=0)
+    assert run.first_failed_rank() == 3
+
+
 def _run(path, executor: str | None, **meta) -> RunDir:
     run = RunDir(path).create()
     run.write_metadata(Metadata.from_json({"recipe": "probe", "executor": executor, "job_ids": ["55"], **meta}))

@@ -39,6 +39,7 @@ import re
 import secrets
 import shutil
 from pathlib import Path
+from signal import SIGTERM
 from typing import Any, Iterable, Iterator, Mapping
 
 from toolkit.errors import HpcError
@@ -417,9 +418,13 @@ class RunDir:
         write_json(self.path / FAILURES / f"rank-{record.rank}.json", record.to_json())
 
     def first_failed_rank(self) -> int | None:
-        """The rank that failed first (ranks killed after it by srun --kill-on-bad-exit are not it)."""
+        """The rank that failed first (ranks killed after it by srun --kill-on-bad-exit are not it). Records
+        carry whole seconds: within one, a rank that ended on its own comes before one ended by SIGTERM, which is
+        how srun ends the others once one fails (a slow rank 0 killed before it reached its own error)."""
         ranked = [f for f in self.failures() if isinstance(f.rank, int)]
-        return min(ranked, key=lambda f: (f.finished_at or "", f.rank)).rank if ranked else None
+        if not ranked:
+            return None
+        return min(ranked, key=lambda f: (f.finished_at or "", f.exit_code == -SIGTERM, f.rank)).rank
 
     # -- sweeps -----------------------------------------------------------------------------------------------
 
