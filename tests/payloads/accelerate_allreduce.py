@@ -6,6 +6,7 @@ with end_training(), which destroys the process group (a gloo group left to the 
 import json
 import os
 import socket
+import sys
 
 import torch
 from accelerate import Accelerator
@@ -14,9 +15,12 @@ from accelerate.utils import reduce
 accelerator = Accelerator()
 value = torch.tensor([float(accelerator.process_index + 1)], device=accelerator.device)
 total = reduce(value, reduction="sum")
-print(json.dumps({"event": "accelerate_allreduce", "rank": accelerator.process_index,
-                  "world": accelerator.num_processes, "type": str(accelerator.distributed_type),
-                  "sum": total.item(), "host": socket.gethostname(), "node": os.environ.get("GROUP_RANK")}),
-      flush=True)
+# One write per line: the node's two ranks share its launch's stdout, and with PYTHONUNBUFFERED print() writes the
+# text and the newline apart, so the two lines can interleave (seen once under load: both of a node's lines lost).
+sys.stdout.write(json.dumps({"event": "accelerate_allreduce", "rank": accelerator.process_index,
+                             "world": accelerator.num_processes, "type": str(accelerator.distributed_type),
+                             "sum": total.item(), "host": socket.gethostname(),
+                             "node": os.environ.get("GROUP_RANK")}) + "\n")
+sys.stdout.flush()
 accelerator.wait_for_everyone()
 accelerator.end_training()
