@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import io
 import json
 import os
@@ -168,19 +169,41 @@ def free_port(span: int = 1) -> int:
 
 
 # Lines the reliability tests (corpus, fuzz, secrets) report: printed in pytest's terminal summary, also in CI.
-# Under xdist (`make test`) each worker sends its lines to the controller, which prints them.
+# Under xdist (`make test`) each worker sends its lines to the controller, which prints each distinct line once.
+# A count that the workers' parts add up to (the corpus's cases passed: its Slurm cases run on another worker than
+# the rest) goes in TALLIES[name] instead, printed once as "NAME: total (key n, ...)" over every worker.
 SUMMARY: list[str] = []
+TALLIES: dict[str, collections.Counter] = {}
+
+
+def tally(name: str) -> collections.Counter:
+    """The count named `name`, summed over the workers in the terminal summary."""
+    return TALLIES.setdefault(name, collections.Counter())
 
 
 def pytest_sessionfinish(session):
     workeroutput = getattr(session.config, "workeroutput", None)
     if workeroutput is not None:  # an xdist worker
         workeroutput["reliability_counts"] = list(SUMMARY)
+        workeroutput["reliability_tallies"] = {name: dict(counts) for name, counts in TALLIES.items()}
 
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_testnodedown(node, error):
-    SUMMARY.extend(getattr(node, "workeroutput", {}).get("reliability_counts", []))
+    output = getattr(node, "workeroutput", {})
+    SUMMARY.extend(output.get("reliability_counts", []))
+    for name, counts in output.get("reliability_tallies", {}).items():
+        tally(name).update(counts)
+
+
+def pytest_terminal_summary(terminalreporter):
+    if SUMMARY or TALLIES:
+        terminalreporter.section("reliability counts")
+        for line in dict.fromkeys(SUMMARY):
+            terminalreporter.write_line(line)
+        for name, counts in TALLIES.items():
+            parts = ", ".join(f"{key} {n}" for key, n in counts.items())
+            terminalreporter.write_line(f"{name}: {sum(counts.values())} ({parts})")
 
 
 # `make test` runs the suite on two xdist workers (--dist loadgroup): the unit tests beside the Slurm tests, which
@@ -209,13 +232,6 @@ def pytest_collection_modifyitems(config, items):
         group = lane_group(item)
         if group is not None:
             item.add_marker(pytest.mark.xdist_group(group))
-
-
-def pytest_terminal_summary(terminalreporter):
-    if SUMMARY:
-        terminalreporter.section("reliability counts")
-        for line in SUMMARY:
-            terminalreporter.write_line(line)
 
 
 @pytest.fixture
