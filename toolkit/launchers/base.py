@@ -79,6 +79,17 @@ def whole_number(value: Any) -> int | None:
     return int(found) if found is not None else None
 
 
+def json_object(text: str) -> dict | None:
+    """A log line's JSON object, or None where the text is no JSON object."""
+    import json
+
+    try:
+        obj = json.loads(text)
+    except json.JSONDecodeError:
+        return None
+    return obj if isinstance(obj, dict) else None
+
+
 class LogReader:
     """A launcher's program's own training log, as the reports read it (toolkit.reports.training_logs asks every
     launcher's log_reader()): its records, its throughput rule, and what to tell a user whose log it cannot read."""

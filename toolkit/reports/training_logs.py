@@ -14,12 +14,11 @@ again; the curves keep the last record of each step. Throughput is the trainer's
 from __future__ import annotations
 
 import dataclasses
-import json
 from collections.abc import Iterable
 from pathlib import Path
 
 from toolkit.errors import HpcError
-from toolkit.launchers.base import LogPoint, LogReader, log_readers, number as _num, whole_number as _int
+from toolkit.launchers.base import LogPoint, LogReader, json_object, log_readers, number as _num, whole_number as _int
 from toolkit.workloads.train_log import steady_throughput
 
 # Our trainer's events and the numeric fields each needs to be usable (steady_throughput reads the interval ones).
@@ -78,14 +77,6 @@ def last_per_update(points: list[LogPoint]) -> list[LogPoint]:
     return list(kept.values())
 
 
-def _json_object(text: str) -> dict | None:
-    try:
-        obj = json.loads(text)
-    except json.JSONDecodeError:
-        return None
-    return obj if isinstance(obj, dict) else None
-
-
 def parse_training_text(text: str, source: str = "") -> TrainingLog | None:
     """The training records in a log (a launcher's program's or our trainer's), or None if it holds none."""
     for reader in log_readers():
@@ -96,7 +87,7 @@ def parse_training_text(text: str, source: str = "") -> TrainingLog | None:
     records: list[dict] = []
     for line in text.splitlines():
         stripped = line.strip()
-        obj = _json_object(stripped) if stripped.startswith("{") else None
+        obj = json_object(stripped) if stripped.startswith("{") else None
         if obj is not None and "event" in obj and _is_trainer_record(obj):
             records.append(obj)
     if records:

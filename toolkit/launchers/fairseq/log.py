@@ -18,10 +18,9 @@ to use `--log-format json`.
 
 from __future__ import annotations
 
-import json
 import re
 
-from toolkit.launchers.base import LogPoint, LogReader, number, whole_number
+from toolkit.launchers.base import LogPoint, LogReader, json_object, number, whole_number
 
 _TAGGED = re.compile(r"\|\s*[A-Z]+\s*\|\s*([\w.]+)\s*\|\s*(\{.*\})\s*$")
 # --log-format simple (and fairseq <= 0.9): per-interval `epoch 001:    100 / 487 k=v, k=v` (commas) and
@@ -56,14 +55,6 @@ def _text_point(line: str) -> LogPoint | None:
     return _point({"epoch": int(epoch), **{k.strip(): v.strip() for k, v in pairs}}, tag)
 
 
-def _json_object(text: str) -> dict | None:
-    try:
-        obj = json.loads(text)
-    except json.JSONDecodeError:
-        return None
-    return obj if isinstance(obj, dict) else None
-
-
 def _wall_span(a: LogPoint | None, b: LogPoint) -> float | None:
     return b.wall - a.wall if a is not None and a.wall is not None and b.wall is not None else None
 
@@ -90,12 +81,12 @@ class FairseqLog(LogReader):
         for line in text.splitlines():
             tagged = _TAGGED.search(line)
             if tagged:
-                obj = _json_object(tagged.group(2))
+                obj = json_object(tagged.group(2))
                 if obj is not None and (point := _point(obj, tagged.group(1))):
                     found.append(point)
                 continue
             stripped = line.strip()
-            obj = _json_object(stripped) if stripped.startswith("{") else None
+            obj = json_object(stripped) if stripped.startswith("{") else None
             if obj is None:
                 if "epoch" in line and (point := _text_point(stripped)):
                     found.append(point)
