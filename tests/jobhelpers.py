@@ -8,6 +8,7 @@ import os
 import re
 import signal
 import subprocess
+import sys
 import threading
 from pathlib import Path
 
@@ -168,3 +169,14 @@ def submitits_stop_signal(task, after_s: float = 0.7):
     finally:
         timer.cancel()
         signal.signal(signal.SIGUSR2, previous)
+
+
+def run_pods_torchrun(container: dict, args: list[str], timeout: float, **env: str) -> subprocess.CompletedProcess:
+    """A rendered pod's torchrun (its command, `args` and env) run here as one node of 2 workers with a standalone
+    rendezvous, the PET_* values the Kubeflow operator would set; `env` adds to the pod's. Asserts it exits 0."""
+    full_env = dict(os.environ, **{e["name"]: e["value"] for e in container["env"]}, PET_NNODES="1:1",
+                    PET_NPROC_PER_NODE="2", PET_MAX_RESTARTS="0", PET_STANDALONE="1", **env)
+    torchrun = os.path.join(os.path.dirname(sys.executable), container["command"][0])
+    res = subprocess.run([torchrun, *args], env=full_env, capture_output=True, text=True, timeout=timeout)
+    assert res.returncode == 0, res.stderr[-2000:]
+    return res

@@ -21,6 +21,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.conftest import cli_json, REPO, run_hpc
+from tests.jobhelpers import run_pods_torchrun
 from tests.test_k8s_crd import KUBECTL, kubectl_json, same_json
 from toolkit.cluster.queues import load_queues
 from toolkit.errors import HpcError
@@ -417,7 +418,6 @@ def test_real_torchrun_starts_each_worker_with_the_slurm_ranks_argv(name, tmp_pa
     """torchrun (torch's own, from the training environment) run with the container's arguments and the PET_*
     variables the Training Operator sets; one node of 2 workers, with PET_STANDALONE standing in for the
     operator's rendezvous Service. Each worker's argv must be the Slurm rank's argv for the same rank."""
-    import sys
 
     k8s = render(load_recipe(name), "p3dn.24xlarge", 1, image="img:1")
     container = _worker_pod(_job(k8s))["containers"][0]
@@ -430,11 +430,7 @@ def test_real_torchrun_starts_each_worker_with_the_slurm_ranks_argv(name, tmp_pa
     args = list(container["args"])
     args[4] = str(printer)  # the program: fairseq-train, or python for `python -m MODULE`
     (tmp_path / "argv").mkdir()
-    env = dict(os.environ, **{e["name"]: e["value"] for e in container["env"]}, PET_NNODES="1:1",
-               PET_NPROC_PER_NODE="2", PET_MAX_RESTARTS="0", PET_STANDALONE="1", ARGV_DIR=str(tmp_path / "argv"))
-    torchrun = os.path.join(os.path.dirname(sys.executable), container["command"][0])
-    res = subprocess.run([torchrun, *args], env=env, capture_output=True, text=True, timeout=120)
-    assert res.returncode == 0, res.stderr[-2000:]
+    run_pods_torchrun(container, args, 120, ARGV_DIR=str(tmp_path / "argv"))
     workers = [json.loads((tmp_path / "argv" / rank).read_text()) for rank in ("0", "1")]
     for argv, seen in workers:
         slurm_rank = {"RANK": seen["RANK"], "LOCAL_RANK": seen["LOCAL_RANK"],

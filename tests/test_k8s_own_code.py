@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REPO, cli_envelope, cli_json, run_hpc
+from tests.jobhelpers import run_pods_torchrun
 from toolkit.catalog import instance
 from toolkit.k8s.kubeyaml import load_all
 from toolkit.k8s.usercode import ANNOTATIONS_MAX_BYTES, CODE_DIR, CONFIGMAP_MAX_BYTES
@@ -325,11 +326,7 @@ def test_real_torchrun_runs_the_configmaps_script_with_the_users_args(tmp_path):
     args = [_as_kubelet_passes(a).replace(f"{CODE_DIR}/", f"{code}/") for a in container["args"]]
     args[args.index("python")] = sys.executable
     (tmp_path / "out").mkdir()
-    env = dict(os.environ, **{e["name"]: e["value"] for e in container["env"]}, PET_NNODES="1:1",
-               PET_NPROC_PER_NODE="2", PET_MAX_RESTARTS="0", PET_STANDALONE="1", OUT_DIR=str(tmp_path / "out"))
-    torchrun = os.path.join(os.path.dirname(sys.executable), container["command"][0])
-    run = subprocess.run([torchrun, *args], env=env, capture_output=True, text=True, timeout=180)
-    assert run.returncode == 0, run.stderr[-2000:]
+    run_pods_torchrun(container, args, 180, OUT_DIR=str(tmp_path / "out"))
     for rank in (0, 1):
         seen = json.loads((tmp_path / "out" / str(rank)).read_text())
         assert seen == {"argv": [str(code / "train.py"), *USER_ARGS], "rank": rank, "world": 2, "sum": 2.0}
