@@ -209,7 +209,7 @@ def pytest_terminal_summary(terminalreporter):
 # `make test` runs the suite on two xdist workers (--dist loadgroup): the unit tests beside the Slurm tests, which
 # mostly wait on Slurm. Each Slurm lane is a cluster of its own, so each lane's tests form one xdist group: run in
 # order on one worker, never two jobs of one lane's tests at once (they share its nodes, as before); lanes run
-# beside each other. A test's lane: its fixture (node_lane; the container module's; a conformance lane's version;
+# beside each other. A test's lane: its fixture (node_lane; container_lane; a conformance lane's version;
 # 22.05 is the default lane) or else the default lane (slurm_sandbox).
 DEFAULT_LANE_GROUP = "lane-22.05"
 
@@ -220,7 +220,7 @@ def lane_group(item) -> str | None:
         return None
     if "node_lane" in item.fixturenames:
         return "lane-bullseye"
-    if item.module.__name__.rsplit(".", 1)[-1] == "test_containers_slurm":
+    if "container_lane" in item.fixturenames:
         return "lane-22.05-pyxis"
     version = getattr(item, "callspec", None) and item.callspec.params.get("lane")
     return f"lane-{version}" if isinstance(version, str) else DEFAULT_LANE_GROUP

@@ -27,7 +27,7 @@ TIMEOUT = 600
 
 
 @pytest.fixture(scope="module")
-def lane():
+def container_lane():
     """The container lane, up (cached: a few seconds); skipped with one line where its sources are absent."""
     from testbench import containers, discover
     from testbench.layout import Layout
@@ -48,11 +48,11 @@ def host_mounts(tmp_path: Path) -> list[str]:
     return [p for p in paths if not any(p != q and p.startswith(q.rstrip("/") + "/") for q in paths)]
 
 
-def test_resnet_smoke_in_a_container_2x2_stops_on_usr2_requeues_and_resumes(lane, tmp_path):
+def test_resnet_smoke_in_a_container_2x2_stops_on_usr2_requeues_and_resumes(container_lane, tmp_path):
     """The rendered script (executor sbatch): its batch shell on the host, every rank in the container. SIGUSR2 to
     the batch shell (what --signal=B:USR2 sends before the time limit) reaches the containerized ranks through
     srun; they stop at an agreed step and save, the job requeues, and the rerun resumes from that step."""
-    sandbox, image = lane
+    sandbox, image = container_lane
     env = dict(sandbox.env(), HPC_RUNS_DIR=str(tmp_path / "runs"))
     sets = [f"software.container.image={image}", f"software.container.mounts={json.dumps(host_mounts(tmp_path))}",
             f"software.venv={sys.prefix}", "env.PYTHONPATH=" + str(REPO), "args.--max-steps=10",
@@ -91,12 +91,12 @@ def test_resnet_smoke_in_a_container_2x2_stops_on_usr2_requeues_and_resumes(lane
     assert len(losses) >= 10 and sum(losses[-3:]) < sum(losses[:3])
 
 
-def test_a_tutorial_script_runs_in_the_container_with_the_jobs_rendezvous(lane, tmp_path):
+def test_a_tutorial_script_runs_in_the_container_with_the_jobs_rendezvous(container_lane, tmp_path):
     """`hpc run --container` (submitit): recipes/examples/ddp_train.py, 2 nodes x 2 ranks, each rank in the image
     (its /tmp is the container's own: the checkpoints written there never reach this machine's) with the job's
     MASTER_ADDR and
     MASTER_PORT over the image's and enroot's hook's."""
-    sandbox, image = lane
+    sandbox, image = container_lane
     env = dict(sandbox.env(), HPC_RUNS_DIR=str(tmp_path / "runs"))
     inside = Path("/tmp") / f"hpc-container-test-{tmp_path.name}"  # on the container's own tmpfs
     mounts = [w for m in host_mounts(tmp_path) for w in ("--container-mount", m)]
@@ -122,8 +122,8 @@ def test_a_tutorial_script_runs_in_the_container_with_the_jobs_rendezvous(lane, 
     assert losses[-1] < losses[0]
 
 
-def test_the_doctor_reports_pyxis_and_starts_the_image_on_every_node(lane):
-    sandbox, image = lane
+def test_the_doctor_reports_pyxis_and_starts_the_image_on_every_node(container_lane):
+    sandbox, image = container_lane
     res = run_hpc("cluster", "doctor", "--queue", "cpu", "--container-image", str(image), "--json",
                   env=sandbox.env(), timeout=120)
     containers = cli_json(res)["containers"]
