@@ -8,6 +8,7 @@ the toolkit's checks for what pcluster cannot see offline (toolkit.cluster.check
 from __future__ import annotations
 
 import dataclasses
+import functools
 import re
 from pathlib import Path
 from typing import cast
@@ -55,6 +56,7 @@ _FIXES = [
 ]
 
 
+@functools.cache
 def parallelcluster_release() -> str | None:
     """The aws-parallelcluster release whose schema and validators judge configs here (None: not installed)."""
     from importlib import metadata
