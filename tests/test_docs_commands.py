@@ -23,6 +23,8 @@ tests/test_readme_quickstarts.py's and left out here. Each page's lines are one 
   testbench renders it (into the temp dir: no Slurm is started or asked). Other shell lines are not run.
 - GIVEN: a file a page uses and says comes from elsewhere is made first, as the page says: researchers.md's
   cluster.yaml by admins.md's own `hpc cluster config` line, train.py as a copy of the example script.
+
+Commands quoted inline in the prose (`hpc jobs status`) are checked too, as synopses (_check_prose).
 """
 
 from __future__ import annotations
@@ -262,3 +264,71 @@ def test_every_command_in_the_docs_runs_or_names_what_the_cli_has(page, tmp_path
                    ", ".join(f"{n} {kind}" for kind, n in counts.items()))
     assert not failures, "\n".join(failures)
     assert not (tmp_path / "runs").exists()  # dry runs, renders and help write no run dir
+
+
+def _prose_commands(page: Path) -> list[Line]:
+    """`hpc ...` in inline code spans of the page's prose (outside code blocks): each names a command and options
+    a reader would type."""
+    found, fenced = [], False
+    for number, raw in enumerate(page.read_text().splitlines(), 1):
+        if raw.lstrip().startswith("```"):
+            fenced = not fenced
+            continue
+        if fenced or raw.startswith("    "):
+            continue
+        for span in re.findall(r"`([^`]+)`", raw):
+            if re.match(r"(\S*/)?hpc\s", span):
+                found.append(Line(f"{page.name}:{number}", span.strip(), ""))
+    return found
+
+
+@pytest.mark.parametrize("page", PAGES, ids=[p.name for p in PAGES])
+def test_every_command_in_the_docs_prose_names_what_the_cli_has(page):
+    """Commands quoted inline in prose are checked as synopses: the command exists and takes every option named
+    (a value after an option is not checked: prose often leaves it out)."""
+    failures = []
+    for line in _prose_commands(page):
+        try:
+            parts = _alternatives(line.text) if " | " in line.text else [line.text]
+        except LookupError as exc:
+            failures.append(f"{line.where}: `{line.text}`\n  {exc}")
+            continue
+        failures += [f"{line.where}: `{part}`\n  {why}" for part in parts if (why := _check_prose(part))]
+    assert not failures, "\n".join(failures)
+
+
+def _check_prose(text: str) -> str | None:
+    """A synopsis check that also takes a group's own options (`hpc --version`) and a group named with what
+    follows left out (`hpc cluster ...`, `hpc COMMAND --help`)."""
+    from toolkit.cli.main import command
+
+    words = re.sub(r"[\[\]|]", " ", text).split()[1:]
+    node, path = command, []
+    while (subs := getattr(node, "commands", None)) is not None and words and words[0] in subs:
+        node = subs[words[0]]
+        path.append(words.pop(0))
+    if getattr(node, "commands", None) is not None and words and not (
+            words[0] == "..." or PLACEHOLDER.fullmatch(words[0]) or words[0].startswith("-")):
+        return f"`hpc {' '.join(path)}` has no command {words[0]!r} (it has: {', '.join(sorted(node.commands))})"
+    options = {name for p in node.params if p.param_type_name == "option" for name in (*p.opts, *p.secondary_opts)}
+    own = words[:words.index("--")] if "--" in words else words
+    flags = [w.split("=", 1)[0] for w in own if w.startswith("-") and w not in ("-", "--")]
+    if getattr(node, "commands", None) is not None and words and not words[0].startswith("-"):
+        return None  # `hpc cluster ... --flag`: the flag is a subcommand's, which the text leaves open
+    unknown = [f for f in flags if f not in options | {"--help"}]
+    return f"`hpc {' '.join(path)}` takes no {', '.join(unknown)}" if unknown else None
+
+
+@pytest.mark.parametrize("text, why", [
+    ("hpc recipes submit RECIPE --nodez 2", "`hpc recipes submit` takes no --nodez"),
+    ("hpc jobs stat ID", "`hpc jobs` has no command 'stat'"),
+    ("hpc --verbose", "`hpc ` takes no --verbose"),
+])
+def test_a_prose_command_the_cli_lacks_is_named(text, why):
+    assert (_check_prose(text) or "").startswith(why)
+
+
+def test_prose_commands_are_found_in_spans_outside_code_blocks(tmp_path):
+    page = tmp_path / "page.md"
+    page.write_text("Run `hpc jobs status` then `ls`.\n\n    hpc jobs logs 1\n\n```\n`hpc jobs list`\n```\n")
+    assert [line.text for line in _prose_commands(page)] == ["hpc jobs status"]
