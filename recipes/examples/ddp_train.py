@@ -8,7 +8,8 @@ so it runs unchanged under `torchrun` too. Every --checkpoint-every steps rank 0
 step; at start every rank resumes from the newest checkpoint (after a torchrun restart or a Slurm requeue).
 Rank 0 prints one JSON line per --log-every steps ({"event": "train", ...}) that `hpc report run` reads.
 Each step ends with beat(step) (toolkit.workloads.heartbeat): `hpc jobs status` then names a rank that stops
-progressing, and --hang-timeout ends a hung job naming it. Outside an hpc job it does nothing.
+progressing, and --hang-timeout ends a hung job naming it; a save's seconds go with it (beat(step, checkpoint=s))
+and into a {"event": "checkpoint"} line, so `hpc report goodput` tells saves from steps. Outside an hpc job it does nothing.
 """
 
 import argparse
@@ -101,12 +102,16 @@ def main():
                                   "world_size": world_size, "interval_images": args.log_every * args.batch_size
                                   * world_size, "interval_seconds": seconds})
             window_loss, window_start = 0.0, time.monotonic()
+        saved = None
         if step % args.checkpoint_every == 0 and rank == 0:
+            began = time.monotonic()
             os.makedirs(args.checkpoint_dir, exist_ok=True)
             torch.save({"model": model.module.state_dict(), "optimizer": optimizer.state_dict(), "step": step},
                        path + ".tmp")
             os.replace(path + ".tmp", path)  # never a half-written checkpoint
-        beat(step)
+            saved = time.monotonic() - began
+            emit({"event": "checkpoint", "step": step, "seconds": round(saved, 3)})
+        beat(step, checkpoint=saved)  # the save's time too: `hpc report goodput` counts it apart from the steps
     dist.barrier()
     if rank == 0:
         emit({"event": "end", "step": args.steps, "status": "completed"})

@@ -11,7 +11,8 @@ from toolkit.cli import options as o
 from toolkit.cli.output import JSON_OPTION, emit, fail, info, table, warn
 from toolkit.reports.stragglers import DEFAULT_THRESHOLD  # standard library only
 
-app = typer.Typer(help="Reports from logs and run dirs: nccl-tests bandwidth, one run, scaling efficiency.",
+app = typer.Typer(help="Reports from logs and run dirs: nccl-tests bandwidth, one run, scaling efficiency, goodput, "
+                  "run pages.",
                   no_args_is_help=True, rich_markup_mode=None)
 
 PLOT_OPTION = typer.Option(None, "--plot", help="Also write a PNG plot to this file.")
@@ -223,3 +224,82 @@ def scaling(run_dirs: List[Path] = typer.Argument(..., help="Run dirs of one rec
 
         title = f"{runs[0].recipe or 'run'}" + (f" ({runs[0].profile})" if runs[0].profile else "") + " scaling"
         info(f"plot: {save_png(scaling_figure(rows, unit or '', title), plot)}")
+
+
+def _run_dirs(runs: List[str]) -> list:
+    """Each argument as a run dir: a directory, else a job id looked up in the runs root."""
+    from toolkit.errors import HpcError
+    from toolkit.rundir import RunDir, find_run
+
+    found = []
+    for arg in runs:
+        path = Path(arg)
+        if path.is_dir():
+            RunDir(path).read_metadata()  # one clear error for a dir that is no run dir
+            found.append(RunDir(path))
+            continue
+        run = find_run(arg) if arg.replace("_", "").isdigit() else None
+        if run is None:
+            raise HpcError(f"{arg} is neither a run dir nor a job id with a run dir in the runs root",
+                           fix="pass the run directory `hpc recipes submit` printed, or its job id (HPC_RUNS_DIR "
+                               "names the runs root)")
+        found.append(run)
+    return found
+
+
+def _seconds(value: float) -> str:
+    return f"{value:.1f} s" if value < 60 else f"{value:.0f} s" if value < 600 else f"{value / 60:.1f} min" if value < 7200 else f"{value / 3600:.2f} h"
+
+
+def _goodput_text(data: dict) -> str:
+    from toolkit.reports.goodput import KINDS
+
+    out = []
+    for run in data["runs"]:
+        wall = run["wall_s"] or 1.0
+        out.append(f"== {run['run_dir']}: {run['recipe'] or '?'}, job {', '.join(run['job_ids']) or '?'}, "
+                   f"{run['outcome']}, wall {_seconds(run['wall_s'])}")
+        rows = [[k, _seconds(v), f"{v / wall:.1%}", KINDS[k][0]] for k, v in run["seconds"].items() if v > 0]
+        out.append(table(rows, ["KIND", "TIME", "SHARE", "WHAT"]))
+        good = "-" if run["goodput"] is None else f"{run['goodput']:.1%}"
+        paid = "-" if run["goodput_paid"] is None else f"{run['goodput_paid']:.1%}"
+        out.append(f"goodput {good} of the wall time, {paid} of the time the nodes were held; parts add up to "
+                   f"{run['attributed_s'] + run['unattributed_s']:.1f} s of {run['wall_s']:.1f} s, "
+                   f"{run['unattributed_s']:.1f} s unattributed")
+        if run["gpu_hours"] is not None:
+            out.append(f"GPU-hours held {run['gpu_hours']:.3f}, productive {run['productive_gpu_hours']:.3f}")
+        out.append("cost: " + (f"{run['cost_usd']:.2f} USD, productive {run['productive_cost_usd']:.2f} USD "
+                               f"({run['price']})" if run["cost_usd"] is not None else run["price"]))
+        for n, f in enumerate(run["fault_list"], 1):
+            out.append(f"fault {n}: {f['cause']}: last step {f['last_step']}, resumed from {f['resumed_from']}, "
+                       f"{f['steps_lost']} step(s) lost ({f['lost_s']:.1f} s), down {f['downtime_s']:.1f} s "
+                       "(fault to next step)")
+        out += [f"missing: {m}" for m in run["missing"]] + [f"note: {n}" for n in run["notes"]]
+        out.append("")
+    if len(data["runs"]) > 1:
+        rows = [[r["run_dir"].rsplit("/", 1)[-1], _seconds(r["wall_s"]), _seconds(r["seconds"]["productive"]),
+                 "-" if r["goodput"] is None else f"{r['goodput']:.1%}", r["steps_lost"], r["faults"]]
+                for r in data["runs"]]
+        t = data["totals"]
+        rows.append(["total", _seconds(t["wall_s"]), _seconds(t["seconds"]["productive"]),
+                     "-" if t["goodput"] is None else f"{t['goodput']:.1%}",
+                     sum(r["steps_lost"] for r in data["runs"]), sum(r["faults"] for r in data["runs"])])
+        out.append(table(rows, ["RUN", "WALL", "PRODUCTIVE", "GOODPUT", "STEPS LOST", "FAULTS"]))
+    return "\n".join(out).rstrip()
+
+
+@app.command("goodput")
+def goodput(runs: List[str] = typer.Argument(..., metavar="RUN_DIR|JOB_ID...", help="Run dirs, or job ids."),
+            as_json: bool = JSON_OPTION, plot: Optional[Path] = PLOT_OPTION) -> None:
+    """Where each job's time went, from its submission to its end: queue, pre-flight, start-up, productive steps,
+    checkpoint saves, steps lost to restarts and requeues, downtime per fault, hangs, the tail; goodput =
+    productive / wall time, per GPU-hour, and in cost where the catalog has a price. Read from the run dirs only."""
+    from toolkit.reports import goodput as ledger_report
+
+    found = ledger_report.ledgers(_run_dirs(runs))
+    data = {"runs": [led.to_json() for led in found], "totals": ledger_report.totals(found)}
+    emit(data, as_json, _goodput_text)
+    if plot:
+        from toolkit.reports.plots import goodput_figure, save_png
+
+        info(f"plot: {save_png(goodput_figure(found), plot)}")

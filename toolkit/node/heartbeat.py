@@ -21,6 +21,10 @@ sync = backward with DDP's gradient all-reduce, the optimizer and the step's all
 each other). The file keeps each phase's median over the recent steps: `hpc report run` finds the straggling
 ranks from them (toolkit.reports.stragglers).
 
+A script that saves checkpoints passes the save's seconds with the step it followed: beat(step, checkpoint=seconds)
+(not a phase: a save is not part of every step). The file keeps the saves' count, total seconds and the last one
+(`checkpoint`), which `hpc report goodput` counts as checkpoint time where the script's log has no record of it.
+
 beat() only stores the step in memory (well under a microsecond); a daemon thread writes the file every interval.
 The thread keeps running while the main thread waits in a collective, so a file whose `time` stops moving says
 the process itself is frozen or gone, and one whose `step` stops moving says it makes no progress.
@@ -83,6 +87,8 @@ class Beat:
     # stalled by a checkpoint save or the OS must not make a rank look slow.
     timed_steps: int = 0
     medians: Mapping[str, float] = dataclasses.field(default_factory=dict)
+    # beat(step, checkpoint=seconds): {"count", "total_s", "step", "seconds", "time"} of this process's saves
+    checkpoint: Mapping[str, float] | None = None
 
     @classmethod
     def from_json(cls, data: Mapping) -> Beat:
@@ -90,7 +96,8 @@ class Beat:
                    None if data.get("step") is None else int(data["step"]), float(data["progress"]),
                    float(data["time"]), float(data.get("interval", DEFAULT_INTERVAL_S)),
                    int(data.get("timed_steps", 0)),
-                   {str(k): float(v) for k, v in (data.get("medians") or {}).items()})
+                   {str(k): float(v) for k, v in (data.get("medians") or {}).items()},
+                   {str(k): float(v) for k, v in data["checkpoint"].items()} if data.get("checkpoint") else None)
 
     def to_json(self) -> dict:
         return dataclasses.asdict(self)
@@ -108,6 +115,7 @@ class Heartbeat:
         self.progress = time.time()
         self.timed_steps = 0
         self.recent: dict[str, collections.deque] = {}
+        self.checkpoint: dict[str, float] | None = None
         self._stop = threading.Event()
         self._stack_file: IO | None = None
 
@@ -143,8 +151,12 @@ class Heartbeat:
     def stop(self) -> None:
         self._stop.set()
 
-    def beat(self, step: int, **phases: float) -> None:
+    def beat(self, step: int, checkpoint: float | None = None, **phases: float) -> None:
         now = time.time()
+        if checkpoint is not None:  # the save's seconds, not a phase: kept apart from the step's medians
+            saved = self.checkpoint or {"count": 0, "total_s": 0.0}
+            self.checkpoint = {"count": saved["count"] + 1, "total_s": saved["total_s"] + checkpoint,
+                               "step": step, "seconds": checkpoint, "time": now}
         if self.step is not None:  # the first step's time holds the start-up
             self.timed_steps += 1
             for name, seconds in (("step", now - self.progress), *phases.items()):
@@ -154,7 +166,7 @@ class Heartbeat:
     def write(self) -> None:
         medians = {name: statistics.median(list(values)) for name, values in list(self.recent.items()) if values}
         beat = Beat(self.rank, self.node, os.getpid(), self.step, self.progress, time.time(), self.interval,
-                    self.timed_steps, medians)
+                    self.timed_steps, medians, self.checkpoint)
         tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}")
         tmp.write_text(json.dumps(beat.to_json()))
         os.replace(tmp, self.path)  # readers never see half a file
@@ -205,9 +217,10 @@ _current: Heartbeat | None = None
 _lock = threading.Lock()
 
 
-def beat(step: int, **phases: float) -> None:
-    """Record that this rank finished `step` (with the seconds its phases took, where it timed them). Starts the
-    rank's heartbeat on the first call; does nothing where the job set no HPC_HEARTBEAT_DIR."""
+def beat(step: int, checkpoint: float | None = None, **phases: float) -> None:
+    """Record that this rank finished `step` (with the seconds its phases took, where it timed them, and the seconds
+    a checkpoint save after it took). Starts the rank's heartbeat on the first call; does nothing where the job set
+    no HPC_HEARTBEAT_DIR."""
     global _current
     if _current is None:
         with _lock:
@@ -216,7 +229,7 @@ def beat(step: int, **phases: float) -> None:
                 if _current:
                     _current.start()
     if _current:
-        _current.beat(step, **phases)
+        _current.beat(step, checkpoint, **phases)
 
 
 def read_beats(directory: Path) -> list[Beat]:

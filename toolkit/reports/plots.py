@@ -13,6 +13,7 @@ from toolkit.errors import HpcError
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
+    from toolkit.reports.goodput import Ledger
     from toolkit.reports.nccl import NcclTest
     from toolkit.reports.scaling import ScalingRow
 
@@ -156,6 +157,39 @@ def nodes_figure(rows: list[dict], title: str = "") -> Figure:
     ax.tick_params(axis="x", labelrotation=90)
     ax.grid(True, axis="y", alpha=0.3)
     return fig
+
+
+def goodput_figure(ledgers: list[Ledger], title: str = "") -> Figure:
+    """One timeline per job, from its submission: each segment of the ledger (toolkit.reports.goodput) a bar of its
+    kind's colour; the legend names the kinds present with their share of all the jobs' time."""
+    from toolkit.reports.goodput import KINDS
+
+    fig = _figure(1.2 + 0.6 * max(len(ledgers), 1))
+    ax = fig.add_subplot()
+    seen: dict[str, float] = {}
+    for row, led in enumerate(ledgers):
+        base = led.start or 0.0
+        for s in led.segments:
+            ax.barh(row, s.seconds, left=s.start - base, color=KINDS[s.kind][1], edgecolor="white", linewidth=0.3)
+            seen[s.kind] = seen.get(s.kind, 0.0) + s.seconds
+    wall = sum(seen.values()) or 1.0
+    from matplotlib.patches import Patch
+
+    handles = [Patch(color=KINDS[k][1], label=f"{k} {seen[k] / wall:.0%}") for k in KINDS if seen.get(k)]
+    ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.25 if len(ledgers) < 3 else -0.1),
+              ncol=min(len(handles), 5), fontsize=8, frameon=False)
+    ax.set_yticks(range(len(ledgers)))
+    ax.set_yticklabels([_job_label(led) for led in ledgers], fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xlabel("seconds since submission")
+    ax.set_title(title or "where each job's time went (goodput)")
+    ax.grid(True, axis="x", alpha=0.3)
+    return fig
+
+
+def _job_label(led: Ledger) -> str:
+    good = f"{led.goodput:.0%}" if led.goodput is not None else "?"
+    return f"{Path(led.run_dir).name[-28:]}\n{', '.join(led.job_ids) or '-'}: goodput {good}"
 
 
 def save_png(fig: Figure, path: str | Path) -> Path:

@@ -1,0 +1,142 @@
+"""The goodput ledger (toolkit.reports.goodput) over run dirs written by the real writers (RunDir's records, our
+trainer's TrainLog, the heartbeat), at times set by hand, so every segment's seconds can be checked by hand. The
+E2E ledgers (a lost node under spares, a requeue by a failed pre-flight): tests/test_spares_slurm.py and
+tests/test_preflight_slurm.py."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import run_hpc
+from toolkit.node.heartbeat import Heartbeat, read_beats
+from toolkit.reports.goodput import ledger
+from toolkit.rundir import Metadata, RankRecord, RunDir
+from toolkit.workloads import train_log
+from toolkit.workloads.train_log import TrainLog
+
+T0 = 1_800_000_000.0
+
+
+def iso(t: float) -> str:
+    return dt.datetime.fromtimestamp(t, dt.timezone.utc).isoformat(timespec="seconds")
+
+
+class Clock:
+    now = T0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def write_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> RunDir:
+    """Submitted at T0; a pre-flight requeues the job (10-12 s), the next passes (30-31 s); the trainer starts at
+    33 s, steps 1-4 take a second each from 34 s, saves at step 4 (0.5 s), makes steps 5 and 6 and loses its node
+    (the supervisor's restart at 45 s); the next round resumes from step 4 at 50 s, makes steps 5-8 from 51 s to
+    55 s and ends; rank 0's result says 57 s."""
+    run = RunDir(tmp_path / "run").create()
+    run.write_metadata(Metadata(recipe="resnet50", submitted_at=iso(T0), nodes=1, gpus=8,
+                                instance_type="p4d.24xlarge", job_ids=["9"]))
+    run.add_preflight({"job": "9", "time": T0 + 12, "seconds": 2.0, "nodes": ["w1", "w2"], "failed": {"w2": []},
+                       "action": "requeued, excluding w2 (job 10)"})
+    run.add_preflight({"job": "9", "time": T0 + 31, "seconds": 1.0, "nodes": ["w1", "w3"], "failed": {},
+                       "action": "passed"})
+    clock = Clock()
+    monkeypatch.setattr(train_log.time, "time", clock)
+    log = TrainLog(run.path / "logs", enabled=True)
+
+    def at(t: float, event: str, **fields) -> None:
+        clock.now = T0 + t
+        log.write(event, **fields)
+
+    def train(t: float, step: int) -> None:
+        at(t, "train", step=step, epoch=0, loss=1.0, lr=0.1, images_per_sec=1.0, world_size=8, elapsed=0,
+           interval_steps=1, interval_images=8, interval_seconds=1.0)
+
+    at(33, "start", resumed_from_step=0)
+    for step, t in ((1, 35), (2, 36), (3, 37), (4, 38)):
+        train(t, step)
+    at(38.5, "checkpoint", step=4, epoch=0, position=4, reason="periodic", seconds=0.5)
+    train(39.5, 5)
+    train(40.5, 6)
+    run.add_restart({"time": T0 + 45, "job_id": "9", "kind": "restart", "round": 1, "nodes": ["c2"],
+                     "trigger": "heartbeats silent: ranks 0-1 on c2", "last_step": 6})
+    at(50, "start", resumed_from_step=4)
+    for step, t in ((5, 52), (6, 53), (7, 54), (8, 55)):
+        train(t, step)
+    at(56, "end", status="completed", step=8, epoch=0, elapsed=0)
+    run.write_result(RankRecord(rank=0, host="c1", exit_code=0, finished_at=iso(T0 + 57), ok=True))
+    return run
+
+
+def test_a_ledger_from_real_records_adds_up_to_the_second(tmp_path, monkeypatch):
+    found = ledger(write_run(tmp_path, monkeypatch))
+    assert found.outcome == "completed" and found.step_source == "logs/train_log.jsonl" and found.missing == []
+    shown = [(s.kind, round(s.start - T0, 3), round(s.end - T0, 3)) for s in found.segments]
+    assert shown == [("queue", 0, 10), ("preflight", 10, 12), ("requeue", 12, 30), ("preflight", 30, 31),
+                     ("startup", 31, 34), ("productive", 34, 38), ("checkpoint", 38, 38.5), ("lost", 38.5, 40.5),
+                     ("downtime", 40.5, 51), ("productive", 51, 55), ("shutdown", 55, 57)]
+    summary = found.summary()
+    assert summary["wall_s"] == 57 and summary["unattributed_s"] == 0 and summary["attributed_s"] == 57
+    assert summary["seconds"]["productive"] == 8 and summary["goodput"] == round(8 / 57, 4)
+    assert summary["paid_s"] == 57 - 10 - 18 and summary["gpu_hours"] == round(29 / 3600 * 8, 4)
+    [fault] = found.faults
+    assert (fault.last_step, fault.resumed_from, fault.steps_lost, fault.lost_s, fault.downtime_s) == (6, 4, 2, 2.0,
+                                                                                                      10.5)
+    assert fault.cause == "restart on a spare: heartbeats silent: ranks 0-1 on c2"
+    lost_steps = sum(s.steps for s in found.segments if s.kind == "lost")
+    assert lost_steps == pytest.approx(2) and sum(s.steps for s in found.segments if s.kind == "productive") == 8
+
+
+def test_an_older_run_dir_gets_a_ledger_naming_what_it_lacks(tmp_path, monkeypatch):
+    run = write_run(tmp_path, monkeypatch)
+    meta = json.loads((run.path / "metadata.json").read_text())
+    del meta["submitted_at"]
+    (run.path / "metadata.json").write_text(json.dumps(meta))
+    (run.path / "preflight.jsonl").unlink()
+    found = ledger(run)
+    assert any("submitted_at" in m for m in found.missing) and any("preflight.jsonl" in m for m in found.missing)
+    # without the submission and the pre-flights the ledger starts at the first step and still adds up
+    assert found.start == T0 + 34 and found.summary()["wall_s"] == 23
+    assert found.summary()["seconds"]["productive"] == 8 and found.faults[0].steps_lost == 2
+
+
+def test_a_failed_run_loses_its_tail_after_the_last_checkpoint(tmp_path, monkeypatch):
+    run = write_run(tmp_path, monkeypatch)
+    lines = (run.path / "logs" / "train_log.jsonl").read_text().splitlines()
+    (run.path / "logs" / "train_log.jsonl").write_text("\n".join(lines[:-1]) + "\n")  # no end record
+    (run.path / "result.json").unlink()
+    run.write_failure(RankRecord(rank=0, host="c1", exit_code=1, finished_at=iso(T0 + 57)))
+    found = ledger(run)
+    assert found.outcome == "failed"
+    # steps 5-8 of the last round came after the last checkpoint (step 4): 4 s of tail, then the failure
+    assert found.summary()["seconds"]["tail"] == 4 and found.summary()["seconds"]["productive"] == 4
+    assert found.segments[-1].kind == "downtime" and found.segments[-1].seconds == 2
+
+
+def test_a_scripts_checkpoint_time_reaches_its_heartbeat(tmp_path):
+    beat = Heartbeat(tmp_path, rank=0)
+    beat.beat(1)
+    beat.beat(2, checkpoint=0.25)
+    beat.beat(3)
+    beat.beat(4, checkpoint=0.5)
+    beat.write()
+    [read] = read_beats(tmp_path)
+    assert read.checkpoint is not None and (read.checkpoint["count"], read.checkpoint["total_s"]) == (2, 0.75)
+    assert (read.checkpoint["step"], read.checkpoint["seconds"]) == (4, 0.5) and read.timed_steps == 3
+    assert set(read.medians) == {"step"}  # a save is no phase of every step
+
+
+def test_the_goodput_command_prints_the_ledger_and_its_json(tmp_path, monkeypatch):
+    run = write_run(tmp_path, monkeypatch)
+    res = run_hpc("report", "goodput", str(run.path), "--json")
+    assert res.returncode == 0, res.stderr
+    data = json.loads(res.stdout)["data"]
+    [one] = data["runs"]
+    assert one["wall_s"] == 57 and one["seconds"]["lost"] == 2 and one["price"] == "no price"
+    assert data["totals"]["goodput"] == round(8 / 57, 4)
+    text = run_hpc("report", "goodput", str(run.path), "--plot", str(tmp_path / "g.png")).stdout
+    assert "productive" in text and "14.0%" in text and (tmp_path / "g.png").stat().st_size > 1000
