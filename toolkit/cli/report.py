@@ -248,7 +248,9 @@ def _run_dirs(runs: List[str]) -> list:
 
 
 def _seconds(value: float) -> str:
-    return f"{value:.1f} s" if value < 60 else f"{value:.0f} s" if value < 600 else f"{value / 60:.1f} min" if value < 7200 else f"{value / 3600:.2f} h"
+    if value < 600:
+        return f"{value:.1f} s" if value < 60 else f"{value:.0f} s"
+    return f"{value / 60:.1f} min" if value < 7200 else f"{value / 3600:.2f} h"
 
 
 def _goodput_text(data: dict) -> str:

@@ -27,10 +27,8 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
-import json
 import re
 from collections.abc import Iterable, Sequence
-from pathlib import Path
 from typing import Any
 
 from toolkit.launchers.base import json_object, number
@@ -300,7 +298,8 @@ def _heartbeat_checkpoints(run: RunDir) -> list[Event]:
     for beat in run.heartbeats():
         saved = beat.checkpoint
         if saved and saved.get("time") is not None:
-            found.append(Event(float(saved["time"]), "checkpoint", _int(saved.get("step")), number(saved.get("seconds"))))
+            found.append(Event(float(saved["time"]), "checkpoint", _int(saved.get("step")),
+                               number(saved.get("seconds"))))
     return found[:1]
 
 
@@ -471,7 +470,7 @@ def ledger(run: RunDir) -> Ledger:
     claims += _step_claims(attempts, outcome)
     step_times = sorted(e.time for a in attempts for e in a.steps)
     hang_time = number(hang.get("time")) if hang else None
-    if hang_time is not None:
+    if hang is not None and hang_time is not None:
         before = [t for t in step_times if t <= hang_time]
         began = before[-1] if before else hang_time - (number(hang.get("hang_timeout_s")) or 0.0)
         claims.append(_Claim("hang", began, hang_time, note="; ".join(hang.get("lines") or [])))
@@ -549,7 +548,7 @@ def _faults(attempts: list[Attempt], segments: list[Segment], restarts: list[dic
             hang: dict | None, hang_time: float | None) -> list[Fault]:
     stepped = [(i, a) for i, a in enumerate(attempts) if a.steps]
     faults = []
-    for (index, before), (_, after) in zip(stepped, stepped[1:]):
+    for (index, before), (_, after) in zip(stepped, stepped[1:], strict=False):
         at, resumed = before.steps[-1].time, after.resume_point
         nxt = min(s.start for s in segments if s.attempt is not None and s.attempt > index and
                   s.kind in ("productive", "lost", "tail"))
