@@ -180,3 +180,30 @@ def run_pods_torchrun(container: dict, args: list[str], timeout: float, **env: s
     res = subprocess.run([torchrun, *args], env=full_env, capture_output=True, text=True, timeout=timeout)
     assert res.returncode == 0, res.stderr[-2000:]
     return res
+
+
+def slurm_wall(env: dict[str, str], job_id: str) -> tuple[float, float]:
+    """Slurm's own submission and end of a job, as epoch seconds (sacct -D: a requeued job's first submission too;
+    sacct prints the controller's local time, this machine's)."""
+    import datetime as dt
+
+    out = subprocess.run(["sacct", "-D", "-X", "-n", "-P", "-j", job_id, "-o", "Submit,End"], env=env,
+                         capture_output=True, text=True, timeout=60, check=True).stdout
+    rows = [line.split("|") for line in out.split() if "|" in line]
+    submits = [dt.datetime.fromisoformat(s).timestamp() for s, _ in rows]
+    ends = [dt.datetime.fromisoformat(e).timestamp() for _, e in rows if e not in ("Unknown", "None")]
+    return min(submits), max(ends)
+
+
+def goodput_ledger(run_dir: str, env: dict[str, str], job_id: str) -> dict:
+    """`hpc report goodput RUN_DIR --json`'s ledger of one run, checked against Slurm's own wall time: its parts add
+    up to its wall time, which is Slurm's (submission to end) within 2%."""
+    from tests.conftest import cli_envelope, run_hpc
+
+    res = run_hpc("report", "goodput", run_dir, "--json", env=env)
+    assert res.returncode == 0, res.stdout + res.stderr
+    [ledger] = cli_envelope(res)["data"]["runs"]
+    assert abs(sum(s["seconds"] for s in ledger["segments"]) - ledger["wall_s"]) < 0.01
+    submitted, ended = slurm_wall(env, job_id)
+    assert abs(ledger["wall_s"] - (ended - submitted)) <= 0.02 * (ended - submitted), (ledger, submitted, ended)
+    return ledger

@@ -13,6 +13,7 @@ import subprocess
 import pytest
 
 from tests.conftest import REPO, cli_json, run_hpc, slurm_env, wait_until
+from tests.jobhelpers import goodput_ledger
 from testbench.faults import missing_mount
 from toolkit.rundir import RunDir
 
@@ -54,6 +55,13 @@ def test_a_node_without_the_shared_file_system_is_named_and_the_job_requeued_wit
     assert "then: requeued, excluding w2" in status.stdout and "pre-flight: passed on 2 node(s)" in status.stdout
     shown = cli_json(run_hpc("jobs", "status", job["job_id"], "--json", env=env))
     assert [r["action"] for r in shown["preflight"]] == [failed["action"], "passed"]
+
+    # The goodput ledger: its parts add up to Slurm's wall time; both pre-flights and the requeue between them
+    ledger = goodput_ledger(job["run_dir"], env, job["job_id"])
+    kinds = [s["kind"] for s in ledger["segments"]]
+    assert kinds[:4] == ["queue", "preflight", "requeue", "preflight"], kinds
+    assert ledger["seconds"]["preflight"] == pytest.approx(failed["seconds"] + passed["seconds"], abs=0.01)
+    assert any("a step log" in m for m in ledger["missing"])  # print_env.py logs no steps: named, unattributed
 
     helper = failed["action"].split("(job ")[1].split()[0]
     wait_until(lambda: _state(slurm_sandbox, helper) == "COMPLETED", 60, "the exclude helper's end")

@@ -16,6 +16,7 @@ import subprocess
 import pytest
 
 from tests.conftest import REPO, cli_envelope, cli_json, run_hpc, slurm_env, wait_until
+from tests.jobhelpers import goodput_ledger
 from testbench.faults import lost_node, restore_node
 from toolkit.rundir import RunDir
 
@@ -104,6 +105,15 @@ def test_a_lost_node_is_drained_and_the_job_finishes_on_the_spare(slurm_sandbox,
     assert [(r["kind"], r["nodes"]) for r in data["restarts"]] == [("restart", ["c2"]), ("probe", ["c2"])], data
     text = run_hpc("jobs", "status", job["job_id"], env=env).stdout
     assert "restart 1:" in text and "c2" in text and "drained" in text
+
+    # The goodput ledger adds up to Slurm's wall time; the work lost is the steps the second round made again.
+    ledger = goodput_ledger(job["run_dir"], env, job["job_id"])
+    resumed = next(e for e in found if e["event"] == "resumed")
+    redone = max(e["step"] for e in found[:found.index(resumed)] if e["event"] == "train") - resumed["step"]
+    [fault] = ledger["fault_list"]
+    assert fault["steps_lost"] == redone and fault["cause"].startswith("restart on a spare: heartbeats silent")
+    assert ledger["outcome"] == "completed" and ledger["seconds"]["checkpoint"] > 0
+    assert ledger["seconds"]["lost"] > 0 or redone == 0
 
 
 def test_a_killed_rank_under_torchrun_restarts_the_job_on_the_spare_without_draining_its_node(slurm_sandbox,

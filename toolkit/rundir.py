@@ -269,7 +269,7 @@ def base_metadata(recipe_name: str, recipe_path: Path | None) -> dict[str, Any]:
         "recipes_git_commit": git_commit(recipe_path) if recipe_path else None,
         "submitted_by": getpass.getuser(),
         "submitted_from": socket.gethostname(),
-        "submitted_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "submitted_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="milliseconds"),  # the ledger's start
     }
 
 

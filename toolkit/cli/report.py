@@ -305,3 +305,17 @@ def goodput(runs: List[str] = typer.Argument(..., metavar="RUN_DIR|JOB_ID...", h
         from toolkit.reports.plots import goodput_figure, save_png
 
         info(f"plot: {save_png(goodput_figure(found), plot)}")
+
+
+@app.command("html")
+def html(runs: List[str] = typer.Argument(..., metavar="RUN_DIR|JOB_ID...", help="Run dirs, or job ids."),
+         output: Path = typer.Option(..., "--output", "-o", metavar="DIR", help="Where the pages go."),
+         as_json: bool = JSON_OPTION) -> None:
+    """One self-contained HTML page per run (plan, goodput timeline, loss and throughput, per-rank step phases and
+    stragglers, pre-flights and restarts, the network NCCL used and its bus bandwidth) and an index across them
+    with the scaling table. No network is needed to open them: figures are inside the pages, links relative."""
+    from toolkit.reports.page import write_pages
+
+    written = write_pages(_run_dirs(runs), output)
+    emit({"pages": [str(p) for p in written], "index": str(written[-1])}, as_json,
+         lambda data: "\n".join(data["pages"]))

@@ -164,7 +164,7 @@ def goodput_figure(ledgers: list[Ledger], title: str = "") -> Figure:
     kind's colour; the legend names the kinds present with their share of all the jobs' time."""
     from toolkit.reports.goodput import KINDS
 
-    fig = _figure(1.2 + 0.6 * max(len(ledgers), 1))
+    fig = _figure(1.8 + 0.6 * max(len(ledgers), 1))
     ax = fig.add_subplot()
     seen: dict[str, float] = {}
     for row, led in enumerate(ledgers):
@@ -176,8 +176,7 @@ def goodput_figure(ledgers: list[Ledger], title: str = "") -> Figure:
     from matplotlib.patches import Patch
 
     handles = [Patch(color=KINDS[k][1], label=f"{k} {seen[k] / wall:.0%}") for k in KINDS if seen.get(k)]
-    ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.25 if len(ledgers) < 3 else -0.1),
-              ncol=min(len(handles), 5), fontsize=8, frameon=False)
+    fig.legend(handles=handles, loc="outside lower center", ncol=min(len(handles), 5), fontsize=8, frameon=False)
     ax.set_yticks(range(len(ledgers)))
     ax.set_yticklabels([_job_label(led) for led in ledgers], fontsize=8)
     ax.invert_yaxis()
