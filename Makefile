@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 PIP := $(BIN)/pip --disable-pip-version-check -q
 
-.PHONY: bench-deps venv train-env slurm-up slurm-lanes container-lane slurm-down lint test canaries demo bench jobs k8s-jobs recipe-schema cluster-configs clean
+.PHONY: chromium bench-deps venv train-env slurm-up slurm-lanes container-lane slurm-down lint test canaries demo bench jobs k8s-jobs recipe-schema cluster-configs clean
 
 # The torch pins are repeated on every install line that may pull torch, so that no dependency can swap it.
 TORCH_PINS := torch==2.14.1 torchvision==0.29.1
@@ -74,7 +74,11 @@ lint: venv train-env
 
 # Two xdist workers: the Slurm tests mostly wait on Slurm, so the unit tests run beside them; each lane's tests stay
 # in order on one worker (tests/conftest.py lane_group). `pytest tests/test_x.py` alone runs in one process.
-test: lint venv train-env slurm-up slurm-lanes container-lane
+# Debian's headless Chromium: tests/test_run_page.py opens the run pages (`hpc report html`) in it from disk.
+chromium:
+	command -v chromium >/dev/null || apt-get install -y chromium || { apt-get update && apt-get install -y chromium; }
+
+test: lint venv train-env slurm-up slurm-lanes container-lane chromium
 	$(BIN)/python -m pytest -q -n 2 --dist loadgroup
 
 # Checks of third parties' behaviour we rely on (torch's restart hang, Slurm's own features): not our code, so

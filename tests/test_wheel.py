@@ -46,6 +46,8 @@ def test_the_wheel_holds_the_product_and_its_recipes_but_no_test_bench(installed
     assert not [n for n in names if n.startswith(("testbench/", "toolkit/sandbox/", "tests/"))]
     assert {f"toolkit/builtin_recipes/{name}.yaml" for name in BUILTIN} <= set(names)
     assert "toolkit/builtin_recipes/examples/ddp_train.py" in names
+    # the run pages' templates (`hpc report html`)
+    assert {"toolkit/reports/templates/run.html.j2", "toolkit/reports/templates/index.html.j2"} <= set(names)
     # the operators' CRDs that `hpc k8s validate` checks custom resources against
     assert {"toolkit/k8s/crds/kubeflow.org_pytorchjobs.yaml", "toolkit/k8s/crds/kubeflow.org_mpijobs.yaml",
             "toolkit/k8s/crds/SOURCES.md"} <= set(names)
