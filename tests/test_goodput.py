@@ -140,3 +140,23 @@ def test_the_goodput_command_prints_the_ledger_and_its_json(tmp_path, monkeypatc
     assert data["totals"]["goodput"] == round(8 / 57, 4)
     text = run_hpc("report", "goodput", str(run.path), "--plot", str(tmp_path / "g.png")).stdout
     assert "productive" in text and "14.0%" in text and (tmp_path / "g.png").stat().st_size > 1000
+
+
+def test_fairseqs_own_lines_time_its_steps_and_saves(tmp_path):
+    """fairseq 0.12's stdout (--log-format json): its train_inner records and checkpoint_utils' save line."""
+    run = RunDir(tmp_path / "run").create()
+    run.write_metadata(Metadata(recipe="roberta", job_ids=["7"], executor=None))
+    lines = ["2024-05-01 10:00:00 | INFO | fairseq_cli.train | training on 2 devices (GPUs/TPUs)",
+             "2024-05-01 10:00:01 | INFO | fairseq.checkpoint_utils | No existing checkpoint found checkpoint_last.pt"]
+    lines += [f'2024-05-01 10:00:{2 + 2 * n:02d} | INFO | train_inner | {{"epoch": 1, "loss": "9.1", "wps": "100", '
+              f'"num_updates": "{2 * n}"}}' for n in range(1, 5)]
+    lines.insert(4, "2024-05-01 10:00:07 | INFO | fairseq.checkpoint_utils | Saved checkpoint checkpoints/"
+                    "checkpoint_1_4.pt (epoch 1 @ 4 updates, score None) (writing took 1.5 seconds)")
+    (run.path / "roberta-7.out").write_text("\n".join(lines) + "\n")
+    found = ledger(run)
+    local = dt.datetime(2024, 5, 1, 10, 0, 0).timestamp()  # fairseq logs the node's local time
+    assert found.step_source == "roberta-7.out" and found.start == local + 4
+    shown = [(s.kind, round(s.start - local, 3), round(s.end - local, 3)) for s in found.segments]
+    # steps 2-4 from 4 s to 6 s; the save ends at 7 s in the interval to step 6 (6-8 s), and is clipped to it (its
+    # 1.5 s reach back past 6 s: fairseq's times are whole seconds)
+    assert shown == [("productive", 4, 6), ("checkpoint", 6, 7), ("productive", 7, 10)], shown

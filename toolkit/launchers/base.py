@@ -110,6 +110,11 @@ class LogReader:
         """Whether `text` is the program's output (then `fix` says why it holds no records)."""
         return False
 
+    def timed_records(self, text: str) -> list[dict[str, Any]]:
+        """The log's timed records for the goodput ledger (toolkit.reports.goodput), in our trainer's vocabulary:
+        {"event": start | resumed | train | checkpoint, "time": epoch seconds, "step", "seconds"}; none by default."""
+        return []
+
     def throughput(self, points: list[LogPoint], warmup: int) -> tuple[float | None, str]:
         """The post-warm-up rate of the points (the first `warmup` logged intervals dropped), and how it was
         computed, in a sentence."""

@@ -10,7 +10,9 @@ wall time by construction; what no record explains is `unattributed`, and every 
                      requeued the job (toolkit.node.preflight)
   the step log       our trainer's logs/train_log.jsonl (start, train, val, checkpoint, end: toolkit.workloads.
                      train_log), else the JSON lines rank 0 of a user's script prints in the job's log with a `time`
-                     (recipes/examples/ddp_train.py: rank_env, resumed, train, checkpoint, end)
+                     (recipes/examples/ddp_train.py: rank_env, resumed, train, checkpoint, end), else a launcher's
+                     program's own log with its times (LogReader.timed_records: fairseq's train_inner lines and
+                     its "Saved checkpoint ... (writing took T seconds)")
   restarts.jsonl     the spares supervisor's restarts: what the fault was (toolkit.node.spares)
   hang.json          when the hang watchdog ended the job
   heartbeats/        the last write of each rank (the job's end), and a user script's checkpoint saves
@@ -259,6 +261,14 @@ def step_events(run: RunDir) -> tuple[list[Event], str | None]:
         except OSError:
             continue
         events = events_of(_json_lines(text))
+        if not any(e.kind == "step" for e in events):  # a launcher's program's own log (fairseq's)
+            from toolkit.launchers.base import log_readers
+
+            rank0 = "\n".join(task_lines(text.splitlines(), 0))
+            for reader in log_readers():
+                events = events_of(reader.timed_records(rank0))
+                if any(e.kind == "step" for e in events):
+                    break
         if any(e.kind == "step" for e in events):
             return events, str(path.relative_to(run.path))
     return [], None

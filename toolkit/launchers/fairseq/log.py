@@ -18,7 +18,9 @@ to use `--log-format json`.
 
 from __future__ import annotations
 
+import datetime as dt
 import re
+from typing import Any
 
 from toolkit.launchers.base import LogPoint, LogReader, json_object, number, whole_number
 
@@ -27,6 +29,12 @@ _TAGGED = re.compile(r"\|\s*[A-Z]+\s*\|\s*([\w.]+)\s*\|\s*(\{.*\})\s*$")
 # end-of-epoch `epoch 001 | [valid on 'SUBSET' subset | ]k v | k v` (pipes).
 _COMMAS = re.compile(r"(?:^|\| )epoch (\d+):\s+\d+ / \d+ (\w+=.*)$")
 _PIPES = re.compile(r"(?:^|\| )epoch (\d+) \| (?:valid on '([\w.-]+)' subset \| )?(\w+ .*)$")
+# fairseq's logging format: `%(asctime)s | %(levelname)s | %(name)s | %(message)s` (fairseq_cli/train.py), the
+# time in the node's local time, whole seconds. fairseq.checkpoint_utils' lines (0.12): "Saved checkpoint PATH (epoch
+# E @ U updates, score S) (writing took T seconds)" and "Loaded checkpoint PATH (epoch E @ U updates)".
+_STAMPED = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d)(?:,\d+)? \| [A-Z]+ \| ([\w.]+) \| (.*)$")
+_SAVED = re.compile(r"[Ss]aved checkpoint .*? \(epoch \d+ @ (\d+) updates.*\(writing took ([\d.]+) seconds\)")
+_LOADED = re.compile(r"[Ll]oaded checkpoint .*? \(epoch \d+ @ (\d+) updates\)")
 FAIRSEQ_FIX = ("fairseq wrote no per-interval records this report can read (--log-format none, or tqdm on a "
                "terminal): train with --log-format json (or simple) and a --log-interval")
 
@@ -92,6 +100,30 @@ class FairseqLog(LogReader):
                     found.append(point)
             elif "event" not in obj and (point := _point(obj, None)):  # an `event` is no fairseq record's key
                 found.append(point)
+        return found
+
+    def timed_records(self, text: str) -> list[dict[str, Any]]:
+        """Each start (`training on N devices`), loaded checkpoint, train_inner record and checkpoint save with its
+        line's time: the node's local time, read as this machine's (a cluster's nodes and login node share one)."""
+        found: list[dict[str, Any]] = []
+        for line in text.splitlines():
+            stamped = _STAMPED.match(line.strip())
+            if stamped is None:
+                continue
+            when = dt.datetime.strptime(stamped.group(1), "%Y-%m-%d %H:%M:%S").timestamp()
+            name, message = stamped.group(2), stamped.group(3)
+            if name == "fairseq_cli.train" and message.startswith("training on "):
+                found.append({"event": "start", "time": when})
+            elif (loaded := _LOADED.search(message)) is not None:
+                found.append({"event": "resumed", "time": when, "step": int(loaded.group(1))})
+            elif (saved := _SAVED.search(message)) is not None:
+                found.append({"event": "checkpoint", "time": when, "step": int(saved.group(1)),
+                              "seconds": float(saved.group(2))})
+            elif name == "train_inner":
+                obj = json_object(message.strip())
+                point = _point(obj, name) if obj is not None else _text_point(message.strip())
+                if point is not None and point.update is not None:
+                    found.append({"event": "train", "time": when, "step": point.update})
         return found
 
     def recognises(self, text: str) -> bool:
