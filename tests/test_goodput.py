@@ -160,3 +160,16 @@ def test_fairseqs_own_lines_time_its_steps_and_saves(tmp_path):
     # steps 2-4 from 4 s to 6 s; the save ends at 7 s in the interval to step 6 (6-8 s), and is clipped to it (its
     # 1.5 s reach back past 6 s: fairseq's times are whole seconds)
     assert shown == [("productive", 4, 6), ("checkpoint", 6, 7), ("productive", 7, 10)], shown
+
+
+def test_the_end_is_the_logs_last_write_unless_the_run_dir_was_copied(tmp_path, monkeypatch):
+    import os
+
+    run = write_run(tmp_path, monkeypatch)
+    log = run.path / "logs" / "train_log.jsonl"
+    os.utime(log, (T0 + 58.5, T0 + 58.5))  # the batch shell wrote the log after rank 0's result (57 s)
+    found = ledger(run)
+    assert found.end == T0 + 58.5 and found.segments[-1].kind == "shutdown" and found.segments[-1].seconds == 3.5
+    assert "1.5 s after the last record" in found.notes[0]
+    os.utime(log, (T0 + 3600, T0 + 3600))  # a copy's time: not the job's
+    assert ledger(run).end == T0 + 57

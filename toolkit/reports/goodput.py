@@ -18,6 +18,7 @@ wall time by construction; what no record explains is `unattributed`, and every 
   heartbeats/        the last write of each rank (the job's end), and a user script's checkpoint saves
                      (beat(step, checkpoint=seconds)) where its log has no checkpoint records
   result.json, failures/   how and when the ranks ended
+  the logs' mtime    the job's end: its batch shell writes them after the ranks' last records (END_SLACK_S)
 
 Steps are attributed by their step numbers: a step computed again later (after a restart or a requeue resumed from
 an earlier checkpoint) was `lost`; in a run that did not complete, the steps after its last checkpoint are its
@@ -313,6 +314,27 @@ def _heartbeat_checkpoints(run: RunDir) -> list[Event]:
     return found[:1]
 
 
+# The job's logs are written until its batch shell ends, after the ranks' last records (the ranks' result times are
+# whole seconds). Their modification time is the job's end unless the run dir was copied since (cp and scp reset
+# it): an mtime more than this long after the last record is taken for a copy's and not used.
+END_SLACK_S = 60.0
+
+
+def _last_write(run: RunDir, end: float | None) -> float | None:
+    """The newest modification time of the job's logs within END_SLACK_S after `end`, None without one."""
+    if end is None:
+        return None
+    found = []
+    for path in [*run.log_files(), *run.submitit_dir().glob("*.pkl")]:
+        try:
+            mtime = path.stat().st_mtime
+        except OSError:
+            continue
+        if end < mtime <= end + END_SLACK_S:
+            found.append(mtime)
+    return max(found, default=None)
+
+
 def nodes_held(run: RunDir) -> int | None:
     """The nodes the job holds (spares included): the script's #SBATCH --nodes."""
     for name in ("job.sbatch", "batch_script.sh"):
@@ -491,6 +513,10 @@ def ledger(run: RunDir) -> Ledger:
     times += [b.time for b in run.heartbeats()]
     times += [t for t in (_epoch(r.finished_at) for r in [*([result] if result else []), *failures]) if t]
     end = max(times, default=None)
+    written = _last_write(run, end)
+    if end is not None and written is not None and written > end:
+        notes.append(f"the end is the job's logs' last write, {written - end:.1f} s after the last record")
+        end = written
     start = submitted if submitted is not None else min((c.start for c in claims), default=None)
     nodes, gpus = nodes_held(run), meta.gpus
     ledger_ = Ledger(str(run.path), meta.recipe, job_ids, start, end, [], [], outcome, source, missing,
