@@ -515,7 +515,8 @@ def ledger(run: RunDir) -> Ledger:
     end = max(times, default=None)
     written = _last_write(run, end)
     if end is not None and written is not None and written > end:
-        notes.append(f"the end is the job's logs' last write, {written - end:.1f} s after the last record")
+        if written - end >= 0.1:
+            notes.append(f"the end is the job's logs' last write, {written - end:.1f} s after the last record")
         end = written
     start = submitted if submitted is not None else min((c.start for c in claims), default=None)
     nodes, gpus = nodes_held(run), meta.gpus
