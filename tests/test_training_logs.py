@@ -229,3 +229,15 @@ def test_a_log_labelled_by_srun_gives_the_same_records(path):
     plain, tagged = parse_training_text(text), parse_training_text(labelled)
     assert [(p.kind, p.update, p.loss, p.rate, p.wall) for p in tagged.points] == \
         [(p.kind, p.update, p.loss, p.rate, p.wall) for p in plain.points] != []
+
+
+def test_the_rendered_scripts_one_labelled_job_log_is_read_as_rank_0s_lines():
+    """The sbatch executor's ranks share one log, each line prefixed by srun --label ("0: ", " 1: "): the training
+    records are rank 0's (the other ranks' copies, and the batch shell's own lines, are not its)."""
+    record = {"event": "train", "epoch": 0, "interval_images": 64, "interval_seconds": 0.5}
+    lines = ["hpc: job 12: 1 nodes x 2 ranks"]
+    for step, loss in ((2, 2.3), (4, 2.1)):
+        for rank in (0, 1):
+            lines.append(f"{rank}: " + json.dumps({**record, "step": step, "loss": loss + rank}))
+    log = parse_training_text("\n".join(lines), "ddp_train-12.out")
+    assert log is not None and [(p.update, p.loss) for p in log.points] == [(2, 2.3), (4, 2.1)]

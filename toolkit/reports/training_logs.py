@@ -18,6 +18,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from toolkit.errors import HpcError
+from toolkit.rundir import labelled, task_lines
 from toolkit.launchers.base import LogPoint, LogReader, json_object, log_readers, number as _num, whole_number as _int
 from toolkit.workloads.train_log import steady_throughput
 
@@ -78,7 +79,16 @@ def last_per_update(points: list[LogPoint]) -> list[LogPoint]:
 
 
 def parse_training_text(text: str, source: str = "") -> TrainingLog | None:
-    """The training records in a log (a launcher's program's or our trainer's), or None if it holds none."""
+    """The training records in a log (a launcher's program's or our trainer's), or None if it holds none. A log
+    every rank wrote with `srun --label` (the rendered script's one job log) is read as rank 0's lines."""
+    found = _parse_unlabelled(text, source)
+    lines = text.splitlines()
+    if found is None and labelled(lines):
+        found = _parse_unlabelled("\n".join(task_lines(lines, 0)), source)
+    return found
+
+
+def _parse_unlabelled(text: str, source: str) -> TrainingLog | None:
     for reader in log_readers():
         points = reader.points(text)
         if points:
