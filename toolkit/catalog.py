@@ -231,6 +231,27 @@ def nccl_floor(instance_type: str, transport: str, nodes: int) -> NcclFloor | No
     return next((f for f in nccl_floors_for(instance_type, transport) if f.covers(nodes)), None)
 
 
+@dataclasses.dataclass(frozen=True)
+class Price:
+    """An instance hour's price (catalog.yaml `prices`: USD, Linux, us-east-1), with its date and source."""
+
+    instance: str
+    usd_per_hour: float
+    kind: Literal["on_demand", "capacity_block"]
+    as_of: str
+    source: str
+
+
+def price(instance_type: str, kind: Literal["on_demand", "capacity_block"] = "on_demand") -> Price | None:
+    """The catalog's price of an instance hour, or None where it lists none (the planner then says "no price")."""
+    section = (_catalog_data().get("prices") or {}).get(kind) or {}
+    value = (section.get("usd_per_hour") or {}).get(instance_type)
+    if value is None:
+        return None
+    return Price(instance_type, float(value), kind, str(section.get("as_of")), " ".join(str(section.get("source"))
+                                                                                        .split()))
+
+
 # Families whose facts (accelerators per node, EFA interfaces) a queue cannot do without: GPUs (p, g, gr), Trainium,
 # Inferentia, Gaudi (dl), FPGAs (f), video transcoders (vt).
 ACCELERATED_FAMILY = re.compile(r"^(p|g|gr|trn|inf|dl|f|vt)\d")
