@@ -191,6 +191,41 @@ def _job_label(led: Ledger) -> str:
     return f"{Path(led.run_dir).name[-28:]}\n{', '.join(led.job_ids) or '-'}: goodput {good}"
 
 
+def plan_figure(rows: list[dict], title: str = "") -> Figure:
+    """`hpc plan --plot`: time to the target and its cost against the node count (toolkit.planner.predict's rows),
+    each with its uncertainty band; the cost axis is left out where the catalog has no price."""
+    fig = _figure(6)
+    time_ax, cost_ax = fig.subplots(2, 1, sharex=True)
+    nodes = [r["nodes"] for r in rows]
+    hours = [r["time_s"] / 3600 for r in rows]
+    time_ax.plot(nodes, hours, "-o", label="predicted")
+    time_ax.fill_between(nodes, [r["time_low_s"] / 3600 for r in rows], [r["time_high_s"] / 3600 for r in rows],
+                         alpha=0.25, label="uncertainty band")
+    for r, h in zip(rows, hours, strict=True):
+        time_ax.annotate(f"{r['efficiency']:.0%}", (r["nodes"], h), textcoords="offset points", xytext=(4, 4))
+    time_ax.set_ylabel("time to target (hours)")
+    time_ax.set_title(title or "plan")
+    time_ax.set_xscale("log", base=2)
+    time_ax.set_ylim(bottom=0)
+    time_ax.grid(True, which="both", alpha=0.3)
+    time_ax.legend()
+    if any(r["cost_usd"] is not None for r in rows):
+        priced = [r for r in rows if r["cost_usd"] is not None]
+        cost_ax.plot([r["nodes"] for r in priced], [r["cost_usd"] for r in priced], "-o", color="tab:red")
+        cost_ax.fill_between([r["nodes"] for r in priced], [r["cost_low_usd"] for r in priced],
+                             [r["cost_high_usd"] for r in priced], color="tab:red", alpha=0.2)
+        cost_ax.set_ylabel("cost (USD)")
+        cost_ax.set_ylim(bottom=0)
+    else:
+        cost_ax.text(0.5, 0.5, "no price for this instance type in the catalog", ha="center", va="center",
+                     transform=cost_ax.transAxes)
+        cost_ax.set_yticks([])
+    cost_ax.set_xlabel("nodes (efficiency against linear scaling above the points)")
+    cost_ax.set_xticks(nodes, [str(n) for n in nodes])
+    cost_ax.grid(True, which="both", alpha=0.3)
+    return fig
+
+
 def save_png(fig: Figure, path: str | Path) -> Path:
     path = Path(path)
     if path.suffix.lower() != ".png":
