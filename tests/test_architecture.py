@@ -116,6 +116,10 @@ UPWARD = [("toolkit.health", "toolkit.submit"), ("toolkit.health", "toolkit.cli"
           ("toolkit.slurm", "toolkit.submit"), ("toolkit.slurm", "toolkit.health"),
           ("toolkit.slurm", "toolkit.reports"), ("toolkit.slurm", "toolkit.cli"),
           ("toolkit.reports", "toolkit.cli"), ("toolkit.submit", "toolkit.cli"), ("toolkit.job", "toolkit.cli"),
+          # the planner (hpc plan) reads run dirs through the reports and submits through submit: above both
+          *((lower, "toolkit.planner") for lower in ("toolkit.submit", "toolkit.reports", "toolkit.rundir",
+                                                      "toolkit.job", "toolkit.slurm", "toolkit.cluster")),
+          ("toolkit.planner", "toolkit.cli"),
           # the accelerator families answer from the catalog's facts alone: every planner asks them
           *(("toolkit.accelerators", higher) for higher in ("toolkit.job", "toolkit.slurm", "toolkit.k8s",
                                                             "toolkit.cluster", "toolkit.health", "toolkit.submit",

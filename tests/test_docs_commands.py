@@ -47,7 +47,8 @@ PAGES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 NO_COMMANDS = {"README.md", "architecture.md", "gaudi.md", "node-contract.md"}  # README: the quickstarts aside
 DRY_RUN = {("recipes", "submit"), ("run",)}
 NEED_A_LIVE_SLURM = {("jobs", "status"), ("jobs", "logs"), ("jobs", "cancel"), ("report", "run"),
-                     ("report", "nccl"), ("report", "scaling"), ("cluster", "doctor"), ("cluster", "find-bad-nodes")}
+                     ("report", "nccl"), ("report", "scaling"), ("cluster", "doctor"), ("cluster", "find-bad-nodes"),
+                     ("plan", "calibrate")}
 NEED_KUBECTL = {("k8s", "apply")}
 EXAMPLE_SCRIPT = "recipes/examples/ddp_train.py"
 # page -> {file: the page's own words saying where it comes from}
@@ -120,6 +121,9 @@ def _resolve(words: list[str]) -> tuple[tuple[str, ...], Any, list[str]]:
 
     node, path, rest = command, tuple[str, ...](), list(words)
     while (subs := getattr(node, "commands", None)) is not None:
+        default = getattr(node, "default_command", None)  # `hpc plan RECIPE` is `hpc plan predict RECIPE`
+        if rest and rest[0] not in subs and default is not None:
+            rest.insert(0, default)
         if not rest or rest[0] not in subs:
             raise LookupError(f"`hpc {' '.join(path)}` has no command {rest[0] if rest else ''!r} "
                               f"(it has: {', '.join(sorted(subs))})")

@@ -14,7 +14,7 @@ import sys
 import typer
 
 from toolkit import __version__
-from toolkit.cli import cluster, jobs, k8s, output, recipes, report, run
+from toolkit.cli import cluster, jobs, k8s, output, plan, recipes, report, run
 
 # rich_markup_mode=None keeps help rendering plain and cheap: `hpc --help` must stay instant. Completion
 # (--install-completion / --show-completion, Typer's own) costs nothing until a shell asks for it.
@@ -31,6 +31,7 @@ app.add_typer(recipes.app, name="recipes")
 app.add_typer(jobs.app, name="jobs")
 app.add_typer(report.app, name="report")
 app.add_typer(k8s.app, name="k8s")
+app.add_typer(plan.app, name="plan")
 app.command("run")(run.run)
 
 
