@@ -79,6 +79,11 @@ def test_nodes_sharing_a_hosts_cores_slow_each_other_as_the_forward_pass_did():
     inputs = model.ModelInputs(1, 16, node_step_s=0.2, shared_host=True, forward_ratio=2.0, fit_nodes=2)
     assert [model.sharing_factor(inputs, n) for n in (1, 2, 4, 8)] == [1.0, 2.0, 4.0, 8.0]
     assert model.sharing_factor(model.ModelInputs(1, 16, 0.2, forward_ratio=2.0), 8) == 1.0  # separate nodes
+    # the exposed all-reduce (here its latency: 2(n-1) x 10 ms) slows with them, relative to the 2-node fit
+    slowed = model.ModelInputs(1, 16, node_step_s=0.2, latency_s=0.01, shared_host=True, forward_ratio=2.0)
+    assert model.step_at(slowed, 2).exposed_s == pytest.approx(0.02)
+    assert model.step_at(slowed, 8).exposed_s == pytest.approx(14 * 0.01 * 8 / 2)
+    assert model.step_at(slowed, 8).step_s == pytest.approx(0.2 * 8 + 0.56)
 
 
 def test_spreads_are_one_sigma_over_the_mean_combined_in_quadrature():

@@ -10,7 +10,8 @@ A data-parallel step (every rank a replica, gradients all-reduced each step) tak
   trainer's `data` phase, toolkit/workloads/resnet.py). It does not change with N on separate nodes. Where the
   nodes share one host's cores (the local test bench: 16 Slurm nodes on 2 cores), it grows with the ranks sharing
   them: compute(N) = compute(1) x max(1, k x N / 2), k the forward-pass time at two nodes over one (the forward
-  pass holds no collective, so its growth is the sharing alone; a calibration at 1 and M nodes: k x N / M).
+  pass holds no collective, so its growth is the sharing alone; a calibration at 1 and M nodes: k x N / M), and
+  so does the exposed all-reduce (its copies and reductions run on the same cores), relative to M nodes.
 - exposed_allreduce(N): the part of the gradient all-reduce not hidden behind the backward pass. The ring
   all-reduce of S bytes over n ranks costs 2(n-1) latencies and 2(n-1)/n x S bytes through each rank's link
   (Patarasuk & Yuan, "Bandwidth optimal all-reduce algorithms for clusters of workstations", JPDC 69(2), 2009).
@@ -111,6 +112,9 @@ def step_at(inputs: ModelInputs, nodes: int) -> StepAt:
         exposed = (1 - inputs.hidden) * allreduce
     if nodes > 1:
         exposed += 2 * (ranks - 1) * inputs.latency_s
+        # on a shared host the collective's copies and reductions are work on the same cores: they slow as the
+        # ranks' own work does, relative to the fit's node count (where the fit measured them)
+        exposed *= sharing_factor(inputs, nodes) / sharing_factor(inputs, inputs.fit_nodes)
     if inputs.loader_samples_per_s_node:
         input_s: float | None = inputs.samples_per_node_step / inputs.loader_samples_per_s_node
     elif inputs.data_wait_s > 0.05 * inputs.node_step_s:  # the ranks waited for input: the loader set the pace
