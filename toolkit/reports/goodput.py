@@ -54,7 +54,6 @@ KINDS: dict[str, tuple[str, str]] = {
     "unattributed": ("no record says", "#f0f0f0"),
 }
 PAID_EXCLUDED = ("queue", "requeue")  # while pending the job holds no node
-PRICE_FIELDS = ("on_demand_usd_per_hour", "usd_per_hour", "price_per_hour", "on_demand_price")
 COMPLETED = ("completed", "max_steps")
 STOPPED = "stopped"  # saved on a stop signal: nothing after its last step is lost
 
@@ -349,21 +348,14 @@ def nodes_held(run: RunDir) -> int | None:
 
 
 def hourly_price(instance_type: str | None) -> float | None:
-    """The catalog's on-demand price per hour of one node of this type; None where it has none."""
+    """The catalog's on-demand price per hour of one node of this type (toolkit.catalog.price: with its date and
+    source); None where it lists none."""
     if not instance_type:
         return None
     from toolkit import catalog
-    from toolkit.errors import HpcError
 
-    try:
-        entry = catalog.instance(instance_type)
-    except (HpcError, KeyError, LookupError):
-        return None
-    for name in PRICE_FIELDS:
-        value = number(getattr(entry, name, None))
-        if value:
-            return value
-    return None
+    found = catalog.price(instance_type)
+    return found.usd_per_hour if found else None
 
 
 # -- the ledger -----------------------------------------------------------------------------------------------------
