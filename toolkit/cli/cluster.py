@@ -534,3 +534,53 @@ def diff(
     emit(plan, as_json, _plan_text)
     if not plan["appliable"]:
         raise fail("pcluster update-cluster would refuse this update as declared")
+
+
+@app.command("topology")
+def topology(
+    ec2_json: str = typer.Argument(..., metavar="EC2_JSON", help="What `aws ec2 describe-instance-topology` printed "
+                                   "for the queue's instances (saved unchanged)."),
+    queue: str = typer.Option(..., "--queue", help="The queue (Slurm partition) the file is for."),
+    nodes_map: str = typer.Option(..., "--nodes-map", metavar="FILE", help="`instance-id node-name` per line "
+                                  "(space or comma): which Slurm node each instance is (docs/admins.md)."),
+    form: str = typer.Option("tree", "--form", metavar="tree|block", help="topology/tree (any Slurm) or "
+                             "topology/block (Slurm >= 23.11)."),
+    output: Optional[str] = typer.Option(None, "--output", "-o", metavar="FILE|DIR|-", help="File to write (a "
+                                         "directory: topology.conf in it; default: stdout)."),
+    force: bool = o.FORCE,
+    as_json: bool = JSON_OPTION,
+) -> None:
+    """Write Slurm's topology.conf for a queue from EC2's instance topology, and the order its ranks take."""
+    from toolkit.cli.output import write_output
+    from toolkit.cluster.topology import check_form, read_queue_topology, topology_text
+
+    chosen = check_form(form, _local_slurm_version())
+    topo = read_queue_topology(ec2_json, nodes_map, queue)
+    text = topology_text(topo, chosen, Path(ec2_json).name)
+    path = output_target(output, "topology.conf")
+    if path is None and not as_json:
+        typer.echo(text, nl=False)
+    elif path is not None:
+        write_output(path, text, force)
+    plugin = f"topology/{chosen}"
+    data = {**topo.as_dict(), "form": chosen, "plugin": plugin, "file": str(path) if path else None, "text": text}
+    emit(data, as_json, f"wrote {path} ({len(topo.placements)} nodes of queue {queue}, {plugin})\n"
+                        f"next: put it beside slurm.conf with TopologyPlugin={plugin}, `scontrol reconfigure`; "
+                        f"tag queue {queue} `hpc:topology: {path}` so its jobs order ranks by it" if path else None)
+    for left in topo.left_out:
+        info(f"left out (not queue {queue}): {left}")
+
+
+def _local_slurm_version() -> tuple[int, int] | None:
+    """This machine's Slurm (the admin runs this on the head node), or None where none answers."""
+    from toolkit.errors import HpcError
+    from toolkit.slurm import version
+    from toolkit.slurm.commands import slurm_installed
+
+    if not slurm_installed():
+        return None
+    try:
+        found = version.detect()
+    except HpcError:
+        return None
+    return found.major, found.minor
