@@ -244,3 +244,43 @@ def test_slurm_24_11_reads_the_block_form(tmp_path):
     for name, line in blocks.items():
         nodes = t.expand_hostlist(line.split("Nodes=")[1].split()[0])
         assert {leaf[n] for n in nodes} == {name} and "BlockSize=4" in line
+
+
+def test_a_job_on_a_queue_with_a_topology_file_starts_its_ranks_by_the_hostfile(tmp_path):
+    import yaml
+
+    env = {k: v for k, v in os.environ.items() if k not in ("SLURM_CONF", "HPC_CLUSTER_CONFIG")}
+    made = run_hpc("cluster", "config", "--name", "t", "--region", "us-east-2", "--subnet", "subnet-0123456789abcdef0",
+                   "--key-name", "me", "--queue-spec", "gpu=p5.48xlarge:16", "-o", str(tmp_path / "cluster.yaml"),
+                   env=env)
+    assert made.returncode == 0, made.stderr
+    assert run_hpc("cluster", "topology", str(EC2_JSON), "--queue", "gpu", "--nodes-map", str(NODES_MAP), "-o",
+                   str(tmp_path / "gpu.topology"), env=env).returncode == 0
+    config = yaml.safe_load((tmp_path / "cluster.yaml").read_text())
+    queue = config["Scheduling"]["SlurmQueues"][0]
+    queue.setdefault("Tags", []).append({"Key": "hpc:topology", "Value": "gpu.topology"})
+    (tmp_path / "tagged.yaml").write_text(yaml.safe_dump(config))
+    script = tmp_path / "train.py"
+    script.write_text("print('hi')\n")
+
+    def plan(cluster: str, *extra: str) -> dict:
+        res = run_hpc("run", str(script), "--nodes", "4", "--queue", "gpu", "--cluster", str(tmp_path / cluster),
+                      "--dry-run", "--json", *extra, env=env, cwd=tmp_path)
+        assert res.returncode == 0, res.stdout + res.stderr
+        return json.loads(res.stdout)["data"]
+
+    ordered = plan("tagged.yaml", "--executor", "sbatch")
+    text = ordered["script"]
+    [srun] = [line for line in text.splitlines() if line.startswith(("srun ", "SLURM_HOSTFILE=")) and "bash -c" in line]
+    assert srun.startswith('SLURM_HOSTFILE="$HPC_HOSTFILE" srun --distribution=arbitrary --ntasks=32 ')
+    assert "--ntasks-per-node" not in srun
+    assert f"HPC_NETWORK_ORDER=({' '.join(_fixture().order)})" in text
+    assert "for ((task = 0; task < 8; task++))" in text  # one line per rank: 8 GPUs per p5 node
+    # the hostfile's loop and MASTER_ADDR come before the ranks start
+    assert text.index('read -r MASTER_ADDR < "$HPC_HOSTFILE"') < text.index(srun)
+    assert ordered["summary"]["rank_order"] == f"ranks ordered by network node from {tmp_path / 'gpu.topology'}"
+
+    plain = plan("cluster.yaml", "--executor", "sbatch")
+    assert "HPC_HOSTFILE" not in plain["script"] and plain["summary"]["rank_order"] is None
+    submitit = plan("tagged.yaml", "--executor", "slurm")
+    assert submitit["summary"]["rank_order"].startswith("Slurm's (submitit's srun)")

@@ -5,6 +5,8 @@ they are applied to the instances, so they are visible on the cluster too):
   hpc:efa-stack       modern | legacy | none  (which EFA/NCCL environment the nodes' software wants)
   hpc:ranks-per-node  ranks per node on a CPU queue (GPU queues use one rank per GPU)
   hpc:cpus-per-task   overrides CPUs per node / ranks (the local test cluster's nodes share two real cores)
+  hpc:topology        the queue's topology.conf (`hpc cluster topology`; relative: to the config's directory):
+                      jobs start their ranks in its network order
 
 CPUs per node are what ParallelCluster declares to Slurm (`NodeName=... CPUs=N`): the instance's vCPUs, or its
 physical cores where a compute resource sets `DisableSimultaneousMultithreading: true` (aws-parallelcluster
@@ -33,6 +35,7 @@ CLUSTER_CONFIG_ENV = "HPC_CLUSTER_CONFIG"
 TAG_EFA_STACK = "hpc:efa-stack"
 TAG_RANKS_PER_NODE = "hpc:ranks-per-node"
 TAG_CPUS_PER_TASK = "hpc:cpus-per-task"
+TAG_TOPOLOGY = "hpc:topology"
 HELPER_PARTITION_ENV = "HPC_HELPER_PARTITION"  # overrides helper_partition_of(): a queue of the config
 SMT_KEY = "DisableSimultaneousMultithreading"  # ParallelCluster's key, on a Slurm compute resource
 
@@ -61,6 +64,7 @@ class Queue:
     helper_partition: str | None = None
     os: str | None = None  # Image/Os of the cluster config: what the nodes' own python3 is (OS_PYTHON3)
     shared_mounts: tuple[str, ...] = ()  # every SharedStorage MountDir of the config (FSx, EFS, EBS, RAID)
+    topology: str | None = None  # its topology.conf (tag hpc:topology, toolkit.cluster.topology), an absolute path
 
     @property
     def os_python3(self) -> tuple[int, int] | None:
@@ -187,9 +191,18 @@ def queues_from_config(config: dict[str, Any], source: str = "<config>") -> dict
             from_config=True,
             os=(config.get("Image") or {}).get("Os"),
             shared_mounts=shared,
+            topology=_topology_path(tags.get(TAG_TOPOLOGY), source),
         )
     helper = helper_partition_of(queues, source)
     return {name: dataclasses.replace(q, helper_partition=helper) for name, q in queues.items()}
+
+
+def _topology_path(value: str | None, source: str) -> str | None:
+    """The tag's path, a relative one taken from the config's directory (where the admin keeps both)."""
+    if not value:
+        return None
+    path = Path(value)
+    return str(path if path.is_absolute() or source.startswith("<") else Path(source).parent / path)
 
 
 def helper_partition_of(queues: dict[str, Queue], source: str = "<config>") -> str | None:

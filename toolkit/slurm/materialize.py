@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import re
 import sys
+from pathlib import Path
 from typing import Mapping
 
 from toolkit.accelerators import family
@@ -84,7 +85,26 @@ def on_slurm(spec: JobSpec, queue: Queue, slurm_options: Mapping[str, str | None
     # Every Slurm job runs node-side code of ours (its ranks' heartbeats; the pre-flight, the spares supervisor):
     # the batch shell stages it before the ranks start (templates/setup.sh.j2).
     part = dataclasses.replace(part, preflight_args=preflight, node_bundle=bundle_path(spec.run_dir))
+    if queue.topology:
+        order, why = network_order(spec, queue.topology)
+        part = dataclasses.replace(part, network_order=order, topology_file=queue.topology)
+        derived.append(Derived("rank order", "by network node" if order else "Slurm's", why))
     return dataclasses.replace(spec, slurm=part, derived=(*spec.derived, *derived))
+
+
+def network_order(spec: JobSpec, topology_file: str) -> tuple[tuple[str, ...], str]:
+    """The queue's nodes in network order for this job (empty where its ranks cannot follow it), and why."""
+    if spec.style == "torchrun":
+        return (), (f"queue's topology {topology_file} not used: torchrun numbers the ranks by its own "
+                    "rendezvous, not by srun's task order")
+    if spec.spares:
+        return (), f"queue's topology {topology_file} not used: with spares the supervisor chooses each round's nodes"
+    from toolkit.cluster.topology import order_from_conf
+    from toolkit.textfile import read_text
+
+    text = read_text(Path(topology_file), "topology file",
+                     fix="write it with `hpc cluster topology`, or fix the queue's hpc:topology tag")
+    return tuple(order_from_conf(text, topology_file)), f"ranks ordered by network node from {topology_file}"
 
 
 def preflight_args(spec: JobSpec, queue: Queue) -> tuple[str, ...]:

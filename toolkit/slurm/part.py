@@ -18,3 +18,6 @@ class SlurmPart:
     preflight_args: tuple[str, ...] = ()  # the queue's promises, as toolkit.node.preflight's arguments
     node_bundle: str | None = None  # the staged node-side code (toolkit.job.staging), first on ranks' PYTHONPATH
     expedited_requeue: bool = False  # sbatch --requeue=expedite (toolkit.slurm.version)
+    # the queue's nodes in network order (its hpc:topology file): the ranks' srun follows it (toolkit.slurm.hostfile)
+    network_order: tuple[str, ...] = ()
+    topology_file: str | None = None

@@ -17,6 +17,7 @@ from toolkit.job.rank import MASTER_PORT_BASE, MASTER_PORT_SPAN
 from toolkit.job.shell import activation_lines, export_line
 from toolkit.job.spec import JobSpec
 from toolkit.job.staging import node_command, unpack_lines
+from toolkit.slurm.hostfile import hostfile_lines, ordered_srun
 from toolkit.slurm.part import SlurmPart
 
 
@@ -213,6 +214,7 @@ def render_script(spec: JobSpec) -> str:
         stop=spec.stop,
         directives=sbatch_directives(spec),
         array_lines=array_lines(program.words),
-        launch=spares_supervisor(spec) + shlex.join(["srun", *SHARED_LOG_SRUN_OPTIONS, *srun_options(spec)]),
+        hostfile=hostfile_lines(spec),
+        launch=spares_supervisor(spec) + ordered_srun(spec, ["srun", *SHARED_LOG_SRUN_OPTIONS, *srun_options(spec)]),
         rank_script=shlex.quote(program.script),
     )

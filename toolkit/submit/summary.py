@@ -81,7 +81,17 @@ def summary(p: Any) -> dict[str, Any]:
                  "secret": is_secret(v.name)} for v in spec.env],
         "rank0_argv": list(p.rank0_argv),
         "container": _container(spec.software.container),
+        "rank_order": _rank_order(spec, p.executor.value),
     }
+
+
+def _rank_order(spec: Any, executor: str) -> str | None:
+    """How the ranks are placed where the queue has a topology file (toolkit.slurm.hostfile); None where not."""
+    rule = next((d.rule for d in spec.derived if d.key == "rank order"), None)
+    if rule is None or executor == "sbatch" or not (spec.slurm and spec.slurm.network_order):
+        return rule
+    # submitit writes its own srun line: the hostfile is the rendered script's
+    return f"Slurm's (submitit's srun); --executor sbatch: {rule}"
 
 
 def _container(container: Any) -> dict[str, Any] | None:
@@ -159,6 +169,8 @@ def lines(s: dict[str, Any]) -> list[str]:
                    + (f", workdir {container['workdir']}" if container["workdir"] else ""))
         mounts = container["mounts"] or ["(none)"]
         out += [f"mounts:      {mounts[0]}", *(f"             {mount}" for mount in mounts[1:])]
+    if s.get("rank_order"):
+        out.append(f"rank order:  {s['rank_order']}")
     env = [_env_line(v) for v in s["env"]] or ["(none set by the job)"]
     out += [f"environment: {env[0]}", *(f"             {line}" for line in env[1:])]
     out.append(f"rank 0 runs: {readable_argv(s['rank0_argv'])}" + (" (point 0)" if "sweep" in s else ""))
