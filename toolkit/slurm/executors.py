@@ -66,13 +66,16 @@ def submitit_unfit(python: str) -> str | None:
 
 
 def choose_executor(requested: str | None, *, mpi: bool = False, spares: int = 0,
-                    node_python: str | None = None, cluster_given: bool = False) -> tuple[Executor, str | None]:
+                    node_python: str | None = None, cluster_given: bool = False,
+                    ordered: bool = False) -> tuple[Executor, str | None]:
     """The executor, and a note when it was chosen for the user (local only where no Slurm is installed and no
     cluster config names the target). `node_python`: the Python the job's nodes run (render.node_python); where
     submitit cannot run there the rendered script goes to sbatch instead, which needs nothing of hpc's on the
     nodes (toolkit.node's contract). `cluster_given`: the queue comes from a cluster config (--cluster or
     $HPC_CLUSTER_CONFIG), so the job is that cluster's Slurm's even where this machine has none: it is planned
-    as it would be there, and only submitting needs Slurm here (planned_without_slurm, toolkit.slurm.targets)."""
+    as it would be there, and only submitting needs Slurm here (planned_without_slurm, toolkit.slurm.targets).
+    `ordered`: the queue's topology file orders the ranks (toolkit.slurm.hostfile), which only the rendered
+    script's srun line does (submitit writes its own): unless asked otherwise it goes to sbatch, as spares do."""
     from toolkit.slurm.commands import slurm_installed
 
     on_slurm = cluster_given or slurm_installed()  # the job goes to a Slurm: the given cluster's, or this one's
@@ -97,6 +100,9 @@ def choose_executor(requested: str | None, *, mpi: bool = False, spares: int = 0
                            fix="submit it to a Slurm cluster")
         return Executor.SBATCH, (None if kind == Executor.SBATCH else
                                      "an MPI binary: its rendered script goes to sbatch (srun --mpi ranks it)")
+    if ordered and kind is None and on_slurm:
+        return Executor.SBATCH, ("the queue's topology file orders the ranks by network node, which the rendered "
+                                 "script's srun does: it goes to sbatch (--executor slurm keeps Slurm's order)")
     unfit = submitit_unfit(node_python) if node_python and kind in (None, Executor.SLURM) else None
     if kind == Executor.SLURM and unfit:
         raise HpcError(f"--executor slurm (submitit): {unfit}",

@@ -192,10 +192,12 @@ def refuse_per_node_overrides(request: SubmitRequest, queue: Any) -> None:
                              "instance type with --queue (`hpc cluster show FILE` lists them)")
 
 
-def plan(request: SubmitRequest, run_dir: Path | None = None, *, task_of: Plan | None = None) -> Plan:
+def plan(request: SubmitRequest, run_dir: Path | None = None, *, task_of: Plan | None = None,
+         array: bool = False) -> Plan:
     """Everything a submit does, decided; nothing written or submitted: plan_job() and its executor.
     `task_of`: another task of the same job array (toolkit.submit.sweep), whose queue, executor and metadata
-    this one shares; the array's batch script is the sweep's, not a task's."""
+    this one shares; the array's batch script is the sweep's, not a task's. `array`: this is the first task of
+    one (a submitit job array, whatever else would choose the rendered script)."""
     from toolkit.job.rank import preview_argv
     from toolkit.slurm.render import render_script
     from toolkit.recipes.load import find_recipe
@@ -204,9 +206,10 @@ def plan(request: SubmitRequest, run_dir: Path | None = None, *, task_of: Plan |
 
     recipe, queue, spec, run_dir, notes = plan_job(request, run_dir, task_of.queue if task_of else None)
     if task_of is None:
+        ordered = bool(spec.slurm and spec.slurm.network_order) and not array
         executor, note = executors.choose_executor(request.executor, mpi=bool(spec.mpi), spares=spec.spares,
                                                    node_python=executors.node_python(spec),
-                                                   cluster_given=queue.from_config)
+                                                   cluster_given=queue.from_config, ordered=ordered)
         notes = [note, *notes] if note else notes
         if off := executors.planned_without_slurm(executor):  # said once: a sweep's tasks share their notes
             notes.append(off)

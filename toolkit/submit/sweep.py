@@ -196,7 +196,7 @@ def plan(request, sweeps: Sequence[str], parallelism: int | None = None,
         point_request = dataclasses.replace(request, overrides=(*request.overrides, *own_dirs, *point.overrides))
         run_dir = sweep_dir / rundir.task_dir_name(point.index, len(points))
         try:
-            tasks.append(plans.plan(point_request, run_dir, task_of=tasks[0] if tasks else None))
+            tasks.append(plans.plan(point_request, run_dir, task_of=tasks[0] if tasks else None, array=True))
         except HpcError as exc:
             raise type(exc)(f"{point.describe()}: {exc.message}", fix=exc.fix) from None
     _refuse_shared_output_dirs(tasks, points)
