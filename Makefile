@@ -72,12 +72,14 @@ lint: venv train-env
 	$(BIN)/ruff check
 	$(BIN)/mypy
 
+# Debian's headless Chromium: tests/test_run_page.py opens the run pages (`hpc report html`) in it from disk.
+# Non-interactive: CI has no terminal for debconf's questions.
+chromium:
+	command -v chromium >/dev/null || { export DEBIAN_FRONTEND=noninteractive; apt-get install -y -q chromium || \
+	  { apt-get update -q && apt-get install -y -q chromium; }; }
+
 # Two xdist workers: the Slurm tests mostly wait on Slurm, so the unit tests run beside them; each lane's tests stay
 # in order on one worker (tests/conftest.py lane_group). `pytest tests/test_x.py` alone runs in one process.
-# Debian's headless Chromium: tests/test_run_page.py opens the run pages (`hpc report html`) in it from disk.
-chromium:
-	command -v chromium >/dev/null || apt-get install -y chromium || { apt-get update && apt-get install -y chromium; }
-
 test: lint venv train-env slurm-up slurm-lanes container-lane chromium
 	$(BIN)/python -m pytest -q -n 2 --dist loadgroup
 
