@@ -379,6 +379,20 @@ def find_bad_nodes(
                        fix="pass --cluster FILE (the cluster's ParallelCluster config) and --queue Q")
     chosen, how = resolve_queue(cluster, queue)
     info(f"queue: {how}")
+    from toolkit.health import fleet
+    from toolkit.node import ledger
+
+    where = fleet.fleet_dir(chosen)
+    if min_busbw is None and where is not None:  # the fleet's own baseline for a group's shape, where it has one
+        from toolkit.job.scaling import parse_size
+        from toolkit.reports.baseline import learn
+
+        base = learn(ledger.read(where), chosen.instance_type, group_size, "all_reduce", parse_size(size.upper()))
+        if base is not None and base.enough:
+            min_busbw = round(base.bound_gbs, 3)
+            info(f"--min-busbw {min_busbw:g}: {base.describe()}")
+        else:
+            info("no --min-busbw: the fleet has no baseline for this shape yet (runs compare with each other only)")
     options = ["--group-size", str(group_size), "--threshold", str(threshold), "--size", size, "--iters", str(iters),
                "--concurrency", str(concurrency)]
     options += ["--min-busbw", str(min_busbw)] if min_busbw is not None else []
@@ -391,6 +405,8 @@ def find_bad_nodes(
             "job_id": job.job_id, "run_dir": str(job.run_dir), "skipped": job.skipped,
             "per_node": nodesearch.node_rows(result), "goal_rounds": nodesearch.max_rounds(len(job.nodes)),
             "all_pairs": math.comb(len(job.nodes), 2), "drain_plan": [shlex.join(c) for c in plan], "applied": False}
+    if where is not None:  # every verdict into the fleet's ledger: a node at full speed clears its strikes
+        data["recorded"] = ledger.write(where, fleet.search_records(data["per_node"], result["bad"], job.job_id))
     if plot is not None:
         from toolkit.reports.plots import nodes_figure, save_png
 
@@ -409,6 +425,68 @@ def find_bad_nodes(
         problems.append(first + (f" (and {len(others)} more node(s))" if others else ""))
     if problems:
         raise fail("; ".join(problems))
+
+
+def _nodes_text(data: dict) -> str:
+    import datetime
+
+    def when(t: float | None) -> str:
+        return datetime.datetime.fromtimestamp(t).strftime("%Y-%m-%d %H:%M") if t else "-"
+
+    rows = [(n["node"], n["healthy_runs"], n["strikes"], "SUSPECT" if n["suspect"] else "ok", when(n["last_seen"]),
+             n["slurm_state"], (n["evidence"][-1]["evidence"] if n["evidence"] else "")[:70]) for n in data["nodes"]]
+    policy = data["policy"]
+    lines = [f"fleet ledger: {data['fleet_dir']}; policy: {policy['strikes']} strike(s) of "
+             f"{'/'.join(policy['kinds'])} within {policy['window_hours']:g} h",
+             table(rows, ("node", "healthy runs", "strikes", "verdict", "last seen", "slurm", "last evidence"))
+             if rows else "no node recorded yet"]
+    for node in data.get("cleared", []):
+        lines.append(f"cleared: {node}")
+    if data["drain_plan"]:
+        lines.append("drained:" if data["applied"] else "drain plan (run with --apply, as root or a Slurm operator):")
+        lines += [f"  {command}" for command in data["drain_plan"]]
+    return "\n".join(lines)
+
+
+@app.command("nodes")
+def nodes(
+    cluster: Optional[Path] = o.CLUSTER,
+    clear: List[str] = typer.Option([], "--clear", metavar="NODE", help="Record NODE as repaired: its strikes no "
+                                    "longer count (repeatable)."),
+    plot: Optional[Path] = typer.Option(None, "--plot", metavar="FILE.png", help="Passes and strikes over time, "
+                                        "per node, as a PNG."),
+    apply: bool = typer.Option(False, "--apply", help="Drain the nodes the quarantine policy names (scontrol "
+                               "update ... State=DRAIN, the evidence as the reason)."),
+    as_json: bool = JSON_OPTION,
+) -> None:
+    """Each node's record in the fleet's ledger (healthy runs, strikes, last seen, Slurm state) and the nodes the
+    quarantine policy suspects, with their drain plan (applied with --apply). Exit 1 when a node is suspected."""
+    from toolkit.health import fleet
+    from toolkit.node import ledger
+
+    if cluster is not None:
+        from toolkit.cluster.queues import load_queues
+
+        where = fleet.fleet_dir(next(iter(load_queues(cluster).values()), None))
+    else:
+        where = fleet.fleet_dir()
+    if clear and where is not None:
+        ledger.write(where, [fleet.clear_record(node) for node in clear])
+    data = fleet.nodes_report(where)
+    data["cleared"] = list(clear)
+    if plot is not None:
+        from toolkit.reports.plots import fleet_figure, save_png
+
+        data["plot"] = str(save_png(fleet_figure(ledger.read(where) if where else [], list(data["suspects"])), plot))
+    if apply and data["suspects"]:
+        from toolkit.slurm.commands import run
+
+        for command in fleet.drain_plan(data["suspects"]):
+            run(command)
+        data["applied"] = True
+    emit(data, as_json, _nodes_text)
+    if data["suspects"] and not data["applied"]:
+        raise fail(f"suspected node(s): {', '.join(sorted(data['suspects']))}")
 
 
 queue_app = typer.Typer(help="Add, change or remove queues of a cluster config in place (comments and layout "

@@ -121,6 +121,10 @@ SPARES = typer.Option(None, "--spares", min=0, metavar="K",
 PREFLIGHT = typer.Option(None, "--preflight/--no-preflight",
                          help="Check every node against its queue (devices, EFA, loader, shared file system, memory, "
                               "disk) before the ranks start (resources.preflight; default: on for training jobs).")
+AVOID_SUSPECTS = typer.Option(True, "--avoid-suspects/--no-avoid-suspects",
+                              help="Leave out the nodes the fleet's ledger suspects (its quarantine policy: "
+                                   "`hpc cluster nodes`), as --exclude, never so many that the job cannot start "
+                                   "(default: on).")
 ENV = typer.Option([], "--env", metavar="NAME=VALUE", help="Set a variable in the job (env.NAME). Repeatable.")
 VENV = typer.Option(None, "--venv", metavar="DIR", help="Virtual environment the nodes activate (software.venv; "
                                                         "default: the recipe's, for `hpc run` the one hpc runs in).")

@@ -227,6 +227,7 @@ def submit(name: str = o.RECIPE, nodes: Optional[int] = o.NODES, cluster: Option
            venv: Optional[Path] = o.VENV, account: Optional[str] = o.ACCOUNT, qos: Optional[str] = o.QOS,
            reservation: Optional[str] = o.RESERVATION, dependency: Optional[str] = o.DEPENDENCY,
            executor: Optional[o.Executor] = o.EXECUTOR, resume_from: Optional[str] = o.RESUME_FROM,
+           avoid_suspects: bool = o.AVOID_SUSPECTS,
            dry_run: bool = o.DRY_RUN, verbose: bool = o.VERBOSE, wait: bool = o.WAIT,
            as_json: bool = JSON_OPTION) -> None:
     """Submit a recipe through submitit (srun starts one rank per GPU, or per declared CPU rank)."""
@@ -236,7 +237,7 @@ def submit(name: str = o.RECIPE, nodes: Optional[int] = o.NODES, cluster: Option
                      spares, preflight)
     request = plans.SubmitRequest(name, nodes, str(cluster) if cluster else None, queue, profile,
                                   job.recipe_overrides(), job.slurm_options(), o.value(executor),
-                                  resume_from=resume_from)
+                                  resume_from=resume_from, avoid_suspects=avoid_suspects)
     submit_any(request, sweeps, array_parallelism, dry_run, wait, as_json, verbose)
 
 

@@ -72,6 +72,8 @@ def nccl(
                                         "else at least ranks / GPUs per --instance)."),
     transport: Optional[o.Transport] = typer.Option(None, "--transport", help="The floor to judge against "
                                                     "(default: the instance's own, efa when it has it)."),
+    record: bool = typer.Option(False, "--record", help="Add the runs that did not fail to the fleet's baselines "
+                                "(the node ledger's; needs --instance and a known node count)."),
 ) -> None:
     """Per-size bandwidth table, max/average bus bandwidth, wrong values and a PASS/WARN/FAIL/NO-VERDICT verdict.
 
@@ -82,9 +84,20 @@ def nccl(
     Exit 1 when any test fails (bandwidth under a floor from a published measured run, or wrong values). Under an
     estimated floor (no published run of that instance and node count) the verdict is WARN and the exit 0.
     """
+    from toolkit.errors import UsageError
+    from toolkit.health.fleet import fleet_dir
+    from toolkit.node import ledger
     from toolkit.reports import nccl as nccl_report
     paths: list[str | Path] = list(logs)
-    data, tests = nccl_report.report(paths, instance, nodes, o.value(transport), verdict=nccl_report.verdict_for)
+    where = fleet_dir()
+    if record and (instance is None or where is None):
+        raise UsageError("--record adds to the fleet's baselines of an instance type",
+                         fix=f"give --instance TYPE, and run on the cluster (or set {ledger.FLEET_DIR_ENV})")
+    verdict = nccl_report.fleet_verdict(ledger.read(where)) if where else nccl_report.verdict_for
+    data, tests = nccl_report.report(paths, instance, nodes, o.value(transport), verdict=verdict)
+    if record and where is not None and instance is not None:
+        samples = nccl_report.fleet_samples(tests, [t["verdict"] for t in data["tests"]], instance, nodes)
+        data["recorded"] = ledger.write(where, samples)
     emit(data, as_json, _nccl_text)
     for error in data["errors"]:  # the other files are reported; the bad ones are named on stderr too
         warn(f"{error['source']}: {error['error']}\n  fix: {error['fix']}")

@@ -46,7 +46,7 @@ def run(target: str = typer.Argument(..., metavar="SCRIPT_OR_MODULE",
         venv: Optional[Path] = o.VENV,
         account: Optional[str] = o.ACCOUNT, qos: Optional[str] = o.QOS, reservation: Optional[str] = o.RESERVATION,
         dependency: Optional[str] = o.DEPENDENCY, executor: Optional[o.Executor] = o.EXECUTOR,
-        resume_from: Optional[str] = o.RESUME_FROM,
+        resume_from: Optional[str] = o.RESUME_FROM, avoid_suspects: bool = o.AVOID_SUSPECTS,
         dry_run: bool = o.DRY_RUN, verbose: bool = o.VERBOSE, wait: bool = o.WAIT,
         as_json: bool = JSON_OPTION) -> None:
     """Run your own Python script or module on N nodes: `hpc run train.py --nodes 2 -- --epochs 3`.
@@ -69,5 +69,6 @@ def run(target: str = typer.Argument(..., metavar="SCRIPT_OR_MODULE",
     request = SubmitRequest(data["name"], nodes, str(cluster) if cluster else None, queue,
                             overrides=(*o.preflight_override(preflight), *overrides),
                             slurm_options=job.slurm_options(),
-                            executor=o.value(executor), recipe_data=data, resume_from=resume_from)
+                            executor=o.value(executor), recipe_data=data, resume_from=resume_from,
+                            avoid_suspects=avoid_suspects)
     submit_any(request, sweeps, array_parallelism, dry_run, wait, as_json, verbose)

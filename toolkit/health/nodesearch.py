@@ -25,9 +25,9 @@ if TYPE_CHECKING:
 RECIPE = "collectives"  # the job whose software and environment the search's ranks run in
 
 
-def drain_commands(bad: dict[str, str]) -> list[list[str]]:
-    """The drain plan: one `scontrol update` per bad node, its reason naming the measurement."""
-    return [["scontrol", "update", f"NodeName={node}", "State=DRAIN", f"Reason=hpc find-bad-nodes: {why}"[:250]]
+def drain_commands(bad: dict[str, str], by: str = "hpc find-bad-nodes") -> list[list[str]]:
+    """The drain plan: one `scontrol update` per bad node, its reason naming the measurement (`by`: who drains)."""
+    return [["scontrol", "update", f"NodeName={node}", "State=DRAIN", f"Reason={by}: {why}"[:250]]
             for node, why in sorted(bad.items())]
 
 

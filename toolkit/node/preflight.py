@@ -50,7 +50,7 @@ import time
 from pathlib import Path
 from typing import List, Optional, Sequence
 
-from . import slurm, standalone_source
+from . import ledger, slurm, standalone_source
 from .evaluate import Check, evaluate
 from .promise import Promise
 from .records import PREFLIGHTS, append_record, job_records
@@ -362,6 +362,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         append_record(records, record)
     except OSError as exc:  # e.g. the batch host is the node without the shared file system
         say(f"could not record in {args.run_dir}: {exc}")
+    ledger.record_preflight(record, promise.instance_type)  # the fleet's memory across jobs ($HPC_FLEET_DIR)
     return 0 if action == "go" else 1
 
 

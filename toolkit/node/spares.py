@@ -61,7 +61,7 @@ import time
 from pathlib import Path
 from typing import Sequence
 
-from . import heartbeat, records
+from . import heartbeat, ledger, records
 from .rank import master_port
 from .stop import StopPolicy, signal_number
 
@@ -479,6 +479,7 @@ class Supervisor:
         entry = {"time": time.time(), "job_id": self.job_id, **entry}
         records.append_record(self.run_dir / records.RESTARTS, entry)
         say(f"{entry['kind']}: {json.dumps(entry)}")
+        ledger.record_spares(entry)  # lost nodes and failed probes, for the fleet ($HPC_FLEET_DIR)
 
     def own_records(self) -> list[dict]:
         return [e for e in records.read_records(self.run_dir / records.RESTARTS) if str(e.get("job_id")) == self.job_id]

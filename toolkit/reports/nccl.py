@@ -555,3 +555,52 @@ def report(paths: list[str | Path], instance_type: str | None = None, nodes: int
               else "PASS" if "PASS" in statuses else "NO-VERDICT")
     return {"status": status, "instance_type": instance_type, "tests": entries,
             "errors": [{"source": source, "error": exc.message, "fix": exc.fix} for source, exc in errors]}, tests
+
+
+def _shape(test: NcclTest, nodes: int | None) -> tuple[int, str, int, float] | None:
+    """(nodes, test, largest size, best busbw there): what a fleet baseline is kept and judged by."""
+    nodes = nodes or test.nodes
+    if nodes is None or not test.rows:
+        return None
+    largest = max(r.size for r in test.rows)
+    measured = max(m.busbw_gbs for r in test.rows if r.size == largest for m in r.measures())
+    return nodes, test.name or "all_reduce", largest, measured
+
+
+def fleet_verdict(records: list[dict]) -> Callable[..., Verdict]:
+    """A verdict (report()'s `verdict`) against the fleet's own baseline (toolkit.reports.baseline) where the fleet
+    has enough runs of the test's shape, else verdict_for's published floor or reference, saying which."""
+    from toolkit.reports.baseline import MIN_RUNS, learn
+
+    def verdict(test: NcclTest, instance_type: str | None, nodes: int | None, transport: str | None) -> Verdict:
+        published = verdict_for(test, instance_type, nodes, transport)
+        shape = _shape(test, nodes)
+        if instance_type is None or shape is None or (summarize(test)["wrong_values"] or test.out_of_bounds):
+            return published
+        count, name, size, measured = shape
+        base = learn(records, instance_type, count, name, size)
+        if base is None or not base.enough:
+            runs = base.runs if base else 0
+            return dataclasses.replace(published, reason=f"{published.reason} [published floor: the fleet has {runs} "
+                                                         f"of the {MIN_RUNS} runs of this shape a baseline needs]")
+        status: Status = "PASS" if measured >= base.bound_gbs else "FAIL"
+        return Verdict(status, f"busbw {measured:.3g} GB/s at {size_text(size)} vs {base.describe()}",
+                       base.bound_gbs, measured, "fleet", size)
+
+    return verdict
+
+
+def fleet_samples(tests: list[NcclTest], verdicts: list[dict], instance_type: str, nodes: int | None,
+                  job: str | None = None) -> list[dict]:
+    """The ledger's baseline records of a report's tests that did not fail (toolkit.node.ledger.baseline_record)."""
+    from toolkit.node.ledger import baseline_record
+
+    out = []
+    for test, judged in zip(tests, verdicts, strict=True):
+        shape = _shape(test, nodes)
+        if shape is None or judged["status"] == "FAIL":
+            continue
+        count, name, size, measured = shape
+        out.append(baseline_record(instance_type, count, name, size, measured, job=job or test.source,
+                                   source="nccl-report", hosts=sorted(set(test.hosts)) if test.hosts else ()))
+    return out

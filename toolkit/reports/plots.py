@@ -6,7 +6,7 @@ matplotlib is imported inside the functions: it is heavy and only the plotting c
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Sequence
 
 from toolkit.errors import HpcError
 
@@ -236,3 +236,30 @@ def save_png(fig: Figure, path: str | Path) -> Path:
     except OSError as exc:
         raise HpcError(f"cannot write {path}: {exc.strerror}", fix="choose a writable path for --plot") from None
     return path
+
+
+def fleet_figure(records: list[dict], suspects: Sequence[str] = (), title: str = "") -> Figure:
+    """Each node's ledger over time (toolkit.node.ledger records): passes as green dots, strikes as red crosses;
+    suspected nodes' names in red."""
+    import datetime
+
+    fig = _figure()
+    ax = fig.add_subplot()
+    nodes = sorted({str(r["node"]) for r in records if r.get("type") == "node" and r.get("node")})
+    row = {name: i for i, name in enumerate(nodes)}
+    for verdict, marker, color, label in (("pass", "o", "tab:green", "pass"), ("fail", "x", "tab:red", "strike")):
+        chosen = [r for r in records if r.get("type") == "node" and r.get("verdict") == verdict and r.get("node")]
+        ax.scatter([datetime.datetime.fromtimestamp(float(r["time"])) for r in chosen],
+                   [row[str(r["node"])] for r in chosen], marker=marker, color=color, label=f"{label} ({len(chosen)})")
+    ax.set_yticks(range(len(nodes)))
+    ax.set_yticklabels(nodes)
+    for tick, name in zip(ax.get_yticklabels(), nodes, strict=True):
+        if name in suspects:
+            tick.set_color("tab:red")
+    ax.set_xlabel("time")
+    ax.set_ylabel("node")
+    ax.set_title(title or "node ledger: passes and strikes (suspected nodes in red)")
+    ax.legend(loc="upper left", fontsize=8)
+    ax.grid(True, alpha=0.3)
+    fig.autofmt_xdate()
+    return fig

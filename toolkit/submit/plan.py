@@ -31,6 +31,7 @@ class SubmitRequest:
     executor: str | None = None
     recipe_data: Mapping[str, Any] | None = None  # a recipe built in memory (`hpc run`); `recipe` is its name
     resume_from: str | None = None  # another run (dir or job id) whose checkpoints seed this one's
+    avoid_suspects: bool = True  # leave the nodes the fleet's ledger suspects out (toolkit.health.fleet)
 
     @property
     def run_name(self) -> str:
@@ -104,6 +105,8 @@ def plan_job(request: SubmitRequest, run_dir: Path | None = None,
                          data=request.recipe_data)
     spec = build_job_spec(recipe, queue, request.nodes, profile=request.profile,
                           slurm_options=request.slurm_options, run_dir=str(run_dir))
+    spec, fleet_notes = remember_the_fleet(request, recipe, queue, spec, run_dir)
+    notes += fleet_notes
     if root is not None and (warning := runsroot.home_warning(root, spec)):
         spec = dataclasses.replace(spec, warnings=(*spec.warnings, warning))
     if outside := sharedfs.outside_warnings(recipe, spec, queue):
@@ -190,6 +193,41 @@ def refuse_per_node_overrides(request: SubmitRequest, queue: Any) -> None:
                          fix=(f"ask for nodes instead: --nodes {nodes} gives {nodes * queue.gpus_per_node} {unit}; "
                               if nodes else f"drop {option_of(item)} {key}; ") + "or pick a queue of another "
                              "instance type with --queue (`hpc cluster show FILE` lists them)")
+
+
+def remember_the_fleet(request: SubmitRequest, recipe: Any, queue: Any, spec: Any,
+                       run_dir: Path) -> tuple[Any, list[str]]:
+    """The fleet's ledger in the job (toolkit.health.fleet): its dir exported to the job (HPC_FLEET_DIR: the
+    pre-flight and the spares supervisor record there), and the nodes its policy suspects left out (--exclude),
+    never so many that the job cannot start; `request.avoid_suspects` False keeps them."""
+    from toolkit.accelerators.base import EnvVar
+    from toolkit.health import fleet
+    from toolkit.job.scaling import Derived
+    from toolkit.node.ledger import FLEET_DIR_ENV
+    from toolkit.slurm.materialize import build_job_spec
+
+    where = fleet.fleet_dir(queue)
+    if where is None:
+        return spec, []
+    notes = []
+    found = fleet.suspects(where) if request.avoid_suspects else {}
+    if found:
+        avoid = fleet.avoidance(found, queue.name, spec.nodes + spec.spares)
+        if avoid.excluded:
+            options = fleet.merge_exclude(request.slurm_options, avoid.excluded)
+            spec = build_job_spec(recipe, queue, request.nodes, profile=request.profile, slurm_options=options,
+                                  run_dir=str(run_dir))
+            notes.append(f"suspected node(s) left out (--exclude={','.join(avoid.excluded)}; the fleet's ledger, "
+                         f"{where}; --no-avoid-suspects keeps them): "
+                         + "; ".join(f"{n}: {avoid.why[n]}" for n in avoid.excluded))
+        if avoid.kept:
+            notes.append(f"suspected node(s) kept, or the job could not start on queue {queue.name}: "
+                         f"{', '.join(avoid.kept)}")
+    if FLEET_DIR_ENV not in spec.environ:
+        var = EnvVar(FLEET_DIR_ENV, str(where), "the node ledger: the pre-flight and lost nodes are recorded there")
+        spec = dataclasses.replace(spec, env=(*spec.env, var), derived=(*spec.derived, Derived(
+            "fleet ledger", str(where), "$HPC_FLEET_DIR, else the cluster's shared storage/hpc-fleet")))
+    return spec, notes
 
 
 def plan(request: SubmitRequest, run_dir: Path | None = None, *, task_of: Plan | None = None,
