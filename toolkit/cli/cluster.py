@@ -442,6 +442,8 @@ def _nodes_text(data: dict) -> str:
              if rows else "no node recorded yet"]
     for node in data.get("cleared", []):
         lines.append(f"cleared: {node}")
+    if data.get("plot"):
+        lines.append(f"plot: {data['plot']}")
     if data["drain_plan"]:
         lines.append("drained:" if data["applied"] else "drain plan (run with --apply, as root or a Slurm operator):")
         lines += [f"  {command}" for command in data["drain_plan"]]

@@ -29,7 +29,6 @@ from toolkit.errors import HpcError
 from toolkit.node import ledger
 
 POLICY_FILE = "policy.yaml"
-FLEET_SUBDIR = "hpc-fleet"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,10 +59,15 @@ def fleet_dir(queue: Any = None) -> Path | None:
             queue = next(iter(load_queues(path).values()), None)
         except HpcError:
             return None
+    where = ledger.planned_fleet_dir(os.environ, shared_mount(queue))
+    return Path(where) if where else None
+
+
+def shared_mount(queue: Any) -> str | None:
+    """The shared storage of a queue read from a cluster config: its FSx, else its first SharedStorage MountDir."""
     if queue is None or not queue.from_config:
         return None
-    mount = queue.fsx_mount or next(iter(queue.shared_mounts), None)
-    return Path(mount) / FLEET_SUBDIR if mount else None
+    return queue.fsx_mount or next(iter(queue.shared_mounts), None)
 
 
 def load_policy(fleet: Path | None) -> Policy:

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence
 
 FLEET_DIR_ENV = "HPC_FLEET_DIR"
+FLEET_SUBDIR = "hpc-fleet"  # under the cluster's shared storage, where no $HPC_FLEET_DIR says otherwise
 LEDGER = "ledger"  # <fleet>/ledger/*.jsonl: one file per writing process
 VERSION = 1
 
@@ -42,6 +43,14 @@ def fleet_dir(environ: Optional[Mapping[str, str]] = None) -> Optional[Path]:
     """The ledger's fleet dir for this job ($HPC_FLEET_DIR), or None: nothing is recorded."""
     value = (os.environ if environ is None else environ).get(FLEET_DIR_ENV)
     return Path(value) if value else None
+
+
+def planned_fleet_dir(environ: Mapping[str, str], shared_mount: Optional[str]) -> Optional[str]:
+    """Where a job's ledger is, decided when it is planned: $HPC_FLEET_DIR, else <shared_mount>/hpc-fleet (the
+    cluster config's FSx, or its first SharedStorage MountDir), else None."""
+    if environ.get(FLEET_DIR_ENV):
+        return environ[FLEET_DIR_ENV]
+    return shared_mount.rstrip("/") + "/" + FLEET_SUBDIR if shared_mount else None
 
 
 def _writer_name(job: Optional[str]) -> str:

@@ -6,12 +6,14 @@ and the submitit executor (toolkit.slurm.executors) read it; Kubernetes (toolkit
 from __future__ import annotations
 
 import dataclasses
+import os
 import re
 import sys
 from pathlib import Path
 from typing import Mapping
 
 from toolkit.accelerators import family
+from toolkit.accelerators.base import EnvVar
 from toolkit.catalog import instance
 from toolkit.cluster.queues import Queue
 from toolkit.errors import HpcError
@@ -19,6 +21,7 @@ from toolkit.job.scaling import Derived
 from toolkit.job.spec import JobSpec, job_spec, queue_target
 from toolkit.launchers import launcher_for
 from toolkit.job.staging import bundle_path
+from toolkit.node.ledger import FLEET_DIR_ENV, FLEET_SUBDIR, planned_fleet_dir
 from toolkit.recipes.schema import Recipe
 from toolkit.slurm.part import SlurmPart
 
@@ -89,7 +92,16 @@ def on_slurm(spec: JobSpec, queue: Queue, slurm_options: Mapping[str, str | None
         order, why = network_order(spec, queue.topology)
         part = dataclasses.replace(part, network_order=order, topology_file=queue.topology)
         derived.append(Derived("rank order", "by network node" if order else "Slurm's", why))
-    return dataclasses.replace(spec, slurm=part, derived=(*spec.derived, *derived))
+    env = spec.env
+    # The node ledger (toolkit.node.ledger): the pre-flight and the spares supervisor record there, on the cluster's
+    # shared storage; a cluster config's queue only (default_queue() merely assumes an FSx)
+    mount = (queue.fsx_mount or next(iter(queue.shared_mounts), None)) if queue.from_config else None
+    fleet = planned_fleet_dir(os.environ, mount)
+    if fleet and FLEET_DIR_ENV not in spec.environ:
+        env = (*env, EnvVar(FLEET_DIR_ENV, fleet, "the node ledger: pre-flight verdicts and lost nodes, across jobs"))
+        derived.append(Derived("fleet ledger", fleet, "$HPC_FLEET_DIR, else <the cluster's shared storage>/"
+                                                      f"{FLEET_SUBDIR} (hpc cluster nodes reads it)"))
+    return dataclasses.replace(spec, env=env, slurm=part, derived=(*spec.derived, *derived))
 
 
 def network_order(spec: JobSpec, topology_file: str) -> tuple[tuple[str, ...], str]:

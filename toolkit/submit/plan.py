@@ -105,7 +105,7 @@ def plan_job(request: SubmitRequest, run_dir: Path | None = None,
                          data=request.recipe_data)
     spec = build_job_spec(recipe, queue, request.nodes, profile=request.profile,
                           slurm_options=request.slurm_options, run_dir=str(run_dir))
-    spec, fleet_notes = remember_the_fleet(request, recipe, queue, spec, run_dir)
+    spec, fleet_notes = avoid_suspects(request, recipe, queue, spec, run_dir)
     notes += fleet_notes
     if root is not None and (warning := runsroot.home_warning(root, spec)):
         spec = dataclasses.replace(spec, warnings=(*spec.warnings, warning))
@@ -195,15 +195,12 @@ def refuse_per_node_overrides(request: SubmitRequest, queue: Any) -> None:
                              "instance type with --queue (`hpc cluster show FILE` lists them)")
 
 
-def remember_the_fleet(request: SubmitRequest, recipe: Any, queue: Any, spec: Any,
-                       run_dir: Path) -> tuple[Any, list[str]]:
-    """The fleet's ledger in the job (toolkit.health.fleet): its dir exported to the job (HPC_FLEET_DIR: the
-    pre-flight and the spares supervisor record there), and the nodes its policy suspects left out (--exclude),
-    never so many that the job cannot start; `request.avoid_suspects` False keeps them."""
-    from toolkit.accelerators.base import EnvVar
+def avoid_suspects(request: SubmitRequest, recipe: Any, queue: Any, spec: Any,
+                   run_dir: Path) -> tuple[Any, list[str]]:
+    """The nodes the fleet's ledger suspects (toolkit.health.fleet) left out of the job (--exclude), never so many
+    that the job cannot start; `request.avoid_suspects` False keeps them. (The job records into the same ledger:
+    toolkit.slurm.materialize exports its dir.)"""
     from toolkit.health import fleet
-    from toolkit.job.scaling import Derived
-    from toolkit.node.ledger import FLEET_DIR_ENV
     from toolkit.slurm.materialize import build_job_spec
 
     where = fleet.fleet_dir(queue)
@@ -223,10 +220,6 @@ def remember_the_fleet(request: SubmitRequest, recipe: Any, queue: Any, spec: An
         if avoid.kept:
             notes.append(f"suspected node(s) kept, or the job could not start on queue {queue.name}: "
                          f"{', '.join(avoid.kept)}")
-    if FLEET_DIR_ENV not in spec.environ:
-        var = EnvVar(FLEET_DIR_ENV, str(where), "the node ledger: the pre-flight and lost nodes are recorded there")
-        spec = dataclasses.replace(spec, env=(*spec.env, var), derived=(*spec.derived, Derived(
-            "fleet ledger", str(where), "$HPC_FLEET_DIR, else the cluster's shared storage/hpc-fleet")))
     return spec, notes
 
 
