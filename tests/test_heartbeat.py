@@ -15,7 +15,7 @@ from pathlib import Path
 
 from tests.conftest import REPO
 from toolkit.node import heartbeat
-from toolkit.node.heartbeat import Beat, diagnose, main_thread_frames
+from toolkit.node.heartbeat import WRITE_SLACK_S, Beat, Diagnosis, diagnose, main_thread_frames
 
 NOW = 1_000_000.0
 # faulthandler's text, as a rank blocked in DDP's all-reduce (under backward) and one stuck in its own code write it
@@ -68,10 +68,13 @@ def test_the_rank_stuck_outside_communication_is_named_and_the_waiting_ones_are_
     assert "ranks 0-2" in found.lines()[1] and "communication" in found.lines()[1]
 
 
-def test_without_stacks_no_rank_stands_out_and_every_stalled_rank_is_named_with_the_way_to_tell():
+def test_without_stacks_no_rank_stands_out_so_none_is_named_and_the_way_to_tell_is_said():
     found = diagnose(beats([4, 4], [140, 140]), NOW, after_s=60)
-    assert [s.rank for s in found.stalled] == [0, 1] and found.waiting == []
-    assert "--stacks" in found.lines()[-1]
+    assert found.stalled == [] and found.waiting == [] and found.stopped
+    assert [s.rank for s in found.undecided] == [0, 1]
+    assert found.lines() == ["ranks 0-1 made no progress for 140 s (step 4); undecided which rank the others wait "
+                             "for: no rank stands out: collect stacks with `hpc jobs status JOB --stacks`"]
+    assert found.to_json()["undecided"] == [0, 1]
 
 
 def test_a_rank_behind_the_others_step_is_the_one_they_wait_for():
@@ -84,6 +87,48 @@ def test_a_rank_whose_heartbeat_went_silent_is_frozen_or_gone():
     found = diagnose(beats([5, 5, 5, 5], [100, 100, 100, 100], written_ago=[2, 2, 2, 95]), NOW, after_s=60)
     assert [s.rank for s in found.stalled] == [3] and found.stalled[0].silent_s == 95
     assert "no heartbeat for 95 s (process frozen or gone)" in found.lines()[0]
+
+
+def frozen_rank_polls(interval: float, after_s: float, freeze_after_write: float) -> list[Diagnosis]:
+    """Polls, every half second for 40 s, of 4 ranks in a collective: rank 3 frozen (SIGSTOP) at NOW, right after
+    its step 6 (its last write `freeze_after_write` s before the freeze); ranks 0-2 finished step 6 too and wait for
+    it in the next all-reduce, their writer threads writing every interval."""
+    polls = []
+    for tick in range(1, 81):
+        now = NOW + tick / 2
+        waiting = [Beat(rank, "n1", 100 + rank, 6, NOW - 0.2, now - (now - NOW) % interval, interval)
+                   for rank in range(3)]
+        polls.append(diagnose([*waiting, Beat(3, "n2", 103, 6, NOW - 0.3, NOW - freeze_after_write, interval)],
+                              now, after_s))
+    return polls
+
+
+def test_a_frozen_rank_is_named_or_the_poll_is_undecided_never_a_waiting_rank():
+    # What `hpc jobs status` saw here before (issue 35): ranks 0-2 named as stalled for the first 25 s of a
+    # SIGSTOP, while rank 3's last write was not yet 3 intervals old.
+    for interval, after_s in ((10.0, 3.0), (10.0, 20.0), (1.0, 3.0)):
+        polls = [p for p in frozen_rank_polls(interval, after_s, freeze_after_write=0.1) if p.stopped]
+        assert polls, (interval, after_s)
+        for poll in polls:
+            assert [s.rank for s in poll.stalled] in ([3], []), (interval, after_s, poll)
+            assert poll.stalled or poll.undecided, poll
+        named = [p for p in polls if p.stalled]
+        # named once rank 3 missed two timer writes while the others' went on, and from then on every poll
+        first = next(i for i, p in enumerate(polls) if p.stalled)
+        assert named == polls[first:] and named[0].waiting == [0, 1, 2]
+        assert named[0].stalled[0].silent_s <= 2 * interval + WRITE_SLACK_S + 0.5
+        assert "their heartbeats go on" in named[0].lines()[-1]
+    undecided = [p.lines()[0] for p in frozen_rank_polls(10.0, 3.0, 0.1) if p.undecided]
+    assert undecided[0].startswith("ranks 0-2 made no progress for 10 s (step 6); undecided")  # nothing stands out
+    assert "rank 3's heartbeat is 21 s old (written every 10 s): if it stays silent" in undecided[-1]  # late
+
+
+def test_ranks_waiting_for_one_stuck_in_its_own_code_are_undecided_until_stacks_tell():
+    # Every heartbeat fresh, every step equal: without stacks nothing says which rank the others wait for.
+    found = diagnose(beats([4, 4, 4, 4], [140] * 4), NOW, after_s=60)
+    assert found.stalled == [] and [s.rank for s in found.undecided] == [0, 1, 2, 3]
+    stacks = {0: WAITING, 1: WAITING, 2: WAITING, 3: STUCK}
+    assert [s.rank for s in diagnose(beats([4, 4, 4, 4], [140] * 4), NOW, 60, stacks).stalled] == [3]
 
 
 def test_the_main_thread_is_the_one_not_started_by_threading():
@@ -139,6 +184,33 @@ def test_a_rank_writes_its_step_while_stuck_and_dumps_its_stacks_on_sigwinch_wit
         stack = heartbeat.read_stacks(directory)[0]
         assert main_thread_frames(stack)[0][2] == "stuck_here"
         assert rank.poll() is None  # SIGWINCH did not end it
+    finally:
+        rank.kill()
+        rank.wait()
+
+
+FREEZING_RANK = textwrap.dedent("""
+    import os, signal, time
+    from toolkit.node.heartbeat import WRITE_GAP_S, beat
+    for step in range(1, 8):
+        time.sleep(0.05)
+        beat(step)
+    time.sleep(WRITE_GAP_S + 0.3)  # into step 8's work, then frozen as by SIGSTOP
+    os.kill(os.getpid(), signal.SIGSTOP)
+""")
+
+
+def test_a_rank_frozen_after_its_step_7_says_7_though_its_timer_never_wrote(tmp_path):
+    # Before (issue 35): written every interval only, so a rank frozen before its first timer write said "no step".
+    env = dict(os.environ, PYTHONPATH=str(REPO), RANK="0", **{heartbeat.DIR_VAR: str(tmp_path / "heartbeats"),
+                                                              heartbeat.INTERVAL_VAR: "3600"})
+    rank = subprocess.Popen([sys.executable, "-c", FREEZING_RANK], env=env)
+    try:
+        _, status = os.waitpid(rank.pid, os.WUNTRACED)
+        assert os.WIFSTOPPED(status)
+        (frozen,) = heartbeat.read_beats(tmp_path / "heartbeats")
+        assert frozen.step == 7 and frozen.timed_steps == 6 and frozen.recent_steps == [2, 3, 4, 5, 6, 7]
+        assert frozen.time - frozen.progress < 0.2  # written at the step, not by a timer
     finally:
         rank.kill()
         rank.wait()

@@ -25,9 +25,12 @@ A script that saves checkpoints passes the save's seconds with the step it follo
 (not a phase: a save is not part of every step). The file keeps the saves' count, total seconds and the last one
 (`checkpoint`), which `hpc report goodput` counts as checkpoint time where the script's log has no record of it.
 
-beat() only stores the step in memory (well under a microsecond); a daemon thread writes the file every interval.
-The thread keeps running while the main thread waits in a collective, so a file whose `time` stops moving says
-the process itself is frozen or gone, and one whose `step` stops moving says it makes no progress.
+beat() stores the step in memory (about a microsecond) and wakes a daemon thread, which writes the file when the
+step changed and WRITE_GAP_S passed since its last write, and every interval in any case. So the file carries the
+step a rank really finished (within WRITE_GAP_S: a rank frozen after its step 7 says 7, not the step of the last
+timer write), at most 1/WRITE_GAP_S small writes a second whatever the step rate. The thread keeps running while
+the main thread waits in a collective, so a file whose `time` stops moving while the other ranks' go on says the
+process itself is frozen or gone, and one whose `step` stops moving says it makes no progress.
 
 The first beat also registers faulthandler on SIGWINCH (STACK_SIGNAL): `hpc jobs status --stacks` and the hang
 watchdog send it to the job's steps (scancel --signal=WINCH), and every rank writes its Python stacks to
@@ -61,10 +64,21 @@ from typing import IO, Callable, Mapping, Sequence
 DIR_VAR, HANG_VAR, INTERVAL_VAR = "HPC_HEARTBEAT_DIR", "HPC_HANG_TIMEOUT", "HPC_HEARTBEAT_INTERVAL"
 DEFAULT_INTERVAL_S = 10.0
 TIMED_WINDOW = 200  # steps whose phase times the heartbeat keeps (their medians are written)
+# A changed step is written at most this often (and at once when the last write is older): a fast loop costs at
+# most 1/WRITE_GAP_S writes a second, and a frozen rank's file is at most this far behind its true last step.
+WRITE_GAP_S = 0.5
 STACK_SIGNAL = signal.SIGWINCH
 HANG_FILE = "hang.json"  # in the run dir (the heartbeat dir's parent): what the watchdog found when it ended the job
-# A heartbeat file older than this many intervals: its writer thread stopped, so the process is frozen or gone.
+# A heartbeat file older than this many intervals: its writer thread stopped, so the process is frozen or gone
+# (what the spares supervisor drops a node on, after a probe).
 SILENT_INTERVALS = 3
+# What the hang diagnosis reads from a write's age (its writer thread writes at least every interval, so a live
+# rank's file is at most one interval old, plus the shared file system's and a busy interpreter's delay):
+# LATE past one interval and WRITE_SLACK_S: the rank may be frozen, the poll cannot yet tell (undecided);
+# FROZEN past two intervals and WRITE_SLACK_S while the other ranks' writes go on: two timer writes missed in a
+# row: its process stopped (frozen, gone, or holding the interpreter lock), and the others wait for it.
+WRITE_SLACK_S = 1.0
+FROZEN_INTERVALS = 2
 # Frames of a main thread that is waiting for other ranks: a torch.distributed call, or DDP's gradient all-reduce
 # (it runs in the autograd engine under loss.backward()).
 WAITING_FRAME = re.compile(r"/torch/(distributed|autograd|nn/parallel)/|/torch/_tensor\.py")
@@ -89,6 +103,11 @@ class Beat:
     medians: Mapping[str, float] = dataclasses.field(default_factory=dict)
     # beat(step, checkpoint=seconds): {"count", "total_s", "step", "seconds", "time"} of this process's saves
     checkpoint: Mapping[str, float] | None = None
+    # The last TIMED_WINDOW timed steps one by one: their step numbers, and per phase ("step" and those passed to
+    # beat()) the seconds each took (None where that step passed no such phase). Step numbers line the ranks up,
+    # so the straggler test compares ranks window by window (toolkit.reports.stragglers).
+    recent_steps: Sequence[int] = ()
+    recent: Mapping[str, Sequence[float | None]] = dataclasses.field(default_factory=dict)
 
     @classmethod
     def from_json(cls, data: Mapping) -> Beat:
@@ -97,7 +116,10 @@ class Beat:
                    float(data["time"]), float(data.get("interval", DEFAULT_INTERVAL_S)),
                    int(data.get("timed_steps", 0)),
                    {str(k): float(v) for k, v in (data.get("medians") or {}).items()},
-                   {str(k): float(v) for k, v in data["checkpoint"].items()} if data.get("checkpoint") else None)
+                   {str(k): float(v) for k, v in data["checkpoint"].items()} if data.get("checkpoint") else None,
+                   [int(s) for s in data.get("recent_steps") or ()],
+                   {str(k): [None if v is None else float(v) for v in values]
+                    for k, values in (data.get("recent") or {}).items()})
 
     def to_json(self) -> dict:
         return dataclasses.asdict(self)
@@ -116,7 +138,11 @@ class Heartbeat:
         self.timed_steps = 0
         self.recent: dict[str, collections.deque] = {}
         self.checkpoint: dict[str, float] | None = None
+        self.history: collections.deque = collections.deque(maxlen=TIMED_WINDOW)  # (step, {phase: seconds})
         self._stop = threading.Event()
+        self._wake = threading.Event()  # set by beat(): a new step to write
+        self._woken = False  # beat() already woke the writer for a step it has not written yet
+        self._written = time.monotonic()
         self._stack_file: IO | None = None
 
     @classmethod
@@ -150,6 +176,7 @@ class Heartbeat:
 
     def stop(self) -> None:
         self._stop.set()
+        self._wake.set()
 
     def beat(self, step: int, checkpoint: float | None = None, **phases: float) -> None:
         now = time.time()
@@ -159,27 +186,48 @@ class Heartbeat:
                                "step": step, "seconds": checkpoint, "time": now}
         if self.step is not None:  # the first step's time holds the start-up
             self.timed_steps += 1
-            for name, seconds in (("step", now - self.progress), *phases.items()):
+            timed = {"step": now - self.progress, **phases}
+            for name, seconds in timed.items():
                 self.recent.setdefault(name, collections.deque(maxlen=TIMED_WINDOW)).append(seconds)
+            self.history.append((step, timed))
         self.step, self.progress = step, now
+        if not self._woken:  # one wake-up per write, however many steps come before it
+            self._woken = True
+            self._wake.set()
 
     def write(self) -> None:
         medians = {name: statistics.median(list(values)) for name, values in list(self.recent.items()) if values}
+        history = list(self.history)
+        phases = sorted({name for _, timed in history for name in timed})
+        recent = {name: [None if timed.get(name) is None else round(timed[name], 6) for _, timed in history]
+                  for name in phases}
         beat = Beat(self.rank, self.node, os.getpid(), self.step, self.progress, time.time(), self.interval,
-                    self.timed_steps, medians, self.checkpoint)
+                    self.timed_steps, medians, self.checkpoint, [step for step, _ in history], recent)
         tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}")
         tmp.write_text(json.dumps(beat.to_json()))
         os.replace(tmp, self.path)  # readers never see half a file
+        self._written = time.monotonic()
 
     def _write_every_interval(self) -> None:
-        while not self._stop.wait(self.interval):
+        """Write when beat() says a step is done (WRITE_GAP_S after the last write at the soonest), and every
+        interval whatever happens: the timer is what tells a live rank that makes no progress from a frozen one."""
+        gap = min(WRITE_GAP_S, self.interval)
+        while not self._stop.is_set():
+            self._wake.wait(max(0.0, self._written + self.interval - time.monotonic()))
+            self._wake.clear()
+            wait = self._written + gap - time.monotonic()
+            if wait > 0 and self._stop.wait(wait):
+                break
+            if self._stop.is_set():
+                break
+            self._woken = False  # before the write: a step done during it wakes the next one
             self._write_quietly()
 
     def _write_quietly(self) -> None:
         try:
             self.write()
         except OSError:  # a shared file system's hiccup must not end the training
-            pass
+            self._written = time.monotonic()  # tried: the next try waits its turn, not a busy loop
 
     def _watch(self) -> None:
         """Rank 0: once a rank has made no progress for the hang timeout, collect stacks, record the diagnosis in
@@ -189,7 +237,7 @@ class Heartbeat:
             return
         while not self._stop.wait(self.interval):
             found = diagnose(read_beats(self.directory), time.time(), hang_timeout)
-            if found.stalled:
+            if found.stopped:
                 break
         else:
             return
@@ -299,13 +347,27 @@ class Stall:
 
 @dataclasses.dataclass(frozen=True)
 class Diagnosis:
-    stalled: list[Stall]  # the ranks the others wait for (every stalled rank where none stands out)
+    stalled: list[Stall]  # the ranks the others wait for: named only on evidence (empty while undecided)
     waiting: list[int]  # stalled ranks waiting for them (in a collective, or ahead of them)
     ranks: int
     steps: tuple[int, int] | None  # (slowest, fastest) rank's step
-    why: str = ""  # how the stalled ranks were told from the waiting ones
+    why: str = ""  # how the stalled ranks were told from the waiting ones, or why none could be yet
+    # Ranks that stopped progressing when nothing yet tells the one they wait for from the waiting ones: named as
+    # undecided, never as the cause (a rank named here would be a false strike against its node).
+    undecided: list[Stall] = dataclasses.field(default_factory=list)
+
+    @property
+    def stopped(self) -> bool:
+        """Some rank made no progress for the threshold, named or not."""
+        return bool(self.stalled or self.undecided)
 
     def lines(self) -> list[str]:
+        if self.undecided:
+            idle = max(s.idle_s for s in self.undecided)
+            steps = sorted({s.step for s in self.undecided}, key=lambda step: -1 if step is None else step)
+            at = ", ".join("no step done" if step is None else f"step {step}" for step in steps)
+            return [f"{rank_ranges([s.rank for s in self.undecided])} made no progress for {idle:.0f} s ({at}); "
+                    f"undecided which rank the others wait for: {self.why}"]
         lines = [s.line() for s in self.stalled]
         if self.waiting:
             lines.append(f"{rank_ranges(self.waiting)} wait for it: {self.why}")
@@ -315,43 +377,59 @@ class Diagnosis:
 
     def to_json(self) -> dict:
         return {"ranks": self.ranks, "steps": list(self.steps) if self.steps else None,
-                "stalled": [dataclasses.asdict(s) for s in self.stalled], "waiting": self.waiting, "why": self.why}
+                "stalled": [dataclasses.asdict(s) for s in self.stalled], "waiting": self.waiting, "why": self.why,
+                "undecided": [s.rank for s in self.undecided]}
 
 
 def diagnose(beats: Sequence[Beat], now: float, after_s: float, stacks: Mapping[int, str] | None = None) -> Diagnosis:
-    """Which ranks stopped making progress (no step done for `after_s`), and which of those the others wait for:
-    ranks whose heartbeat went silent (frozen or dead), else ranks behind the others' step, else ranks whose
-    stack is outside communication while the others' are in it (torch.distributed, DDP's all-reduce under
-    backward). Where nothing tells them apart, every stalled rank is named. `stacks`: None where none were asked
-    for."""
+    """Which ranks stopped making progress (no step done for `after_s`), and which of those the others wait for.
+
+    In a collective every rank stops stepping, so a rank is named only on evidence that it, not the others, is the
+    one stopped: its heartbeat went silent (FROZEN_INTERVALS timer writes missed while the others' go on: its
+    process stopped), else it is behind the others' step, else its stack is outside communication while the
+    others' are in it (torch.distributed, DDP's all-reduce under backward). While a rank's heartbeat is late but
+    not yet silent, or where nothing tells them apart, no rank is named: the stopped ranks are `undecided`.
+    `stacks`: None where none were asked for."""
     steps = [b.step for b in beats if b.step is not None]
     span = (min(steps), max(steps)) if steps else None
-    silent = [b for b in beats if now - b.time > SILENT_INTERVALS * b.interval]
+    frozen = [b for b in beats if now - b.time > FROZEN_INTERVALS * b.interval + WRITE_SLACK_S]
+    late = [b for b in beats if now - b.time > b.interval + WRITE_SLACK_S and b not in frozen]
     # Idle as of the rank's last write, not as of now: it may have stepped since, which the next write says.
     # So a rank is called stalled at most one interval after the threshold, and never early.
-    idle = [b for b in beats if (now if b in silent else b.time) - b.progress >= after_s]
+    idle = [b for b in beats if (now if b in frozen or b in late else b.time) - b.progress >= after_s]
     if not idle:
         return Diagnosis([], [], len(beats), span)
-    silent = [b for b in idle if b in silent]
+    where = {rank: main_thread_frames(stack) for rank, stack in (stacks or {}).items()}
+
+    def stall(b: Beat) -> Stall:
+        return Stall(b.rank, b.node, b.step, now - b.progress, now - b.time if b in frozen else None,
+                     _frame(where.get(b.rank)))
+
     newest = max(-1 if b.step is None else b.step for b in beats)
     behind = [b for b in idle if (-1 if b.step is None else b.step) < newest]
-    where = {rank: main_thread_frames(stack) for rank, stack in (stacks or {}).items()}
     outside = [b for b in idle if where.get(b.rank) and not WAITING_FRAME.search(where[b.rank][0][0])]
-    if silent:
-        suspects, why = silent, "their heartbeats go on"
+    if len(beats) == 1:  # no other rank it could wait for
+        suspects, why = idle, ""
+    elif any(b in idle for b in frozen) and len(frozen) < len(beats):
+        suspects, why = [b for b in idle if b in frozen], "their heartbeats go on"
+    elif late or frozen:  # a rank's write is overdue (or every rank's is): wait for the next poll to tell
+        overdue = sorted(late or frozen, key=lambda b: b.rank)
+        why = (f"{rank_ranges([b.rank for b in overdue])}'s heartbeat is {now - max(b.time for b in overdue):.0f} s "
+               f"old (written every {overdue[0].interval:g} s): if it stays silent, that process is frozen or gone "
+               "and the others wait for it" if len(overdue) < len(beats) else
+               "no rank's heartbeat is fresh: every process is frozen or gone, or the file system stopped")
+        return Diagnosis([], [], len(beats), span, why, [stall(b) for b in idle])
     elif behind:
         suspects, why = behind, f"the other ranks reached step {newest}"
     elif outside and len(outside) < len(idle):
         suspects, why = outside, "their stacks are in communication (torch.distributed or DDP's all-reduce)"
     else:
-        suspects = idle
         why = ("no rank stands out: collect stacks with `hpc jobs status JOB --stacks`" if stacks is None else
                "no rank stands out by step, and no stack came (ranks that never called beat() register no "
                "stack dump)" if not stacks else "no rank stands out by step or stack: read the stacks")
-    stalled = [Stall(b.rank, b.node, b.step, now - b.progress,
-                     now - b.time if b in silent else None, _frame(where.get(b.rank))) for b in suspects]
+        return Diagnosis([], [], len(beats), span, why, [stall(b) for b in idle])
     waiting = sorted(b.rank for b in idle if b not in suspects)
-    return Diagnosis(stalled, waiting, len(beats), span, why)
+    return Diagnosis([stall(b) for b in suspects], waiting, len(beats), span, why)
 
 
 def _frame(frames: list[tuple[str, int, str]] | None) -> str | None:

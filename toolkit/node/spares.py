@@ -445,11 +445,12 @@ class Supervisor:
             return found
         if self.hang_timeout:
             hang = heartbeat.diagnose([b for b in beats if b.time >= current.started], now, self.hang_timeout)
-            if hang.stalled:
+            if hang.stopped:
                 for line in hang.lines():
                     say(f"hang: {line}")
+                # Undecided: no rank named, so no node suspected (the probe still finds a lost one).
                 return Failure(f"no progress for {self.hang_timeout:g} s: "
-                               f"{heartbeat.rank_ranges([s.rank for s in hang.stalled])}",
+                               f"{heartbeat.rank_ranges([s.rank for s in hang.stalled or hang.undecided])}",
                                sorted({s.node for s in hang.stalled}))
         return None
 
