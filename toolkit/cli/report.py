@@ -145,8 +145,10 @@ def _run_text(run) -> str:
         lines += ["  " + line for line in table(
             [[r["rank"], r["node"], r["steps"], f"{r['step_ms']:.0f}",
               *(f"{r['phases_ms'][p]:.0f}" if p in r["phases_ms"] else "-" for p in ("data", "compute", "sync")),
-              f"{r['vs_baseline']:.2f}x", "SLOW: " + r["cause"] if r["slow"] else "ok"] for r in straggling["ranks"]],
-            ["RANK", "NODE", "STEPS", "STEP", "DATA", "COMPUTE", "SYNC", "OWN/BASELINE", "VERDICT"]).splitlines()]
+              f"{r['vs_baseline']:.2f}x", f"{r['windows_over']}/{r['windows']}" if r["windows"] else "-",
+              "SLOW: " + r["cause"] if r["slow"] else "ok"] for r in straggling["ranks"]],
+            ["RANK", "NODE", "STEPS", "STEP", "DATA", "COMPUTE", "SYNC", "OWN/BASELINE", "WINDOWS OVER", "VERDICT"]
+        ).splitlines()]
         lines += [f"straggler: {line}" for line in straggling["lines"]]
     if straggling and straggling["note"]:
         lines.append(f"stragglers: not judged: {straggling['note']}")
@@ -168,7 +170,8 @@ def run(run_dir: Path = typer.Argument(..., help="A run directory (with metadata
         straggler_threshold: float = typer.Option(DEFAULT_THRESHOLD, "--straggler-threshold", min=0.01,
                                                   metavar="FRACTION", help="Flag ranks whose own work per step (data "
                                                   "+ compute) exceeds the faster ranks' (lower quartile) by this "
-                                                  "fraction.")) -> None:
+                                                  "fraction in significantly many of the run's step windows (a "
+                                                  "sign test at 5% over the ranks).")) -> None:
     """Summarise one run: throughput (warm-up excluded), loss, updates, or its nccl results; the network NCCL
     used; and the straggling ranks, from the ranks' heartbeats. Exit 1 when an nccl test fails, the queue has
     EFA but NCCL used sockets, or a rank straggles."""

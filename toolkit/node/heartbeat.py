@@ -195,14 +195,18 @@ class Heartbeat:
             self._woken = True
             self._wake.set()
 
-    def write(self) -> None:
+    def snapshot(self) -> Beat:
+        """What the file says now."""
         medians = {name: statistics.median(list(values)) for name, values in list(self.recent.items()) if values}
         history = list(self.history)
         phases = sorted({name for _, timed in history for name in timed})
         recent = {name: [None if timed.get(name) is None else round(timed[name], 6) for _, timed in history]
                   for name in phases}
-        beat = Beat(self.rank, self.node, os.getpid(), self.step, self.progress, time.time(), self.interval,
+        return Beat(self.rank, self.node, os.getpid(), self.step, self.progress, time.time(), self.interval,
                     self.timed_steps, medians, self.checkpoint, [step for step, _ in history], recent)
+
+    def write(self) -> None:
+        beat = self.snapshot()
         tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}")
         tmp.write_text(json.dumps(beat.to_json()))
         os.replace(tmp, self.path)  # readers never see half a file
