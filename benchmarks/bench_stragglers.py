@@ -116,7 +116,8 @@ def slurm_env_for(tmp: Path) -> dict:
 
 
 def hpc_json(*args: str, env: dict) -> dict:
-    res = subprocess.run([sys.executable, "-m", "toolkit", *args, "--json"], capture_output=True, text=True,
+    args = args if "--json" in args else (*args, "--json")
+    res = subprocess.run([sys.executable, "-m", "toolkit", *args], capture_output=True, text=True,
                          env=dict(env, PYTHONPATH=str(REPO)), timeout=600, cwd=REPO)
     if res.returncode != 0:
         raise SystemExit(f"hpc {' '.join(args[:3])} failed: {res.stdout}{res.stderr}")
@@ -196,8 +197,8 @@ def hang_polls(trials: int) -> dict:
         for trial in range(trials):
             env = slurm_env_for(Path(tmp) / str(trial))
             job = hpc_json("run", str(REPO / "recipes" / "examples" / "ddp_train.py"), "--nodes", "2", "--queue",
-                           "cpu", "--time", "00:15:00", "--env", f"PYTHONPATH={REPO}", "--", "--steps", "1000",
-                           "--step-seconds", "0.3", "--checkpoint-dir", f"{tmp}/ckpt-{trial}", env=env)
+                           "cpu", "--time", "00:15:00", "--env", f"PYTHONPATH={REPO}", "--json", "--", "--steps",
+                           "1000", "--step-seconds", "0.3", "--checkpoint-dir", f"{tmp}/ckpt-{trial}", env=env)
             run = RunDir(Path(job["run_dir"]))
             at = random.Random(trial).randint(4, 9)
             frozen = wait_for(lambda run=run, at=at: [b for b in run.heartbeats()

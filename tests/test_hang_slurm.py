@@ -49,6 +49,10 @@ def test_a_rank_stuck_in_its_data_loading_is_named_and_the_hang_timeout_ends_the
     assert stalled[0]["where"].startswith("stuck_rank.py:") and stalled[0]["where"].endswith("in load_batch")
     assert progress["diagnosis"]["waiting"] == [0, 1, 2] and "communication" in progress["lines"][-1]
     assert "load_batch" in Path(progress["stacks"]["3"]).read_text()
+    # Without stacks nothing tells rank 3 from the ranks waiting for it (every heartbeat fresh, every step 4):
+    # undecided, no rank named (before issue 35 all four were, a false strike against c1's ranks).
+    plain = cli_envelope(status(slurm_sandbox, tmp_path, job_id, "--stall-after", "3"))["data"]["progress"]
+    assert plain["diagnosis"]["stalled"] == [] and plain["diagnosis"]["undecided"] == [0, 1, 2, 3], plain
 
     # The watchdog (rank 0) ends it with the same diagnosis, well before the 15-minute time limit.
     deadline = time.monotonic() + 120
