@@ -240,7 +240,7 @@ def main() -> None:
     p.add_argument("--json", type=Path)
     p.add_argument("--slurm-clean", type=int, default=0, help="clean resnet50 smoke runs on the local Slurm")
     p.add_argument("--slurm-slowed", type=int, default=0, help="runs with node c2 at 0.4 CPU on the local Slurm")
-    p.add_argument("--slurm-steps", type=int, default=12, help="--max-steps of each local Slurm run")
+    p.add_argument("--slurm-steps", type=int, default=20, help="--max-steps of each local Slurm run")
     p.add_argument("--hang-polls", type=int, default=0, metavar="TRIALS", help="frozen-rank runs, polled")
     args = p.parse_args()
     if args.slurm_clean or args.slurm_slowed or args.hang_polls:
