@@ -230,3 +230,18 @@ def test_rank_0s_watchdog_ends_a_stalled_job_naming_the_stuck_rank(tmp_path):
     assert hang["stalled"][0]["where"].endswith("in stuck_here") and hang["hang_timeout_s"] == 1.5
     err = ranks[0].stderr.read()
     assert "hpc: hang: rank 2 on node" in err and "ending the job: no progress for 1.5 s" in err
+
+
+def test_a_hang_named_on_evidence_is_a_strike_for_its_node_and_an_undecided_one_is_none(tmp_path, monkeypatch):
+    from toolkit.node import heartbeat, ledger
+
+    monkeypatch.setenv(ledger.FLEET_DIR_ENV, str(tmp_path / "fleet"))
+    frozen = heartbeat.Stall(3, "c2", 7, 40.0, silent_s=25.0)
+    named = heartbeat.Diagnosis([frozen], [0, 1, 2], 4, (7, 8), "its heartbeat stopped while the others' go on")
+    assert heartbeat.record_hang(named, "88") == 1
+    undecided = heartbeat.Diagnosis([], [], 4, (7, 8), "no evidence yet", undecided=[frozen])
+    assert heartbeat.record_hang(undecided, "89") == 0
+    [record] = ledger.read(tmp_path / "fleet")
+    assert (record["node"], record["source"], record["check"], record["kind"], record["job"]) == \
+        ("c2", "hang", "frozen-rank", "lost", "88")
+    assert "rank 3 on node c2: step 7" in record["evidence"]

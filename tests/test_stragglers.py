@@ -121,3 +121,34 @@ def test_step_times_alone_cannot_tell_the_ranks_apart_and_say_so():
     plain = [Beat(r, "n1", r, 9, 0.0, 0.0, 10.0, 8, {"step": 0.2}) for r in range(4)]
     found = find_stragglers(plain)
     assert found.ranks == [] and found.lines == [] and "beat(step) alone" in found.note
+
+
+def test_report_run_records_a_stragglers_node_in_the_jobs_fleet_ledger_once(tmp_path):
+    """`hpc report run` of a run whose ranks 2-3 on n2 straggle: a `performance` strike for n2 in the fleet ledger
+    the job's plan names (plan.json's `fleet ledger`), once however often the run is reported."""
+    import json
+
+    from tests.conftest import run_hpc
+    from toolkit.health import fleet
+    from toolkit.node import ledger
+
+    run = tmp_path / "run"
+    beats = run / "heartbeats"
+    beats.mkdir(parents=True)
+    for rank, compute in ((0, 0.10), (1, 0.11), (2, 0.19), (3, 0.20)):
+        hb = Heartbeat(beats, rank, node=f"n{rank // 2 + 1}")
+        for step in range(1, 51):
+            hb.beat(step, data=0.01, compute=compute, sync=0.05)
+        hb.write()
+    where = tmp_path / "fleet"
+    (run / "metadata.json").write_text(json.dumps({"recipe": "r", "job_ids": ["77"], "nodes": 2, "ranks": 4}))
+    (run / "plan.json").write_text(json.dumps({"derived": [{"key": "fleet ledger", "value": str(where), "rule": ""}]}))
+    (run / "rank0.log").write_text('{"event": "start", "world_size": 4}\n')
+    for _ in range(2):
+        res = run_hpc("report", "run", str(run), "--json")
+        assert res.returncode == 1 and json.loads(res.stdout)["data"]["fleet_recorded"] == ["n2"], res.stderr
+    records = ledger.read(where)
+    found = [(r["node"], r["source"], r["kind"], r["job"]) for r in records]
+    assert found == [("n2", "straggler", "performance", "77")] * 2
+    nodes = fleet.node_records(records, fleet.Policy())
+    assert len(nodes["n2"].strikes) == 1 and not nodes["n2"].suspect  # one job's finding, reported twice: one strike

@@ -180,8 +180,11 @@ def run(run_dir: Path = typer.Argument(..., help="A run directory (with metadata
     from toolkit.reports.scaling import read_run
 
     summary = read_run(run_dir, straggler_threshold)
-    emit(dataclasses.asdict(summary), as_json, lambda _: _run_text(summary))
     stragglers = summary.stragglers
+    recorded = _record_stragglers(summary, run_dir)
+    emit({**dataclasses.asdict(summary), "fleet_recorded": recorded}, as_json,
+         lambda _: _run_text(summary) + (f"\nrecorded in the fleet's node ledger: straggler finding(s) on "
+                                        f"{', '.join(recorded)}" if recorded else ""))
     if plot or output:
         info(f"plot: {_plot_run(summary, run_dir, output)}")
     if summary.efa_problem and as_json:  # the text output shows it already
@@ -192,6 +195,17 @@ def run(run_dir: Path = typer.Argument(..., help="A run directory (with metadata
         raise fail(f"straggler: {stragglers['lines'][0]}")
     if summary.nccl and any(t["verdict"]["status"] == "FAIL" for t in summary.nccl):
         raise fail("an nccl test failed: see its verdict")
+
+
+def _record_stragglers(summary, run_dir: Path) -> list[str]:
+    """The verdict's slow nodes, recorded in the fleet's ledger of the run's job (toolkit.health.fleet), where it
+    has one: the next jobs leave a node out once the policy's strikes are in (a pre-flight's, a lost node's)."""
+    stragglers = summary.stragglers
+    if not (stragglers and stragglers["lines"] and summary.job_ids and run_dir.is_dir()):
+        return []
+    from toolkit.health import fleet
+
+    return fleet.record_stragglers(stragglers, str(summary.job_ids[-1]), fleet.run_fleet_dir(run_dir))
 
 
 def _plot_run(summary, run_dir: Path, output: Path | None) -> Path:

@@ -19,6 +19,7 @@ fails now and then between good runs still collects its strikes.
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import shlex
 import time
@@ -116,6 +117,38 @@ class NodeRecord:
                              for s in window]}
 
 
+def run_fleet_dir(run_dir: Path) -> Path | None:
+    """The fleet ledger a run's job recorded in (its plan's `fleet ledger`, toolkit.slurm.materialize), else
+    fleet_dir(): a report made elsewhere still records where the job's own findings went."""
+    try:
+        plan = json.loads((Path(run_dir) / "plan.json").read_text())
+    except (OSError, ValueError):
+        plan = {}
+    found = next((d.get("value") for d in plan.get("derived") or [] if isinstance(d, dict)
+                  and d.get("key") == "fleet ledger"), None)
+    return Path(found) if found else fleet_dir()
+
+
+def record_stragglers(stragglers: Mapping[str, Any], job: str | None, where: Path | None) -> list[str]:
+    """A straggler verdict's findings in the fleet's ledger: a `performance` strike for the node of each slow rank
+    (once per job and node: node_records counts a finding reported again once). The nodes recorded."""
+    if where is None or not job:
+        return []
+    slow: dict[str, list[Mapping[str, Any]]] = {}
+    for rank in stragglers.get("ranks") or []:
+        if rank.get("slow"):
+            slow.setdefault(str(rank["node"]), []).append(rank)
+    recorded = []
+    for node, ranks in sorted(slow.items()):
+        evidence = "; ".join(f"rank {r['rank']}: own work {r['vs_baseline']:.2f}x the faster ranks' "
+                             f"({r.get('cause') or '?'}), over the line in {r.get('windows_over')} of "
+                             f"{r.get('windows')} windows" for r in ranks)
+        cause = next((str(r["cause"]) for r in ranks if r.get("cause")), "own-work")
+        if ledger.record_finding(node, "straggler", cause, ledger.PERFORMANCE, evidence, job=job, fleet=where):
+            recorded.append(node)
+    return recorded
+
+
 def node_records(records: Iterable[Mapping[str, Any]], policy: Policy,
                  now: float | None = None) -> dict[str, NodeRecord]:
     """Each node's record from the ledger, oldest record first (ledger.read's order)."""
@@ -133,6 +166,9 @@ def node_records(records: Iterable[Mapping[str, Any]], policy: Policy,
             if r.get("source") in ledger.CLEARING_SOURCES and (n.suspect or r.get("source") == "admin"):
                 n.strikes, n.suspect, n.cleared = [], False, when
         elif r.get("verdict") == ledger.FAIL and r.get("kind") in policy.kinds:
+            if r.get("job") is not None and any((s.get("job"), s.get("source"), s.get("check")) ==
+                                                (r.get("job"), r.get("source"), r.get("check")) for s in n.strikes):
+                continue  # one strike per job and check: a finding reported again (hpc report run twice) is one
             n.strikes.append(dict(r))
             recent = [s for s in n.strikes if when - s["time"] <= window]
             n.suspect = n.suspect or len(recent) >= policy.strikes

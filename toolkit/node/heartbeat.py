@@ -262,7 +262,24 @@ class Heartbeat:
         sys.stderr.write(f"hpc: hang: ending the job: no progress for {self.hang_timeout:g} s (HPC_HANG_TIMEOUT); "
                          f"the diagnosis is in {self.directory.parent / HANG_FILE}\n")
         sys.stderr.flush()
+        record_hang(found, job_id)
         end_job(read_beats(self.directory), job_id)
+
+
+def record_hang(found: Diagnosis, job_id: str | None) -> int:
+    """The hang's finding in the fleet's node ledger (toolkit.node.ledger, where the job has one): a strike for the
+    node of each rank the others waited for, named on evidence; none while undecided (a waiting rank is never the
+    cause). A silent rank (its process frozen or gone) is the node's `lost` kind, one only behind the others is
+    `performance`. Returns the findings recorded."""
+    from . import ledger
+
+    recorded = 0
+    for stall in found.stalled:
+        kind = ledger.LOST if stall.silent_s is not None else ledger.PERFORMANCE
+        recorded += ledger.record_finding(stall.node, "hang", "frozen-rank" if stall.silent_s is not None
+                                          else "behind", kind, stall.line() + (f"; {found.why}" if found.why else ""),
+                                          job=job_id)
+    return recorded
 
 
 _current: Heartbeat | None = None
