@@ -273,10 +273,15 @@ def slurm_env(sandbox) -> dict[str, str]:
 @pytest.fixture(autouse=True)
 def _isolated_from_local_cluster(request, monkeypatch, tmp_path):
     """Tests not marked `slurm` must not see a cluster (the local one that slurm_sandbox points this session at,
-    or one named in the user's environment) or the user's runs: they get a runs root of their own."""
+    or one named in the user's environment) or the user's runs: they get a runs root of their own. A `slurm` test
+    gets a fleet ledger of its own (HPC_FLEET_DIR, in what slurm_env() passes on): a test's cluster config with an
+    FSx mount would otherwise make its jobs record in the machine's /fsx/hpc-fleet, and a node one test failed on
+    purpose would be left out of another test's jobs (toolkit.health.fleet)."""
     if request.node.get_closest_marker("slurm") is None:
-        for name in ("SLURM_CONF", "HPC_CLUSTER_CONFIG"):
+        for name in ("SLURM_CONF", "HPC_CLUSTER_CONFIG", "HPC_FLEET_DIR"):  # the user's fleet ledger too
             monkeypatch.delenv(name, raising=False)
+    else:
+        monkeypatch.setenv("HPC_FLEET_DIR", str(tmp_path / "fleet"))
     monkeypatch.setenv("HPC_RUNS_DIR", str(tmp_path / "runs"))
 
 

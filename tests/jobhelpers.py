@@ -205,7 +205,10 @@ def goodput_ledger(run_dir: str, env: dict[str, str], job_id: str) -> dict:
     [ledger] = cli_envelope(res)["data"]["runs"]
     assert abs(sum(s["seconds"] for s in ledger["segments"]) - ledger["wall_s"]) < 0.01
     submitted, ended = slurm_wall(env, job_id)
-    # Slurm's times are whole seconds (truncated): its wall time is known to 1 s either way
+    # Slurm's times are whole seconds (truncated): its wall time is known to 1 s either way. Its end also comes
+    # after the job's last write that a run dir holds: the batch step's teardown and the completion's trip to the
+    # controller (0-2 s seen under make test's load), which no record of the run dir can see.
     low, high = ended - submitted - 1, ended - submitted + 1
-    assert 0.98 * low <= ledger["wall_s"] <= 1.02 * high, (ledger["wall_s"], submitted, ended, ledger)
+    teardown_s = 3.0
+    assert 0.98 * low - teardown_s <= ledger["wall_s"] <= 1.02 * high, (ledger["wall_s"], submitted, ended, ledger)
     return ledger

@@ -21,7 +21,7 @@ from toolkit.k8s.manifests import k8s_target
 from toolkit.recipes.load import load_recipe
 
 DL1 = load_queues(REPO / "jobs" / "dl1-cluster.yaml")["dl1"]
-SLURM_ONLY = {"--wait-all-nodes", "software", "srun cpu binding", "--gpus-per-node", "pre-flight"}
+SLURM_ONLY = {"--wait-all-nodes", "software", "srun cpu binding", "--gpus-per-node", "pre-flight", "fleet ledger"}
 
 
 def test_resources_of_a_cpu_queue_and_of_a_gpu_queue():

@@ -372,8 +372,8 @@ def test_slurm_and_kubernetes_forms_agree_on_argv_and_derived_values(tmp_path):
     assert "--update-freq" in expected and expected[expected.index("--distributed-world-size") + 1] == "64"
     # The same derived values, from the same code. Only these differ by target: Slurm's node-boot rule (pods start
     # on running nodes), srun's CPU binding, the CPUs per rank (a pod leaves a tenth of the node to its daemons), and
-    # the pre-flight (a job step of the Slurm job's batch shell).
-    per_target = ("--wait-all-nodes", "srun cpu binding", "cpus per task", "pre-flight")
+    # the pre-flight (a job step of the Slurm job's batch shell), and the fleet's node ledger its batch shell exports.
+    per_target = ("--wait-all-nodes", "srun cpu binding", "cpus per task", "pre-flight", "fleet ledger")
     both = {d.key: d.value for d in slurm.derived if d.key not in per_target}
     assert {d.key: d.value for d in k8s.spec.derived if d.key not in per_target} == both
     assert (slurm.cpus_per_task, k8s.spec.cpus_per_task) == (12, 10)  # 96 vCPUs / 8 ranks; 86 requested / 8

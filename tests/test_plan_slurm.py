@@ -44,8 +44,9 @@ CONTRACT = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK"
 # What the probe recipe's job sets (its env, the CPU queue's threads, the rendezvous), and what Slurm sets.
 # ...and the heartbeat dir the rank program exports (toolkit.workloads.heartbeat)
 # PYTHONPATH: the staged node-side code (toolkit.job.staging), never the submitter's
+# ...and the fleet's node ledger the batch shell exports (toolkit.node.ledger)
 JOB_VARS = {"PROBE_OUT", "PYTHONUNBUFFERED", "OMP_NUM_THREADS", "MASTER_PORT", "HPC_HEARTBEAT_DIR", "PYTHONPATH",
-            *CONTRACT}
+            "HPC_FLEET_DIR", *CONTRACT}
 SLURM_MADE = {"ENVIRONMENT", "HOSTNAME", "SLURMD_NODENAME", "SRUN_DEBUG"}
 
 

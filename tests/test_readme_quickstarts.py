@@ -10,8 +10,8 @@ from the environment:
   the admin's cluster.yaml without asking a Slurm;
 - ran as a dry run: `hpc recipes submit` without `--dry-run` (sending the job needs a live Slurm: it runs with
   `--dry-run` added, which plans the same job and sends nothing);
-- parsed only: `hpc jobs status JOB_ID` and `hpc report run RUN_DIR` need a job that a live Slurm ran (their
-  `--help` must exit 0 and name the argument the README shows);
+- parsed only: `hpc jobs status JOB_ID`, `hpc report run RUN_DIR` and `hpc report goodput RUN_DIR` need a job
+  that a live Slurm ran (their `--help` must exit 0 and name the argument the README shows);
 - not run: `pip install ...` (the tests run this checkout's code, which is what that installs).
 
 Also: every relative link in README.md and docs/*.md points at a file that exists, and README links every docs page.
@@ -30,7 +30,7 @@ from tests.conftest import REPO, run_hpc
 README = REPO / "README.md"
 QUICKSTARTS = ("## Quickstart: HPC admins", "## Quickstart: ML researchers")
 FIRST_SCREEN = 40  # lines: a terminal's or a repository page's first view
-NEED_A_LIVE_JOB = (("jobs", "status"), ("report", "run"))
+NEED_A_LIVE_JOB = (("jobs", "status"), ("report", "run"), ("report", "goodput"))
 
 
 def _section(text: str, heading: str) -> str:
@@ -57,7 +57,8 @@ def test_the_first_screen_holds_both_quickstarts():
         ["hpc", "cluster", "diff"]]
     assert [c.split()[:3] for c in researcher if c.startswith("hpc ")] == [
         ["hpc", "recipes", "list"], ["hpc", "recipes", "render"], ["hpc", "recipes", "submit"],
-        ["hpc", "recipes", "submit"], ["hpc", "jobs", "status"], ["hpc", "report", "run"]]
+        ["hpc", "recipes", "submit"], ["hpc", "jobs", "status"], ["hpc", "report", "run"],
+        ["hpc", "report", "goodput"]]
     assert any("--dry-run" in c for c in researcher)
 
 
@@ -78,7 +79,8 @@ def test_the_quickstart_commands_run_as_printed(tmp_path):
         args = words[1:]
         if tuple(args[:2]) in NEED_A_LIVE_JOB:
             res = run_hpc(*args[:2], "--help", env=env, cwd=tmp_path)
-            assert res.returncode == 0 and f"{{{args[2]}}}" in res.stdout, (command, res.stdout, res.stderr)
+            named = re.search(r"\{[^}]*\b" + re.escape(args[2]) + r"\b", res.stdout)  # {RUN_DIR} or {RUN_DIR|JOB_ID...}
+            assert res.returncode == 0 and named, (command, res.stdout, res.stderr)
             ran.append(" ".join(args[:2]) + " --help")
             continue
         if args[:2] == ["recipes", "submit"] and "--dry-run" not in args:
@@ -90,7 +92,8 @@ def test_the_quickstart_commands_run_as_printed(tmp_path):
         if args[:2] == ["cluster", "config"]:  # the admin's own first command wrote the file the rest read
             assert (tmp_path / "cluster.yaml").is_file()
     assert ran == ["cluster config", "cluster validate", "cluster queue", "cluster diff", "recipes list",
-                   "recipes render", "recipes submit", "recipes submit", "jobs status --help", "report run --help"]
+                   "recipes render", "recipes submit", "recipes submit", "jobs status --help", "report run --help",
+                   "report goodput --help"]
     assert not (tmp_path / "runs").exists()  # dry runs and renders write no run dir
 
 

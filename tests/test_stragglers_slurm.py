@@ -12,6 +12,7 @@ import pytest
 from tests.conftest import REPO, cli_envelope, run_hpc, slurm_env, submit_json, wait_until
 from tests.test_own_code_slurm import job_gone
 from testbench.faults import slow_node
+from toolkit.node import ledger
 from toolkit.rundir import RunDir
 
 pytestmark = [pytest.mark.slurm, pytest.mark.training]
@@ -23,7 +24,8 @@ RESNET = ["resnet50", "--profile", "smoke", "--nodes", "2", "--set", "args.--max
 
 
 def test_a_node_limited_to_0_4_cpu_is_named_with_its_ranks(slurm_sandbox, tmp_path):
-    env = dict(slurm_env(slurm_sandbox), HPC_RUNS_DIR=str(tmp_path / "runs"))
+    fleet_dir = tmp_path / "fleet"
+    env = dict(slurm_env(slurm_sandbox), HPC_RUNS_DIR=str(tmp_path / "runs"), HPC_FLEET_DIR=str(fleet_dir))
     job = submit_json(*RESNET, env=env, cwd=tmp_path)
     run = RunDir(job["run_dir"])
     # Once every rank trains (start-up at full speed), node c2 and everything on it gets 0.4 of a CPU (its two
@@ -42,6 +44,13 @@ def test_a_node_limited_to_0_4_cpu_is_named_with_its_ranks(slurm_sandbox, tmp_pa
     assert found["lines"][-1].startswith("node c2: every rank on it is slow (compute)")
     assert "straggler: rank 2 on node c2" in cli_envelope(flagged)["error"]["message"]
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # The fleet remembers (issue 35): the job's pre-flight passed both nodes, and the report struck c2 in the
+    # ledger the job's plan names: one performance strike from this job (the policy suspects at 2).
+    assert cli_envelope(flagged)["data"]["fleet_recorded"] == ["c2"]
+    strikes = [r for r in ledger.read(fleet_dir) if r.get("verdict") == ledger.FAIL]
+    assert [(r["node"], r["source"], r["kind"], r["job"]) for r in strikes] == [("c2", "straggler", "performance",
+                                                                                 job["job_id"])]
+    assert {r["node"] for r in ledger.read(fleet_dir) if r.get("source") == "preflight"} == {"c1", "c2"}
     # Every rank's step is as long as the slowest's (DDP waits in the all-reduce): the phases tell them apart.
     steps = [r["step_ms"] for r in found["ranks"]]
     assert max(steps) < 1.2 * min(steps)

@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import Mapping
 
 from toolkit.accelerators import family
-from toolkit.accelerators.base import EnvVar
 from toolkit.catalog import instance
 from toolkit.cluster.queues import Queue
 from toolkit.errors import HpcError
@@ -92,16 +91,16 @@ def on_slurm(spec: JobSpec, queue: Queue, slurm_options: Mapping[str, str | None
         order, why = network_order(spec, queue.topology)
         part = dataclasses.replace(part, network_order=order, topology_file=queue.topology)
         derived.append(Derived("rank order", "by network node" if order else "Slurm's", why))
-    env = spec.env
-    # The node ledger (toolkit.node.ledger): the pre-flight and the spares supervisor record there, on the cluster's
-    # shared storage; a cluster config's queue only (default_queue() merely assumes an FSx)
+    # The node ledger (toolkit.node.ledger): the pre-flight, the spares supervisor and the hang watchdog record
+    # there, on the cluster's shared storage; a cluster config's queue only (default_queue() merely assumes an FSx).
+    # Slurm's part, not the job's env: the neutral spec (and a Kubernetes form of it) stays as it was.
     mount = (queue.fsx_mount or next(iter(queue.shared_mounts), None)) if queue.from_config else None
-    fleet = planned_fleet_dir(os.environ, mount)
-    if fleet and FLEET_DIR_ENV not in spec.environ:
-        env = (*env, EnvVar(FLEET_DIR_ENV, fleet, "the node ledger: pre-flight verdicts and lost nodes, across jobs"))
+    fleet = spec.environ.get(FLEET_DIR_ENV) or planned_fleet_dir(os.environ, mount)
+    if fleet:
+        part = dataclasses.replace(part, fleet_dir=fleet)
         derived.append(Derived("fleet ledger", fleet, "$HPC_FLEET_DIR, else <the cluster's shared storage>/"
                                                       f"{FLEET_SUBDIR} (hpc cluster nodes reads it)"))
-    return dataclasses.replace(spec, env=env, slurm=part, derived=(*spec.derived, *derived))
+    return dataclasses.replace(spec, slurm=part, derived=(*spec.derived, *derived))
 
 
 def network_order(spec: JobSpec, topology_file: str) -> tuple[tuple[str, ...], str]:

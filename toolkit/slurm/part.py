@@ -21,3 +21,6 @@ class SlurmPart:
     # the queue's nodes in network order (its hpc:topology file): the ranks' srun follows it (toolkit.slurm.hostfile)
     network_order: tuple[str, ...] = ()
     topology_file: str | None = None
+    # the cluster's node ledger (toolkit.node.ledger): the batch shell exports it as HPC_FLEET_DIR, so the pre-flight,
+    # the spares supervisor and the hang watchdog record there
+    fleet_dir: str | None = None

@@ -17,6 +17,7 @@ from toolkit.job.rank import MASTER_PORT_BASE, MASTER_PORT_SPAN
 from toolkit.job.shell import activation_lines, export_line
 from toolkit.job.spec import JobSpec
 from toolkit.job.staging import node_command, unpack_lines
+from toolkit.node.ledger import FLEET_DIR_ENV
 from toolkit.slurm.hostfile import hostfile_lines, ordered_srun
 from toolkit.slurm.part import SlurmPart
 
@@ -89,6 +90,10 @@ def environment_lines(spec: JobSpec) -> list[str]:
 def setup_lines(spec: JobSpec) -> list[str]:
     """The job's environment, then the files its set-up writes (also submitit's setup)."""
     lines = environment_lines(spec)
+    fleet = spec.slurm.fleet_dir if spec.slurm else None
+    if fleet and FLEET_DIR_ENV not in spec.environ:  # one the recipe or --env set is in the lines above already
+        lines += ["# the cluster's node ledger (toolkit.node.ledger): pre-flight verdicts, lost nodes, hangs",
+                  f"export {FLEET_DIR_ENV}={shlex.quote(fleet)}"]
     for file in spec.files:
         lines += [f"# {file.doc}", f"mkdir -p {shlex.quote(os.path.dirname(file.path))}",
                   f"printf '%s\\n' {shlex.quote(file.text)} > {shlex.quote(file.path)}"]
