@@ -74,7 +74,8 @@ def _plan_text(data: dict) -> str:
     lines = [f"plan: {data['recipe']}" + (f" --profile {data['profile']}" if data["profile"] else "")
              + f" on {data['instance_type']} ({data['ranks_per_node']} ranks per node"
              + (f", queue {data['queue']}" if data["queue"] else "") + f"); target {what} ({target['source']})"]
-    spread = f" (band: +-{data['spread']:.0%}, the calibration's spread)" if data["spread"] else ""
+    spread = (f" (band: +-{data['spread']:.0%}, the spread of the calibration runs or of the typed ranges)"
+              if data["spread"] else "")
     rows = []
     for r in data["rows"]:
         band = f" ({_duration(r['time_low_s'])}-{_duration(r['time_high_s'])})" if data["spread"] else ""
