@@ -260,3 +260,29 @@ def test_a_published_floor_judges_until_the_fleet_has_enough_runs():
     assert judged.status == "FAIL" and judged.source == "fleet"  # 1/1.5 of the fleet's median
     alike = [ledger.baseline_record("p5.48xlarge", 2, name, size, measured, job=str(i)) for i in range(5)]
     assert nccl.fleet_verdict(alike)(tests[0], "p5.48xlarge", 2, None).status == "PASS"
+
+
+def test_reporting_a_healthy_collectives_run_adds_it_to_the_fleets_baselines_once(tmp_path):
+    """`hpc report run` of a collectives run dir (metadata: instance type, nodes, job): results that pass the fleet's
+    own judgement join its baselines in the ledger the job's plan names, once per job; a run slower than the
+    baseline the first five made is not added. The logs: real runs (tests/data/fleet-baseline)."""
+    where = tmp_path / "fleet"
+
+    def run_dir(name: str, job: str) -> Path:
+        run = tmp_path / name
+        run.mkdir()
+        (run / "metadata.json").write_text(json.dumps({"recipe": "collectives", "nodes": 1, "ranks": 2,
+                                                       "instance_type": "m5.xlarge", "job_ids": [job]}))
+        (run / "plan.json").write_text(json.dumps({"derived": [{"key": "fleet ledger", "value": str(where)}]}))
+        (run / f"collectives-{job}.out").write_text((BASELINE_RUNS / f"{name}.out").read_text())
+        return run
+
+    for i in range(5):
+        res = run_hpc("report", "run", str(run_dir(f"learn{i}", str(100 + i))), "--json")
+        assert res.returncode == 0 and cli_json(res)["fleet_baselines_recorded"] == 1, res.stdout + res.stderr
+    again = run_hpc("report", "run", str(tmp_path / "learn0"), "--json")
+    assert cli_json(again)["fleet_baselines_recorded"] == 0
+    slow = run_hpc("report", "run", str(run_dir("slow0", "200")), "--json")
+    assert cli_json(slow)["fleet_baselines_recorded"] == 0
+    assert sorted(r["job"] for r in ledger.read(where) if r.get("type") == "baseline") == ["100", "101", "102", "103",
+                                                                                            "104"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import List, Optional
 
@@ -175,16 +176,16 @@ def run(run_dir: Path = typer.Argument(..., help="A run directory (with metadata
     """Summarise one run: throughput (warm-up excluded), loss, updates, or its nccl results; the network NCCL
     used; and the straggling ranks, from the ranks' heartbeats. Exit 1 when an nccl test fails, the queue has
     EFA but NCCL used sockets, or a rank straggles."""
-    import dataclasses
-
     from toolkit.reports.scaling import read_run
 
     summary = read_run(run_dir, straggler_threshold)
     stragglers = summary.stragglers
     recorded = _record_stragglers(summary, run_dir)
-    emit({**dataclasses.asdict(summary), "fleet_recorded": recorded}, as_json,
-         lambda _: _run_text(summary) + (f"\nrecorded in the fleet's node ledger: straggler finding(s) on "
-                                        f"{', '.join(recorded)}" if recorded else ""))
+    baselines = _record_baselines(summary, run_dir)
+    emit({**dataclasses.asdict(summary), "fleet_recorded": recorded, "fleet_baselines_recorded": baselines},
+         as_json, lambda _: _run_text(summary)
+         + (f"\nrecorded in the fleet's node ledger: straggler finding(s) on {', '.join(recorded)}" if recorded else "")
+         + (f"\nrecorded in the fleet's baselines: {baselines} healthy result(s) of this job" if baselines else ""))
     if plot or output:
         info(f"plot: {_plot_run(summary, run_dir, output)}")
     if summary.efa_problem and as_json:  # the text output shows it already
@@ -206,6 +207,37 @@ def _record_stragglers(summary, run_dir: Path) -> list[str]:
     from toolkit.health import fleet
 
     return fleet.record_stragglers(stragglers, str(summary.job_ids[-1]), fleet.run_fleet_dir(run_dir))
+
+
+def _record_baselines(summary, run_dir: Path) -> int:
+    """A collectives or nccl-tests run's results that pass the fleet's own judgement, added to its baselines
+    (toolkit.reports.baseline) in the ledger the job's plan names: what `hpc report nccl --record` does, done for
+    every such run that is reported (a job counts once however often). The records added."""
+    if not (summary.nccl and summary.job_ids and summary.log and run_dir.is_dir()):
+        return 0
+    from toolkit.health import fleet
+    from toolkit.node import ledger
+    from toolkit.reports import nccl
+    from toolkit.rundir import RunDir
+
+    where = fleet.run_fleet_dir(run_dir)
+    meta = RunDir(run_dir).metadata()
+    instance = meta.instance_type if meta else None
+    if where is None or not instance:
+        return 0
+    records = ledger.read(where)
+    job = str(summary.job_ids[-1])
+    if any(r.get("type") == "baseline" and r.get("job") == job for r in records):
+        return 0  # reported before
+    tests = nccl.parse_text(Path(summary.log).read_text(errors="replace"), summary.log)
+    judge = nccl.fleet_verdict(records)
+    verdicts = [dataclasses.asdict(judge(t, instance, summary.nodes, None)) for t in tests]
+    samples = nccl.fleet_samples(tests, verdicts, instance, summary.nodes, job=job)
+    try:
+        return ledger.write(where, samples) if samples else 0
+    except OSError as exc:
+        warn(f"could not record in the fleet's baselines ({where}): {exc.strerror}")
+        return 0
 
 
 def _plot_run(summary, run_dir: Path, output: Path | None) -> Path:
@@ -236,8 +268,6 @@ def _plot_run(summary, run_dir: Path, output: Path | None) -> Path:
 def scaling(run_dirs: List[Path] = typer.Argument(..., help="Run dirs of one recipe at different node counts."),
             as_json: bool = JSON_OPTION, plot: Optional[Path] = PLOT_OPTION) -> None:
     """Throughput, speed-up and scaling efficiency against the smallest run; optional PNG vs ideal scaling."""
-    import dataclasses
-
     from toolkit.reports.scaling import read_run, scaling as scaling_rows
 
     runs = [read_run(d) for d in run_dirs]
