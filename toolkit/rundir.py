@@ -417,6 +417,11 @@ class RunDir:
         (self.path / FAILURES).mkdir(parents=True, exist_ok=True)
         write_json(self.path / FAILURES / f"rank-{record.rank}.json", record.to_json())
 
+    def derived(self) -> list[dict[str, Any]]:
+        """The plan's derived values as plan.json records them ({key, value, rule}), [] for a run without a plan."""
+        plan = read_json(self.path / PLAN) or {}
+        return [d for d in plan.get("derived") or [] if isinstance(d, dict)]
+
     def first_failed_rank(self) -> int | None:
         """The rank that failed first (ranks killed after it by srun --kill-on-bad-exit are not it). Records
         carry whole seconds: within one, a rank that ended on its own comes before one ended by SIGTERM, which is

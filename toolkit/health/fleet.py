@@ -19,7 +19,6 @@ fails now and then between good runs still collects its strikes.
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import shlex
 import time
@@ -120,12 +119,9 @@ class NodeRecord:
 def run_fleet_dir(run_dir: Path) -> Path | None:
     """The fleet ledger a run's job recorded in (its plan's `fleet ledger`, toolkit.slurm.materialize), else
     fleet_dir(): a report made elsewhere still records where the job's own findings went."""
-    try:
-        plan = json.loads((Path(run_dir) / "plan.json").read_text())
-    except (OSError, ValueError):
-        plan = {}
-    found = next((d.get("value") for d in plan.get("derived") or [] if isinstance(d, dict)
-                  and d.get("key") == "fleet ledger"), None)
+    from toolkit.rundir import RunDir
+
+    found = next((d.get("value") for d in RunDir(Path(run_dir)).derived() if d.get("key") == "fleet ledger"), None)
     return Path(found) if found else fleet_dir()
 
 

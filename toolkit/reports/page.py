@@ -18,7 +18,6 @@ import base64
 import dataclasses
 import datetime as dt
 import io
-import json
 import os
 from pathlib import Path
 from typing import Any
@@ -89,13 +88,8 @@ def _plan_rows(run: RunDir) -> list[dict[str, str]]:
                 rows.append({"key": key.replace("_", " "), "value": str(value), "rule": ""})
         if meta.overrides:
             rows.append({"key": "--set", "value": " ".join(meta.overrides), "rule": ""})
-    try:
-        plan = json.loads((run.path / "plan.json").read_text())
-    except (OSError, ValueError):
-        plan = {}
-    for derived in plan.get("derived") or []:
-        if isinstance(derived, dict):
-            rows.append({k: str(derived.get(k, "")) for k in ("key", "value", "rule")})
+    for derived in run.derived():
+        rows.append({k: str(derived.get(k, "")) for k in ("key", "value", "rule")})
     return rows
 
 

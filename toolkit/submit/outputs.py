@@ -19,8 +19,7 @@ CHECKPOINTS_DIR = "checkpoints dir"  # the plan's derived key (toolkit.job.spec.
 
 def recorded_dirs(run: rundir.RunDir) -> dict[str, str]:
     """A run's output dirs as its plan recorded them ("checkpoints dir" -> path), {} for a run without a plan."""
-    plan = rundir.read_json(run.path / "plan.json") or {}
-    return {d["key"]: d["value"] for d in plan.get("derived") or [] if str(d.get("key", "")).endswith(" dir")}
+    return {d["key"]: d["value"] for d in run.derived() if str(d.get("key", "")).endswith(" dir")}
 
 
 def find_source(which: str, roots: list[Path]) -> rundir.RunDir:
