@@ -515,11 +515,6 @@ def task_lines(lines: Iterable[str], task: int) -> Iterator[str]:
             yield line[label.end():]
 
 
-def labelled(lines: Iterable[str]) -> bool:
-    """Whether some line carries srun --label's task prefix (a log every rank of a job wrote)."""
-    return any(_SRUN_LABEL.match(line) for line in lines)
-
-
 def _job_number(path: Path) -> int:
     head = path.name.split("_", 1)[0]
     return int(head) if head.isdigit() else -1

@@ -34,7 +34,8 @@ import re
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from toolkit.launchers.base import json_object, number
+from toolkit.launchers.base import number, whole_number as _int
+from toolkit.reports.training_logs import json_lines
 from toolkit.rundir import TRAINER_LOG, Metadata, RunDir, task_lines
 
 # The kinds of time, in the order a job meets them (the table's and the plot's order), with the plot's colour.
@@ -208,11 +209,6 @@ def _epoch(iso: str | None) -> float | None:
     return (when if when.tzinfo else when.replace(tzinfo=dt.timezone.utc)).timestamp()
 
 
-def _int(value: Any) -> int | None:
-    found = number(value)
-    return None if found is None else int(found)
-
-
 def events_of(records: Iterable[dict[str, Any]]) -> list[Event]:
     """Timed events from JSON records: our trainer's (start, train, val, checkpoint, end) or a user script's with
     the same names (rank_env of rank 0 and resumed mark a start)."""
@@ -240,16 +236,6 @@ def events_of(records: Iterable[dict[str, Any]]) -> list[Event]:
     return sorted(found, key=lambda e: e.time)
 
 
-def _json_lines(text: str) -> list[dict[str, Any]]:
-    found = []
-    for line in task_lines(text.splitlines(), 0):  # rank 0's lines of an srun --label log (all of an unlabelled)
-        stripped = line.strip()
-        obj = json_object(stripped) if stripped.startswith("{") else None
-        if obj is not None:
-            found.append(obj)
-    return found
-
-
 def step_events(run: RunDir) -> tuple[list[Event], str | None]:
     """The run's step log: our trainer's log, else the first of the run's logs whose rank 0 printed timed steps."""
     candidates = [run.path / TRAINER_LOG] + [p for p in run.log_files() if p != run.path / TRAINER_LOG]
@@ -260,7 +246,7 @@ def step_events(run: RunDir) -> tuple[list[Event], str | None]:
             text = path.read_text(errors="replace")
         except OSError:
             continue
-        events = events_of(_json_lines(text))
+        events = events_of(json_lines(text))
         if not any(e.kind == "step" for e in events):  # a launcher's program's own log (fairseq's)
             from toolkit.launchers.base import log_readers
 

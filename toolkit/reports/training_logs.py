@@ -18,7 +18,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from toolkit.errors import HpcError
-from toolkit.rundir import labelled, task_lines
+from toolkit.rundir import task_lines
 from toolkit.launchers.base import LogPoint, LogReader, json_object, log_readers, number as _num, whole_number as _int
 from toolkit.workloads.train_log import steady_throughput
 
@@ -78,28 +78,28 @@ def last_per_update(points: list[LogPoint]) -> list[LogPoint]:
     return list(kept.values())
 
 
-def parse_training_text(text: str, source: str = "") -> TrainingLog | None:
-    """The training records in a log (a launcher's program's or our trainer's), or None if it holds none. A log
-    every rank wrote with `srun --label` (the rendered script's one job log) is read as rank 0's lines."""
-    found = _parse_unlabelled(text, source)
-    lines = text.splitlines()
-    if found is None and labelled(lines):
-        found = _parse_unlabelled("\n".join(task_lines(lines, 0)), source)
+def json_lines(text: str) -> list[dict]:
+    """The JSON objects of a log's rank 0 lines: of a log every rank wrote with `srun --label` (the rendered
+    script's one job log), task 0's without the label; of any other log, every line (rundir.task_lines)."""
+    found = []
+    for line in task_lines(text.splitlines(), 0):
+        stripped = line.strip()
+        obj = json_object(stripped) if stripped.startswith("{") else None
+        if obj is not None:
+            found.append(obj)
     return found
 
 
-def _parse_unlabelled(text: str, source: str) -> TrainingLog | None:
+def parse_training_text(text: str, source: str = "") -> TrainingLog | None:
+    """The training records in a log (a launcher's program's or our trainer's), or None if it holds none; rank 0's
+    lines of a log every rank wrote with `srun --label`."""
+    rank0 = "\n".join(task_lines(text.splitlines(), 0))
     for reader in log_readers():
-        points = reader.points(text)
+        points = reader.points(rank0)
         if points:
             return TrainingLog(reader.name, reader.unit, reader.loss_base, reader.step_kind, last_per_update(points),
                                source=source)
-    records: list[dict] = []
-    for line in text.splitlines():
-        stripped = line.strip()
-        obj = json_object(stripped) if stripped.startswith("{") else None
-        if obj is not None and "event" in obj and _is_trainer_record(obj):
-            records.append(obj)
+    records = [obj for obj in json_lines(text) if "event" in obj and _is_trainer_record(obj)]
     if records:
         points = [_trainer_point(r) for r in records if r["event"] in ("train", "val")]
         return TrainingLog("resnet", "images/s", "e", "train", last_per_update(points), records, source=source)
