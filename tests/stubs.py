@@ -30,6 +30,12 @@ printf '%s\0' "$@" > "$STUB_OUT/argv.$SLURM_PROCID"
 env -0 > "$STUB_OUT/env.$SLURM_PROCID"
 """
 FIRST_HOST = "node-a"
+# A stand-in for the node's python3 where the batch shell runs the pre-flight (which tests/test_preflight*.py and
+# tests/test_node_contract.py run for real): every node passes, so it opens the ranks' gate (toolkit.node.gate)
+PASSING_PREFLIGHT = """#!/bin/sh
+while [ $# -gt 0 ]; do [ "$1" = --gate ] && printf 'go\\n' > "$2"; shift; done
+exit 0
+"""
 JOB_ID = 4242
 
 

@@ -14,7 +14,7 @@ import socket
 import pytest
 
 from tests.conftest import REPO
-from tests.stubs import FIRST_HOST, JOB_ID, install_stubs, run_script, write_executable
+from tests.stubs import FIRST_HOST, JOB_ID, PASSING_PREFLIGHT, install_stubs, run_script, write_executable
 from toolkit.cluster.queues import Queue, load_queues
 from toolkit.errors import HpcError
 from toolkit.job.rank import master_port, preview_argv
@@ -195,7 +195,7 @@ def test_rendered_bert_5b_gives_each_rank_deepspeeds_environment(tmp_path, nodes
     bin_dir = install_stubs(tmp_path)
     # a stand-in for the node's python3, which the batch shell runs the pre-flight with (the pre-flight itself:
     # tests/test_preflight*.py, tests/test_node_contract.py); the ranks run the venv's `python` (a recording stub)
-    write_executable(bin_dir / "python3", "#!/bin/sh\nexit 0\n")
+    write_executable(bin_dir / "python3", PASSING_PREFLIGHT)
     proc, ranks = run_script(render_script(spec), tmp_path, bin_dir)
     assert proc.returncode == 0, proc.stderr.decode(errors="replace")
     assert sorted(ranks) == list(range(8 * nodes))

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 from tests.conftest import SUMMARY
 from tests.jobhelpers import CPU
-from tests.stubs import write_executable
+from tests.stubs import PASSING_PREFLIGHT, write_executable
 from toolkit import rundir
 from toolkit.cluster.build import SSH_ALLOWED_IPS, ClusterSpec, QueueSpec, build_config, render
 from toolkit.slurm.materialize import build_job_spec
@@ -98,7 +98,7 @@ def test_the_submitit_batch_script_exports_values_literally_and_runs_nothing(env
         write_executable(bin_dir / "module", MODULE_RECORD)
         write_executable(bin_dir / "scontrol", SCONTROL)
         # a stand-in for the node's python3, which runs the pre-flight (tests/test_preflight*.py, test_node_contract.py)
-        write_executable(bin_dir / "python3", "#!/bin/sh\nexit 0\n")
+        write_executable(bin_dir / "python3", PASSING_PREFLIGHT)
         (work / "job.sh").write_text(text)
         proc = subprocess.run(["bash", str(work / "job.sh")], cwd=work, capture_output=True, timeout=60, env={
             "PATH": f"{bin_dir}:/usr/bin:/bin", "STUB_OUT": str(out), "SLURM_JOB_ID": "4242",

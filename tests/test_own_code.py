@@ -19,6 +19,7 @@ from tests.conftest import cli_json, REPO, free_port, run_hpc
 from tests.jobhelpers import CPU, stop_agents, write_cluster
 from toolkit.errors import HpcError
 from toolkit.job import staging
+from toolkit.node import gate
 from toolkit.slurm.materialize import build_job_spec
 from toolkit.recipes.load import load_recipe
 from toolkit.recipes.user import user_recipe
@@ -63,11 +64,13 @@ def test_hpc_run_torchrun_is_one_torchrun_per_node(tmp_path):
                         ("--max-restarts", "3"), ("--rdzv-conf", "join_timeout=300")):
         assert torchrun[torchrun.index(flag) + 1] == value
     assert argv[-3:] == [str(DDP), "--steps", "7"]
-    # torchrun sets the rank contract for its workers: the program exports only the heartbeat dir (the run dir's)
-    # and puts the staged node-side code first on PYTHONPATH (`from hpc_node.heartbeat import beat`)
+    # torchrun sets the rank contract for its workers: after the pre-flight's gate, the program exports only the
+    # heartbeat dir (the run dir's) and puts the staged node-side code first on PYTHONPATH (`from hpc_node.heartbeat
+    # import beat`)
     bundle = f"{plan['run_dir']}/.hpc/{staging.bundle_name()}"
-    assert plan["rank_program"][2] == (f"export HPC_HEARTBEAT_DIR={plan['run_dir']}/heartbeats; export PYTHONPATH="
-                                       f"{bundle}\"${{PYTHONPATH:+:$PYTHONPATH}}\"; exec \"$0\" \"$@\"")
+    assert plan["rank_program"][2] == (f"{gate.wait_script()}; export HPC_HEARTBEAT_DIR={plan['run_dir']}/heartbeats; "
+                                       f"export PYTHONPATH={bundle}\"${{PYTHONPATH:+:$PYTHONPATH}}\"; "
+                                       "exec \"$0\" \"$@\"")
     # The rendezvous: the first node, the job's port, the job id as id (torchrun's own variables).
     assert 'export PET_RDZV_ENDPOINT="$MASTER_ADDR:$MASTER_PORT" PET_RDZV_ID="$SLURM_JOB_ID"' in plan["script"]
     assert any("PET_RDZV_ENDPOINT" in line for line in params["setup"])

@@ -32,7 +32,8 @@ def test_the_node_step_reports_each_node_as_one_json_line_and_the_loader_answers
     """The step's command, run here as srun would run it on a node: the node check's facts (with the run dir
     written and read back) and, with loader arguments, the loader's answers, told apart by the parser."""
     argv = preflight.step_argv(2, str(tmp_path), CPU, ["--library", "libc.so.6"])
-    assert argv[:6] == ["srun", "--export=ALL", "--nodes=2", "--ntasks=2", "--ntasks-per-node=1",
+    # --overlap: beside the ranks' step, which holds the nodes' every CPU (toolkit.node.gate)
+    assert argv[:7] == ["srun", "--export=ALL", "--overlap", "--nodes=2", "--ntasks=2", "--ntasks-per-node=1",
                         "--cpus-per-task=1"]
     res = subprocess.run(step_script(argv), capture_output=True, text=True, timeout=120,
                          env={**os.environ, "SLURMD_NODENAME": "n7"})

@@ -71,3 +71,25 @@ def _state(sandbox, job_id: str) -> str:
     res = subprocess.run(["sacct", "-n", "-X", "-j", job_id, "-o", "State"], capture_output=True, text=True,
                          env=slurm_env(sandbox), timeout=60)
     return res.stdout.strip()
+
+
+def test_a_benchmark_whose_node_fails_ends_with_status_1_before_any_rank_starts(slurm_sandbox, tmp_path):
+    """The ranks' step starts beside the pre-flight and its ranks wait at the gate (toolkit.node.gate). A job that
+    is not requeued (resources.requeue: false) and loses w2's shared file system: the pre-flight names w2 and the
+    batch shell ends the job at once, with status 1, the ranks waiting at the gate ended with it; none started
+    its workload, on w2 or on w1, which passed. Through the rendered script (the requeue test above is submitit's)."""
+    env = dict(slurm_env(slurm_sandbox), HPC_RUNS_DIR=str(tmp_path / "runs"))
+    with missing_mount("w2", tmp_path):
+        res = run_hpc("run", str(PRINT_ENV), "--nodes", "2", "--queue", "wide", "--time", "5", "--executor", "sbatch",
+                      "--set", "resources.requeue=false", "--preflight", "--wait", "--json", env=env, cwd=tmp_path)
+    assert res.returncode == 1, res.stdout + res.stderr
+    job = cli_json(res)
+    assert job["state"] == "FAILED" and job["requeues"] == 0
+    [record] = RunDir(job["run_dir"]).preflights()
+    assert list(record["failed"]) == ["w2"] and record["action"] == "stopped: a benchmark is not requeued"
+    log = "".join(p.read_text() for p in RunDir(job["run_dir"]).path.glob("*.out"))
+    assert f"FAILED on w2: shared-fs: the run dir {job['run_dir']}" in log
+    assert '{"env"' not in log  # no rank ran its workload, on either node
+    sacct = subprocess.run(["sacct", "-n", "-X", "-P", "-j", job["job_id"], "-o", "ExitCode,ElapsedRaw"],
+                           capture_output=True, text=True, env=slurm_env(slurm_sandbox), timeout=60).stdout.split("|")
+    assert sacct[0] == "1:0" and int(sacct[1]) < 60, sacct  # the batch shell's own status, not the gate's 600 s

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from tests.conftest import REPO
 from tests.jobhelpers import CPU, P3DN
-from tests.stubs import FIRST_HOST, JOB_ID, RECORD, install_stubs, run_script, write_executable
+from tests.stubs import FIRST_HOST, JOB_ID, PASSING_PREFLIGHT, RECORD, install_stubs, run_script, write_executable
 from toolkit.slurm.render import render_script
 from toolkit.job.rank import master_port, preview_argv
 from toolkit.slurm.materialize import build_job_spec
@@ -38,7 +38,7 @@ def execute(spec, workdir: Path):
     bin_dir = install_stubs(workdir)
     # a stand-in for the node's python3, which the batch shell runs the pre-flight with (the pre-flight itself:
     # tests/test_preflight*.py, tests/test_node_contract.py)
-    write_executable(bin_dir / "python3", "#!/bin/sh\nexit 0\n")
+    write_executable(bin_dir / "python3", PASSING_PREFLIGHT)
     proc, ranks = run_script(render_script(spec), workdir, bin_dir)
     assert not (workdir / CANARY).exists(), "a value ran as a command"
     assert proc.returncode == 0, proc.stderr.decode(errors="replace")

@@ -24,7 +24,7 @@ import pytest
 
 from tests.conftest import REPO
 from tests.jobhelpers import CPU, submitits_stop_signal
-from tests.stubs import JOB_ID, write_executable
+from tests.stubs import JOB_ID, PASSING_PREFLIGHT, write_executable
 from toolkit.job.spec import TORCHRUN, JobSpec
 from toolkit.slurm.materialize import build_job_spec
 from toolkit.node import spares
@@ -99,6 +99,7 @@ def requeue_option(options: dict[str, str | bool]) -> str:
 
 # A step that saves and exits 75 on the stop signal (logging it), else runs 2 s; scontrol logs what it is asked.
 STEP = r"""#!/bin/bash
+if [[ $1 == --version ]]; then echo "slurm 22.05.8"; exit 0; fi  # asked by the batch shell (render.gate_lines)
 echo "srun started" >> "$STUB_LOG"
 trap 'echo "srun got USR2" >> "$STUB_LOG"; exit 75' USR2
 for i in $(seq 20); do sleep 0.1; done
@@ -116,7 +117,7 @@ def run_the_trap(script: str, workdir: Path) -> tuple[str, bool]:
     bin_dir = workdir / "bin"
     write_executable(bin_dir / "srun", STEP)
     write_executable(bin_dir / "scontrol", SCONTROL)
-    write_executable(bin_dir / "python3", "#!/bin/sh\nexit 0\n")  # the pre-flight's python (tested elsewhere)
+    write_executable(bin_dir / "python3", PASSING_PREFLIGHT)  # the pre-flight's python (tested elsewhere)
     log = workdir / "events.log"
     (workdir / "job.sbatch").write_text(script)
     env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "HOME": str(workdir), "STUB_LOG": str(log),

@@ -29,6 +29,7 @@ from toolkit.job.shell import export_line
 from toolkit.launchers import launcher_for, launcher_of
 from toolkit.launchers.base import under as _under
 from toolkit.launchers.torchrun import TORCHRUN, TORCHRUN_ENV, USER_MAIN  # noqa: F401 (re-exported)
+from toolkit.node.gate import wait_script
 from toolkit.node.stop import StopPolicy
 from toolkit.recipes.schema import Recipe, dir_under, flag_words
 
@@ -117,8 +118,10 @@ class JobSpec:
         container = prelude(self.software, self.env) if self.software.container else ""
         launcher = launcher_for(self.launcher)
         resume = launcher.resume_script(self.dirs.get("checkpoints"))
+        # first of all, the wait for the pre-flight's verdict where the ranks start beside it
+        gate = wait_script() if self.slurm and self.slurm.preflight_gate else ""
         return rank_program(self.command, self.world_size, self.tasks_per_node, contract=self.style == "script",
-                            prelude="; ".join(part for part in (heartbeats, container, launcher.rank_prelude(),
+                            prelude="; ".join(part for part in (gate, heartbeats, container, launcher.rank_prelude(),
                                                                 resume) if part))
 
     @property

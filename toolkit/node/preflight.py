@@ -7,8 +7,10 @@ promises, and a node that does not stops the job there, named with the check, in
 BUNDLE is the node-side package staged in the run dir (toolkit.node's contract: the node's own python3 >= 3.9,
 standard library only); JSON is the queue's promise (toolkit.node.promise), resolved when the job was planned.
 
-The job's set-up runs this in its batch shell as the job's first step (toolkit/slurm/templates/setup.sh.j2), never
-in a Slurm prolog: a check that hangs there hangs the node (aws-parallelcluster#6777, the DCGM prolog on p4d/p5).
+The job's set-up runs this in its batch shell (toolkit/slurm/templates/setup.sh.j2), never in a Slurm prolog: a
+check that hangs there hangs the node (aws-parallelcluster#6777, the DCGM prolog on p4d/p5). It runs beside the
+ranks' step, whose ranks wait at the gate until it has passed (--gate, toolkit.node.gate); with spares it runs
+first, alone, since the supervisor starts its rounds from the verdict.
 The step is `srun` with one task per node and the job's environment (its modules, venv and exports). Each task runs
 node_check's and (where the queue's family names loader checks) loader_check's source with `python3 -c`, as
 `hpc cluster doctor` does, so a node needs only a python3, and reports facts; this process judges them:
@@ -50,7 +52,7 @@ import time
 from pathlib import Path
 from typing import List, Optional, Sequence
 
-from . import ledger, slurm, standalone_source
+from . import gate, ledger, slurm, standalone_source
 from .evaluate import Check, evaluate
 from .promise import Promise
 from .records import PREFLIGHTS, append_record, job_records
@@ -171,7 +173,10 @@ def step_argv(nodes: int, run_dir: str, promise: Promise, loader_args: Sequence[
         script += '; python3 -c "$loader" --json "${@:count+1}"'
     words = [standalone_source("node_check"), standalone_source("loader_check"), str(len(node_args)), *node_args,
              *loader_args]
-    argv = ["srun", "--export=ALL", f"--nodes={nodes}", f"--ntasks={nodes}", "--ntasks-per-node=1",
+    # --overlap: beside the ranks' step, which the batch shell starts at the same time and which holds every CPU
+    # (and GPU) of the nodes; its ranks wait at the gate (toolkit.node.gate). Without it, whichever step comes
+    # second waits for the first: a deadlock when the ranks' step is first. Slurm >= 20.11 (srun(1) --overlap).
+    argv = ["srun", "--export=ALL", "--overlap", f"--nodes={nodes}", f"--ntasks={nodes}", "--ntasks-per-node=1",
             "--cpus-per-task=1", "--kill-on-bad-exit=0", "--job-name=hpc-preflight"]
     if promise.is_gpu:  # every GPU, as the doctor asks: a step without them sees none (ConstrainDevices)
         argv.append(f"--gpus-per-node={promise.gpus}")
@@ -320,6 +325,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--spares", type=int, default=0)
     parser.add_argument("--requeue", action="store_true", help="requeue excluding failed nodes (training jobs)")
     parser.add_argument("--loader", action="append", default=[], help="a loader_check argument (repeatable)")
+    parser.add_argument("--gate", default=None,
+                        help="the gate file the ranks wait on (toolkit.node.gate): GO is written there once every "
+                             "node passed and the records are written")
     args = parser.parse_args(argv)
     start = time.monotonic()
     job_id = job_reference()
@@ -363,6 +371,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except OSError as exc:  # e.g. the batch host is the node without the shared file system
         say(f"could not record in {args.run_dir}: {exc}")
     ledger.record_preflight(record, promise.instance_type)  # the fleet's memory across jobs ($HPC_FLEET_DIR)
+    if action == "go" and args.gate:  # last: a rank that starts finds the records of the pre-flight it passed
+        try:
+            gate.open_gate(args.gate)
+        except OSError as exc:
+            say(f"could not open the ranks' gate {args.gate}: {exc}; job {job_id} stops")
+            return 1
     return 0 if action == "go" else 1
 
 

@@ -140,6 +140,37 @@ def preflight_line(spec: JobSpec) -> str:
     return node_command(spec.run_dir, "preflight", "--run-dir", str(batch_dir(spec.run_dir)), *args)
 
 
+def gate_lines(spec: JobSpec) -> list[str]:
+    """Where the ranks start beside the pre-flight (toolkit.node.gate): the empty gate, made before either step
+    starts, and the pre-flight in the background. A failed pre-flight that did not requeue the job ends every
+    process of the batch script's (its process group: srun and its step too) and the trap exits 1, at once if the
+    ranks' srun has not started yet. An srun older than 22.05 runs the pre-flight first, alone, as before: its
+    --overlap shares only CPUs, so the pre-flight's step would wait for the memory the ranks' step holds
+    (SchedMD/slurm NEWS, 22.05.0rc1: "srun --overlap now allows the step to share all resources (CPUs, memory, and
+    GRES)"); a node's own older srun (the bench's Debian bullseye lane has 20.11) is told by its --version."""
+    if not slurm_part(spec).preflight_gate:
+        return []
+    from toolkit.job.staging import STAGE_DIR
+    from toolkit.node.gate import VAR
+    from toolkit.node.records import batch_dir
+
+    gates = batch_dir(spec.run_dir) / STAGE_DIR / "gates"
+    preflight = preflight_line(spec)
+    return ['case "$(srun --version 2>/dev/null || true)" in',
+            "  *' '1[0-9].*|*' '2[01].*) HPC_PREFLIGHT_BESIDE=0 ;;  # srun < 22.05",
+            "  *) HPC_PREFLIGHT_BESIDE=1 ;;",
+            "esac",
+            'if [ "$HPC_PREFLIGHT_BESIDE" = 1 ]; then',
+            f"  mkdir -p {shlex.quote(str(gates))}",
+            f'  export {VAR}={shlex.quote(str(gates))}/"$SLURM_JOB_ID.${{SLURM_RESTART_COUNT:-0}}"',
+            f'  : > "${VAR}"',
+            "  trap 'exit 1' TERM",
+            f'  {{ {preflight} --gate "${VAR}" || kill -TERM -- -$$ 2>/dev/null || kill -TERM $$; }} &',
+            "else",
+            f"  {preflight} || exit 1",
+            "fi"]
+
+
 def staging_lines(spec: JobSpec) -> list[str]:
     """The node-side bundle's unpacking (toolkit.job.staging), where the job runs node-side code of ours: the
     pre-flight, the spares supervisor, or ranks that import the heartbeat from it
@@ -166,6 +197,7 @@ def _setup_context(spec: JobSpec) -> dict:
         spec=spec,
         seed=seed_line(spec),
         preflight=preflight_line(spec),
+        gate=gate_lines(spec),
         staging=staging_lines(spec),
         setup=setup_lines(spec),
         prepare=prepare_line(spec),
