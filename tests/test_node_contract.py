@@ -147,8 +147,8 @@ def test_a_reviewed_render_runs_its_preflight_from_the_run_dir_not_the_submitter
     before_ranks = script.split("COMMAND=(")[0]
     assert "-m toolkit." not in before_ranks and ".venv" not in before_ranks
     bundle = f"/fsx/runs/bert-5b-16xdl1/.hpc/{staging.bundle_name()}"
-    assert f'"$HPC_PYTHON" {bundle} preflight --run-dir /fsx/runs/bert-5b-16xdl1 --promise ' in before_ranks
-    assert before_ranks.index("<<'HPC_NODE_BUNDLE'") < before_ranks.index(f'"$HPC_PYTHON" {bundle} preflight')
+    assert f'"$HPC_PYTHON" -S {bundle} preflight --run-dir /fsx/runs/bert-5b-16xdl1 --promise ' in before_ranks
+    assert before_ranks.index("<<'HPC_NODE_BUNDLE'") < before_ranks.index(f'"$HPC_PYTHON" -S {bundle} preflight')
 
 
 def _venv(root: Path, version: str, submitit: bool, hpc: bool = True) -> str:

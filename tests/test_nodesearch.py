@@ -156,7 +156,7 @@ def test_a_venv_replaces_the_recipes_software_and_the_submitters_python_reaches_
     text = script_text(env, tmp_path / "run", ["--size", "64M"])
     assert sys.executable not in text and sys.prefix not in text
     last = shlex.split(text.splitlines()[-1])
-    assert last[:2] == ["exec", "$HPC_PYTHON"] and last[3] == "nodesearch"
+    assert last[:3] == ["exec", "$HPC_PYTHON", "-S"] and last[4] == "nodesearch"  # -S: stdlib only
     assert last[last.index("--python") + 1] == "/fsx/other venv/bin/python" and last[-2:] == ["--size", "64M"]
     assert text.index("export NCCL_NET=") < text.index("HPC_NODE_BUNDLE") < text.index("exec ")
 

@@ -169,7 +169,7 @@ def test_a_job_with_spares_holds_them_keeps_its_allocation_and_runs_the_supervis
     (tmp_path / "job.sbatch").write_text(script)
     assert subprocess.run(["bash", "-n", str(tmp_path / "job.sbatch")]).returncode == 0
     [line] = [text for text in script.splitlines() if " spares --nodes" in text]
-    assert line.startswith(f'"$HPC_PYTHON" /runs/r/.hpc/{staging.bundle_name()} spares ')  # the node's python3
+    assert line.startswith(f'"$HPC_PYTHON" -S /runs/r/.hpc/{staging.bundle_name()} spares ')  # the node's python3
     assert ("--nodes 1 --spares 1 --run-dir /runs/r --heartbeat-dir /runs/r/heartbeats --hang-timeout 60 "
             f"--stop {shlex.quote(spec.stop.to_json())} -- srun "
             "--label --export=ALL --nodes=1 --ntasks=2 --ntasks-per-node=2") in line

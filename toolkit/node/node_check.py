@@ -280,9 +280,11 @@ def find_libraries(node: Node, dirs, name_pattern, content_pattern, library_path
         if not os.path.isdir(full):
             continue
         for name in sorted(os.listdir(full)):
+            if not name_pattern.match(name):  # first: a library dir holds thousands of files, and realpath is a walk
+                continue
             path = os.path.join(full, name)
             real = os.path.realpath(path)
-            if name_pattern.match(name) and os.path.isfile(path) and real not in seen:
+            if os.path.isfile(path) and real not in seen:
                 seen.add(real)
                 version = library_version(real, content_pattern) or library_version(path, content_pattern)
                 found.append({"path": os.path.join(d, name), "version": version})

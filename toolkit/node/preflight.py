@@ -168,7 +168,9 @@ def step_argv(nodes: int, run_dir: str, promise: Promise, loader_args: Sequence[
     node_args = ["--json", "--probe", run_dir, "--disk", run_dir, "--disk", os.environ.get("TMPDIR") or "/tmp"]
     if promise.fsx_mount:
         node_args += ["--mount", promise.fsx_mount]
-    script = 'node="$1" loader="$2" count="$3"; shift 3; python3 -c "$node" "${@:1:count}"'
+    # the node check is standard library only: -S skips the job's site-packages (and their start-up time); the
+    # loader check keeps them, since it asks where the job's torch is
+    script = 'node="$1" loader="$2" count="$3"; shift 3; python3 -S -c "$node" "${@:1:count}"'
     if loader_args:
         script += '; python3 -c "$loader" --json "${@:count+1}"'
     words = [standalone_source("node_check"), standalone_source("loader_check"), str(len(node_args)), *node_args,
