@@ -49,7 +49,21 @@ def wait_for(path: Path, timeout: float = 180) -> float:
     return float(path.read_text())
 
 
-def timed(argv: list[str], marker: Path, env: dict[str, str]) -> float:
+def wait_idle(queue: str, env: dict[str, str], timeout: float = 120) -> None:
+    """Until the partition runs no job (COMPLETING included): the ways take turns on the same nodes, and a timed
+    submission must not wait for the previous way's job to end (each way's job outlives its marker: the payload's
+    teardown, then Slurm's), which would charge one way's end to the next way's start."""
+    deadline = time.monotonic() + timeout
+    while subprocess.run(["squeue", "-h", "-p", queue, "-t", "PENDING,RUNNING,COMPLETING,CONFIGURING", "-o", "%i"],
+                         env=env, capture_output=True, text=True, timeout=60).stdout.strip():
+        if time.monotonic() > deadline:
+            raise SystemExit(f"partition {queue} still busy after {timeout:.0f} s: is another job running there?")
+        time.sleep(0.1)
+    time.sleep(0.5)  # slurmd's own end of the job (epilog, cgroup cleanup) past what squeue shows
+
+
+def timed(argv: list[str], marker: Path, env: dict[str, str], queue: str) -> float:
+    wait_idle(queue, env)
     start = time.time()
     done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=120)
     if done.returncode != 0:
@@ -129,7 +143,8 @@ def main() -> None:
     ways: dict[str, list[float]] = {"hand-written sbatch + srun": []} | {name: [] for name in hpc_ways}
     for i in range(args.repeats):
         marker = work / f"hand-{i}"
-        ways["hand-written sbatch + srun"].append(timed(["sbatch", str(hand), str(marker)], marker, env))
+        ways["hand-written sbatch + srun"].append(timed(["sbatch", str(hand), str(marker)], marker, env,
+                                                        args.queue))
         for w, (name, flags) in enumerate(hpc_ways.items()):
             marker = work / f"hpc-{i}-{w}"
             recipe = work / f"joined-{i}-{w}.yaml"
@@ -139,7 +154,7 @@ def main() -> None:
                 "resources": {"nodes": args.nodes, "time": "00:05:00", "exclusive": False}}))
             ways[name].append(timed(
                 [sys.executable, "-m", "toolkit", "recipes", "submit", str(recipe), "--nodes", str(args.nodes),
-                 "--queue", args.queue, *flags], marker, env))
+                 "--queue", args.queue, *flags], marker, env, args.queue))
         print(f"repeat {i + 1}/{args.repeats}: " + ", ".join(f"{k} {v[-1]:.2f} s" for k, v in ways.items()),
               file=sys.stderr)
     ratio = compare(f"submit -> all {args.nodes * args.tasks_per_node} ranks joined, median of {args.repeats}:",
