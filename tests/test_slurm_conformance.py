@@ -20,6 +20,7 @@ import pytest
 
 from tests.conftest import cli_json, REPO, run_hpc, run_testbench, wait_until
 from tests.jobhelpers import probe_recipe, read_ranks
+from toolkit.rundir import RunDir
 
 pytestmark = pytest.mark.slurm
 LANES = ("22.05", "24.11", "26.05")
@@ -125,15 +126,23 @@ def test_rendered_script_starts_ranks_with_the_right_layout_and_only_the_allow_l
 
 
 def test_submitit_submission_runs_every_rank(lane, tmp_path):
+    """With the pre-flight (this lane's own cluster config: its nodes have what it promises), whose step runs
+    beside the ranks' (srun --overlap, which shares memory from 22.05 on) while they wait at its gate."""
     recipe = probe_recipe(tmp_path)
     env = lane.env() | {"HPC_RUNS_DIR": str(tmp_path / "runs")}
     res = run_hpc("recipes", "submit", str(recipe), "--nodes", "2", "--cluster", str(lane.cluster_config),
-                  "--queue", "cpu", "--wait", "--json", env=env, cwd=tmp_path, timeout=600)
+                  "--queue", "cpu", "--preflight", "--wait", "--json", env=env, cwd=tmp_path, timeout=600)
     assert res.returncode == 0, res.stderr
-    assert cli_json(res)["state"] == "COMPLETED"
+    job = cli_json(res)
+    assert job["state"] == "COMPLETED"
     ranks = read_ranks(tmp_path / "probe")
     assert sorted(ranks) == [0, 1, 2, 3]
     assert sorted(r["env"]["SLURMD_NODENAME"] for r in ranks.values()) == ["c1", "c1", "c2", "c2"]
+    [record] = RunDir(job["run_dir"]).preflights()
+    assert record["action"] == "passed" and record["nodes"] == ["c1", "c2"]
+    gates = list((RunDir(job["run_dir"]).path / ".hpc" / "gates").iterdir())
+    assert [g.read_text() for g in gates] == ["go\n"] and all(r["env"]["HPC_PREFLIGHT_GATE"] == str(gates[0])
+                                                              for r in ranks.values())
 
 
 @pytest.mark.canary  # Slurm's own srun layout and node addresses (our rank layout: the rendered-script test above)
