@@ -52,7 +52,7 @@ def test_a_rank_without_a_gate_starts_at_once_and_one_without_a_verdict_gives_up
 
 def test_a_training_jobs_ranks_start_beside_its_preflight_and_a_spares_job_checks_first():
     spec = build_job_spec(load_recipe("resnet50"), CPU, 2)
-    assert spec.preflight and spec.slurm and spec.slurm.preflight_gate
+    assert spec.preflight and spec.preflight_beside_ranks
     assert spec.program.script.startswith(gate.wait_script() + "; ")  # before anything else the rank does
     lines = setup_block(spec).splitlines()
     background = next(line for line in lines if line.startswith("  { ") and " preflight " in line)
@@ -66,12 +66,11 @@ def test_a_training_jobs_ranks_start_beside_its_preflight_and_a_spares_job_check
     assert lines.index(background) < lines.index("else") < lines.index(alone)
 
     spares = build_job_spec(load_recipe("resnet50", overrides=["resources.spares=1"]), CPU, 1)
-    assert spares.slurm and spares.slurm.preflight_args and not spares.slurm.preflight_gate
+    assert spares.slurm and spares.slurm.preflight_args and not spares.preflight_beside_ranks
     script = render_script(spares)
     assert gate.VAR not in script and " preflight " in script and "|| exit 1" in script
 
-    off: JobSpec = dataclasses.replace(spec, slurm=dataclasses.replace(spec.slurm, preflight_args=(),
-                                                                       preflight_gate=False))
+    off: JobSpec = dataclasses.replace(spec, slurm=dataclasses.replace(spec.slurm, preflight_args=()))
     assert gate.VAR not in render_script(off)
 
 

@@ -119,10 +119,16 @@ class JobSpec:
         launcher = launcher_for(self.launcher)
         resume = launcher.resume_script(self.dirs.get("checkpoints"))
         # first of all, the wait for the pre-flight's verdict where the ranks start beside it
-        gate = wait_script() if self.slurm and self.slurm.preflight_gate else ""
+        gate = wait_script() if self.preflight_beside_ranks else ""
         return rank_program(self.command, self.world_size, self.tasks_per_node, contract=self.style == "script",
                             prelude="; ".join(part for part in (gate, heartbeats, container, launcher.rank_prelude(),
                                                                 resume) if part))
+
+    @property
+    def preflight_beside_ranks(self) -> bool:
+        """The ranks' step starts beside the pre-flight, its ranks waiting at its gate (toolkit.node.gate): every
+        job planned with a pre-flight, but one with spares, whose supervisor starts its rounds from the verdict."""
+        return bool(self.slurm and self.slurm.preflight_args) and not self.spares
 
     @property
     def environ(self) -> dict[str, str]:

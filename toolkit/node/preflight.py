@@ -177,7 +177,8 @@ def step_argv(nodes: int, run_dir: str, promise: Promise, loader_args: Sequence[
              *loader_args]
     # --overlap: beside the ranks' step, which the batch shell starts at the same time and which holds every CPU
     # (and GPU) of the nodes; its ranks wait at the gate (toolkit.node.gate). Without it, whichever step comes
-    # second waits for the first: a deadlock when the ranks' step is first. Slurm >= 20.11 (srun(1) --overlap).
+    # second waits for the first: a deadlock when the ranks' step is first. --overlap shares memory and GRES too
+    # only from Slurm 22.05: with an older srun the batch shell runs this step first, alone (render.gate_lines).
     argv = ["srun", "--export=ALL", "--overlap", f"--nodes={nodes}", f"--ntasks={nodes}", "--ntasks-per-node=1",
             "--cpus-per-task=1", "--kill-on-bad-exit=0", "--job-name=hpc-preflight"]
     if promise.is_gpu:  # every GPU, as the doctor asks: a step without them sees none (ConstrainDevices)

@@ -86,8 +86,7 @@ def on_slurm(spec: JobSpec, queue: Queue, slurm_options: Mapping[str, str | None
                            if spec.preflight else "resources.preflight (training jobs outside containers: on)"))
     # Every Slurm job runs node-side code of ours (its ranks' heartbeats; the pre-flight, the spares supervisor):
     # the batch shell stages it before the ranks start (templates/setup.sh.j2).
-    part = dataclasses.replace(part, preflight_args=preflight, preflight_gate=bool(preflight) and not spec.spares,
-                               node_bundle=bundle_path(spec.run_dir))
+    part = dataclasses.replace(part, preflight_args=preflight, node_bundle=bundle_path(spec.run_dir))
     if queue.topology:
         order, why = network_order(spec, queue.topology)
         part = dataclasses.replace(part, network_order=order, topology_file=queue.topology)

@@ -16,9 +16,6 @@ class SlurmPart:
     srun_binding: tuple[str, ...] = ()  # srun CPU-binding options (toolkit.slurm.materialize)
     options: Mapping[str, str] = dataclasses.field(default_factory=dict)  # account, qos, ... passed to sbatch
     preflight_args: tuple[str, ...] = ()  # the queue's promises, as toolkit.node.preflight's arguments
-    # the ranks' step starts beside the pre-flight, its ranks waiting at its gate (toolkit.node.gate); not with
-    # spares, whose supervisor starts its rounds from the verdict
-    preflight_gate: bool = False
     node_bundle: str | None = None  # the staged node-side code (toolkit.job.staging), first on ranks' PYTHONPATH
     expedited_requeue: bool = False  # sbatch --requeue=expedite (toolkit.slurm.version)
     # the queue's nodes in network order (its hpc:topology file): the ranks' srun follows it (toolkit.slurm.hostfile)

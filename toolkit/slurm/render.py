@@ -148,7 +148,7 @@ def gate_lines(spec: JobSpec) -> list[str]:
     --overlap shares only CPUs, so the pre-flight's step would wait for the memory the ranks' step holds
     (SchedMD/slurm NEWS, 22.05.0rc1: "srun --overlap now allows the step to share all resources (CPUs, memory, and
     GRES)"); a node's own older srun (the bench's Debian bullseye lane has 20.11) is told by its --version."""
-    if not slurm_part(spec).preflight_gate:
+    if not spec.preflight_beside_ranks:
         return []
     from toolkit.job.staging import STAGE_DIR
     from toolkit.node.gate import VAR
