@@ -108,6 +108,30 @@ def test_the_scripts_lines_unpack_the_bundle_byte_for_byte_and_keep_one_already_
     assert [p.name for p in path.parent.iterdir()] == [path.name]  # no partial file left beside it
 
 
+def chosen_python(tmp_path: Path, path: str) -> str:
+    """HPC_PYTHON as the rendered script's finder chooses it, on the given PATH."""
+    script = tmp_path / "choose.sh"
+    script.write_text("set -euo pipefail\n" + "\n".join(staging.unpack_lines(tmp_path / "run")) +
+                      '\necho "$HPC_PYTHON"\n')
+    res = subprocess.run(["/bin/bash", str(script)], capture_output=True, text=True, timeout=60, env={"PATH": path})
+    assert res.returncode == 0, res.stderr
+    return res.stdout.strip()
+
+
+def test_the_finder_keeps_the_interpreters_own_path_not_a_shims_and_skips_an_old_python3(tmp_path):
+    """A pyenv-style shim (a shell script that execs the real interpreter) first on PATH: HPC_PYTHON is the
+    interpreter's own path (sys.executable), so no node-side command pays the shim's start again. A python3 older
+    than 3.9 first on PATH is passed over for the system's."""
+    shims = tmp_path / "shims"
+    write(shims / "python3", f'#!/bin/bash\nexec {SYSTEM_PYTHON} "$@"\n', 0o755)
+    real = subprocess.run([SYSTEM_PYTHON, "-c", "import sys; print(sys.executable)"], capture_output=True,
+                          text=True, check=True).stdout.strip()
+    assert chosen_python(tmp_path, f"{shims}:/usr/bin:/bin") == real != str(shims / "python3")
+    old = tmp_path / "old"  # answers the version test as a Python 3.8 would: exit status 1, nothing printed
+    write(old / "python3", "#!/bin/sh\nexit 1\n", 0o755)
+    assert chosen_python(tmp_path, f"{old}:/usr/bin:/bin") == real
+
+
 def test_the_bundle_runs_on_a_python_with_nothing_of_ours(tmp_path):
     """The pre-flight from the unpacked bundle under this machine's system python3, isolated (-I: no user site, no
     PYTHONPATH, not the venv), from a directory without the checkout: as the batch shell of a node runs it. Stub

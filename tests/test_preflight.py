@@ -50,6 +50,32 @@ def test_the_node_step_reports_each_node_as_one_json_line_and_the_loader_answers
     assert "FAIL" not in checks.values(), checks
 
 
+def test_the_loader_check_runs_beside_the_node_check_and_the_step_keeps_the_node_checks_status(tmp_path):
+    """The step's own shell, with each check's source swapped for a probe: the node check waits (up to 10 s) for a
+    file the loader check makes, so it sees the file only if both run at once. Both lines still come out, the
+    loader's after the node's, and the step's status is the node check's."""
+    mark = tmp_path / "loader-started"
+    node = ("import os, sys, time\nend = time.time() + 10\nwhile not os.path.exists(%r) and time.time() < end:\n"
+            "    time.sleep(0.01)\nprint('{\"node\": \"n7\", \"beside\": %%s}' %% str(os.path.exists(%r)).lower())\n"
+            "sys.exit(3)\n" % (str(mark), str(mark)))
+    loader = "open(%r, 'w').close(); print('{\"node\": \"n7\", \"libraries\": []}')" % str(mark)
+    script = step_script(preflight.step_argv(1, str(tmp_path), CPU, ["--library", "libc.so.6"]))
+    script[4:6] = [node, loader]  # bash -c SCRIPT preflight NODE LOADER COUNT PY ...
+    res = subprocess.run(script, capture_output=True, text=True, timeout=60)
+    assert res.returncode == 3, res.stderr
+    assert [json.loads(line) for line in res.stdout.splitlines()] == [{"node": "n7", "beside": True},
+                                                                      {"node": "n7", "libraries": []}]
+
+
+def test_the_loader_check_takes_the_jobs_own_python3_only_where_it_asks_for_torch():
+    """torch's NCCL is found through the job's site-packages (its venv's python3); the rest is standard library
+    and runs on the batch shell's interpreter with -S, as the node check does."""
+    plain = step_script(preflight.step_argv(1, "/fsx/run", CPU, ["--program", "/fsx/bin/all_reduce_perf"]))[2]
+    torch = step_script(preflight.step_argv(1, "/fsx/run", CPU, ["--torch-nccl"]))[2]
+    assert '"$py" -S -c "$loader"' in plain and "python3 -c" not in plain
+    assert 'python3 -c "$loader"' in torch and '"$py" -S -c "$node"' in torch
+
+
 def test_a_gpu_queue_step_asks_for_every_gpu():
     """A step without GPUs sees none where the cgroup constrains devices: the check would fail every node."""
     assert "--gpus-per-node=8" in preflight.step_argv(2, "/fsx/run", P3DN, [])

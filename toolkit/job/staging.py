@@ -62,7 +62,10 @@ def bundle_path(run_dir: str | Path) -> str:
 # the node's own. An accelerator vendor's venv (its SDK's) may be Python 3.8 while the node's /usr/bin/python3 is 3.10.
 PYTHONS = ("python3", "/usr/bin/python3", "/usr/local/bin/python3", "python3.13", "python3.12", "python3.11",
            "python3.10", "python3.9")
-_MIN = "import sys; sys.exit(sys.version_info < (3, 9))"
+# The test prints the interpreter's own path (sys.executable; empty only for an embedded one): a pyenv or asdf shim
+# on PATH is a bash script that costs ~65 ms per start (measured: docs/start-up.md), and every node-side command
+# (the pre-flight, its checks on every node) starts through HPC_PYTHON.
+_MIN = 'import sys; new = sys.version_info >= (3, 9); print(sys.executable if new else ""); sys.exit(not new)'
 PYTHON_VAR = "HPC_PYTHON"
 
 
@@ -74,8 +77,8 @@ def unpack_lines(run_dir: str | Path, choose_python: bool = True) -> list[str]:
     quoted, partial = shlex.quote(path), shlex.quote(path) + '".$$"'
     text = base64.encodebytes(bundle()).decode().rstrip("\n")
     choose = [f"{PYTHON_VAR}=", f"for candidate in {' '.join(PYTHONS)}; do",
-              f"  if \"$candidate\" -S -c {shlex.quote(_MIN)} 2>/dev/null; then",
-              f"    {PYTHON_VAR}=$(command -v \"$candidate\"); break", "  fi",
+              f"  if found=$(\"$candidate\" -S -c {shlex.quote(_MIN)} 2>/dev/null); then",
+              f"    {PYTHON_VAR}=${{found:-$(command -v \"$candidate\")}}; break", "  fi",
               "done",
               f"if [ -z \"${PYTHON_VAR}\" ]; then",
               "  echo \"hpc: no python3 >= 3.9 on $(hostname) (tried the job's PATH and the system's): hpc's node-side "

@@ -168,13 +168,20 @@ def step_argv(nodes: int, run_dir: str, promise: Promise, loader_args: Sequence[
     node_args = ["--json", "--probe", run_dir, "--disk", run_dir, "--disk", os.environ.get("TMPDIR") or "/tmp"]
     if promise.fsx_mount:
         node_args += ["--mount", promise.fsx_mount]
-    # the node check is standard library only: -S skips the job's site-packages (and their start-up time); the
-    # loader check keeps them, since it asks where the job's torch is
-    script = 'node="$1" loader="$2" count="$3"; shift 3; python3 -S -c "$node" "${@:1:count}"'
+    # Both checks are standard library only: they run on this interpreter (the batch shell's HPC_PYTHON: its own
+    # path, not a shim's; where a node lacks that path, its python3) with -S, which skips the job's site-packages
+    # and their start-up. Except the loader check asked where the job's torch is: that takes the job's own python3,
+    # site-packages and all. The loader check runs beside the node check (a process substitution, read after it):
+    # the ranks wait at their gate for the slower of the two, not for the sum.
+    loader = ('python3 -c "$loader"' if "--torch-nccl" in loader_args else '"$py" -S -c "$loader"')
+    script = 'node="$1" loader="$2" count="$3" py="$4"; shift 4; [ -x "$py" ] || py=python3; '
     if loader_args:
-        script += '; python3 -c "$loader" --json "${@:count+1}"'
-    words = [standalone_source("node_check"), standalone_source("loader_check"), str(len(node_args)), *node_args,
-             *loader_args]
+        script += f'exec 3< <({loader} --json "${{@:count+1}}"); '
+    script += '"$py" -S -c "$node" "${@:1:count}"'
+    if loader_args:  # the step's status stays the node check's (its report is the one a node cannot lack)
+        script += '; status=$?; cat <&3; exit "$status"'
+    words = [standalone_source("node_check"), standalone_source("loader_check"), str(len(node_args)),
+             sys.executable or "python3", *node_args, *loader_args]
     # --overlap: beside the ranks' step, which the batch shell starts at the same time and which holds every CPU
     # (and GPU) of the nodes; its ranks wait at the gate (toolkit.node.gate). Without it, whichever step comes
     # second waits for the first: a deadlock when the ranks' step is first. --overlap shares memory and GRES too
@@ -373,13 +380,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         append_record(records, record)
     except OSError as exc:  # e.g. the batch host is the node without the shared file system
         say(f"could not record in {args.run_dir}: {exc}")
-    ledger.record_preflight(record, promise.instance_type)  # the fleet's memory across jobs ($HPC_FLEET_DIR)
-    if action == "go" and args.gate:  # last: a rank that starts finds the records of the pre-flight it passed
+    # after the run's records (a rank that starts finds the records of the pre-flight it passed), before the
+    # fleet's ledger, which no rank reads
+    if action == "go" and args.gate:
         try:
             gate.open_gate(args.gate)
         except OSError as exc:
             say(f"could not open the ranks' gate {args.gate}: {exc}; job {job_id} stops")
+            ledger.record_preflight(record, promise.instance_type)
             return 1
+    ledger.record_preflight(record, promise.instance_type)  # the fleet's memory across jobs ($HPC_FLEET_DIR)
     return 0 if action == "go" else 1
 
 
