@@ -160,3 +160,17 @@ def test_help_loads_no_heavy_library():
             "'matplotlib', 'deepspeed') if m in sys.modules]\nprint(heavy, file=sys.stderr)")
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)
     assert res.stderr.strip().splitlines()[-1] == "[]", res.stderr
+
+
+def test_a_command_loads_only_its_own_group():
+    """main() builds the tree for the group argv names: `hpc recipes list` imports no other group's module (nor
+    builds its commands), while `hpc --help` and the module's `command` still have every group."""
+    code = ("import sys; from toolkit.cli.main import main; sys.argv = ['hpc', '--debug', 'recipes', 'list']\n"
+            "try:\n    main()\nexcept SystemExit:\n    pass\n"
+            "print(sorted(m for m in sys.modules if m.startswith('toolkit.cli.') and m not in "
+            "('toolkit.cli.main', 'toolkit.cli.output', 'toolkit.cli.options')), file=sys.stderr)")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert res.stderr.strip().splitlines()[-1] == "['toolkit.cli.recipes']", res.stderr
+    from toolkit.cli.main import GROUPS, command
+
+    assert set(GROUPS) | {"run"} == set(command.commands)

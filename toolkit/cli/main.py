@@ -8,32 +8,46 @@ Exit codes: 0 success (a no-op included), 1 a problem found in a file or a faile
 from __future__ import annotations
 
 import difflib
+import importlib
 import shlex
 import sys
 
 import typer
 
 from toolkit import __version__
-from toolkit.cli import cluster, jobs, k8s, output, plan, recipes, report, run
+from toolkit.cli import output
 
-# rich_markup_mode=None keeps help rendering plain and cheap: `hpc --help` must stay instant. Completion
-# (--install-completion / --show-completion, Typer's own) costs nothing until a shell asks for it.
-app = typer.Typer(
-    name="hpc",
-    help="Distributed deep-learning training on Slurm clusters built with AWS ParallelCluster.",
-    no_args_is_help=True,
-    rich_markup_mode=None,
-    pretty_exceptions_enable=False,
-    add_completion=True,
-)
-app.add_typer(cluster.app, name="cluster")
-app.add_typer(recipes.app, name="recipes")
-app.add_typer(jobs.app, name="jobs")
-app.add_typer(report.app, name="report")
-app.add_typer(k8s.app, name="k8s")
-app.add_typer(plan.app, name="plan")
-app.command("run")(run.run)
+# The command groups and the one top-level command, by module: main() imports only the one argv names (each group
+# module imports its own heavy parts: pydantic, jinja2, submitit), so `hpc recipes submit` pays neither for the
+# cluster commands' imports nor for building their 30-odd commands (Typer reads every function's signature;
+# measured: docs/start-up.md). `hpc --help`, completion and anything unknown get the whole tree.
+GROUPS = {"cluster": "toolkit.cli.cluster", "recipes": "toolkit.cli.recipes", "jobs": "toolkit.cli.jobs",
+          "report": "toolkit.cli.report", "k8s": "toolkit.cli.k8s", "plan": "toolkit.cli.plan"}
+COMMANDS = {"run": ("toolkit.cli.run", "run")}
+ROOT_HELP = "Distributed deep-learning training on Slurm clusters built with AWS ParallelCluster."
 
+
+def build(only: str | None = None):
+    """The Click command for `hpc`: every group and command, or (`only`) the root with that one alone."""
+    # rich_markup_mode=None keeps help rendering plain and cheap: `hpc --help` must stay instant. Completion
+    # (--install-completion / --show-completion, Typer's own) costs nothing until a shell asks for it.
+    app = typer.Typer(name="hpc", help=ROOT_HELP, no_args_is_help=True, rich_markup_mode=None,
+                      pretty_exceptions_enable=False, add_completion=True)
+    app.callback()(_root)  # first: a command added before the root callback has no --debug and no --version
+    for name, module in GROUPS.items():
+        if only in (None, name):
+            app.add_typer(importlib.import_module(module).app, name=name)
+    for name, (module, function) in COMMANDS.items():
+        if only in (None, name):
+            app.command(name)(getattr(importlib.import_module(module), function))
+    return _named_values(typer.main.get_command(app))
+
+
+def named_in(argv: list[str]) -> str | None:
+    """The group or command argv names (its first word that is no option: the root's options take no value),
+    or None when it names none hpc has (help, completion, a typo: the whole tree answers those)."""
+    word = next((w for w in _own_words(argv) if not w.startswith("-")), None)
+    return word if word in GROUPS or word in COMMANDS else None
 
 
 def _named_values(command):
@@ -63,7 +77,6 @@ def _version(value: bool) -> None:
         raise typer.Exit()
 
 
-@app.callback()
 def _root(
     debug: bool = typer.Option(False, "--debug", help="Show a traceback on errors: hpc --debug COMMAND ..."),
     version: bool = typer.Option(False, "--version", callback=_version, is_eager=True, help="Print the version."),
@@ -78,8 +91,15 @@ def _root(
                          fix="move --json after the command's name")
 
 
-# built after the root callback: a command built before it has no --debug and no --version
-command = _named_values(typer.main.get_command(app))
+_command = None  # the tree main() built for the running command (the error helpers walk it)
+
+
+def __getattr__(name: str):
+    """`command`: the whole tree, built on first use (tests and the docs' check walk every command)."""
+    if name == "command":
+        globals()["command"] = tree = build()
+        return tree
+    raise AttributeError(name)
 
 
 def _own_words(argv: list[str]) -> list[str]:
@@ -89,7 +109,7 @@ def _own_words(argv: list[str]) -> list[str]:
 
 def _command_name(argv: list[str]) -> str:
     """The command argv names, as the envelope's "command": "recipes submit", "cluster queue add"."""
-    node, words = command, list[str]()
+    node, words = _command or build(named_in(argv)), list[str]()
     for word in _own_words(argv):
         if word.startswith("-"):
             continue
@@ -162,7 +182,7 @@ def _script_args_habit(exc, argv: list[str]) -> tuple[str, str] | None:
     if not any(p.param_type_name == "argument" and p.nargs == -1 for p in ctx.command.params):
         return None
     own = _own_words(argv)
-    node, end = command, 0
+    node, end = _command or build(named_in(argv)), 0
     for i, word in enumerate(own):  # the command's path (hpc's own options before it stay where they are)
         if word.startswith("-"):
             continue
@@ -210,13 +230,14 @@ def main(argv: list[str] | None = None) -> None:
     """Run `hpc ARGV` (default: this process's command line) and exit with its code (tests call it in-process)."""
     from toolkit.errors import HpcError
 
-    global _debug, _argv
+    global _debug, _argv, _command
     _debug = False  # the root callback sets it; a usage error can come before it runs
     argv = sys.argv[1:] if argv is None else list(argv)
     _argv = argv
     output.begin()
+    _command = build(named_in(argv))
     try:
-        code = command.main(args=argv, prog_name="hpc", standalone_mode=False)
+        code = _command.main(args=argv, prog_name="hpc", standalone_mode=False)
     except typer.TyperException as exc:  # bad command-line usage (Typer's click): our error/fix form, exit 2
         ctx = getattr(exc, "ctx", None)
         # a bare command group: its help is the answer (click's NoArgsIsHelpError, which typer vendors privately)

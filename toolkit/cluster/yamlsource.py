@@ -13,7 +13,12 @@ import yaml
 from toolkit.cluster.findings import Finding
 
 
-class _StrictLoader(yaml.SafeLoader):
+# libyaml's parser where PyYAML has it (its wheels do): the same events, marks and errors as the pure-Python one,
+# ~10x faster; a cluster config is read on every submit (0.04 s of `hpc recipes submit` here with the pure one).
+_SAFE_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
+class _StrictLoader(_SAFE_LOADER):  # type: ignore[valid-type,misc]
     """SafeLoader that refuses duplicate keys (YAML allows them; the later one would silently win)."""
 
     def construct_mapping(self, node, deep=False):
