@@ -117,15 +117,37 @@ def compare(title: str, ways: dict[str, list[float]], unit: str) -> float:
     return ours / base
 
 
+# The ways whose differences say where hpc's time goes (docs/start-up.md): submitit's per-rank Python, the
+# pre-flight, and what is left (the CLI, the batch shell's own lines).
+BREAKDOWN = ("--executor sbatch", "--no-preflight", "--executor sbatch --no-preflight")
+
+
+def breakdown(medians: dict[str, float]) -> None:
+    """hpc's overhead over the hand-written script, in parts, from the medians of the BREAKDOWN ways (each a
+    difference of medians, so noisy to +-0.2 s here: read them across runs)."""
+    hand, default = medians["hand-written sbatch + srun"], medians["hpc recipes submit"]
+    sbatch, bare = (medians.get(f"hpc ... {flags}") for flags in ("--executor sbatch",
+                                                                  "--executor sbatch --no-preflight"))
+    no_preflight = medians.get("hpc ... --no-preflight")
+    if None in (sbatch, bare, no_preflight):
+        return
+    print(f"where hpc's {default - hand:+.2f} s go (differences of medians):")
+    for part, seconds in (("submitit's per-rank Python: default - (--executor sbatch)", default - sbatch),
+                          ("the pre-flight: (--executor sbatch) - (... --no-preflight)", sbatch - bare),
+                          ("the pre-flight under submitit: default - (--no-preflight)", default - no_preflight),
+                          ("the rest (CLI, batch shell): (--executor sbatch --no-preflight) - hand", bare - hand)):
+        print(f"  {part:<72}{seconds:+.2f} s")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--queue", default="cpu")
     parser.add_argument("--nodes", type=int, default=2)
     parser.add_argument("--tasks-per-node", type=int, default=2)
-    parser.add_argument("--also", action="append", default=[], metavar="FLAGS",
-                        help="also time `hpc recipes submit ... FLAGS` (e.g. '--executor sbatch', '--no-preflight'), "
-                             "to see where the time goes; repeatable")
+    parser.add_argument("--also", action="append", default=None, metavar="FLAGS",
+                        help="also time `hpc recipes submit ... FLAGS`; repeatable (default: the three ways that "
+                             f"say where the time goes: {', '.join(repr(w) for w in BREAKDOWN)}; '' for none)")
     parser.add_argument("--skip-throughput", action="store_true", help="only the submit-to-joined part")
     args = parser.parse_args()
     sys.path.insert(0, str(REPO))
@@ -144,7 +166,8 @@ def main() -> None:
     hand.write_text(HAND_SCRIPT.format(queue=args.queue, nodes=args.nodes, tasks=args.tasks_per_node, out=work,
                                        payload=payload))
     # Each hpc way is `hpc recipes submit` plus its flags; the first is the one the goal is about (the default).
-    hpc_ways = {"hpc recipes submit": []} | {f"hpc ... {flags}": flags.split() for flags in args.also}
+    also = [flags for flags in (BREAKDOWN if args.also is None else args.also) if flags.strip()]
+    hpc_ways = {"hpc recipes submit": []} | {f"hpc ... {flags}": flags.split() for flags in also}
     ways: dict[str, list[float]] = {"hand-written sbatch + srun": []} | {name: [] for name in hpc_ways}
     for i in range(args.repeats):
         marker = work / f"hand-{i}"
@@ -165,6 +188,7 @@ def main() -> None:
     ratio = compare(f"submit -> all {args.nodes * args.tasks_per_node} ranks joined, median of {args.repeats}:",
                     ways, "s")
     print(f"goal hpc <= 1.10x hand-written: {'met' if ratio <= 1.10 else 'NOT met'} ({ratio:.2f}x)")
+    breakdown({k: statistics.median(v) for k, v in ways.items()})
     if not args.skip_throughput:
         throughput(work, env, max(1, args.repeats // 2))
 

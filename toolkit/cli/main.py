@@ -8,7 +8,6 @@ Exit codes: 0 success (a no-op included), 1 a problem found in a file or a faile
 from __future__ import annotations
 
 import difflib
-import importlib
 import shlex
 import sys
 
@@ -34,12 +33,13 @@ def build(only: str | None = None):
     app = typer.Typer(name="hpc", help=ROOT_HELP, no_args_is_help=True, rich_markup_mode=None,
                       pretty_exceptions_enable=False, add_completion=True)
     app.callback()(_root)  # first: a command added before the root callback has no --debug and no --version
+    # __import__, not importlib.import_module: the latter's imports escape `python -X importtime`
     for name, module in GROUPS.items():
         if only in (None, name):
-            app.add_typer(importlib.import_module(module).app, name=name)
+            app.add_typer(__import__(module, fromlist=["app"]).app, name=name)
     for name, (module, function) in COMMANDS.items():
         if only in (None, name):
-            app.command(name)(getattr(importlib.import_module(module), function))
+            app.command(name)(getattr(__import__(module, fromlist=[function]), function))
     return _named_values(typer.main.get_command(app))
 
 
