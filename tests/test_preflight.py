@@ -67,12 +67,12 @@ def test_the_loader_check_runs_beside_the_node_check_and_the_step_keeps_the_node
                                                                       {"node": "n7", "libraries": []}]
 
 
-def test_the_loader_check_takes_the_jobs_own_python3_only_where_it_asks_for_torch():
-    """torch's NCCL is found through the job's site-packages (its venv's python3); the rest is standard library
-    and runs on the batch shell's interpreter with -S, as the node check does."""
+def test_the_loader_check_runs_on_the_jobs_python3_with_site_packages_only_where_it_asks_for_torch():
+    """The loader check is the job's python3 (its RPATH takes part in dlopen's search), without site-packages
+    unless it asks where the job's torch is; the node check is the batch shell's interpreter (HPC_PYTHON)."""
     plain = step_script(preflight.step_argv(1, "/fsx/run", CPU, ["--program", "/fsx/bin/all_reduce_perf"]))[2]
     torch = step_script(preflight.step_argv(1, "/fsx/run", CPU, ["--torch-nccl"]))[2]
-    assert '"$py" -S -c "$loader"' in plain and "python3 -c" not in plain
+    assert 'python3 -S -c "$loader"' in plain and 'python3 -c "$loader"' not in plain
     assert 'python3 -c "$loader"' in torch and '"$py" -S -c "$node"' in torch
 
 

@@ -168,12 +168,13 @@ def step_argv(nodes: int, run_dir: str, promise: Promise, loader_args: Sequence[
     node_args = ["--json", "--probe", run_dir, "--disk", run_dir, "--disk", os.environ.get("TMPDIR") or "/tmp"]
     if promise.fsx_mount:
         node_args += ["--mount", promise.fsx_mount]
-    # Both checks are standard library only: they run on this interpreter (the batch shell's HPC_PYTHON: its own
-    # path, not a shim's; where a node lacks that path, its python3) with -S, which skips the job's site-packages
-    # and their start-up. Except the loader check asked where the job's torch is: that takes the job's own python3,
-    # site-packages and all. The loader check runs beside the node check (a process substitution, read after it):
-    # the ranks wait at their gate for the slower of the two, not for the sum.
-    loader = ('python3 -c "$loader"' if "--torch-nccl" in loader_args else '"$py" -S -c "$loader"')
+    # The node check runs on this interpreter (the batch shell's HPC_PYTHON: its own path, not a shim's; where a
+    # node lacks that path, its python3). The loader check runs on the job's own python3, as the job's processes
+    # load libraries (an interpreter's RPATH, a conda env's, takes part in dlopen's search): with -S (no
+    # site-packages and their start-up) unless it asks where the job's torch is, which only site-packages say.
+    # Both standard library only. The loader check runs beside the node check (a process substitution, read
+    # after it): the ranks wait at their gate for the slower of the two, not for the sum.
+    loader = 'python3 -c "$loader"' if "--torch-nccl" in loader_args else 'python3 -S -c "$loader"'
     script = 'node="$1" loader="$2" count="$3" py="$4"; shift 4; [ -x "$py" ] || py=python3; '
     if loader_args:
         script += f'exec 3< <({loader} --json "${{@:count+1}}"); '
