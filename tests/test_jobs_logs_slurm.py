@@ -5,6 +5,9 @@ Slurm has written the log by then.)"""
 
 from __future__ import annotations
 
+import datetime as dt
+import re
+import time
 from pathlib import Path
 
 import pytest
@@ -38,12 +41,17 @@ def test_the_sbatch_executors_log_is_the_jobs_log_and_the_failed_ranks(slurm_san
 def test_jobs_logs_rank_picks_one_ranks_lines_of_the_rendered_scripts_one_log(slurm_sandbox, tmp_path):
     # 2 nodes x 2 ranks write to one log (the rendered script's #SBATCH --output); srun --label tells them apart
     env = dict(slurm_env(slurm_sandbox), HPC_RUNS_DIR=str(tmp_path / "runs"))
+    sent = time.time()
     res = run_hpc("recipes", "submit", str(probe_recipe(tmp_path)), "--cluster", str(write_cluster(tmp_path)),
                   "--queue", "cpu", "--executor", "sbatch", "--set", "resources.time=00:01:00", "--wait", "--json",
                   env=env, timeout=300)
     assert res.returncode == 0, res.stdout + res.stderr
     result = cli_json(res)
     text = (Path(result["run_dir"]) / f"probe-{result['job_id']}.out").read_text()
+    # the job's first line says when it ran, to the millisecond in UTC (benchmarks/bench_submit.py reads it)
+    when = re.search(rf"^hpc: job {result['job_id']} at (\S+Z): 2 nodes x 2 ranks, rendezvous c1:", text, re.M)
+    assert when, text
+    assert sent < dt.datetime.strptime(when.group(1), "%Y-%m-%dT%H:%M:%S.%f%z").timestamp() < time.time()
     assert sorted(line.split(" on ")[0] for line in text.splitlines() if "probe rank" in line) == \
         [f"{rank}: probe rank {rank}" for rank in range(4)]
     for rank, node in [(0, "c1"), (2, "c2")]:

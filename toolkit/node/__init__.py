@@ -15,7 +15,7 @@ tests/test_node_contract.py holds the package to this, and runs it under Debian 
 
 from __future__ import annotations
 
-import pkgutil
+import os
 
 MIN_PYTHON = (3, 9)
 BUNDLE_PACKAGE = "hpc_node"  # the package's name inside the staged bundle (never shadows an installed toolkit)
@@ -24,7 +24,9 @@ BUNDLE_PACKAGE = "hpc_node"  # the package's name inside the staged bundle (neve
 def standalone_source(name: str) -> str:
     """A check's source (node_check, loader_check: standard library only, no imports at all), which the doctor and
     the pre-flight send to each node's python3 as `-c SOURCE`; read from the staged bundle (a zip) as from a dir."""
-    data = pkgutil.get_data(__name__, name + ".py")
-    if data is None:
+    # the package's own loader, as pkgutil.get_data does (a zipimporter in the bundle, a file loader in a checkout),
+    # without importing pkgutil (and inspect, by it) into every node-side command's start
+    loader = __spec__.loader if __spec__ else None
+    if loader is None or not hasattr(loader, "get_data"):
         raise FileNotFoundError(name)
-    return data.decode()
+    return loader.get_data(os.path.join(os.path.dirname(__file__), name + ".py")).decode()

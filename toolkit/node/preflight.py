@@ -50,12 +50,16 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import List, Optional, Sequence
+from typing import TYPE_CHECKING, List, Optional, Sequence
 
-from . import gate, ledger, slurm, standalone_source
-from .evaluate import Check, evaluate
+from . import gate, slurm, standalone_source
 from .promise import Promise
-from .records import PREFLIGHTS, append_record, job_records
+
+# What judges the facts, records them and remembers them (evaluate imports node_check, and its imports) is
+# imported once the step runs: the ranks wait at their gate for this process, and every node waits for its
+# step to start (main).
+if TYPE_CHECKING:
+    from .evaluate import Check
 
 STEP_TIMEOUT_S = 120  # the whole step; a node whose task did not report by then fails the "report" check
 MIN_FREE_DISK = 1 << 30  # bytes free where the job writes (run dir, TMPDIR): less fails the node
@@ -65,6 +69,8 @@ EXCLUDE_WAIT_S = 300  # how long hpc-exclude-<job> retries until the held job is
 
 
 def _check(name: str, status: str, detail: str, fix: Optional[str] = None) -> Check:
+    from .evaluate import Check
+
     return Check(name, status, detail, fix)  # type: ignore[arg-type]  # status is one of evaluate.Status
 
 
@@ -120,6 +126,8 @@ def loader_checks(facts: dict | None) -> list:
 
 def judge(facts: dict, loader: Optional[dict], promise: Promise, run_dir: str) -> list:
     """Every check of one node, in the order printed."""
+    from .evaluate import evaluate
+
     return [*evaluate(facts, promise), *host_checks(facts, run_dir), *loader_checks(loader)]
 
 
@@ -194,17 +202,31 @@ def step_argv(nodes: int, run_dir: str, promise: Promise, loader_args: Sequence[
     return [*argv, "bash", "-c", script, "preflight", *words]
 
 
+def start_step(argv: list[str]) -> subprocess.Popen | str:
+    """The step, started (its output read by step_result), or why it could not start."""
+    try:
+        return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    except OSError as exc:
+        return str(exc)
+
+
+def step_result(step: subprocess.Popen | str, timeout: float = STEP_TIMEOUT_S) -> tuple[str, str | None]:
+    """(stdout, srun's complaint or None) of a started step."""
+    if isinstance(step, str):
+        return "", step
+    try:
+        out, err = step.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        step.kill()
+        out, _ = step.communicate()
+        return out or "", f"the step did not end within {timeout:.0f} s"
+    lines = [line for line in err.splitlines() if line.strip()]
+    return out, (lines[-1] if lines else f"srun exited {step.returncode}") if step.returncode else None
+
+
 def run_step(argv: list[str], timeout: float = STEP_TIMEOUT_S) -> tuple[str, str | None]:
     """(stdout, srun's complaint or None)."""
-    try:
-        res = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
-    except subprocess.TimeoutExpired as exc:
-        out = exc.stdout.decode() if isinstance(exc.stdout, bytes) else (exc.stdout or "")
-        return out, f"the step did not end within {timeout:.0f} s"
-    except OSError as exc:
-        return "", str(exc)
-    lines = [line for line in res.stderr.splitlines() if line.strip()]
-    return res.stdout, (lines[-1] if lines else f"srun exited {res.returncode}") if res.returncode else None
+    return step_result(start_step(argv), timeout)
 
 
 def excluded_now(job_id: str) -> list[str]:
@@ -341,11 +363,22 @@ def main(argv: Sequence[str] | None = None) -> int:
                              "node passed and the records are written")
     args = parser.parse_args(argv)
     start = time.monotonic()
-    job_id = job_reference()
-    nodes = slurm.hostnames(os.environ["SLURM_JOB_NODELIST"])
     promise: Promise = args.promise
+    # the step first (its node count is Slurm's own; the names follow while it runs), then the rest of the work
+    count = int(os.environ.get("SLURM_JOB_NUM_NODES") or 0)
+    step = start_step(step_argv(count, args.run_dir, promise, args.loader)) if count else None
+    nodes = slurm.hostnames(os.environ["SLURM_JOB_NODELIST"])
+    if step is None or count != len(nodes):  # no SLURM_JOB_NUM_NODES (or one that disagrees): from the names
+        if isinstance(step, subprocess.Popen):
+            step.kill()
+            step.wait()
+        step = start_step(step_argv(len(nodes), args.run_dir, promise, args.loader))
+    from . import ledger
+    from .records import PREFLIGHTS, append_record, job_records
+
+    job_id = job_reference()
     partition = args.partition or promise.queue
-    stdout, step_error = run_step(step_argv(len(nodes), args.run_dir, promise, args.loader))
+    stdout, step_error = step_result(step)
     reports, loaders = parse_reports(stdout)
     failed = failures(reports, loaders, nodes, promise, args.run_dir, step_error)
     records = Path(args.run_dir) / PREFLIGHTS
