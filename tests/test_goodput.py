@@ -173,3 +173,64 @@ def test_the_end_is_the_logs_last_write_unless_the_run_dir_was_copied(tmp_path, 
     assert "1.5 s after the last record" in found.notes[0]
     os.utime(log, (T0 + 3600, T0 + 3600))  # a copy's time: not the job's
     assert ledger(run).end == T0 + 57
+
+
+def write_hung_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, resumed: bool) -> RunDir:
+    """Submitted at T0, its pre-flight passes (2-3 s); steps 1-4 from 4 s to 8 s, a save at step 4 (8-8.5 s),
+    steps 5 and 6 at 9.5 s and 10.5 s; then no rank makes progress and the hang watchdog (HPC_HANG_TIMEOUT=30) ends
+    the job at 40.5 s, writing hang.json as toolkit.node.heartbeat.Heartbeat._watch does; rank 0's failure says
+    42 s. With `resumed`, the job runs again: it resumes from step 4 at 50 s, makes steps 5-8 from 51 s to 55 s and
+    ends at 56 s."""
+    run = RunDir(tmp_path / "run").create()
+    run.write_metadata(Metadata(recipe="resnet50", submitted_at=iso(T0), nodes=1, gpus=8,
+                                instance_type="p4d.24xlarge", job_ids=["9"]))
+    run.add_preflight({"job": "9", "time": T0 + 3, "seconds": 1.0, "nodes": ["c1", "c2"], "failed": {},
+                       "action": "passed"})
+    clock = Clock()
+    monkeypatch.setattr(train_log.time, "time", clock)
+    log = TrainLog(run.path / "logs", enabled=True)
+
+    def at(t: float, event: str, **fields) -> None:
+        clock.now = T0 + t
+        log.write(event, **fields)
+
+    def train(t: float, step: int) -> None:
+        at(t, "train", step=step, epoch=0, loss=1.0, lr=0.1, images_per_sec=1.0, world_size=8, elapsed=0,
+           interval_steps=1, interval_images=8, interval_seconds=1.0)
+
+    at(3, "start", resumed_from_step=0)
+    for step, t in ((1, 5), (2, 6), (3, 7), (4, 8)):
+        train(t, step)
+    at(8.5, "checkpoint", step=4, epoch=0, position=4, reason="periodic", seconds=0.5)
+    train(9.5, 5)
+    train(10.5, 6)
+    lines = ["rank 3 on c2: no step for 30 s after step 6 (its stack: all_reduce)"]
+    (run.path / "hang.json").write_text(json.dumps({"time": T0 + 40.5, "hang_timeout_s": 30.0, "lines": lines}))
+    run.write_failure(RankRecord(rank=0, host="c1", exit_code=1, finished_at=iso(T0 + 42)))
+    if resumed:
+        at(50, "start", resumed_from_step=4)
+        for step, t in ((5, 52), (6, 53), (7, 54), (8, 55)):
+            train(t, step)
+        at(56, "end", status="completed", step=8, epoch=0, elapsed=0)
+    return run
+
+
+def test_a_hang_is_its_own_segment_until_the_watchdog_ended_the_job(tmp_path, monkeypatch):
+    """The seconds from the last step before the hang to the watchdog's end of the job are the hang's, not steps'
+    or shutdown's; the steps after the last save are the failed run's tail."""
+    found = ledger(write_hung_run(tmp_path, monkeypatch, resumed=False))
+    assert found.outcome == "failed"
+    shown = [(s.kind, round(s.start - T0, 3), round(s.end - T0, 3)) for s in found.segments]
+    assert shown == [("queue", 0, 2), ("preflight", 2, 3), ("startup", 3, 4), ("productive", 4, 8),
+                     ("checkpoint", 8, 8.5),
+                     ("tail", 8.5, 10.5), ("hang", 10.5, 40.5), ("downtime", 40.5, 42)], shown
+    assert "rank 3 on c2" in next(s.note for s in found.segments if s.kind == "hang")
+    assert found.summary()["seconds"]["hang"] == 30 and found.summary()["unattributed_s"] == 0
+
+
+def test_a_run_that_resumed_after_a_hang_names_the_hang_as_its_faults_cause(tmp_path, monkeypatch):
+    found = ledger(write_hung_run(tmp_path, monkeypatch, resumed=True))
+    assert found.outcome == "completed" and found.summary()["seconds"]["hang"] == 30
+    [fault] = found.faults
+    assert fault.cause == "hang: rank 3 on c2: no step for 30 s after step 6 (its stack: all_reduce)"
+    assert (fault.last_step, fault.resumed_from, fault.steps_lost) == (6, 4, 2)
