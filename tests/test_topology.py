@@ -289,3 +289,34 @@ def test_a_job_on_a_queue_with_a_topology_file_starts_its_ranks_by_the_hostfile(
     assert chosen["executor"] == "sbatch" and "HPC_HOSTFILE" in chosen["script"]
     assert any("topology file orders the ranks" in note for note in chosen["notes"])
     assert plan("cluster.yaml")["executor"] == "slurm"
+
+
+# --- ParallelCluster's own rules for the plugin setting ----------------------------------------------------------
+
+
+def test_parallelclusters_validators_let_topology_plugin_through_custom_slurm_settings(tmp_path):
+    """The setting the admin adds beside the file, as `hpc cluster validate` judges it with aws-parallelcluster's
+    own schema and validators (CustomSlurmSettingsValidator and its deny-list, pcluster/validators/
+    slurm_settings_validator.py SLURM_SETTINGS_DENY_LIST): TopologyPlugin passes at SlurmConf level where
+    TaskPlugin, on the deny-list, is refused; and `hpc cluster diff` (pcluster's update policies) says a running
+    cluster takes it with `pcluster update-cluster`."""
+    import yaml
+
+    base = yaml.safe_load((REPO / "cluster-configs" / "p3dn-efa-fsx.yaml").read_text())
+
+    def with_setting(name: str, value: str) -> Path:
+        config = json.loads(json.dumps(base))
+        config["Scheduling"].setdefault("SlurmSettings", {})["CustomSlurmSettings"] = [{name: value}]
+        path = tmp_path / f"{name}.yaml"
+        path.write_text(yaml.safe_dump(config, sort_keys=False))
+        return path
+
+    topology = with_setting("TopologyPlugin", "topology/tree")
+    ok = run_hpc("cluster", "validate", str(topology), "--json")
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    assert not [f for f in json.loads(ok.stdout)["data"]["findings"] if "CustomSlurmSettings" in json.dumps(f)]
+    refused = run_hpc("cluster", "validate", str(with_setting("TaskPlugin", "task/none")))
+    assert refused.returncode == 1 and "settings at SlurmConf level is not allowed: TaskPlugin" in refused.stdout
+    diff = run_hpc("cluster", "diff", str(REPO / "cluster-configs" / "p3dn-efa-fsx.yaml"), str(topology))
+    assert diff.returncode == 0, diff.stdout + diff.stderr
+    assert "Scheduling/SlurmSettings/CustomSlurmSettings" in diff.stdout and "SUPPORTED" in diff.stdout

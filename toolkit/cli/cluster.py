@@ -645,7 +645,9 @@ def topology(
     plugin = f"topology/{chosen}"
     data = {**topo.as_dict(), "form": chosen, "plugin": plugin, "file": str(path) if path else None, "text": text}
     emit(data, as_json, f"wrote {path} ({len(topo.placements)} nodes of queue {queue}, {plugin})\n"
-                        f"next: put it beside slurm.conf with TopologyPlugin={plugin}, `scontrol reconfigure`; "
+                        f"next: put it beside slurm.conf (/opt/slurm/etc on ParallelCluster) and set "
+                        f"TopologyPlugin: {plugin} in Scheduling/SlurmSettings/CustomSlurmSettings "
+                        f"(pcluster update-cluster; a new file later: `scontrol reconfigure`); "
                         f"tag queue {queue} `hpc:topology: {path}` so its jobs order ranks by it" if path else None)
     for left in topo.left_out:
         info(f"left out (not queue {queue}): {left}")
