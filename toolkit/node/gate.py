@@ -39,10 +39,12 @@ def wait_script() -> str:
     and requeues or stops the job, which ends this step."""
     give_up = (f'echo "hpc: rank ${{SLURM_PROCID:-?}} on ${{SLURMD_NODENAME:-$HOSTNAME}}: no pre-flight verdict in '
                f'{WAIT_S} s (${VAR}): not starting" >&2; exit 1')
-    return (f'if [ -n "${{{VAR}:-}}" ]; then hpc_gate=; exec {{hpc_nap}}<> <(:); while :; do '
+    # where the pipe cannot be made (no /dev/fd), a `sleep` per poll: never a loop without a pause
+    return (f'if [ -n "${{{VAR}:-}}" ]; then hpc_gate=; exec {{hpc_nap}}<> <(:) || hpc_nap=; while :; do '
             f'read -r hpc_gate 2>/dev/null < "${VAR}"; [ "$hpc_gate" = {GO} ] && break; '
-            f'[ "$SECONDS" -lt {WAIT_S} ] || {{ {give_up}; }}; read -r -t {POLL_S} -u "$hpc_nap" || :; '
-            f'done; exec {{hpc_nap}}<&-; unset hpc_gate hpc_nap; fi')
+            f'[ "$SECONDS" -lt {WAIT_S} ] || {{ {give_up}; }}; '
+            f'if [ -n "$hpc_nap" ]; then read -r -t {POLL_S} -u "$hpc_nap" || :; else sleep {POLL_S}; fi; '
+            f'done; [ -z "$hpc_nap" ] || exec {{hpc_nap}}<&-; unset hpc_gate hpc_nap; fi')
 
 
 def open_gate(path: str) -> None:
