@@ -210,7 +210,9 @@ def test_a_rank_frozen_after_its_step_7_says_7_though_its_timer_never_wrote(tmp_
         assert os.WIFSTOPPED(status)
         (frozen,) = heartbeat.read_beats(tmp_path / "heartbeats")
         assert frozen.step == 7 and frozen.timed_steps == 6 and frozen.recent_steps == [2, 3, 4, 5, 6, 7]
-        assert frozen.time - frozen.progress < 0.2  # written at the step, not by a timer
+        # written after step 7 (within the write gap), never by the 3600 s timer; no tighter bound: a loaded CI
+        # machine delayed this write by 0.2 s
+        assert frozen.time - frozen.progress <= heartbeat.WRITE_GAP_S + 0.3
     finally:
         rank.kill()
         rank.wait()
