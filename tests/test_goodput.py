@@ -32,18 +32,8 @@ class Clock:
         return self.now
 
 
-def write_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> RunDir:
-    """Submitted at T0; a pre-flight requeues the job (10-12 s), the next passes (30-31 s); the trainer starts at
-    33 s, steps 1-4 take a second each from 34 s, saves at step 4 (0.5 s), makes steps 5 and 6 and loses its node
-    (the supervisor's restart at 45 s); the next round resumes from step 4 at 50 s, makes steps 5-8 from 51 s to
-    55 s and ends; rank 0's result says 57 s."""
-    run = RunDir(tmp_path / "run").create()
-    run.write_metadata(Metadata(recipe="resnet50", submitted_at=iso(T0), nodes=1, gpus=8,
-                                instance_type="p4d.24xlarge", job_ids=["9"]))
-    run.add_preflight({"job": "9", "time": T0 + 12, "seconds": 2.0, "nodes": ["w1", "w2"], "failed": {"w2": []},
-                       "action": "requeued, excluding w2 (job 10)"})
-    run.add_preflight({"job": "9", "time": T0 + 31, "seconds": 1.0, "nodes": ["w1", "w3"], "failed": {},
-                       "action": "passed"})
+def step_log(run: RunDir, monkeypatch: pytest.MonkeyPatch):
+    """(at, train): write the trainer's step log records (TrainLog) at T0 + t seconds."""
     clock = Clock()
     monkeypatch.setattr(train_log.time, "time", clock)
     log = TrainLog(run.path / "logs", enabled=True)
@@ -56,12 +46,35 @@ def write_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> RunDir:
         at(t, "train", step=step, epoch=0, loss=1.0, lr=0.1, images_per_sec=1.0, world_size=8, elapsed=0,
            interval_steps=1, interval_images=8, interval_seconds=1.0)
 
-    at(33, "start", resumed_from_step=0)
-    for step, t in ((1, 35), (2, 36), (3, 37), (4, 38)):
-        train(t, step)
-    at(38.5, "checkpoint", step=4, epoch=0, position=4, reason="periodic", seconds=0.5)
-    train(39.5, 5)
-    train(40.5, 6)
+    return at, train
+
+
+def first_round(at, train, start: float) -> None:
+    """The trainer starts at `start`; steps 1-4 one a second from start + 2 (step 1) to start + 5, a save at step
+    4 (0.5 s), steps 5 and 6 at start + 6.5 and start + 7.5."""
+    at(start, "start", resumed_from_step=0)
+    for step in (1, 2, 3, 4):
+        train(start + 1 + step, step)
+    at(start + 5.5, "checkpoint", step=4, epoch=0, position=4, reason="periodic", seconds=0.5)
+    train(start + 6.5, 5)
+    train(start + 7.5, 6)
+
+
+def write_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> RunDir:
+    """Submitted at T0; a pre-flight requeues the job (10-12 s), the next passes (30-31 s); the trainer starts at
+    33 s, steps 1-4 take a second each from 34 s, saves at step 4 (0.5 s), makes steps 5 and 6 and loses its node
+    (the supervisor's restart at 45 s); the next round resumes from step 4 at 50 s, makes steps 5-8 from 51 s to
+    55 s and ends; rank 0's result says 57 s."""
+    run = RunDir(tmp_path / "run").create()
+    run.write_metadata(Metadata(recipe="resnet50", submitted_at=iso(T0), nodes=1, gpus=8,
+                                instance_type="p4d.24xlarge", job_ids=["9"]))
+    run.add_preflight({"job": "9", "time": T0 + 12, "seconds": 2.0, "nodes": ["w1", "w2"], "failed": {"w2": []},
+                       "action": "requeued, excluding w2 (job 10)"})
+    run.add_preflight({"job": "9", "time": T0 + 31, "seconds": 1.0, "nodes": ["w1", "w3"], "failed": {},
+                       "action": "passed"})
+    at, train = step_log(run, monkeypatch)
+
+    first_round(at, train, 33)
     run.add_restart({"time": T0 + 45, "job_id": "9", "kind": "restart", "round": 1, "nodes": ["c2"],
                      "trigger": "heartbeats silent: ranks 0-1 on c2", "last_step": 6})
     at(50, "start", resumed_from_step=4)
@@ -186,24 +199,9 @@ def write_hung_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, resumed: boo
                                 instance_type="p4d.24xlarge", job_ids=["9"]))
     run.add_preflight({"job": "9", "time": T0 + 3, "seconds": 1.0, "nodes": ["c1", "c2"], "failed": {},
                        "action": "passed"})
-    clock = Clock()
-    monkeypatch.setattr(train_log.time, "time", clock)
-    log = TrainLog(run.path / "logs", enabled=True)
+    at, train = step_log(run, monkeypatch)
 
-    def at(t: float, event: str, **fields) -> None:
-        clock.now = T0 + t
-        log.write(event, **fields)
-
-    def train(t: float, step: int) -> None:
-        at(t, "train", step=step, epoch=0, loss=1.0, lr=0.1, images_per_sec=1.0, world_size=8, elapsed=0,
-           interval_steps=1, interval_images=8, interval_seconds=1.0)
-
-    at(3, "start", resumed_from_step=0)
-    for step, t in ((1, 5), (2, 6), (3, 7), (4, 8)):
-        train(t, step)
-    at(8.5, "checkpoint", step=4, epoch=0, position=4, reason="periodic", seconds=0.5)
-    train(9.5, 5)
-    train(10.5, 6)
+    first_round(at, train, 3)
     lines = ["rank 3 on c2: no step for 30 s after step 6 (its stack: all_reduce)"]
     (run.path / "hang.json").write_text(json.dumps({"time": T0 + 40.5, "hang_timeout_s": 30.0, "lines": lines}))
     run.write_failure(RankRecord(rank=0, host="c1", exit_code=1, finished_at=iso(T0 + 42)))
