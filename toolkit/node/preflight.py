@@ -224,11 +224,6 @@ def step_result(step: subprocess.Popen | str, timeout: float = STEP_TIMEOUT_S) -
     return out, (lines[-1] if lines else f"srun exited {step.returncode}") if step.returncode else None
 
 
-def run_step(argv: list[str], timeout: float = STEP_TIMEOUT_S) -> tuple[str, str | None]:
-    """(stdout, srun's complaint or None)."""
-    return step_result(start_step(argv), timeout)
-
-
 def excluded_now(job_id: str) -> list[str]:
     """The job's ExcNodeList (the user's --exclude and earlier pre-flights'), expanded."""
     match = re.search(r"\bExcNodeList=(\S+)", slurm.run(["scontrol", "show", "job", "-o", job_id], check=False).stdout)
@@ -421,8 +416,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             gate.open_gate(args.gate)
         except OSError as exc:
             say(f"could not open the ranks' gate {args.gate}: {exc}; job {job_id} stops")
-            ledger.record_preflight(record, promise.instance_type)
-            return 1
+            action = "stop"
     ledger.record_preflight(record, promise.instance_type)  # the fleet's memory across jobs ($HPC_FLEET_DIR)
     return 0 if action == "go" else 1
 
