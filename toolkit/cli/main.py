@@ -94,6 +94,11 @@ def _root(
 _command = None  # the tree main() built for the running command (the error helpers walk it)
 
 
+def _tree(argv: list[str]):
+    """The tree the running command was parsed with (main() builds it first)."""
+    return _command or build(named_in(argv))
+
+
 def __getattr__(name: str):
     """`command`: the whole tree, built on first use (tests and the docs' check walk every command)."""
     if name == "command":
@@ -109,7 +114,7 @@ def _own_words(argv: list[str]) -> list[str]:
 
 def _command_name(argv: list[str]) -> str:
     """The command argv names, as the envelope's "command": "recipes submit", "cluster queue add"."""
-    node, words = _command or build(named_in(argv)), list[str]()
+    node, words = _tree(argv), list[str]()
     for word in _own_words(argv):
         if word.startswith("-"):
             continue
@@ -182,7 +187,7 @@ def _script_args_habit(exc, argv: list[str]) -> tuple[str, str] | None:
     if not any(p.param_type_name == "argument" and p.nargs == -1 for p in ctx.command.params):
         return None
     own = _own_words(argv)
-    node, end = _command or build(named_in(argv)), 0
+    node, end = _tree(argv), 0
     for i, word in enumerate(own):  # the command's path (hpc's own options before it stay where they are)
         if word.startswith("-"):
             continue
