@@ -157,6 +157,8 @@ def compare(title: str, ways: dict[str, list[float]], unit: str) -> float:
     return ours / base
 
 
+# The start-up part's baseline and the way the goal is about (hpc's default); its other ways are "hpc ... FLAGS".
+HAND_WAY, HPC_WAY = "hand-written sbatch + srun", "hpc recipes submit"
 # The ways whose differences say where hpc's time goes (docs/start-up.md): submitit's per-rank Python, the
 # pre-flight, and what is left (the CLI, the batch shell's own lines).
 BREAKDOWN = ("--executor sbatch", "--no-preflight", "--executor sbatch --no-preflight")
@@ -165,7 +167,7 @@ BREAKDOWN = ("--executor sbatch", "--no-preflight", "--executor sbatch --no-pref
 def breakdown(medians: dict[str, float]) -> None:
     """hpc's overhead over the hand-written script, in parts, from the medians of the BREAKDOWN ways (each a
     difference of medians, so noisy to +-0.2 s here: read them across runs)."""
-    hand, default = medians["hand-written sbatch + srun"], medians["hpc recipes submit"]
+    hand, default = medians[HAND_WAY], medians[HPC_WAY]
     names = [f"hpc ... {flags}" for flags in ("--executor sbatch", "--executor sbatch --no-preflight",
                                               "--no-preflight")]
     if not all(name in medians for name in names):
@@ -193,7 +195,7 @@ def own_time(ways: dict[str, list[Timing]]) -> None:
         command, job = statistics.median(c for c, _ in pairs), statistics.median(j for _, j in pairs)
         sums[name] = statistics.median(c + j for c, j in pairs)
         print(f"  {name:<44}{command:>6.2f} s + {job:>5.2f} s = {sums[name]:>5.2f} s")
-    hand, default = sums.get("hand-written sbatch + srun"), sums.get("hpc recipes submit")
+    hand, default = sums.get(HAND_WAY), sums.get(HPC_WAY)
     if hand and default:
         print(f"hpc's own overhead: {default - hand:+.2f} s ({default / hand:.2f}x; goal < 0.5 s)")
 
@@ -226,11 +228,11 @@ def main() -> None:
                                        payload=payload))
     # Each hpc way is `hpc recipes submit` plus its flags; the first is the one the goal is about (the default).
     also = [flags for flags in (BREAKDOWN if args.also is None else args.also) if flags.strip()]
-    hpc_ways: dict[str, list[str]] = {"hpc recipes submit": []} | {f"hpc ... {f}": f.split() for f in also}
-    ways: dict[str, list[Timing]] = {name: [] for name in ["hand-written sbatch + srun", *hpc_ways]}
+    hpc_ways: dict[str, list[str]] = {HPC_WAY: []} | {f"hpc ... {f}": f.split() for f in also}
+    ways: dict[str, list[Timing]] = {name: [] for name in [HAND_WAY, *hpc_ways]}
     for i in range(args.repeats):
         marker = work / f"hand-{i}"
-        ways["hand-written sbatch + srun"].append(timed(["sbatch", str(hand), str(marker)], marker, env,
+        ways[HAND_WAY].append(timed(["sbatch", str(hand), str(marker)], marker, env,
                                                         args.queue))
         for w, (name, flags) in enumerate(hpc_ways.items()):
             marker = work / f"hpc-{i}-{w}"
