@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, cli_json, run_hpc, run_testbench, slurm_env, wait_until
+from tests.conftest import CLEAN_RUN_LINE, REPO, cli_json, run_hpc, run_testbench, slurm_env, wait_until
 from toolkit.job.rank import master_port
 from toolkit.workloads.train_log import read_log
 
@@ -85,8 +85,8 @@ def test_resnet_smoke_in_a_container_2x2_stops_on_usr2_requeues_and_resumes(cont
 
     logs = run_hpc("jobs", "logs", job_id, "--rank", "3", env=env, cwd=tmp_path)
     assert logs.returncode == 0 and "world_size 4" in logs.stdout
-    report = run_hpc("report", "run", str(run), "--json", env=env)
-    assert report.returncode == 0, report.stderr
+    report = run_hpc("report", "run", str(run), "--json", *CLEAN_RUN_LINE, env=env)
+    assert report.returncode == 0, report.stdout + report.stderr
     losses = [loss for _step, loss in cli_json(report)["training"]["loss_curve"]]
     assert len(losses) >= 10 and sum(losses[-3:]) < sum(losses[:3])
 
