@@ -109,10 +109,11 @@ def test_the_scripts_lines_unpack_the_bundle_byte_for_byte_and_keep_one_already_
 
 
 def chosen_python(tmp_path: Path, path: str) -> str:
-    """HPC_PYTHON as the rendered script's finder chooses it, on the given PATH."""
+    """HPC_PYTHON as the rendered script's finder chooses it, on the given PATH, and then HPC_JOB_PYTHON3 (the
+    same where it is the PATH's python3, else empty), as `HPC_PYTHON|HPC_JOB_PYTHON3`."""
     script = tmp_path / "choose.sh"
     script.write_text("set -euo pipefail\n" + "\n".join(staging.unpack_lines(tmp_path / "run")) +
-                      '\necho "$HPC_PYTHON"\n')
+                      '\necho "$HPC_PYTHON|$HPC_JOB_PYTHON3"\n')
     res = subprocess.run(["/bin/bash", str(script)], capture_output=True, text=True, timeout=60, env={"PATH": path})
     assert res.returncode == 0, res.stderr
     return res.stdout.strip()
@@ -126,10 +127,11 @@ def test_the_finder_keeps_the_interpreters_own_path_not_a_shims_and_skips_an_old
     write(shims / "python3", f'#!/bin/bash\nexec {SYSTEM_PYTHON} "$@"\n', 0o755)
     real = subprocess.run([SYSTEM_PYTHON, "-c", "import sys; print(sys.executable)"], capture_output=True,
                           text=True, check=True).stdout.strip()
-    assert chosen_python(tmp_path, f"{shims}:/usr/bin:/bin") == real != str(shims / "python3")
+    # the PATH's python3 is the job's: the pre-flight's loader check starts it by this path too (--job-python3)
+    assert chosen_python(tmp_path, f"{shims}:/usr/bin:/bin") == f"{real}|{real}" and real != str(shims / "python3")
     old = tmp_path / "old"  # answers the version test as a Python 3.8 would: exit status 1, nothing printed
     write(old / "python3", "#!/bin/sh\nexit 1\n", 0o755)
-    assert chosen_python(tmp_path, f"{old}:/usr/bin:/bin") == real
+    assert chosen_python(tmp_path, f"{old}:/usr/bin:/bin") == f"{real}|"  # the job's python3 is not the node's
 
 
 def test_the_bundle_runs_on_a_python_with_nothing_of_ours(tmp_path):

@@ -8,6 +8,7 @@ import json
 import os
 import shlex
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -72,8 +73,33 @@ def test_the_loader_check_runs_on_the_jobs_python3_with_site_packages_only_where
     unless it asks where the job's torch is; the node check is the batch shell's interpreter (HPC_PYTHON)."""
     plain = step_script(preflight.step_argv(1, "/fsx/run", CPU, ["--program", "/fsx/bin/all_reduce_perf"]))[2]
     torch = step_script(preflight.step_argv(1, "/fsx/run", CPU, ["--torch-nccl"]))[2]
-    assert 'python3 -S -c "$loader"' in plain and 'python3 -c "$loader"' not in plain
-    assert 'python3 -c "$loader"' in torch and '"$py" -S -c "$node"' in torch
+    assert '"$lp" -S -c "$loader"' in plain and '"$lp" -c "$loader"' not in plain
+    assert '"$lp" -c "$loader"' in torch and '"$py" -S -c "$node"' in torch
+
+
+def loader_interpreter(tmp_path: Path, job_python3: str) -> str:
+    """The interpreter the step's loader check runs on (its sys.executable), as a node's step runs it, with the
+    loader check's source swapped for one that prints it; the PATH's python3 is a shim that says it ran."""
+    shims = tmp_path / "shims"
+    shims.mkdir(exist_ok=True)
+    (shims / "python3").write_text(f'#!/bin/sh\necho shim >&2\nexec {sys.executable} "$@"\n')
+    (shims / "python3").chmod(0o755)
+    script = step_script(preflight.step_argv(1, str(tmp_path), CPU, ["--library", "libc.so.6"], job_python3))
+    script[5] = "import json, sys; print(json.dumps({'node': 'n7', 'libraries': [], 'python': sys.executable}))"
+    res = subprocess.run(script, capture_output=True, text=True, timeout=60,
+                         env={**os.environ, "PATH": f"{shims}:{os.environ['PATH']}", "SLURMD_NODENAME": "n7"})
+    assert res.returncode == 0, res.stderr
+    _reports, loaders = preflight.parse_reports(res.stdout)
+    return ("shim " if "shim" in res.stderr else "") + loaders["n7"]["python"]
+
+
+def test_the_loader_check_starts_the_finders_interpreter_where_it_is_the_jobs_python3(tmp_path):
+    """The batch shell's finder passes the interpreter behind the job's python3 (--job-python3): the loader check
+    starts it by that path, not through the PATH's shim; without one (the finder passed over the job's python3),
+    or where a node lacks that path, it is the PATH's python3, as the job's processes start it."""
+    assert loader_interpreter(tmp_path, sys.executable) == sys.executable
+    assert loader_interpreter(tmp_path, "") == "shim " + sys.executable
+    assert loader_interpreter(tmp_path, str(tmp_path / "not-on-this-node")) == "shim " + sys.executable
 
 
 def test_a_gpu_queue_step_asks_for_every_gpu():

@@ -67,6 +67,9 @@ PYTHONS = ("python3", "/usr/bin/python3", "/usr/local/bin/python3", "python3.13"
 # (the pre-flight, its checks on every node) starts through HPC_PYTHON.
 _MIN = 'import sys; new = sys.version_info >= (3, 9); print(sys.executable if new else ""); sys.exit(not new)'
 PYTHON_VAR = "HPC_PYTHON"
+# HPC_PYTHON again where it is the job's own python3 (the first on its PATH, so the finder's first candidate), else
+# empty: the pre-flight's loader check, which must run on the job's python3, then starts it without its shim too.
+JOB_PYTHON3_VAR = "HPC_JOB_PYTHON3"
 
 
 def unpack_lines(run_dir: str | Path, choose_python: bool = True) -> list[str]:
@@ -76,10 +79,11 @@ def unpack_lines(run_dir: str | Path, choose_python: bool = True) -> list[str]:
     path = bundle_path(run_dir)
     quoted, partial = shlex.quote(path), shlex.quote(path) + '".$$"'
     text = base64.encodebytes(bundle()).decode().rstrip("\n")
-    choose = [f"{PYTHON_VAR}=", f"for candidate in {' '.join(PYTHONS)}; do",
+    choose = [f"{PYTHON_VAR}= {JOB_PYTHON3_VAR}=", f"for candidate in {' '.join(PYTHONS)}; do",
               f"  if found=$(\"$candidate\" -S -c {shlex.quote(_MIN)} 2>/dev/null); then",
               f"    {PYTHON_VAR}=${{found:-$(command -v \"$candidate\")}}; break", "  fi",
               "done",
+              f'[ "$candidate" != {PYTHONS[0]} ] || {JOB_PYTHON3_VAR}=${PYTHON_VAR}',
               f"if [ -z \"${PYTHON_VAR}\" ]; then",
               "  echo \"hpc: no python3 >= 3.9 on $(hostname) (tried the job's PATH and the system's): hpc's node-side "
               "code needs one; put it first on PATH in the recipe's software (a venv or module)\" >&2",

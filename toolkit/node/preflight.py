@@ -170,9 +170,11 @@ def one_line(failed: dict[str, list[dict]]) -> str:
                      for node, checks in sorted(failed.items()))
 
 
-def step_argv(nodes: int, run_dir: str, promise: Promise, loader_args: Sequence[str]) -> List[str]:
+def step_argv(nodes: int, run_dir: str, promise: Promise, loader_args: Sequence[str],
+              job_python3: str = "") -> List[str]:
     """One task per node: the node check, then (where the job loads NCCL or HCCL) the loader check, each one JSON
-    line; in the job's environment (--export=ALL), never in a container (the node's own devices and mounts)."""
+    line; in the job's environment (--export=ALL), never in a container (the node's own devices and mounts).
+    `job_python3`: the interpreter behind the job's python3, where the batch shell's finder found it (else "")."""
     node_args = ["--json", "--probe", run_dir, "--disk", run_dir, "--disk", os.environ.get("TMPDIR") or "/tmp"]
     if promise.fsx_mount:
         node_args += ["--mount", promise.fsx_mount]
@@ -181,16 +183,19 @@ def step_argv(nodes: int, run_dir: str, promise: Promise, loader_args: Sequence[
     # load libraries (an interpreter's RPATH, a conda env's, takes part in dlopen's search): with -S (no
     # site-packages and their start-up) unless it asks where the job's torch is, which only site-packages say.
     # Both standard library only. The loader check runs beside the node check (a process substitution, read
-    # after it): the ranks wait at their gate for the slower of the two, not for the sum.
-    loader = 'python3 -c "$loader"' if "--torch-nccl" in loader_args else 'python3 -S -c "$loader"'
-    script = 'node="$1" loader="$2" count="$3" py="$4"; shift 4; [ -x "$py" ] || py=python3; '
+    # after it): the ranks wait at their gate for the slower of the two, not for the sum. Where the finder's
+    # interpreter is the job's python3 (`job_python3`), the loader check starts it by its own path: a pyenv or
+    # asdf shim's start cost 0.1 CPU-s per node here, and the ranks wait for it (docs/start-up.md).
+    loader = '"$lp" -c "$loader"' if "--torch-nccl" in loader_args else '"$lp" -S -c "$loader"'
+    script = ('node="$1" loader="$2" count="$3" py="$4" lp="$5"; shift 5; [ -x "$py" ] || py=python3; '
+              '[ -n "$lp" ] && [ -x "$lp" ] || lp=python3; ')
     if loader_args:
         script += f'exec 3< <({loader} --json "${{@:count+1}}"); '
     script += '"$py" -S -c "$node" "${@:1:count}"'
     if loader_args:  # the step's status stays the node check's (its report is the one a node cannot lack)
         script += '; status=$?; cat <&3; exit "$status"'
     words = [standalone_source("node_check"), standalone_source("loader_check"), str(len(node_args)),
-             sys.executable or "python3", *node_args, *loader_args]
+             sys.executable or "python3", job_python3, *node_args, *loader_args]
     # --overlap: beside the ranks' step, which the batch shell starts at the same time and which holds every CPU
     # (and GPU) of the nodes; its ranks wait at the gate (toolkit.node.gate). Without it, whichever step comes
     # second waits for the first: a deadlock when the ranks' step is first. --overlap shares memory and GRES too
@@ -353,6 +358,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--spares", type=int, default=0)
     parser.add_argument("--requeue", action="store_true", help="requeue excluding failed nodes (training jobs)")
     parser.add_argument("--loader", action="append", default=[], help="a loader_check argument (repeatable)")
+    parser.add_argument("--job-python3", default="",
+                        help="the interpreter behind the job's python3, where the batch shell's finder found it")
     parser.add_argument("--gate", default=None,
                         help="the gate file the ranks wait on (toolkit.node.gate): GO is written there once every "
                              "node passed and the records are written")
@@ -361,13 +368,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     promise: Promise = args.promise
     # the step first (its node count is Slurm's own; the names follow while it runs), then the rest of the work
     count = int(os.environ.get("SLURM_JOB_NUM_NODES") or 0)
-    step = start_step(step_argv(count, args.run_dir, promise, args.loader)) if count else None
+    step = start_step(step_argv(count, args.run_dir, promise, args.loader, args.job_python3)) if count else None
     nodes = slurm.hostnames(os.environ["SLURM_JOB_NODELIST"])
     if step is None or count != len(nodes):  # no SLURM_JOB_NUM_NODES (or one that disagrees): from the names
         if isinstance(step, subprocess.Popen):
             step.kill()
             step.wait()
-        step = start_step(step_argv(len(nodes), args.run_dir, promise, args.loader))
+        step = start_step(step_argv(len(nodes), args.run_dir, promise, args.loader, args.job_python3))
     from . import ledger
     from .records import PREFLIGHTS, append_record, job_records
 

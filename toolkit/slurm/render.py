@@ -135,9 +135,11 @@ def preflight_line(spec: JobSpec) -> str:
     args = slurm_part(spec).preflight_args
     if not args:
         return ""
+    from toolkit.job.staging import JOB_PYTHON3_VAR
     from toolkit.node.records import batch_dir
 
-    return node_command(spec.run_dir, "preflight", "--run-dir", str(batch_dir(spec.run_dir)), *args)
+    return (node_command(spec.run_dir, "preflight", "--run-dir", str(batch_dir(spec.run_dir)), *args) +
+            f' --job-python3 "${JOB_PYTHON3_VAR}"')
 
 
 def gate_lines(spec: JobSpec) -> list[str]:
