@@ -79,21 +79,39 @@ def job_started(logs: list[Path], job_id: str) -> float | None:
     return None
 
 
+def busy_cpu_seconds() -> float | None:
+    """CPU time this machine's cores have spent busy since boot (user, nice, system, irq, softirq, steal: the
+    first line of /proc/stat, in clock ticks), or None where there is no /proc/stat. Every process counts: the
+    command, Slurm's daemons, the job's shells and ranks (the local nodes are this machine's processes)."""
+    try:
+        fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]
+        user, nice, system, _idle, _iowait, irq, softirq, steal = (int(f) for f in fields)
+    except (OSError, ValueError):
+        return None
+    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
+
+
 @dataclasses.dataclass
 class Timing:
     total: float  # from starting the command to all ranks joined
     command: float  # the submitting command's own run (sbatch's; hpc's CLI)
     job: float | None  # from the job's first line to all ranks joined (None: the line was not found)
+    # CPU-s the machine spent from starting the command to seeing all ranks joined (None: no /proc/stat). With
+    # the ranks' start CPU-bound (4 imports of torch on this machine's 2 cores), CPU spent is time lost.
+    cpu: float | None = None
 
 
 def timed(argv: list[str], marker: Path, env: dict[str, str], queue: str) -> Timing:
     wait_idle(queue, env)
+    cpu_before = busy_cpu_seconds()
     start = time.time()
     done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=120)
     command = time.time() - start
     if done.returncode != 0:
         raise SystemExit(f"{' '.join(argv)} failed: {done.stderr.strip()}")
     joined = wait_for(marker)
+    cpu_after = busy_cpu_seconds()
+    cpu = None if cpu_before is None or cpu_after is None else cpu_after - cpu_before
     if argv[0] == "sbatch":  # "Submitted batch job N"; its log is --output=DIR/hand-N.out
         job_id = done.stdout.split()[-1]
         logs = [marker.parent / f"hand-{job_id}.out"]
@@ -105,7 +123,7 @@ def timed(argv: list[str], marker: Path, env: dict[str, str], queue: str) -> Tim
     while started is None and time.monotonic() < deadline:  # the file system's view of the log can lag a little
         time.sleep(0.1)
         started = job_started(logs, job_id)
-    return Timing(joined - start, command, None if started is None else joined - started)
+    return Timing(joined - start, command, None if started is None else joined - started, cpu)
 
 
 def steady_rate(log: Path, timeout: float = 600) -> float:
@@ -198,6 +216,20 @@ def own_time(ways: dict[str, list[Timing]]) -> None:
     hand, default = sums.get(HAND_WAY), sums.get(HPC_WAY)
     if hand and default:
         print(f"hpc's own overhead: {default - hand:+.2f} s ({default / hand:.2f}x; goal < 0.5 s)")
+    cpu_used(ways)
+
+
+def cpu_used(ways: dict[str, list[Timing]]) -> None:
+    """The machine's busy CPU-s from each way's command to all ranks joined (medians), and each way's extra over
+    the hand-written script: on a machine whose cores the ranks' start keeps busy, this is where the time goes,
+    and it is far steadier than the seconds."""
+    cpus = {name: statistics.median(t.cpu for t in timings if t.cpu is not None)
+            for name, timings in ways.items() if any(t.cpu is not None for t in timings)}
+    if HAND_WAY not in cpus:
+        return
+    print(f"CPU-s this machine ({os.cpu_count()} cores) spent from the command to joined (medians):")
+    for name, cpu in cpus.items():
+        print(f"  {name:<44}{cpu:>6.2f} CPU-s  {cpu - cpus[HAND_WAY]:+.2f}")
 
 
 def main() -> None:
