@@ -144,6 +144,22 @@ def test_jobs_logs_rank_picks_one_ranks_lines_of_the_sbatch_executors_labelled_l
     assert rank[11].stdout == "rank 11 starts\n" + error
 
 
+
+def test_jobs_logs_refuses_a_rank_beyond_the_jobs_ranks_on_either_executor(tmp_path):
+    """The sbatch executor's one log has lines for every rank and the batch shell's: asked for a rank the job
+    never had, `jobs logs` printed the batch shell's lines and exited 0 (submitit's path: no such file, exit 1)."""
+    for executor in ("sbatch", "slurm"):
+        env = {**os.environ, "HPC_RUNS_DIR": str(tmp_path / executor)}  # one runs root each: one run of job 55
+        run = _run(tmp_path / executor / "r", executor, ranks=4)
+        (run.path / "probe-55.out").write_text("hpc: job 55 at ...\n 0: rank 0 starts\n 3: rank 3 starts\n")
+        (run.path / "submitit").mkdir()
+        (run.path / "submitit" / "55_3_log.out").write_text("rank 3 starts\n")
+        assert run_hpc("jobs", "logs", "55", "--rank", "3", env=env).stdout.endswith("rank 3 starts\n")
+        for rank in ("4", "9", "-1"):
+            res = run_hpc("jobs", "logs", "55", "--rank", rank, env=env)
+            assert res.returncode == 1 and res.stdout == "", (executor, rank, res.stdout)
+            assert f"job 55 has 4 rank(s), 0 to 3: there is no rank {rank}" in res.stderr
+
 def test_jobs_logs_prints_submitits_own_rank_log_whole(tmp_path):
     run = _run(tmp_path / "r", "slurm")
     (run.path / "submitit").mkdir()

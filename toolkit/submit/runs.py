@@ -246,6 +246,10 @@ def rank_lines(job_id: str, rank: int, stream: str = "out", keep_following: bool
     executor's), only that rank's lines without srun's label (rundir.task_lines). keep_following: until the job
     ends (follow())."""
     run = _run_of(job_id, root)
+    ranks = (run.metadata() or Metadata()).ranks
+    if ranks and not 0 <= rank < ranks:  # the job's one log (sbatch) would give only the lines no rank wrote
+        raise HpcError(f"job {job_id} has {ranks} rank(s), 0 to {ranks - 1}: there is no rank {rank}",
+                       fix=f"pick a rank from 0 to {ranks - 1} with --rank")
     path = _rank_log(run, job_id, rank, stream)
     if keep_following:
         lines = follow(path, lambda: status(job_id).done)
