@@ -149,3 +149,34 @@ def test_master_port_is_distinct_below_ephemeral_ports_and_the_same_in_every_pro
                                           ("2-3", 51 * 60), ("1-0:30", 1470)])
 def test_time_limit_in_minutes(text, minutes):
     assert time_minutes(text) == minutes
+
+
+@pytest.mark.parametrize("recipe,queue", [("resnet50", P3DN), ("nccl-tests", P3DN)])  # a training job, a benchmark
+def test_the_rendered_script_records_how_the_job_ended_in_its_run_dir(tmp_path, recipe, queue):
+    """The rendered script's batch shell writes result.json with its ranks' step's status, ok or not, as its last
+    word (toolkit.slurm.render.end_record_line): what `hpc jobs status` reads once Slurm has forgotten the job. Here
+    the script's own tail runs in bash, from its srun line on, with srun a stub (named so) that exits 0, then 3; a
+    run dir that is gone leaves the job's status alone."""
+    from toolkit.rundir import RunDir
+
+    run = RunDir(tmp_path / "run").create()
+    script = render_script(build_job_spec(load_recipe(recipe), queue, 1, run_dir=str(run.path)))
+    tail = script[script.index("\nCOMMAND=("):]  # the rank program's words, the srun line and what follows it
+    assert tail.count("result.json.$$ ") == 2  # one record (written aside, moved), after the ranks' step
+    stub = tmp_path / "bin"
+    stub.mkdir()
+    (stub / "srun").write_text('#!/bin/sh\n# a stand-in for Slurm\'s srun: the ranks\' step\'s status\nexit "$STUB"\n')
+    (stub / "srun").chmod(0o755)
+    for status, ok in ((0, True), (3, False)):
+        res = subprocess.run(["bash", "-c", "set -euo pipefail" + tail], capture_output=True, text=True, timeout=30,
+                             env={**os.environ, "PATH": f"{stub}:{os.environ['PATH']}", "STUB": str(status),
+                                  "SLURMD_NODENAME": "c7", "SLURM_JOB_ID": "55"})
+        assert res.returncode == status, res.stderr
+        ended = run.result()
+        assert ended is not None and (ended.ok, ended.exit_code, ended.host, ended.rank) == (ok, status, "c7", None)
+        assert run.outcome() is ok and [p.name for p in run.path.iterdir()] == ["result.json"]
+    run.path.joinpath("result.json").unlink()
+    run.path.rmdir()
+    res = subprocess.run(["bash", "-c", "set -euo pipefail" + tail], capture_output=True, text=True, timeout=30,
+                         env={**os.environ, "PATH": f"{stub}:{os.environ['PATH']}", "STUB": "0"})
+    assert res.returncode == 0, res.stderr

@@ -42,8 +42,11 @@ def test_jobs_commands_on_a_finished_run(slurm_sandbox, tmp_path):
     assert unknown.returncode == 1 and "999999" in unknown.stderr
 
 
-def test_sacct_less_status_falls_back_to_squeue_scontrol_and_the_run_dir(slurm_sandbox, tmp_path, monkeypatch):
-    """ParallelCluster ships without accounting: with sacct failing, status still comes out right."""
+@pytest.mark.parametrize("executor", ["slurm", "sbatch"])
+def test_sacct_less_status_falls_back_to_squeue_scontrol_and_the_run_dir(slurm_sandbox, tmp_path, monkeypatch,
+                                                                         executor):
+    """ParallelCluster ships without accounting: with sacct failing, status still comes out right, on either
+    executor (the run dir's record: submitit's rank 0's, the rendered script's batch shell's)."""
     fake_bin = tmp_path / "bin"
     fake_bin.mkdir()
     (fake_bin / "sacct").write_text("#!/bin/sh\necho 'sacct: error: Slurm accounting storage is disabled' >&2\n"
@@ -52,7 +55,8 @@ def test_sacct_less_status_falls_back_to_squeue_scontrol_and_the_run_dir(slurm_s
     env = dict(slurm_env(slurm_sandbox), HPC_RUNS_DIR=str(tmp_path / "runs"))
     env["PATH"] = f"{fake_bin}:{env['PATH']}"
     recipe = probe_recipe(tmp_path)
-    res = run_hpc("recipes", "submit", str(recipe), "--nodes", "2", "--wait", "--json", env=env, cwd=tmp_path)
+    res = run_hpc("recipes", "submit", str(recipe), "--nodes", "2", "--executor", executor, "--wait", "--json",
+                  env=env, cwd=tmp_path)
     assert res.returncode == 0, res.stderr
     job_id = cli_json(res)["job_id"]
     status = cli_json(run_hpc("jobs", "status", job_id, "--json", env=env))

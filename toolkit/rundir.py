@@ -11,7 +11,9 @@ and reports all go through RunDir).
         submitit/        submitit's pickles and per-rank logs: <job>_<rank>_log.out / .err (a sweep task's are in
                          its sweep's submitit/, <array>_<task in array>_<rank>_log.*)
         <job>-<id>.out   the sbatch executor's one log: every rank's stdout and stderr (JobSpec.output)
-        result.json      RankRecord of rank 0 when the workload ends well (Slurm forgets finished jobs)
+        result.json      how the job ended (Slurm forgets finished jobs): submitit's rank 0's RankRecord when its
+                         workload ends well; the rendered script's batch shell's, ok or not (rank null, the
+                         ranks' step's exit status: toolkit.slurm.render.end_record_line)
         failures/        rank-N.json: RankRecord of each rank whose workload failed
         logs/train_log.jsonl  our trainer's log, when the recipe keeps its logs under the run (dirs.logs under: run)
         heartbeats/      rank-N.json: each rank's step and time; rank-N.stack: its Python stacks when asked

@@ -245,10 +245,26 @@ def node_python(spec: JobSpec) -> str:
     return sys.executable
 
 
+def end_record_line(spec: JobSpec) -> str:
+    """The batch shell's last word in the run dir: result.json (toolkit.rundir.RESULT) with the ranks' step's exit
+    status, ok or not, written aside and moved. Slurm forgets a finished job (MinJobAge; ParallelCluster has no
+    accounting by default): then `hpc jobs status` reads how it ended from here, as it reads submitit's rank 0's
+    record. Not written when the job is requeued or stopped by its pre-flight (its shell exits before this line).
+    A record that cannot be written (the run dir gone from this node) does not change the job's status."""
+    from toolkit.rundir import RESULT
+
+    result = shlex.quote(os.path.join(str(spec.run_dir), RESULT))
+    record = ('{"rank": null, "host": "%s", "exit_code": %d, "finished_at": "%s", "ok": %s}\\n')
+    return (f"printf '{record}' \"${{SLURMD_NODENAME:-$(hostname)}}\" \"$STATUS\" "
+            f"\"$(date -u +%Y-%m-%dT%H:%M:%S+00:00)\" \"$([ \"$STATUS\" = 0 ] && echo true || echo false)\" "
+            f"> {result}.$$ 2>/dev/null && mv -f {result}.$$ {result} 2>/dev/null || true")
+
+
 def render_script(spec: JobSpec) -> str:
     """The sbatch script of a job: srun starts the job's rank program (toolkit.job.rank) on every task."""
     program = spec.program
     return _template("job.sbatch.j2").render(
+        end_record=end_record_line(spec),
         **_setup_context(spec),
         stop=spec.stop,
         directives=sbatch_directives(spec),
