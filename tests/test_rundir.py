@@ -14,6 +14,7 @@ from tests.test_transport import EFA_LOG, SOCKET_FALLBACK
 from toolkit.errors import HpcError
 from toolkit.reports.scaling import read_run
 from toolkit.reports.transport import run_network
+from toolkit import rundir
 from toolkit.rundir import Array, Executor, Metadata, RankRecord, RunDir, find_run, list_runs
 from toolkit.slurm.rank_task import _write
 
@@ -128,6 +129,24 @@ def test_the_sbatch_executors_one_log_serves_every_rank_and_stream(tmp_path):
     assert run.failed_rank_log("55") == run.path / "nccl-tests-55.out"
     assert run.log_names("55") == ["nccl-tests-55.out"]
 
+
+
+def test_the_rendered_scripts_first_failed_rank_is_the_first_task_srun_saw_exit(tmp_path):
+    """Its ranks write no records: srun's lines in the job's one log say which task ended first by itself; one
+    srun killed after it (even one reported earlier) is not it; a log where srun reported none names none."""
+    run = _run(tmp_path / "r", "sbatch")
+    (run.path / "probe-55.out").write_text(
+        "hpc: job 55 at ...\n 3: probe rank 3: failing on purpose\n 3: hpc: error: rank 3 gave up\n"
+        "srun: error: c1: tasks 0-1: Killed\nsrun: error: c2: task 3: Exited with exit code 3\n"
+        "srun: error: c2: task 2: Exited with exit code 1\n")
+    assert run.first_failed_rank("55") == 3 and run.failed_rank_log("55") == run.path / "probe-55.out"
+    assert run.first_failed_rank() is None  # which job's log: not known without its id
+    assert rundir.first_failed_task(["srun: error: c1: tasks [0-1]: Terminated"]) == 0
+    assert rundir.first_failed_task(["no srun error here"]) is None
+    from toolkit.submit.runs import failure_reason
+
+    assert failure_reason(str(run.path / "probe-55.out"), 3) == "rank 3 gave up"
+    assert failure_reason(str(run.path / "probe-55.out"), 2) is None
 
 def test_jobs_logs_rank_picks_one_ranks_lines_of_the_sbatch_executors_labelled_log(tmp_path):
     run = _run(tmp_path / "r", "sbatch")

@@ -26,6 +26,23 @@ def test_a_failing_rank_ends_wait_non_zero_and_names_its_log(slurm_sandbox, tmp_
     assert status.returncode == 1 and cli_json(status)["state"] == "FAILED"
 
 
+
+def test_a_failing_rank_of_the_rendered_script_is_named_from_its_one_log(slurm_sandbox, tmp_path):
+    """The rendered script's ranks share the job's one log and write no records: --wait names the rank srun saw
+    exit first (not one it killed after) and the command that prints that rank's lines, which hold its error."""
+    recipe = probe_recipe(tmp_path, PROBE_FAIL_RANK="3")
+    env = dict(slurm_env(slurm_sandbox), HPC_RUNS_DIR=str(tmp_path / "runs"))
+    res = run_hpc("recipes", "submit", str(recipe), "--nodes", "2", "--executor", "sbatch", "--wait", env=env,
+                  cwd=tmp_path)
+    assert res.returncode == 1 and "Traceback" not in res.stderr
+    job_id = res.stdout.split()[0]
+    named = re.search(rf"job {job_id} ended FAILED: rank 3 failed first \(see (\S+-{job_id}\.out); rank 3's "
+                      rf"lines: hpc jobs logs {job_id} --rank 3\)", res.stderr)
+    assert named, res.stderr
+    lines = run_hpc("jobs", "logs", job_id, "--rank", "3", env=env)
+    assert lines.returncode == 0 and "failing on purpose" in lines.stdout
+    assert "failing on purpose" not in run_hpc("jobs", "logs", job_id, "--rank", "1", env=env).stdout
+
 def test_jobs_commands_on_a_finished_run(slurm_sandbox, tmp_path):
     recipe = probe_recipe(tmp_path)
     env = dict(slurm_env(slurm_sandbox), HPC_RUNS_DIR=str(tmp_path / "runs"))

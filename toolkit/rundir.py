@@ -424,13 +424,15 @@ class RunDir:
         plan = read_json(self.path / PLAN) or {}
         return [d for d in plan.get("derived") or [] if isinstance(d, dict)]
 
-    def first_failed_rank(self) -> int | None:
+    def first_failed_rank(self, job_id: str | None = None) -> int | None:
         """The rank that failed first (ranks killed after it by srun --kill-on-bad-exit are not it). Records
         carry whole seconds: within one, a rank that ended on its own comes before one ended by SIGTERM, which is
-        how srun ends the others once one fails (a slow rank 0 killed before it reached its own error)."""
+        how srun ends the others once one fails (a slow rank 0 killed before it reached its own error). Without
+        records (the rendered script's ranks write none), srun's own word in the job's one log (`job_id`)."""
         ranked = [f for f in self.failures() if isinstance(f.rank, int)]
         if not ranked:
-            return None
+            log = self.job_output(job_id) if job_id else None
+            return first_failed_task(_read(log).splitlines()) if log else None
         return min(ranked, key=lambda f: (f.finished_at or "", f.exit_code == -SIGTERM, f.rank)).rank
 
     # -- sweeps -----------------------------------------------------------------------------------------------
@@ -476,7 +478,7 @@ class RunDir:
     def failed_rank_log(self, job_id: str) -> Path | None:
         """The log of the rank that failed first, rank 0's when no rank recorded a failure (stderr where the
         executor keeps it apart)."""
-        return self.rank_log(job_id, self.first_failed_rank() or 0, "err")
+        return self.rank_log(job_id, self.first_failed_rank(job_id) or 0, "err")
 
     def log_files(self) -> list[Path]:
         """The run's logs, the likeliest training log first: the trainer's train_log.jsonl, rank 0's submitit
@@ -515,6 +517,24 @@ def task_lines(lines: Iterable[str], task: int) -> Iterator[str]:
             yield line
         elif int(label.group(1)) == task:
             yield line[label.end():]
+
+
+def first_failed_task(lines: Iterable[str]) -> int | None:
+    """The first task srun reports as ended badly in a job's log (`srun: error: c2: task 3: Exited with exit code
+    3`, toolkit.node.spares.TASK_FAILED, as Slurm 22.05 to 26.05 print it): the first that exited by itself,
+    before any that srun killed (`tasks 0-2: Killed`) once one had failed; None where srun reported none."""
+    from toolkit.node.spares import TASK_EXITED, TASK_FAILED
+
+    killed = None
+    for line in lines:
+        found = TASK_FAILED.match(line.strip())
+        if not found:
+            continue
+        task = int(re.findall(r"\d+", found["tasks"])[0])
+        if TASK_EXITED.match(found["what"]):
+            return task
+        killed = task if killed is None else killed
+    return killed
 
 
 def _job_number(path: Path) -> int:

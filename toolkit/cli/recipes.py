@@ -284,12 +284,17 @@ def submit_request(request, dry_run: bool, wait: bool, as_json: bool, verbose: b
         from toolkit.slurm.batchhost import failure_line
         from toolkit.submit.runs import failure_reason
 
-        log = result.get("failed_rank_log")
-        reason = failure_reason(log) if log else None
+        log, rank = result.get("failed_rank_log"), result.get("failed_rank")
+        # the rendered script's one log, its ranks' lines labelled (a pre-flight's stop is no rank's failure)
+        shared = rank is not None and result.get("failed_rank_log_shared") and not result.get("preflight")
+        reason = failure_reason(log, rank if shared else None) if log else None
+        if shared:
+            reason = f"rank {rank} failed first" + (f": {reason}" if reason else "")
         if result.get("preflight"):
             reason = failure_line(result["preflight"])
+        lines = f"; rank {rank}'s lines: hpc jobs logs {result['job_id']} --rank {rank}" if shared else ""
         message = (f"job {result['job_id']} ended {result['state']}" + (f": {reason}" if reason else "")
-                   + (f" (see {log})" if log else ""))
+                   + (f" (see {log}{lines})" if log else ""))
         info(message)
         raise fail(message)
 

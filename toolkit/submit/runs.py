@@ -126,12 +126,15 @@ def list_statuses(root: Path | None = None) -> list[RunStatus]:
 
 
 
-def failure_reason(log: str) -> str | None:
-    """The launcher's own one-line error in a rank's log (`hpc: error: ...`, toolkit.job.user_main), if any."""
+def failure_reason(log: str, task: int | None = None) -> str | None:
+    """The launcher's own one-line error in a rank's log (`hpc: error: ...`, toolkit.job.user_main), if any; in
+    the rendered script's one log, `task`'s lines (srun --label)."""
     try:
         lines = Path(log).read_text(errors="replace").splitlines()
     except OSError:
         return None
+    if task is not None:
+        lines = list(rundir.task_lines(lines, task))
     return next((line.removeprefix("hpc: error: ") for line in lines if line.startswith("hpc: error: ")), None)
 
 

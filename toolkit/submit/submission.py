@@ -63,8 +63,12 @@ def wait(job_id: str, run: Path, progress: Callable[[str], None], poll_s: float 
     outcome = {"job_id": job_id, "state": status.state, "run_dir": str(run), "requeues": status.requeues}
     mine = RunDir(run).preflights(job_id)
     if status.state != State.COMPLETED:
-        log = RunDir(run).failed_rank_log(job_id)  # whatever executor ran it
+        ended = RunDir(run)
+        log = ended.failed_rank_log(job_id)  # whatever executor ran it
         outcome["failed_rank_log"] = str(log) if log else None
+        outcome["failed_rank"] = ended.first_failed_rank(job_id)
+        # the rendered script's one log (every rank's lines, labelled): the failed rank's are read out of it
+        outcome["failed_rank_log_shared"] = bool(log and ended.shares_log(job_id, log))
         if mine and mine[-1].get("failed"):  # stopped by its pre-flight: that is the reason, not a rank's log
             outcome["preflight"] = mine[-1]
     launches = [r for r in mine if r.get("stage") == LAUNCH]
