@@ -26,8 +26,8 @@ def test_wait_names_a_batch_host_that_cannot_write_the_run_dir_and_requeues_the_
     env = dict(slurm_env(slurm_sandbox), HPC_RUNS_DIR=str(tmp_path / "runs"))
     # w1 and w2 are the partition's first idle nodes: the job lands on them, and w1 is its batch host
     with missing_mount("w1", tmp_path):
-        res = run_hpc("run", str(PRINT_ENV), "--nodes", "2", "--queue", "wide", "--time", "5", "--wait", "--json",
-                      env=env, cwd=tmp_path, timeout=300)
+        res = run_hpc("run", str(PRINT_ENV), "--nodes", "2", "--queue", "wide", "--time", "5", "--executor", "slurm",
+                      "--wait", "--json", env=env, cwd=tmp_path, timeout=300)
     assert res.returncode == 0, res.stdout + res.stderr
     job = cli_json(res)
     assert job["state"] == "COMPLETED" and job["requeues"] == 1

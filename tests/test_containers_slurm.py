@@ -101,9 +101,9 @@ def test_a_tutorial_script_runs_in_the_container_with_the_jobs_rendezvous(contai
     inside = Path("/tmp") / f"hpc-container-test-{tmp_path.name}"  # on the container's own tmpfs
     mounts = [w for m in host_mounts(tmp_path) for w in ("--container-mount", m)]
     res = run_hpc("run", str(REPO / "recipes" / "examples" / "ddp_train.py"), "--nodes", "2", "--queue", "cpu",
-                  "--time", "00:10:00", "--venv", sys.prefix, "--env", f"PYTHONPATH={REPO}", "--container", str(image),
-                  *mounts, "--wait", "--json", "--", "--steps", "20", "--checkpoint-every", "10",
-                  "--checkpoint-dir", str(inside), env=env, cwd=tmp_path, timeout=TIMEOUT)
+                  "--executor", "slurm", "--time", "00:10:00", "--venv", sys.prefix, "--env", f"PYTHONPATH={REPO}",
+                  "--container", str(image), *mounts, "--wait", "--json", "--", "--steps", "20", "--checkpoint-every",
+                  "10", "--checkpoint-dir", str(inside), env=env, cwd=tmp_path, timeout=TIMEOUT)
     assert res.returncode == 0, res.stderr
     result = cli_json(res)
     assert result["state"] == "COMPLETED" and result["ranks"] == 4

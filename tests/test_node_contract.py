@@ -201,15 +201,20 @@ def test_submitit_is_used_only_where_the_nodes_python_can_run_its_side(tmp_path,
     old = _venv(tmp_path / "py39", "3.9.2", submitit=True)
     bare = _venv(tmp_path / "bare", here, submitit=False)
     fit = _venv(tmp_path / "fit", here, submitit=True)
-    kind, note = executors.choose_executor(None, node_python=old)
+    # a single job goes as its rendered script whatever the venv holds: it needs nothing of hpc's on the nodes
+    assert [executors.choose_executor(None, node_python=p) for p in (old, bare, fit)] == [("sbatch", None)] * 3
+    # a sweep is submitit's job array: submitit's side must run there
+    kind, note = executors.choose_executor(None, node_python=old, array=True)
     assert kind.value == "sbatch" and f"{tmp_path / 'py39'} is Python 3.9" in note
-    kind, note = executors.choose_executor(None, node_python=bare)
+    kind, note = executors.choose_executor(None, node_python=bare, array=True)
     assert kind.value == "sbatch" and "has no submitit" in note
-    assert executors.choose_executor(None, node_python=fit) == ("slurm", None)
+    assert executors.choose_executor(None, node_python=fit, array=True) == ("slurm", None)
     # submitit there, but not hpc, whose rank task submitit unpickles on the node
-    kind, note = executors.choose_executor(None, node_python=_venv(tmp_path / "nohpc", here, True, hpc=False))
+    kind, note = executors.choose_executor(None, node_python=_venv(tmp_path / "nohpc", here, True, hpc=False),
+                                           array=True)
     assert kind.value == "sbatch" and "has no hpc" in note
-    assert executors.choose_executor(None, node_python="python") == ("slurm", None)  # modules/conda: not readable
+    assert executors.choose_executor(None, node_python="python", array=True) == ("slurm", None)  # not readable
+    assert executors.choose_executor("slurm", node_python=fit) == ("slurm", None)
     assert executors.choose_executor("sbatch", node_python=old) == ("sbatch", None)
     with pytest.raises(HpcError, match="--executor slurm \\(submitit\\): the job's venv .* is Python 3.9") as err:
         executors.choose_executor("slurm", node_python=old)

@@ -27,9 +27,11 @@ TIMEOUT = 900  # the sandbox is shared with other agents' jobs
 def hpc_run(sandbox, tmp_path: Path, target: str, *args: str, script_args: tuple[str, ...] = (), dry: bool = False,
             wait: bool = True) -> subprocess.CompletedProcess:
     env = dict(slurm_env(sandbox), HPC_RUNS_DIR=str(tmp_path / "runs"))
+    # submitit's side (--executor slurm): these tests read its per-rank logs and the batch script it sent
     return run_hpc("run", target, "--nodes", "2", "--cluster", str(sandbox.cluster_config), "--queue", "cpu",
-                   "--time", "00:15:00", "--env", f"PYTHONPATH={REPO}", *args, *(["--wait"] if wait else []),
-                   *(["--dry-run"] if dry else []), "--json", "--", *script_args, env=env, cwd=tmp_path,
+                   "--time", "00:15:00", "--env", f"PYTHONPATH={REPO}", "--executor", "slurm", *args,
+                   *(["--wait"] if wait else []), *(["--dry-run"] if dry else []), "--json", "--", *script_args,
+                   env=env, cwd=tmp_path,
                    timeout=TIMEOUT)
 
 
@@ -153,7 +155,8 @@ def test_torchrun_restarts_a_killed_worker_and_resumes_from_the_checkpoint(slurm
 def test_the_resnet_recipe_trains_under_torchrun(slurm_sandbox, tmp_path):
     env = dict(slurm_env(slurm_sandbox), HPC_RUNS_DIR=str(tmp_path / "runs"))
     res = run_hpc("recipes", "submit", "resnet50", "--profile", "smoke", "--nodes", "2", "--cluster",
-                  str(slurm_sandbox.cluster_config), "--queue", "cpu", "--set", "launcher.style=torchrun", "--set",
+                  str(slurm_sandbox.cluster_config), "--queue", "cpu", "--executor", "slurm", "--set",
+                  "launcher.style=torchrun", "--set",
                   "launcher.max_restarts=1", "--set", f"env.PYTHONPATH={REPO}", "--set", "args.--max-steps=6",
                   "--wait", "--json", env=env,
                   cwd=tmp_path, timeout=TIMEOUT)

@@ -54,16 +54,20 @@ def test_a_plan_for_a_given_cluster_is_for_its_slurm_where_none_is_installed(no_
                           cwd=tmp_path)
     _ok(res)
     assert "2 nodes x 8 GPUs (p5.48xlarge)" in res.stdout
-    assert "submitit, to Slurm" in res.stdout and "local executor" not in res.stdout + res.stderr
+    assert "sbatch, the rendered script" in res.stdout and "local executor" not in res.stdout + res.stderr
     assert res.stderr.count(OFF_CLUSTER) == 1 and "submitting needs Slurm" in res.stderr
     res = run_hpc_process("recipes", "submit", "roberta", "--cluster", str(P5), "--nodes", "2", "--dry-run",
                           "--json", env=no_slurm)
     _ok(res)
     plan = cli_json(res)
-    assert plan["executor"] == "slurm" and plan["nodes"] == 2
+    assert plan["executor"] == "sbatch" and plan["nodes"] == 2 and "#SBATCH --nodes=2" in plan["script"]
+    assert sum(OFF_CLUSTER in note for note in plan["notes"]) == 1
+    res = run_hpc_process("recipes", "submit", "roberta", "--cluster", str(P5), "--nodes", "2", "--executor",
+                          "slurm", "--dry-run", "--json", env=no_slurm)
+    _ok(res)
+    plan = cli_json(res)
     # submitit's own batch script, made without srun (its SlurmExecutor refuses to be made without one)
     assert "#SBATCH --nodes=2" in plan["batch_script"] and "srun --unbuffered" in plan["batch_script"]
-    assert sum(OFF_CLUSTER in note for note in plan["notes"]) == 1
 
 
 def test_a_sweep_plans_where_no_slurm_is_installed(no_slurm):
@@ -93,7 +97,7 @@ def test_the_cluster_config_of_the_environment_counts_as_given(no_slurm):
     res = run_hpc_process("recipes", "submit", "resnet50", "--profile", "smoke", "--dry-run", "--json",
                           env={**no_slurm, "HPC_CLUSTER_CONFIG": str(P5)})
     _ok(res)
-    assert cli_json(res)["executor"] == "slurm"
+    assert cli_json(res)["executor"] == "sbatch"
     # no cluster at all: this machine is the one node (the local executor), as before
     res = run_hpc_process("recipes", "submit", "resnet50", "--profile", "smoke", "--dry-run", "--json",
                           env=no_slurm)

@@ -25,8 +25,8 @@ def test_a_node_without_the_shared_file_system_is_named_and_the_job_requeued_wit
     env = dict(slurm_env(slurm_sandbox), HPC_RUNS_DIR=str(tmp_path / "runs"))
     # w1 and w2 are the partition's first idle nodes: the job lands on them, and the batch host w1 keeps its view
     with missing_mount("w2", tmp_path):
-        res = run_hpc("run", str(PRINT_ENV), "--nodes", "2", "--queue", "wide", "--time", "5", "--wait", "--json",
-                      env=env, cwd=tmp_path)
+        res = run_hpc("run", str(PRINT_ENV), "--nodes", "2", "--queue", "wide", "--time", "5", "--executor", "slurm",
+                      "--wait", "--json", env=env, cwd=tmp_path)
     assert res.returncode == 0, res.stdout + res.stderr
     job = cli_json(res)
     assert job["state"] == "COMPLETED" and job["requeues"] == 1

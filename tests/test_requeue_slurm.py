@@ -25,10 +25,11 @@ from toolkit.workloads.train_log import read_log
 pytestmark = [pytest.mark.slurm, pytest.mark.training]
 RESNET_SETS = ["--set", "args.--epochs=2", "--set", "args.--max-steps=32", "--set", "args.--log-every-steps=1",
                "--set", "args.--checkpoint-every-steps=10"]
-RESNET = ["resnet50", "--profile", "smoke", "--nodes", "1", *RESNET_SETS]
+# submitit's side (--executor slurm): its checkpoint-and-requeue, and its per-rank logs, are what this file reads
+RESNET = ["resnet50", "--profile", "smoke", "--nodes", "1", "--executor", "slurm", *RESNET_SETS]
 # The uninterrupted reference: 2 ranks of 1 CPU as on one cpu node, on nodes the interrupted runs leave free.
-REFERENCE = ["resnet50", "--profile", "smoke", "--nodes", "2", "--queue", "wide", *RESNET_SETS]
-ROBERTA = ["roberta", "--profile", "smoke", "--nodes", "1", "--set", "args.--max-update=160",
+REFERENCE = ["resnet50", "--profile", "smoke", "--nodes", "2", "--queue", "wide", "--executor", "slurm", *RESNET_SETS]
+ROBERTA = ["roberta", "--profile", "smoke", "--nodes", "1", "--executor", "slurm", "--set", "args.--max-update=160",
            "--set", "args.--total-num-update=160", "--set", "args.--max-epoch=1000",
            "--set", "args.--save-interval-updates=10", "--set", "args.--log-interval=5"]
 

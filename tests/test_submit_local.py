@@ -46,5 +46,6 @@ def test_local_is_chosen_only_where_no_slurm_is_installed(tmp_path, monkeypatch)
     assert kind == "local" and "no Slurm is installed" in note
     (tmp_path / "sbatch").write_text("#!/bin/sh\n")
     (tmp_path / "sbatch").chmod(0o755)  # ParallelCluster's /opt/slurm/bin counts as installed
-    assert executors.choose_executor(None) == ("slurm", None)
+    assert executors.choose_executor(None) == ("sbatch", None)  # a single job: its rendered script
+    assert executors.choose_executor(None, array=True) == ("slurm", None)  # a sweep: submitit's job array
     assert executors.choose_executor("local") == ("local", None)

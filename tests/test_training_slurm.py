@@ -30,8 +30,9 @@ def smoke(slurm_sandbox, tmp_path_factory):
 
     def run(recipe: str, nodes: int = 2, *options: str) -> dict:
         if (recipe, nodes) not in done:
-            result = submit_json(recipe, "--profile", "smoke", "--nodes", str(nodes), *options, "--wait", env=env,
-                                 cwd=tmp)
+            # submitit's side (--executor slurm): fairseq's log is rank 0's own file there
+            result = submit_json(recipe, "--profile", "smoke", "--nodes", str(nodes), "--executor", "slurm", *options,
+                                 "--wait", env=env, cwd=tmp)
             assert result["state"] == "COMPLETED" and result["ranks"] == 2 * nodes
             status = run_hpc("jobs", "status", result["job_id"], "--json", env=env)
             assert status.returncode == 0 and cli_json(status)["state"] == "COMPLETED"

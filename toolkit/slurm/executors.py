@@ -3,13 +3,16 @@ rendered script itself with sbatch.
 
 The executor kinds, one vocabulary for `--executor`, the plan, the run dir's metadata and `hpc jobs`:
 
+    sbatch   the rendered script (toolkit.slurm.render), sent with `sbatch --parsable`: its srun line starts the
+             job's rank program (toolkit.job.rank). The default on Slurm for a single job: it needs nothing of
+             hpc's on the nodes (toolkit.node's contract), and each rank is its program alone, where submitit's
+             adds a Python that imports submitit first (1.0-1.3 CPU-s for 4 ranks, half of what hpc's start cost
+             on the 2-core bench: docs/start-up.md). MPI binaries (nccl-tests) always go this way.
     slurm    submitit's SlurmExecutor: the job's resources become its parameters, its set-up block (software,
              exports, rendezvous) its setup lines, and srun starts one RankTask per Slurm task, which runs the
-             job's rank program (toolkit.job.rank)
+             same rank program. The default for a sweep (one submitit job array), and on request (--executor slurm)
     local    submitit's LocalExecutor: this machine is the one node (chosen where no Slurm is installed and no
              cluster config is given)
-    sbatch   the rendered script (toolkit.slurm.render), sent with `sbatch --parsable`: its srun line starts the
-             same rank program. MPI binaries (nccl-tests) always go this way: srun --mpi gives each task its rank
 """
 
 from __future__ import annotations
@@ -67,15 +70,16 @@ def submitit_unfit(python: str) -> str | None:
 
 def choose_executor(requested: str | None, *, mpi: bool = False, spares: int = 0,
                     node_python: str | None = None, cluster_given: bool = False,
-                    ordered: bool = False) -> tuple[Executor, str | None]:
+                    array: bool = False) -> tuple[Executor, str | None]:
     """The executor, and a note when it was chosen for the user (local only where no Slurm is installed and no
     cluster config names the target). `node_python`: the Python the job's nodes run (render.node_python); where
     submitit cannot run there the rendered script goes to sbatch instead, which needs nothing of hpc's on the
     nodes (toolkit.node's contract). `cluster_given`: the queue comes from a cluster config (--cluster or
     $HPC_CLUSTER_CONFIG), so the job is that cluster's Slurm's even where this machine has none: it is planned
     as it would be there, and only submitting needs Slurm here (planned_without_slurm, toolkit.slurm.targets).
-    `ordered`: the queue's topology file orders the ranks (toolkit.slurm.hostfile), which only the rendered
-    script's srun line does (submitit writes its own): unless asked otherwise it goes to sbatch, as spares do."""
+    `array`: the job is a sweep's job array, which is submitit's (toolkit.submit.sweep). A single job goes to sbatch
+    as its rendered script unless asked otherwise; that is also the one whose srun orders the ranks by a queue's
+    topology file (toolkit.slurm.hostfile: submitit writes its own srun line)."""
     from toolkit.slurm.commands import slurm_installed
 
     on_slurm = cluster_given or slurm_installed()  # the job goes to a Slurm: the given cluster's, or this one's
@@ -91,19 +95,20 @@ def choose_executor(requested: str | None, *, mpi: bool = False, spares: int = 0
                            f"script (toolkit.node.spares){missing}",
                            fix="submit to a Slurm cluster without --executor (or with --executor sbatch), or drop "
                                "--spares")
-        return Executor.SBATCH, (None if kind == Executor.SBATCH else
-                                 f"{spares} spare node(s): the rendered script goes to sbatch (toolkit.node.spares "
-                                 "restarts its ranks on them)")
+        return Executor.SBATCH, None
     if mpi:
         if kind == Executor.LOCAL or (kind is None and not on_slurm):
             raise HpcError("this recipe runs an MPI binary, which only Slurm can start (srun --mpi)",
                            fix="submit it to a Slurm cluster")
-        return Executor.SBATCH, (None if kind == Executor.SBATCH else
-                                     "an MPI binary: its rendered script goes to sbatch (srun --mpi ranks it)")
-    if ordered and kind is None and on_slurm:
-        return Executor.SBATCH, ("the queue's topology file orders the ranks by network node, which the rendered "
-                                 "script's srun does: it goes to sbatch (--executor slurm keeps Slurm's order)")
-    unfit = submitit_unfit(node_python) if node_python and kind in (None, Executor.SLURM) else None
+        return Executor.SBATCH, (None if kind in (None, Executor.SBATCH) else
+                                 "an MPI binary: its rendered script goes to sbatch (srun --mpi ranks it)")
+    if kind is None and not on_slurm:
+        return Executor.LOCAL, ("no Slurm is installed here (no sbatch on PATH or in /opt/slurm/bin): running on "
+                                "this machine")
+    if kind is None and not array:
+        return Executor.SBATCH, None
+    submitit = kind == Executor.SLURM or (kind is None and array)
+    unfit = submitit_unfit(node_python) if node_python and submitit else None
     if kind == Executor.SLURM and unfit:
         raise HpcError(f"--executor slurm (submitit): {unfit}",
                        fix="drop --executor (or use --executor sbatch): the rendered script needs only the nodes' "
@@ -111,12 +116,9 @@ def choose_executor(requested: str | None, *, mpi: bool = False, spares: int = 0
                        exit_code=2)
     if kind is not None:
         return kind, None
-    if on_slurm:
-        if unfit:
-            return Executor.SBATCH, f"{unfit}: the rendered script goes to sbatch (it needs nothing of hpc's there)"
-        return Executor.SLURM, None
-    return Executor.LOCAL, ("no Slurm is installed here (no sbatch on PATH or in /opt/slurm/bin): running on this "
-                            "machine")
+    if unfit:  # a sweep whose nodes cannot run submitit's side: the sweep refuses the rendered script, naming why
+        return Executor.SBATCH, f"{unfit}: the rendered script goes to sbatch (it needs nothing of hpc's there)"
+    return Executor.SLURM, None
 
 
 def planned_without_slurm(kind: Executor) -> str | None:

@@ -237,10 +237,9 @@ def plan(request: SubmitRequest, run_dir: Path | None = None, *, task_of: Plan |
 
     recipe, queue, spec, run_dir, notes = plan_job(request, run_dir, task_of.queue if task_of else None)
     if task_of is None:
-        ordered = bool(spec.slurm and spec.slurm.network_order) and not array
         executor, note = executors.choose_executor(request.executor, mpi=bool(spec.mpi), spares=spec.spares,
                                                    node_python=executors.node_python(spec),
-                                                   cluster_given=queue.from_config, ordered=ordered)
+                                                   cluster_given=queue.from_config, array=array)
         notes = [note, *notes] if note else notes
         if off := executors.planned_without_slurm(executor):  # said once: a sweep's tasks share their notes
             notes.append(off)
