@@ -63,7 +63,7 @@ def test_a_two_node_resnet50_dry_run_is_its_plan_in_a_screenful(tmp_path):
         "queue:       gpu, the config's first queue (ParallelCluster's default partition)",
         f"cluster:     {cluster}, from --cluster; --cluster FILE picks another",
         f"time limit:  {recipe.resources.time}",
-        "submit with: sbatch, the rendered script",
+        "submit with: submitit, to Slurm",  # dry_run() asks for --executor slurm
         f"run dir:     {run_dir}",
         f"environment: {env[0]}", *(f"             {line}" for line in env[1:]),
         f"rank 0 runs: {shlex.join(preview_argv(spec.command))}",
@@ -73,8 +73,7 @@ def test_a_two_node_resnet50_dry_run_is_its_plan_in_a_screenful(tmp_path):
 
 
 def test_verbose_adds_the_scripts_and_json_carries_the_summary_and_the_scripts(tmp_path):
-    args = ("recipes", "submit", "resnet50", "--nodes", "2", "--cluster", str(gpu_cluster(tmp_path)), "--executor",
-            "slurm")
+    args = ("recipes", "submit", "resnet50", "--nodes", "2", "--cluster", str(gpu_cluster(tmp_path)))
     short = dry_run(tmp_path, *args).stdout.splitlines()
     full = dry_run(tmp_path, *args, "--verbose").stdout
     assert full.splitlines()[0] == short[0] and "script (job.sbatch):" in full and "#SBATCH --nodes=2" in full

@@ -253,7 +253,7 @@ def test_hpc_run_takes_accelerate_as_a_launcher(tmp_path):
     assert res.returncode == 0, res.stderr
     plan = cli_json(res)
     assert "from accelerate.commands.launch import main" in plan["rank0_argv"][2]
-    assert "#SBATCH --ntasks-per-node=1" in plan["batch_script"]  # one accelerate launch per node
+    assert "#SBATCH --ntasks-per-node=1" in plan["script"]  # one accelerate launch per node
 
 
 @pytest.mark.parametrize("launcher,message", [

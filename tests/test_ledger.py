@@ -150,14 +150,14 @@ def test_the_plan_excludes_the_suspects_and_shows_it_and_no_avoid_suspects_keeps
     res = run_hpc("run", str(script), "--nodes", "2", "--dry-run", "--json", env=env, cwd=tmp_path)
     assert res.returncode == 0, res.stderr
     plan = cli_json(res)
-    assert plan["parameters"]["additional_parameters"]["exclude"] == "w2"
+    assert "\n#SBATCH --exclude=w2\n" in plan["script"]
     assert any(n.startswith("suspected node(s) left out (--exclude=w2") for n in plan["notes"])
     assert "export HPC_FLEET_DIR=" in plan["script"]  # the node side records where the planner reads
     text = run_hpc("run", str(script), "--nodes", "2", "--dry-run", env=env, cwd=tmp_path)
     assert "--exclude=w2" in text.stdout + text.stderr
     kept = cli_json(run_hpc("run", str(script), "--nodes", "2", "--dry-run", "--json", "--no-avoid-suspects",
                             env=env, cwd=tmp_path))
-    assert "exclude" not in kept["parameters"]["additional_parameters"]
+    assert "--exclude" not in kept["script"]
 
 
 def test_cluster_nodes_shows_records_plots_and_drains_with_the_evidence(tmp_path):

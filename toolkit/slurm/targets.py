@@ -95,8 +95,9 @@ class Sbatch(_OnSlurm):
     summary = "sbatch, the rendered script"
 
     def sweep_refusal(self, recipe: str) -> HpcError | None:
-        return HpcError(f"recipe {recipe} goes to sbatch as its rendered script (an MPI binary, --spares, or "
-                        "--executor sbatch): a sweep is a submitit job array",
+        return HpcError(f"recipe {recipe} goes to sbatch as its rendered script (an MPI binary, --spares, "
+                        "--executor sbatch, or nodes whose Python cannot run submitit's side: the plan's note says "
+                        "which): a sweep is a submitit job array",
                         fix="submit each variation with `hpc recipes submit --set ...` (or sweep with --executor "
                             "slurm)")
 
