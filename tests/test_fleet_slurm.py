@@ -39,7 +39,7 @@ def test_a_node_struck_by_two_jobs_is_avoided_by_the_next_and_a_fresh_preflight_
     assert w2["suspect"] and w2["strikes"] == 2 and w2["slurm_state"] == "idle"
 
     plan = cli_json(run_hpc(*job, "--dry-run", "--json", env=env, cwd=tmp_path))
-    assert plan["parameters"]["additional_parameters"]["exclude"] == "w2"
+    assert "\n#SBATCH --exclude=w2\n" in plan["script"]
     second = run_hpc(*job, "--wait", "--json", env=env, cwd=tmp_path)
     assert second.returncode == 0, second.stdout + second.stderr
     ran_on = RunDir(cli_json(second)["run_dir"]).preflights()[-1]["nodes"]
@@ -50,5 +50,4 @@ def test_a_node_struck_by_two_jobs_is_avoided_by_the_next_and_a_fresh_preflight_
     assert "w2" in RunDir(cli_json(third)["run_dir"]).preflights()[-1]["nodes"]
     after = run_hpc("cluster", "nodes", "--json", env=env)
     assert after.returncode == 0 and cli_json(after)["suspects"] == {}
-    assert "exclude" not in cli_json(run_hpc(*job, "--dry-run", "--json", env=env, cwd=tmp_path))[
-        "parameters"]["additional_parameters"]
+    assert "--exclude" not in cli_json(run_hpc(*job, "--dry-run", "--json", env=env, cwd=tmp_path))["script"]

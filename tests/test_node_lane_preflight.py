@@ -57,9 +57,9 @@ def test_the_preflight_passes_on_nodes_with_only_their_own_python(node_lane, sha
     res = submit(node_lane, shared_tmp, node_venv)
     assert res.returncode == 0, res.stdout + res.stderr
     job = cli_json(res)
+    # the rendered script, the default: nothing of hpc's on the nodes, whatever the job's venv holds (submitit's
+    # node side could not run in this Python 3.9 venv without submitit: tests/test_node_contract.py)
     assert job["state"] == "COMPLETED" and job["executor"] == "sbatch"
-    # submitit's node side cannot run in a Python 3.9 venv without submitit: chosen for the user, and said
-    assert f"the job's venv {node_venv} is Python 3.9" in res.stdout + res.stderr
     run = RunDir(job["run_dir"])
     [record] = run.preflights()
     assert record["action"] == "passed" and len(record["nodes"]) == 2

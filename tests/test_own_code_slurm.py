@@ -120,7 +120,8 @@ def test_torchrun_restarts_a_killed_worker_and_resumes_from_the_checkpoint(slurm
     ckpt, pids = tmp_path / "ckpt", tmp_path / "pids"
     env = dict(slurm_env(slurm_sandbox), HPC_RUNS_DIR=str(tmp_path / "runs"))
     cmd = ["run", str(DDP), "--nodes", "2", "--cluster", str(slurm_sandbox.cluster_config), "--queue", "cpu",
-           "--time", "00:15:00", "--env", f"PYTHONPATH={REPO}", "--launcher", "torchrun", "--max-restarts", "2",
+           "--time", "00:15:00", "--env", f"PYTHONPATH={REPO}", "--executor", "slurm", "--launcher", "torchrun",
+           "--max-restarts", "2",
            "--wait", "--json", "--", "--steps", "20", "--step-seconds", "0.2", "--checkpoint-every", "5",
            "--checkpoint-dir", str(ckpt), "--pid-dir", str(pids)]
     import sys

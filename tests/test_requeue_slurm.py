@@ -25,11 +25,10 @@ from toolkit.workloads.train_log import read_log
 pytestmark = [pytest.mark.slurm, pytest.mark.training]
 RESNET_SETS = ["--set", "args.--epochs=2", "--set", "args.--max-steps=32", "--set", "args.--log-every-steps=1",
                "--set", "args.--checkpoint-every-steps=10"]
-# submitit's side (--executor slurm): its checkpoint-and-requeue, and its per-rank logs, are what this file reads
-RESNET = ["resnet50", "--profile", "smoke", "--nodes", "1", "--executor", "slurm", *RESNET_SETS]
+RESNET = ["resnet50", "--profile", "smoke", "--nodes", "1", *RESNET_SETS]
 # The uninterrupted reference: 2 ranks of 1 CPU as on one cpu node, on nodes the interrupted runs leave free.
-REFERENCE = ["resnet50", "--profile", "smoke", "--nodes", "2", "--queue", "wide", "--executor", "slurm", *RESNET_SETS]
-ROBERTA = ["roberta", "--profile", "smoke", "--nodes", "1", "--executor", "slurm", "--set", "args.--max-update=160",
+REFERENCE = ["resnet50", "--profile", "smoke", "--nodes", "2", "--queue", "wide", *RESNET_SETS]
+ROBERTA = ["roberta", "--profile", "smoke", "--nodes", "1", "--set", "args.--max-update=160",
            "--set", "args.--total-num-update=160", "--set", "args.--max-epoch=1000",
            "--set", "args.--save-interval-updates=10", "--set", "args.--log-interval=5"]
 
@@ -75,9 +74,11 @@ def interrupted(slurm_sandbox, tmp_path_factory):
     """Both runs submitted at once, each requeued by scontrol early on, then sent the stop signal once more."""
     tmp = tmp_path_factory.mktemp("requeue")
     env = dict(slurm_env(slurm_sandbox), HPC_RUNS_DIR=str(tmp / "runs"))
-    resnet = submit_json(*RESNET, env=env, cwd=tmp)
-    roberta = submit_json(*ROBERTA, env=env, cwd=tmp)
-    reference = submit_json(*REFERENCE, env=env, cwd=tmp)
+    # submitit's side (--executor slurm): its checkpoint-and-requeue, and its per-rank logs, are what this reads
+    # (the rendered script's trap: test_rendered_script_stops_saves_and_requeues_on_the_batch_shells_signal)
+    resnet = submit_json(*RESNET, "--executor", "slurm", env=env, cwd=tmp)
+    roberta = submit_json(*ROBERTA, "--executor", "slurm", env=env, cwd=tmp)
+    reference = submit_json(*REFERENCE, "--executor", "slurm", env=env, cwd=tmp)
     resnet_run, roberta_run = Path(resnet["run_dir"]), Path(roberta["run_dir"])
     roberta_log = roberta_run / "submitit" / f"{roberta['job_id']}_0_log.out"
     # Past the first periodic checkpoint (step/update 10), then `scontrol requeue` (no signal).

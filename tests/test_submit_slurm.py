@@ -15,7 +15,8 @@ pytestmark = pytest.mark.slurm
 def test_a_failing_rank_ends_wait_non_zero_and_names_its_log(slurm_sandbox, tmp_path):
     recipe = probe_recipe(tmp_path, PROBE_FAIL_RANK="3")
     env = dict(slurm_env(slurm_sandbox), HPC_RUNS_DIR=str(tmp_path / "runs"))
-    res = run_hpc("recipes", "submit", str(recipe), "--nodes", "2", "--wait", env=env, cwd=tmp_path)
+    res = run_hpc("recipes", "submit", str(recipe), "--nodes", "2", "--executor", "slurm", "--wait", env=env,
+                  cwd=tmp_path)  # submitit's per-rank logs (the rendered script's one log: the next test)
     assert res.returncode == 1
     assert "Traceback" not in res.stderr
     log = re.search(r"see (\S+_3_log\.err)", res.stderr)

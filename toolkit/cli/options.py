@@ -134,8 +134,9 @@ QOS = typer.Option(None, "--qos", "-q", metavar="QOS", help="Slurm QOS (sbatch -
 RESERVATION = typer.Option(None, "--reservation", metavar="NAME", help="Slurm reservation (sbatch --reservation).")
 DEPENDENCY = typer.Option(None, "--dependency", "-d", metavar="WHEN:JOB_ID",
                           help="Slurm dependency, e.g. afterok:123 (sbatch --dependency).")
-EXECUTOR = typer.Option(None, "--executor", help="slurm (default), local (only where no Slurm is installed) or "
-                                                 "sbatch (the rendered script itself, as MPI binaries always go).")
+EXECUTOR = typer.Option(None, "--executor", help="sbatch (the rendered script itself: a single job's default on "
+                                                 "Slurm), slurm (submitit's executor: a sweep's default) or local "
+                                                 "(only where no Slurm is installed).")
 RESUME_FROM = typer.Option(None, "--resume-from", metavar="RUN_DIR|JOB_ID",
                            help="Continue another run: its checkpoints seed this run's own, once (every run owns its "
                                 "checkpoints and logs; a requeue resumes its own).")
