@@ -177,26 +177,27 @@ def compare(title: str, ways: dict[str, list[float]], unit: str) -> float:
 
 # The start-up part's baseline and the way the goal is about (hpc's default); its other ways are "hpc ... FLAGS".
 HAND_WAY, HPC_WAY = "hand-written sbatch + srun", "hpc recipes submit"
-# The ways whose differences say where hpc's time goes (docs/start-up.md): submitit's per-rank Python, the
-# pre-flight, and what is left (the CLI, the batch shell's own lines).
-BREAKDOWN = ("--executor sbatch", "--no-preflight", "--executor sbatch --no-preflight")
+# The ways whose differences say where hpc's time goes (docs/start-up.md): the pre-flight, submitit's per-rank
+# Python (the sweeps' executor, and --executor slurm's), and what is left (the CLI, the batch shell's own lines).
+BREAKDOWN = ("--no-preflight", "--executor slurm", "--executor slurm --no-preflight")
 
 
 def breakdown(medians: dict[str, float]) -> None:
     """hpc's overhead over the hand-written script, in parts, from the medians of the BREAKDOWN ways (each a
-    difference of medians, so noisy to +-0.2 s here: read them across runs)."""
+    difference of medians, so noisy to +-0.2 s here: read them across runs; the CPU-s are steadier)."""
     hand, default = medians[HAND_WAY], medians[HPC_WAY]
-    names = [f"hpc ... {flags}" for flags in ("--executor sbatch", "--executor sbatch --no-preflight",
-                                              "--no-preflight")]
+    names = [f"hpc ... {flags}" for flags in BREAKDOWN]
     if not all(name in medians for name in names):
         return
-    sbatch, bare, no_preflight = (medians[name] for name in names)
+    bare, submitit, submitit_bare = (medians[name] for name in names)
     print(f"where hpc's {default - hand:+.2f} s go (differences of medians):")
-    for part, seconds in (("submitit's per-rank Python: default - (--executor sbatch)", default - sbatch),
-                          ("the pre-flight: (--executor sbatch) - (... --no-preflight)", sbatch - bare),
-                          ("the pre-flight under submitit: default - (--no-preflight)", default - no_preflight),
-                          ("the rest (CLI, batch shell): (--executor sbatch --no-preflight) - hand", bare - hand)):
-        print(f"  {part:<72}{seconds:+.2f} s")
+    for part, seconds in (("the pre-flight: default - (--no-preflight)", default - bare),
+                          ("the pre-flight under submitit: (--executor slurm) - (... --no-preflight)",
+                           submitit - submitit_bare),
+                          ("submitit's per-rank Python, were it the default: (--executor slurm) - default",
+                           submitit - default),
+                          ("the rest (CLI, batch shell): (--no-preflight) - hand", bare - hand)):
+        print(f"  {part:<78}{seconds:+.2f} s")
 
 
 def own_time(ways: dict[str, list[Timing]]) -> None:
