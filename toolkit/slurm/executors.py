@@ -107,8 +107,8 @@ def choose_executor(requested: str | None, *, mpi: bool = False, spares: int = 0
                                 "this machine")
     if kind is None and not array:
         return Executor.SBATCH, None
-    submitit = kind == Executor.SLURM or (kind is None and array)
-    unfit = submitit_unfit(node_python) if node_python and submitit else None
+    # submitit's side runs on the nodes from here on: asked for, or a sweep's array
+    unfit = submitit_unfit(node_python) if node_python and kind in (None, Executor.SLURM) else None
     if kind == Executor.SLURM and unfit:
         raise HpcError(f"--executor slurm (submitit): {unfit}",
                        fix="drop --executor (or use --executor sbatch): the rendered script needs only the nodes' "

@@ -257,7 +257,7 @@ def end_record_line(spec: JobSpec) -> str:
     record = ('{"rank": null, "host": "%s", "exit_code": %d, "finished_at": "%s", "ok": %s}\\n')
     return (f"printf '{record}' \"${{SLURMD_NODENAME:-$(hostname)}}\" \"$STATUS\" "
             f"\"$(date -u +%Y-%m-%dT%H:%M:%S+00:00)\" \"$([ \"$STATUS\" = 0 ] && echo true || echo false)\" "
-            f"> {result}.$$ 2>/dev/null && mv -f {result}.$$ {result} 2>/dev/null || true")
+            f"2>/dev/null > {result}.$$ && mv -f {result}.$$ {result} 2>/dev/null || true")
 
 
 def render_script(spec: JobSpec) -> str:

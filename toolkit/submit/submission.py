@@ -61,9 +61,9 @@ def wait(job_id: str, run: Path, progress: Callable[[str], None], poll_s: float 
                            fix=f"follow it with `hpc jobs status {job_id}`; cancel with `hpc jobs cancel {job_id}`")
         time.sleep(poll_s)
     outcome = {"job_id": job_id, "state": status.state, "run_dir": str(run), "requeues": status.requeues}
-    mine = RunDir(run).preflights(job_id)
+    ended = RunDir(run)
+    mine = ended.preflights(job_id)
     if status.state != State.COMPLETED:
-        ended = RunDir(run)
         log = ended.failed_rank_log(job_id)  # whatever executor ran it
         outcome["failed_rank_log"] = str(log) if log else None
         outcome["failed_rank"] = ended.first_failed_rank(job_id)
