@@ -522,7 +522,9 @@ def task_lines(lines: Iterable[str], task: int) -> Iterator[str]:
 def first_failed_task(lines: Iterable[str]) -> int | None:
     """The first task srun reports as ended badly in a job's log (`srun: error: c2: task 3: Exited with exit code
     3`, toolkit.node.spares.TASK_FAILED, as Slurm 22.05 to 26.05 print it): the first that exited by itself,
-    before any that srun killed (`tasks 0-2: Killed`) once one had failed; None where srun reported none."""
+    before any that srun killed (`tasks 0-2: Killed`) once one had failed; None where srun reported none. srun
+    prints these from its _task_finish (SchedMD/slurm src/plugins/launch/slurm/launch_slurm.c): an exit as an
+    error, a signal only while the step is not being cancelled, so the first error line is the first failure."""
     from toolkit.node.spares import TASK_EXITED, TASK_FAILED
 
     killed = None
