@@ -51,6 +51,28 @@ def test_the_node_step_reports_each_node_as_one_json_line_and_the_loader_answers
     assert "FAIL" not in checks.values(), checks
 
 
+@pytest.mark.parametrize(("loader", "cpus_per_node", "cpus"), [
+    (["--library", "libc.so.6"], "2(x2)", 2),      # both checks, two CPUs on every node: one each
+    (["--library", "libc.so.6"], "96(x3),2", 2),   # never more than the two checks use
+    (["--library", "libc.so.6"], "4,1", 1),        # a node with one CPU: a step asking two would be refused
+    (["--library", "libc.so.6"], "", 1),           # unknown (outside a job)
+    ([], "8(x2)", 1),                              # the node check alone
+])
+def test_the_node_step_asks_a_cpu_per_check_where_every_node_of_the_job_has_them(loader, cpus_per_node, cpus):
+    from toolkit.node.slurm import cpus_per_node as parse
+
+    argv = preflight.step_argv(2, "/fsx/run", CPU, loader, "", parse(cpus_per_node))
+    assert [a for a in argv if a.startswith("--cpus-per-task")] == [f"--cpus-per-task={cpus}"]
+
+
+def test_the_jobs_cpus_per_node_are_read_as_slurm_writes_them():
+    from toolkit.node.slurm import cpus_per_node
+
+    assert cpus_per_node("72(x2),36") == [72, 72, 36]
+    assert cpus_per_node("2(x2)") == [2, 2] and cpus_per_node("4") == [4]
+    assert cpus_per_node("") == cpus_per_node("4(x)") == cpus_per_node("four") == []
+
+
 def test_the_loader_check_runs_beside_the_node_check_and_the_step_keeps_the_node_checks_status(tmp_path):
     """The step's own shell, with each check's source swapped for a probe: the node check waits (up to 10 s) for a
     file the loader check makes, so it sees the file only if both run at once. Both lines still come out, the

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import sys
 
 import pytest
 
@@ -19,6 +20,10 @@ from toolkit.rundir import RunDir
 
 pytestmark = [pytest.mark.slurm]
 PRINT_ENV = REPO / "tests" / "payloads" / "print_env.py"
+# the local cluster's cpu queue (m5.xlarge), as the planner resolves it: toolkit.node.promise's fields
+CPU_PROMISE = {"accelerator": "none", "efa_interfaces": 0, "efa_stack": "none", "fabric": "none", "fsx_mount": None,
+               "gpu_model": None, "gpus": 0, "instance_type": "m5.xlarge", "plugin_dirs": [],
+               "proprietary_driver": False, "queue": "cpu"}
 
 
 def test_a_node_without_the_shared_file_system_is_named_and_the_job_requeued_without_it(slurm_sandbox, tmp_path):
@@ -93,3 +98,33 @@ def test_a_benchmark_whose_node_fails_ends_with_status_1_before_any_rank_starts(
     sacct = subprocess.run(["sacct", "-n", "-X", "-P", "-j", job["job_id"], "-o", "ExitCode,ElapsedRaw"],
                            capture_output=True, text=True, env=slurm_env(slurm_sandbox), timeout=60).stdout.split("|")
     assert sacct[0] == "1:0" and int(sacct[1]) < 60, sacct  # the batch shell's own status, not the gate's 600 s
+
+
+def test_the_node_steps_two_checks_run_on_a_cpu_each_where_the_job_has_two(slurm_sandbox, tmp_path):
+    """The pre-flight's node step as its driver builds it inside a job of 2 nodes x 2 ranks x 1 CPU (the
+    benchmark's shape; SLURM_CPUS_PER_TASK=1 in its environment), each check's source swapped for a probe that
+    prints the CPUs its process may run on. The local cluster confines steps to their CPUs (ConstrainCores, as
+    ParallelCluster's cgroup.conf): with one CPU per task the node check and the loader check, meant to run at
+    once, took turns on one CPU."""
+    probe = ("import json, os, sys; print(json.dumps({'node': os.environ['SLURMD_NODENAME'], 'check': %r, "
+             "'cpus': len(os.sched_getaffinity(0))}))")
+    driver = tmp_path / "driver.py"
+    driver.write_text(
+        "import os, subprocess, sys\n"
+        "from toolkit.node import preflight, slurm\n"
+        "from toolkit.node.promise import Promise\n"
+        f"promise = Promise.from_json({json.dumps(json.dumps(CPU_PROMISE))})\n"
+        "argv = preflight.step_argv(int(os.environ['SLURM_JOB_NUM_NODES']), sys.argv[1], promise,\n"
+        "                           ['--library', 'libc.so.6'], '',\n"
+        "                           slurm.cpus_per_node(os.environ['SLURM_JOB_CPUS_PER_NODE']))\n"
+        "at = argv.index('bash')\n"
+        f"argv[at + 4:at + 6] = [{probe % 'node'!r}, {probe % 'loader'!r}]\n"
+        "sys.exit(subprocess.run(argv).returncode)\n")
+    env = dict(slurm_env(slurm_sandbox), PYTHONPATH=str(REPO))
+    res = subprocess.run(["sbatch", "--wait", "--partition=cpu", "--nodes=2", "--ntasks-per-node=2",
+                          "--cpus-per-task=1", f"--output={tmp_path}/out-%j.txt", "--wrap",
+                          f"{sys.executable} {driver} {tmp_path}"], capture_output=True, text=True, env=env, timeout=120)
+    out = "".join(p.read_text() for p in tmp_path.glob("out-*.txt"))
+    assert res.returncode == 0, res.stderr + out
+    lines = sorted((r["node"], r["check"], r["cpus"]) for r in map(json.loads, out.splitlines()))
+    assert lines == [("c1", "loader", 2), ("c1", "node", 2), ("c2", "loader", 2), ("c2", "node", 2)]

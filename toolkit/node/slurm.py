@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 from typing import Dict, List, Mapping
 
@@ -28,6 +29,18 @@ def run(args: List[str], timeout: float = TIMEOUT_S, check: bool = True) -> subp
 def hostnames(nodelist: str) -> List[str]:
     """Expand a Slurm node list (`n[1-3]`) with `scontrol show hostnames`."""
     return run(["scontrol", "show", "hostnames", nodelist]).stdout.split()
+
+
+def cpus_per_node(value: str) -> List[int]:
+    """The CPUs the job has on each of its nodes, from SLURM_JOB_CPUS_PER_NODE: `72(x2),36` is [72, 72, 36]
+    (its format: SchedMD/slurm doc/man/man1/sbatch.1, OUTPUT ENVIRONMENT VARIABLES); [] for anything else."""
+    counts: List[int] = []
+    for part in value.split(","):
+        match = re.fullmatch(r"\s*(\d+)(?:\(x(\d+)\))?\s*", part)
+        if not match:
+            return []
+        counts += [int(match.group(1))] * int(match.group(2) or 1)
+    return counts
 
 
 def submit_env(environ: Mapping[str, str]) -> Dict[str, str]:
