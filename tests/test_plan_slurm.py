@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -75,8 +76,12 @@ def test_every_executor_kind_runs_the_planned_rank_program_with_one_contract(slu
             # What sbatch really received: submitit keeps the file it sent as <job id>_submission.sh.
             sent = (run / "submitit" / f"{real['job_id']}_submission.sh").read_text()
             same_but_run_dir(dry["batch_script"], sent, dry["run_dir"], str(run))
-        else:  # the script Slurm stored for the job (scontrol write batch_script) is the dry run's script
-            same_but_run_dir(dry["script"], (run / "batch_script.sh").read_text(), dry["run_dir"], str(run))
+        else:  # the script Slurm stored for the job is the dry run's (and so the run dir's job.sbatch, as sent)
+            stored = subprocess.run(["scontrol", "write", "batch_script", real["job_id"], "-"], capture_output=True,
+                                    text=True, env=env, timeout=60)
+            assert stored.returncode == 0, stored.stderr
+            same_but_run_dir(dry["script"], stored.stdout, dry["run_dir"], str(run))
+            assert not (run / "batch_script.sh").exists()  # no copy of the file sbatch read
         ranks[kind] = read_ranks(tmp_path / "probe")
         assert sorted(ranks[kind]) == [0, 1, 2, 3]
         for rank, seen in ranks[kind].items():

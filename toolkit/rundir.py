@@ -6,8 +6,9 @@ and reports all go through RunDir).
                          job ids (a sweep's: its arrays; a sweep task's: its place in the sweep)
         plan.json        the plan the job was submitted with (what `--dry-run --json` prints)
         recipe.yaml      the resolved recipe (profile and --set applied)
-        job.sbatch       the script `hpc recipes render` makes for the same spec
-        batch_script.sh  the batch script Slurm actually stored (scontrol write batch_script)
+        job.sbatch       the script `hpc recipes render` makes for the same spec (under the sbatch executor, the
+                         very file sbatch was given)
+        batch_script.sh  under submitit's executor: the batch script Slurm stored (scontrol write batch_script)
         submitit/        submitit's pickles and per-rank logs: <job>_<rank>_log.out / .err (a sweep task's are in
                          its sweep's submitit/, <array>_<task in array>_<rank>_log.*)
         <job>-<id>.out   the sbatch executor's one log: every rank's stdout and stderr (JobSpec.output)
