@@ -123,7 +123,8 @@ def test_the_node_steps_two_checks_run_on_a_cpu_each_where_the_job_has_two(slurm
     env = dict(slurm_env(slurm_sandbox), PYTHONPATH=str(REPO))
     res = subprocess.run(["sbatch", "--wait", "--partition=cpu", "--nodes=2", "--ntasks-per-node=2",
                           "--cpus-per-task=1", f"--output={tmp_path}/out-%j.txt", "--wrap",
-                          f"{sys.executable} {driver} {tmp_path}"], capture_output=True, text=True, env=env, timeout=120)
+                          f"{sys.executable} {driver} {tmp_path}"], capture_output=True, text=True, env=env,
+                         timeout=120)
     out = "".join(p.read_text() for p in tmp_path.glob("out-*.txt"))
     assert res.returncode == 0, res.stderr + out
     lines = sorted((r["node"], r["check"], r["cpus"]) for r in map(json.loads, out.splitlines()))
