@@ -64,9 +64,12 @@ def wait(job_id: str, run: Path, progress: Callable[[str], None], poll_s: float 
     ended = RunDir(run)
     mine = ended.preflights(job_id)
     if status.state != State.COMPLETED:
-        log = ended.failed_rank_log(job_id)  # whatever executor ran it
+        # the first failed rank read once (the rendered script's: from its one log), then its log, as
+        # RunDir.failed_rank_log chooses it, whatever executor ran the job
+        rank = ended.first_failed_rank(job_id)
+        log = ended.rank_log(job_id, rank or 0, "err")
         outcome["failed_rank_log"] = str(log) if log else None
-        outcome["failed_rank"] = ended.first_failed_rank(job_id)
+        outcome["failed_rank"] = rank
         # the rendered script's one log (every rank's lines, labelled): the failed rank's are read out of it
         outcome["failed_rank_log_shared"] = bool(log and ended.shares_log(job_id, log))
         if mine and mine[-1].get("failed"):  # stopped by its pre-flight: that is the reason, not a rank's log
