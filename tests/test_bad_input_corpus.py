@@ -111,7 +111,7 @@ CASES = [
          r"--nodes 1 and --set resources\.nodes=2 both set the node count"),
     case("recipes", "name-did-you-mean", ["recipes", "submit", "robera"], 2,
          r"no recipe named 'robera'; did you mean roberta\?"),
-    case("recipes", "profile-did-you-mean", [*SUBMIT[:3], "--profile", "smok", *SUBMIT[3:]], 1,
+    case("recipes", "profile-did-you-mean", [*SUBMIT[:3], "--profile", "smok", *SUBMIT[3:]], 2,
          r"has no profile 'smok'"),
     case("sweeps", "nodes-and-node-sweep", [*SUBMIT, "--nodes", "2", "--sweep", "resources.nodes=1,2"], 2,
          r"--nodes 2 and --sweep resources\.nodes=1,2 both set the node count"),
@@ -135,7 +135,7 @@ CASES = [
                                                "{ws}/cluster.yaml"], 1,
          r"--distributed-world-size is set by the toolkit"),
     case("recipes", "unknown-name", ["recipes", "submit", "no-such-recipe"], 2, r"no recipe named 'no-such-recipe'"),
-    case("recipes", "unknown-profile", [*SUBMIT, "--profile", "nope"], 1, r"has no profile 'nope'"),
+    case("recipes", "unknown-profile", [*SUBMIT, "--profile", "nope"], 2, r"has no profile 'nope'"),
     # --set overrides
     case("set", "no-equals", [*SUBMIT, "--set", "args.--lr"], 2, r"not KEY\.PATH=VALUE"),
     case("set", "empty-key-part", [*SUBMIT, "--set", "args..x=1"], 2, r"not KEY\.PATH=VALUE"),

@@ -84,7 +84,7 @@ def test_render_with_cluster_queue_profile_and_set(env, tmp_path):
     (["nccl-tests", "--queue", "cpu"], 1, "runs on gpu only"),
     (["resnet50", "--queue", "nope"], 2, "use --queue cpu | gaudi | p3"),
     (["resnet50", "--set", "nokey"], 2, "is not KEY.PATH=VALUE"),
-    (["resnet50", "--profile", "huge"], 1, "no profile 'huge'"),
+    (["resnet50", "--profile", "huge"], 2, "no profile 'huge'"),
     (["no-such-recipe"], 2, "use one of:"),
     (["resnet50", "--nodes", "1", "--account", "a b"], 1, "cannot go into an #SBATCH line"),
 ])

@@ -49,6 +49,7 @@ def test_unknown_profile_lists_the_known_ones(tmp_path):
     with pytest.raises(HpcError) as err:
         load_recipe(write_recipe(tmp_path, WITH_PROFILE), profile="tiny")
     assert "no profile 'tiny'" in err.value.message and err.value.fix == "use one of: smoke"
+    assert err.value.exit_code == 2  # like an unknown --queue or recipe name: a usage error
 
 
 def test_an_error_names_the_set_that_supplied_the_value(tmp_path):

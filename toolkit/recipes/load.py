@@ -170,9 +170,10 @@ def apply_overlays(data: dict[str, Any], profile: str | None, overrides: Sequenc
     if profile is not None:
         if not isinstance(profiles, dict) or profile not in profiles:
             known = ", ".join(profiles) if isinstance(profiles, dict) and profiles else "none"
-            raise HpcError(f"{source}: recipe has no profile {profile!r}"
-                           f"{did_you_mean(profile, profiles if isinstance(profiles, dict) else [])}",
-                           fix=f"use one of: {known}")
+            # --profile names a choice the way --queue and the recipe's name do: an unknown one is a usage error (2)
+            raise UsageError(f"{source}: recipe has no profile {profile!r}"
+                             f"{did_you_mean(profile, profiles if isinstance(profiles, dict) else [])}",
+                             fix=f"use one of: {known}")
         overlay = profiles[profile]
         if not isinstance(overlay, dict) or {"name", "profiles"} & set(overlay):
             raise HpcError(f"{source}: profiles.{profile} must be a mapping of recipe keys other than name/profiles",
