@@ -122,7 +122,7 @@ CASES = [
     # recipes
     case("recipes", "invalid-yaml", ["recipes", "submit", "{ws}/recipes/broken.yaml"], 1, r"line \d+.*not valid YAML"),
     case("recipes", "not-a-mapping", ["recipes", "submit", "{ws}/recipes/list.yaml"], 1, r"a recipe is a YAML mapping"),
-    case("recipes", "empty-file", ["recipes", "submit", "{ws}/recipes/empty.yaml"], 1, r"a recipe is a YAML mapping"),
+    case("recipes", "empty-file", ["recipes", "submit", "{ws}/recipes/empty.yaml"], 1, r"the file is empty"),
     case("recipes", "unknown-key", ["recipes", "submit", "{ws}/recipes/colour.yaml"], 1, r"colour: unknown key"),
     case("recipes", "missing-launcher", ["recipes", "submit", "{ws}/recipes/nolauncher.yaml"], 1,
          r"launcher: required key is missing"),

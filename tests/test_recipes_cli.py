@@ -47,6 +47,17 @@ def test_validate_ok_and_bad(env, tmp_path):
     assert res.returncode == 1 and "not valid YAML" in res.stderr and "line" in res.stderr
 
 
+def test_validate_names_an_empty_file_and_one_that_is_not_a_file(env, tmp_path):
+    """An empty recipe is called empty (it was "a YAML mapping ..., got NoneType"); /dev/null or a pipe is not a
+    regular file (it was "does not exist")."""
+    empty = tmp_path / "empty.yaml"
+    empty.write_text("# nothing yet\n")
+    res = run_hpc("recipes", "validate", str(empty), env=env)
+    assert res.returncode == 1 and "the file is empty" in res.stderr and "NoneType" not in res.stderr, res.stderr
+    res = run_hpc("recipes", "validate", os.devnull, env=env)
+    assert res.returncode == 1 and f"{os.devnull} is not a regular file" in res.stderr, res.stderr
+
+
 def test_validate_checks_every_profile(env, tmp_path):
     path = write_recipe(tmp_path, {**MINIMAL_RECIPE, "profiles": {"smoke": {"resources": {"nodes": -1}}}})
     res = run_hpc("recipes", "validate", str(path), env=env)

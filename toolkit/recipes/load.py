@@ -93,8 +93,11 @@ def find_recipe(name_or_path: str | Path) -> Path:
         if path.is_dir():
             raise HpcError(f"recipe file {path} is a directory",
                            fix="pass a recipe .yaml file inside it, or a recipe name")
-        if not path.is_file():
+        if not path.exists():
             raise HpcError(f"recipe file {path} does not exist", fix="pass an existing .yaml file or a recipe name")
+        if not path.is_file():  # /dev/null, a pipe from `<(...)`: a recipe is read once per profile it is checked with
+            raise HpcError(f"recipe file {path} is not a regular file",
+                           fix="save the recipe to a .yaml file and pass that")
         return path
     for d in recipe_dirs():
         if (d / f"{text}.yaml").is_file():
@@ -116,6 +119,9 @@ def read_yaml(path: Path) -> dict[str, Any]:
         problem = getattr(exc, "problem", None) or str(exc)
         raise HpcError(f"{path}{line}: not valid YAML: {problem}",
                        fix="fix the YAML syntax (indentation, quotes, `key: value`)") from None
+    if data is None:
+        raise HpcError(f"{path}: the file is empty (or only comments)",
+                       fix="write a recipe: start from one of the files in recipes/, or `hpc recipes new NAME`")
     if not isinstance(data, dict):
         raise HpcError(f"{path}: a recipe is a YAML mapping (name, launcher, args, ...), got {type(data).__name__}",
                        fix="start from one of the files in recipes/")
