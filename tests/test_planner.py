@@ -160,6 +160,14 @@ def test_bad_input_is_one_clear_error_with_exit_2(tmp_path, args, words):
     assert words in res.stderr and "Traceback" not in res.stderr
 
 
+@pytest.mark.parametrize("nodes,words", [("0,2", "--nodes 0,2: the least a node count takes is 1"),
+                                         ("two", "--nodes 'two' is not a list of node counts")])
+def test_bad_node_counts_say_what_is_wrong(tmp_path, nodes, words):
+    res = run_hpc("plan", "resnet50", "--profile", "smoke", "--cluster", str(wide_cluster(tmp_path)), "--queue",
+                  "wide", "--nodes", nodes, "--throughput-1node", "100")
+    assert res.returncode == 2 and words in res.stderr, res.stderr
+
+
 def test_calibrating_at_one_node_count_is_refused_before_anything_is_submitted(tmp_path):
     res = run_hpc("plan", "calibrate", "resnet50", "--profile", "smoke", "--cluster", str(wide_cluster(tmp_path)),
                   "--queue", "wide", "--nodes", "2")

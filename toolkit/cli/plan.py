@@ -44,8 +44,10 @@ def _counts(text: str) -> list[int]:
         counts = [int(part) for part in text.split(",") if part.strip()]
     except ValueError:
         counts = []
-    if not counts or any(n < 1 for n in counts):
+    if not counts:
         raise UsageError(f"--nodes {text!r} is not a list of node counts", fix="e.g. --nodes 1,2,4,8")
+    if any(n < 1 for n in counts):  # the message `hpc recipes render --nodes 0` gives
+        raise UsageError(f"--nodes {text}: the least a node count takes is 1", fix="e.g. --nodes 1,2,4,8")
     return counts
 
 
