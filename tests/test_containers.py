@@ -112,6 +112,78 @@ def test_an_image_reference_is_passed_as_it_is_and_a_relative_sqsh_goes_under_th
     assert rel.software.container.image == f"{rel.root}/images/train.sqsh"
 
 
+# References as researchers write them, each as enroot v4.1.2 judges it once pyxis has put docker:// before it
+# (tests below hold this list to enroot's own docker::_parse_uri, from the pinned sources).
+ENROOT_ACCEPTS = ["nvcr.io/nvidia/pytorch:24.01-py3", "nvcr.io#nvidia/pytorch:24.01-py3", "ubuntu", "ubuntu:22.04",
+                  "library/ubuntu:22.04", "ubuntu@sha256:0123abcdef", "nvcr.io/nvidia/pytorch:24.01-py3@sha256:ab12",
+                  "registry.example.com:5000/team/train:v1.2", "$oauthtoken@nvcr.io#nvidia/pytorch:24.01-py3",
+                  "docker://nvcr.io/nvidia/pytorch:24.01-py3", "public.ecr.aws/hpc/train:latest", "NVIDIA/cuda:12",
+                  "Ubuntu", "nvcr.io/nvidia/pytorch@sha1:ab"]  # the last: user, image sha1, tag ab
+ENROOT_REFUSES = ["nvcr.io/nvidia/PyTorch:24.01", "nvcr.io/nvidia/pytorch:24.01 py3", "nvcr.io/nvidia/pytorch:24.01,b",
+                  "nvcr.io/nvidia/pytorch:tag!", "a/#pytorch", "docker://", "ubuntu:", "docker://ubuntu:",
+                  "nvcr.io/Nvidia/pytorch"]
+
+
+def enroot_parse_uri():
+    """enroot's docker::_parse_uri (src/docker.sh), as a bash function text, from the pinned enroot sources."""
+    import re
+    import tarfile
+
+    from testbench import containers
+
+    sources = containers.find_sources()
+    if sources is None:
+        pytest.skip(containers.missing_sources())
+    with tarfile.open(containers.tarball(sources, "enroot")) as tar:
+        member = next(m for m in tar.getmembers() if m.name.endswith("src/docker.sh"))
+        text = tar.extractfile(member).read().decode()
+    return re.search(r"^docker::_parse_uri\(\) \{\n.*?^\}\n", text, re.S | re.M).group(0)
+
+
+@pytest.mark.parametrize("image", ENROOT_ACCEPTS + ENROOT_REFUSES)
+def test_an_image_reference_is_judged_as_enroot_judges_it(image):
+    """A reference enroot would refuse on the node ("Invalid image reference", after the job has started and taken
+    its nodes) is refused when the recipe is loaded, naming the key; every reference it accepts is accepted."""
+    overrides = [f"software.container.image={image}"]
+    if image in ENROOT_ACCEPTS:
+        assert load_recipe("resnet50", profile="smoke", overrides=overrides).software.container.image == image
+    else:
+        with pytest.raises(HpcError, match=r"software\.container\.image: .* is not an image pyxis can start"):
+            load_recipe("resnet50", profile="smoke", overrides=overrides)
+
+
+def test_the_references_above_are_judged_so_by_enroots_own_parser():
+    """enroot's docker::_parse_uri run by bash on each reference, as pyxis hands it over (docker:// added where it
+    is missing: NVIDIA/pyxis v0.24.0 pyxis_slurmstepd.c enroot_container_create)."""
+    function = enroot_parse_uri()
+    for image in ENROOT_ACCEPTS + ENROOT_REFUSES:
+        uri = image if image.startswith("docker://") else f"docker://{image}"
+        done = subprocess.run(["bash", "-c", 'common::err() { echo "$*" >&2; exit 1; }\n' + function
+                               + '\ndocker::_parse_uri "$1"', "bash", uri], capture_output=True, text=True, timeout=30)
+        expected = 0 if image in ENROOT_ACCEPTS else 1
+        assert done.returncode == expected, (image, done.stdout, done.stderr)
+        if expected:
+            assert "Invalid image reference" in done.stderr
+
+
+def test_a_url_is_refused_with_the_scheme_named():
+    """pyxis would make https://nvcr.io/... the registry `https:` (docker://https://...), which enroot parses."""
+    with pytest.raises(HpcError, match="pyxis imports docker:// and dockerd:// references .*not https://"):
+        load_recipe("resnet50", profile="smoke", overrides=["software.container.image=https://nvcr.io/nvidia/x:1"])
+
+
+def test_hpc_run_names_the_option_that_gave_a_bad_image_or_mount(tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text("print('hi')\n")
+    cluster = ["--cluster", str(REPO / "jobs" / "p3dn-cluster.yaml"), "--dry-run"]
+    res = run_hpc("run", str(script), *cluster, "--container", "nvcr.io/nvidia/PyTorch:24.01")
+    assert res.returncode == 2 and res.stderr.startswith("error: --container: 'nvcr.io/nvidia/PyTorch:24.01' is not "
+                                                         "an image pyxis can start"), res.stderr
+    assert "recipes validate" not in res.stderr
+    res = run_hpc("run", str(script), *cluster, "--container", "img", "--container-mount", "/a,/b")
+    assert res.returncode == 2 and "--container-mount: '/a,/b' is not a mount as pyxis takes it" in res.stderr
+
+
 @pytest.mark.parametrize("mount", ["/a,/b", "/a:/b:RO", "/a b", "/a:"])
 def test_a_mount_pyxis_would_misread_is_refused_with_the_key(mount):
     with pytest.raises(HpcError, match="software.container.mounts"):

@@ -121,6 +121,7 @@ PLANTED = {
     "flag without dashes": (("args", "lr"), 0.1),
     "bad time": (("resources", "time"), "2 hours"),
     "unknown profile key": (("profiles", "smoke", "resource"), {"nodes": 1}),
+    "an image enroot cannot import": (("software", "container"), {"image": "nvcr.io/nvidia/PyTorch:24.01"}),
 }
 
 

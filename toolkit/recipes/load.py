@@ -294,6 +294,9 @@ def _pattern_words() -> dict[str, str]:
             schema.NAME_PATTERN: "a name of lowercase letters, digits, - and _ (starting with a letter or digit)",
             schema.ENV_NAME_PATTERN: "a variable name (letters, digits and _, not starting with a digit)",
             schema.FLAG_PATTERN: "a flag (--name or -n)",
+            schema.MOUNT_PATTERN: "a mount as pyxis takes it, SRC[:DST[:FLAGS]] without spaces or commas (e.g. "
+                                  "/fsx or /fsx/data:/data:ro)",
+            schema.IMAGE_PATTERN: schema.IMAGE_WORDS,
             schema.FLAG_PATTERN + "|^positional$": "a flag (--name or -n) or positional"}
 
 

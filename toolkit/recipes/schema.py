@@ -145,6 +145,36 @@ MOUNT_PATTERN = r"^[^\s,:]+(:[^\s,:]+(:[a-z]+(\+[a-z]+)*)?)?$"
 SQUASHFS_SUFFIXES = (".sqsh", ".squashfs")
 MountSpec = Annotated[str, Field(pattern=MOUNT_PATTERN), AfterValidator(_no_nul)]
 
+# An image pyxis can start: a path (starting with "." or "/", or a .sqsh file under dirs.root), a dockerd://
+# reference, or a reference enroot imports. pyxis puts docker:// before any image that lacks it and dockerd://
+# (NVIDIA/pyxis v0.24.0 pyxis_slurmstepd.c enroot_container_create), and enroot refuses what its forms do not
+# match ("Invalid image reference": NVIDIA/enroot v4.1.2 src/docker.sh docker::_parse_uri, whose user, image, tag
+# and digest classes these are; docker::daemon::import for dockerd://), on the node, after the job has started.
+# Its nine forms, as three: [USER@]REGISTRY/IMAGE, [USER@]IMAGE and [USER@]REGISTRY#IMAGE, each [:TAG][@DIGEST].
+_USER = r"(?:[A-Za-z0-9_.!~*\\'()%;:&=+$,\-./<>?@]+@)?"  # enroot's class, its range ,-@ written out
+_IMAGE, _TAG, _DIGEST = r"[a-z0-9/._-]+", r"[A-Za-z0-9._:-]+", r"sha256:[A-Za-z0-9]+"
+_VERSION = f"(?::{_TAG})?(?:@{_DIGEST})?"
+_REFERENCE = f"{_USER}(?:[^/#\\s,]+/{_IMAGE}|[^/@#:\\s,]+|[^#/@\\s,]+#{_IMAGE}){_VERSION}"
+IMAGE_PATTERN = f"^(?:[./][^\\s,]*|[^\\s,]*\\.(?:sqsh|squashfs)|dockerd://[A-Za-z0-9/._:-]+|(?:docker://)?{_REFERENCE})$"
+IMAGE_WORDS = ("an image pyxis can start: a squashfs file (/fsx/images/x.sqsh) or a reference enroot imports, "
+               "[USER@][REGISTRY/ or REGISTRY#]IMAGE[:TAG][@sha256:DIGEST] with the image's name in lowercase "
+               "(e.g. nvcr.io/nvidia/pytorch:24.01-py3)")
+
+
+def _pyxis_image(image: str) -> str:
+    """What IMAGE_PATTERN cannot say: pyxis adds docker:// only where the image lacks it, so after a docker:// of the
+    user's own the rest must be a reference (`docker://` alone matched as a registry `docker:`); and a URL's
+    scheme other than pyxis's two would become part of a registry's name (docker://https://...)."""
+    import re
+
+    scheme, sep, rest = image.partition("://")
+    if sep and scheme not in ("docker", "dockerd"):
+        raise ValueError(f"{image!r}: pyxis imports docker:// and dockerd:// references (or a path), not {scheme}://:"
+                         f" write it without {scheme}://, e.g. nvcr.io/nvidia/pytorch:24.01-py3")
+    if scheme == "docker" and sep and not re.fullmatch(_REFERENCE, rest):
+        raise ValueError(f"{image!r} is not {IMAGE_WORDS}")
+    return image
+
 
 class Container(StrictModel):
     """Every rank runs in this container, started by NVIDIA pyxis (srun --container-image ...); the batch script
@@ -152,7 +182,7 @@ class Container(StrictModel):
     image reference enroot imports ([USER@][REGISTRY#]IMAGE[:TAG]). `env`: host variables that win over the
     image's environment besides those the job always passes (the rank contract and the job's env)."""
 
-    image: Annotated[str, Field(pattern=r"^[^\s,]+$"), AfterValidator(_no_nul)]
+    image: Annotated[str, Field(pattern=IMAGE_PATTERN), AfterValidator(_no_nul), AfterValidator(_pyxis_image)]
     # SRC[:DST[:FLAGS]] as pyxis writes them (SRC alone: the same path inside), e.g. /fsx, /fsx/data:/data:ro
     mounts: list[MountSpec] = []
     workdir: Annotated[str, Field(pattern=r"^/[^\s,:]*$")] | None = None

@@ -52,6 +52,26 @@ def venv_dir(venv: str) -> str:
     return os.path.abspath(venv)
 
 
+def container_spec(image: str, mounts: Sequence[str]) -> dict[str, Any]:
+    """software.container from --container and --container-mount, checked by the recipe's own model here so that a
+    bad value is named by the option that gave it (not as a key of a recipe the user never wrote)."""
+    from pydantic import ValidationError
+
+    from toolkit.recipes.load import plain_error
+    from toolkit.recipes.schema import Container
+
+    spec = {"image": image, "mounts": list(mounts)}
+    try:
+        Container.model_validate(spec)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        option, fix = (("--container", "e.g. --container nvcr.io/nvidia/pytorch:24.01-py3 or --container "
+                                       "/fsx/images/pytorch.sqsh") if err["loc"][0] == "image" else
+                       ("--container-mount", "e.g. --container-mount /fsx/data:/data:ro, the option once per mount"))
+        raise UsageError(f"{option}: {plain_error(err)}", fix=fix) from None
+    return spec
+
+
 def user_recipe(target: str, script_args: Sequence[str], *, name: str | None = None, nodes: int | None = None,
                 style: str = "script", time: str | None = None, max_restarts: int | None = None,
                 venv: str | None = None, env: Mapping[str, str] | None = None,
@@ -91,7 +111,7 @@ def user_recipe(target: str, script_args: Sequence[str], *, name: str | None = N
     if venv:
         recipe["software"] = {"venv": venv_dir(venv)}
     if container:  # every rank in this image (software.container; toolkit.job.container)
-        recipe.setdefault("software", {})["container"] = {"image": container, "mounts": list(container_mounts)}
+        recipe.setdefault("software", {})["container"] = container_spec(container, container_mounts)
     elif container_mounts:
         raise UsageError("--container-mount needs --container IMAGE", fix="add --container IMAGE.sqsh")
     if env:
