@@ -182,6 +182,11 @@ def test_hpc_run_names_the_option_that_gave_a_bad_image_or_mount(tmp_path):
     assert "recipes validate" not in res.stderr
     res = run_hpc("run", str(script), *cluster, "--container", "img", "--container-mount", "/a,/b")
     assert res.returncode == 2 and "--container-mount: '/a,/b' is not a mount as pyxis takes it" in res.stderr
+    # the doctor's image too, before any step starts on the queue's nodes (no Slurm is asked here)
+    res = run_hpc("cluster", "doctor", "--cluster", str(REPO / "jobs" / "p3dn-cluster.yaml"), "--container-image",
+                  "nvcr.io/Nvidia/x")
+    assert res.returncode == 2 and res.stderr.startswith("error: --container-image: 'nvcr.io/Nvidia/x' is not"), \
+        res.stderr
 
 
 @pytest.mark.parametrize("mount", ["/a,/b", "/a:/b:RO", "/a b", "/a:"])

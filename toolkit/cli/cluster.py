@@ -306,6 +306,9 @@ def doctor(
         return
     if profile or overrides:
         raise UsageError("--profile and --set go with --recipe", fix="add --recipe NAME")
+    if container_image:  # refused here as a job's --container is, not after a step on every node
+        from toolkit.recipes.user import container_spec
+        container_spec(container_image, image_option="--container-image")
     chosen, how = resolve_queue(cluster, queue)
     info(f"queue: {how}")
     report = run_doctor(chosen, nodes, timeout, container_image)

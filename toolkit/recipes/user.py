@@ -52,7 +52,7 @@ def venv_dir(venv: str) -> str:
     return os.path.abspath(venv)
 
 
-def container_spec(image: str, mounts: Sequence[str]) -> dict[str, Any]:
+def container_spec(image: str, mounts: Sequence[str] = (), image_option: str = "--container") -> dict[str, Any]:
     """software.container from --container and --container-mount, checked by the recipe's own model here so that a
     bad value is named by the option that gave it (not as a key of a recipe the user never wrote)."""
     from pydantic import ValidationError
@@ -65,8 +65,8 @@ def container_spec(image: str, mounts: Sequence[str]) -> dict[str, Any]:
         Container.model_validate(spec)
     except ValidationError as exc:
         err = exc.errors()[0]
-        option, fix = (("--container", "e.g. --container nvcr.io/nvidia/pytorch:24.01-py3 or --container "
-                                       "/fsx/images/pytorch.sqsh") if err["loc"][0] == "image" else
+        option, fix = ((image_option, f"e.g. {image_option} nvcr.io/nvidia/pytorch:24.01-py3 or {image_option} "
+                                      "/fsx/images/pytorch.sqsh") if err["loc"][0] == "image" else
                        ("--container-mount", "e.g. --container-mount /fsx/data:/data:ro, the option once per mount"))
         raise UsageError(f"{option}: {plain_error(err)}", fix=fix) from None
     return spec
