@@ -38,27 +38,6 @@ def test_script_arguments_without_the_double_dash_get_the_corrected_command(tmp_
     assert "train.py --epochs 5 --note" in again.stdout
 
 
-def test_python_s_dash_m_for_a_module_gets_the_command_that_works(tmp_path, env):
-    """python's and torchrun's `-m MODULE`: was "move `-m pkg.train` after `--`", a command that runs no module."""
-    pkg = tmp_path / "pkg"
-    pkg.mkdir()
-    (pkg / "__init__.py").write_text("")
-    (pkg / "train.py").write_text("print('trained')\n")
-    res = run_hpc("--debug", "run", "-m", "pkg.train", "--nodes", "2", "--dry-run", "--", "--lr", "1", env=env,
-                  cwd=tmp_path)
-    assert res.returncode == 2 and "-m is python's and torchrun's way to name a module" in res.stderr
-    fixed = shlex.split(_fix(res))
-    assert fixed[1:] == ["--debug", "run", "pkg.train", "--nodes", "2", "--dry-run", "--", "--lr", "1"]
-    again = run_hpc(*fixed[1:], env=env, cwd=tmp_path)
-    assert again.returncode == 0 and "-m pkg.train --lr 1" in again.stdout, again.stdout + again.stderr
-    # `hpc recipes new` names a module with --module
-    res = run_hpc("recipes", "new", "mine", "-m", "pkg.train", env=env, cwd=tmp_path)
-    assert res.returncode == 2 and shlex.split(_fix(res))[1:] == ["recipes", "new", "mine", "--module", "pkg.train"]
-    # after the script, -m is the script's own: the usual fix
-    res = run_hpc("run", "train.py", "-m", "3", env=env, cwd=tmp_path)
-    assert res.returncode == 2 and shlex.split(_fix(res))[1:] == ["run", "train.py", "--", "-m", "3"]
-
-
 def test_a_typo_of_hpcs_own_option_is_named_too(tmp_path, env):
     res = run_hpc("run", "train.py", "--dryrun", env=env, cwd=tmp_path)
     assert res.returncode == 2 and "(or did you mean --dry-run?)" in res.stderr

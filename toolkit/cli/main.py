@@ -177,44 +177,6 @@ def _bad_value(exc, argv: list[str]) -> tuple[str, str] | None:
     return None
 
 
-def _positional_before(own: list[str], at: int, options: dict) -> bool:
-    """Whether a word before own[at], past the command's path, is an argument (not an option or its value)."""
-    node, i = _tree(own), 0
-    for j, word in enumerate(own[:at]):  # the command's path (hpc's own options before it: --debug)
-        if not word.startswith("-"):
-            if (sub := getattr(node, "commands", {}).get(word)) is None:
-                break
-            node, i = sub, j + 1
-    while i < at:
-        word = own[i]
-        param = options.get(word.split("=", 1)[0])
-        if not word.startswith("-"):
-            return True
-        i += 1 if param is None or param.is_flag or param.count or "=" in word else 1 + param.nargs
-    return False
-
-
-def _module_flag_habit(exc, argv: list[str]) -> tuple[str, str] | None:
-    """python's and torchrun's `-m MODULE` given to `hpc run` (which takes a module by its name, as its argument)
-    or to `hpc recipes new` (which names it with --module): the fix is the command written that way. Without
-    this, `hpc run -m pkg.train` was told to move `-m pkg.train` after `--`, which runs nothing."""
-    ctx = getattr(exc, "ctx", None)
-    own = _own_words(argv)
-    if ctx is None or type(exc).__name__ != "NoSuchOption" or exc.option_name not in ("-m", "--module") \
-            or exc.option_name not in own:
-        return None
-    at = own.index(exc.option_name)
-    options = {name: p for p in ctx.command.params if p.param_type_name == "option" for name in p.opts}
-    if "--module" in options:
-        words, how = [*own[:at], "--module", *own[at + 1:]], "names a module with --module"
-    elif ctx.command.name == "run" and not _positional_before(own, at, options):  # else -m is the script's own
-        words, how = own[:at] + own[at + 1:], "takes a module by its name, without -m (pkg.train; a file is train.py)"
-    else:
-        return None
-    return (f"{exc.option_name} is python's and torchrun's way to name a module: `{ctx.command_path}` {how}",
-            shlex.join([output.hpc_program(), *words, *argv[len(own):]]))
-
-
 def _script_args_habit(exc, argv: list[str]) -> tuple[str, str] | None:
     """An unknown option given to a command that passes arguments on to the user's script (`hpc run`, `hpc
     recipes new`): torchrun's habit, `hpc run train.py --nodes 2 --epochs 5`. The fix is the command with the
@@ -287,8 +249,7 @@ def main(argv: list[str] | None = None) -> None:
         if type(exc).__name__ == "NoArgsIsHelpError" and callable(show := getattr(exc, "show", None)):
             show()
             _end(argv, exc.exit_code)
-        message, fix = _missing_options(exc, argv) or _bad_value(exc, argv) or _module_flag_habit(exc, argv) \
-            or _script_args_habit(exc, argv) or (
+        message, fix = _missing_options(exc, argv) or _bad_value(exc, argv) or _script_args_habit(exc, argv) or (
             exc.format_message(), f"see `{ctx.command_path if ctx else 'hpc'} --help`")
         _end(argv, exc.exit_code, message, fix)
     except typer.Abort:
