@@ -38,6 +38,23 @@ def test_script_arguments_without_the_double_dash_get_the_corrected_command(tmp_
     assert "train.py --epochs 5 --note" in again.stdout
 
 
+def test_python_s_dash_m_names_a_module_as_k8s_render_does(tmp_path, env):
+    """python's and torchrun's `-m MODULE` (and `hpc k8s render -m`): `hpc run -m pkg.train` was told to move
+    `-m pkg.train` after `--`, a command that runs no module; `recipes new -m` was an unknown option."""
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "__init__.py").write_text("")
+    (tmp_path / "pkg" / "train.py").write_text("print('trained')\n")
+    res = run_hpc("run", "-m", "pkg.train", "--nodes", "2", "--dry-run", "--", "--lr", "1", env=env, cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    assert "-m pkg.train --lr 1" in res.stdout  # as `python -m pkg.train --lr 1`: the words after it are its own
+    res = run_hpc("recipes", "new", "mine", "-m", "pkg.train", "-o", "-", env=env, cwd=tmp_path)
+    assert res.returncode == 0 and "kind: python-module" in res.stdout and "module: pkg.train" in res.stdout
+    res = run_hpc("run", "-m", "train.py", "--dry-run", env=env, cwd=tmp_path)
+    assert res.returncode == 2 and "-m 'train.py' is a file name" in res.stderr and "hpc run train.py" in _fix(res)
+    res = run_hpc("run", "--dry-run", env=env, cwd=tmp_path)
+    assert res.returncode == 2 and "missing argument SCRIPT_OR_MODULE" in res.stderr
+
+
 def test_a_typo_of_hpcs_own_option_is_named_too(tmp_path, env):
     res = run_hpc("run", "train.py", "--dryrun", env=env, cwd=tmp_path)
     assert res.returncode == 2 and "(or did you mean --dry-run?)" in res.stderr

@@ -123,7 +123,8 @@ def schema(output: Optional[str] = typer.Option(None, "--output", "-o", metavar=
 @app.command()
 def new(name: str = typer.Argument(..., help="Recipe name ([a-z0-9_-]); the file is recipes/NAME.yaml."),
         script: Optional[str] = typer.Option(None, "--script", metavar="FILE.py", help="Your script."),
-        module: Optional[str] = typer.Option(None, "--module", metavar="PKG.MODULE", help="Or your module."),
+        module: Optional[str] = typer.Option(None, "--module", "-m", metavar="PKG.MODULE",
+                                             help="Or your module (python -m PKG.MODULE)."),
         script_args: Optional[list[str]] = typer.Argument(None, metavar="-- SCRIPT_ARGS...",
                                                           help="Arguments for the script, after `--`."),
         nodes: int = typer.Option(1, "--nodes", "-N", min=1, help="Nodes of the job (resources.nodes)."),
@@ -166,7 +167,7 @@ def new(name: str = typer.Argument(..., help="Recipe name ([a-z0-9_-]); the file
     o.check_time(time)
     data = user_recipe(target, script_args or [], name=name, nodes=nodes, style=launcher.value, time=time,
                        max_restarts=max_restarts, venv=str(venv) if venv else None, env=parse_env(env),
-                       hang_timeout_s=hang_timeout, spares=spares)
+                       hang_timeout_s=hang_timeout, spares=spares, module=module is not None)
     if script is not None and not Path(script).is_file():
         raise UsageError(f"--script {script} does not exist", fix="give the path of an existing .py file")
     load_recipe(name, overrides=overrides, data=data)  # validated before anything is written, --set named

@@ -30,10 +30,15 @@ RDZV_TIMEOUT = typer.Option(None, "--rendezvous-timeout", min=1,
                             help="Seconds a rank may wait in init_process_group before failing (default 300).")
 
 
-def run(target: str = typer.Argument(..., metavar="SCRIPT_OR_MODULE",
-                                     help="SCRIPT.py (a path on the shared file system) or a module (pkg.train)."),
+def run(target: Optional[str] = typer.Argument(None, metavar="SCRIPT_OR_MODULE",
+                                               help="SCRIPT.py (a path on the shared file system) or a module "
+                                                    "(pkg.train)."),
         script_args: Optional[list[str]] = typer.Argument(None, metavar="-- SCRIPT_ARGS...",
                                                           help="Arguments for the script, after `--`."),
+        # python's, torchrun's and `hpc k8s render`'s way to name a module, besides the bare name
+        module: Optional[str] = typer.Option(None, "--module", "-m", metavar="PKG.MODULE",
+                                             help="Your module, as python -m PKG.MODULE takes it (or give its name "
+                                                  "as SCRIPT_OR_MODULE)."),
         nodes: int = typer.Option(1, "--nodes", "-N", min=1, help="Nodes of the job (ranks per node come from the "
                                                                   "queue)."),
         cluster: Optional[Path] = o.CLUSTER, queue: Optional[str] = o.QUEUE, launcher: o.Launcher = LAUNCHER,
@@ -55,17 +60,27 @@ def run(target: str = typer.Argument(..., metavar="SCRIPT_OR_MODULE",
     as under torchrun: a script written for torchrun runs unchanged (docs/researchers.md: "Your own training script").
     """
     from toolkit.cli.recipes import submit_any
+    from toolkit.errors import UsageError
     from toolkit.recipes.user import parse_env, user_recipe
     from toolkit.submit.plan import SubmitRequest
+
+    if target is None and module is None:
+        raise UsageError("missing argument SCRIPT_OR_MODULE",
+                         fix="e.g. hpc run train.py --nodes 2 -- --epochs 3, or hpc run -m mypkg.train --nodes 2")
+    if module is not None:  # as `python -m MOD A B` and `hpc k8s render -m`: every word after the module is its own
+        if module.endswith(".py"):
+            raise UsageError(f"-m {module!r} is a file name: -m takes a module (pkg.train)",
+                             fix=f"run the script without -m: hpc run {module} ...")
+        script_args = [*([target] if target is not None else []), *(script_args or [])]
 
     job = o.JobOptions(overrides, sweeps, profile, time, env, venv, account, qos, reservation, dependency)
     job.refuse("hpc run", "your script has no recipe profiles", "profile")
     o.check_time(time)
-    data = user_recipe(target, script_args or [], nodes=nodes, style=launcher.value, time=time,
-                       max_restarts=max_restarts, venv=str(venv) if venv else None, env=parse_env(env),
+    data = user_recipe(module or target or "", script_args or [], module=module is not None, nodes=nodes,
+                       style=launcher.value, time=time, max_restarts=max_restarts,
+                       venv=str(venv) if venv else None, env=parse_env(env),
                        rendezvous_timeout_s=rendezvous_timeout, container=container,
-                       container_mounts=container_mount, hang_timeout_s=hang_timeout,
-                       spares=spares)
+                       container_mounts=container_mount, hang_timeout_s=hang_timeout, spares=spares)
     request = SubmitRequest(data["name"], nodes, str(cluster) if cluster else None, queue,
                             overrides=(*o.preflight_override(preflight), *overrides),
                             slurm_options=job.slurm_options(),
