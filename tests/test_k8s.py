@@ -336,6 +336,22 @@ def test_bad_input_gets_one_clear_error(args, message):
     assert lines[1].startswith("  fix: ") and len(lines) == 2
 
 
+@pytest.mark.parametrize("option,value,like", [("--namespace", "Team_A", "team-a"), ("--namespace", "a.b", "a-b"),
+                                                ("--fsx-claim", "Fsx_Claim", "fsx-claim"),
+                                                ("--fsx-storage-class", "_fsx.SC.", "fsx.sc")])
+def test_a_name_the_api_server_refuses_is_refused_at_render_with_one_it_accepts(option, value, like, tmp_path):
+    """A namespace, claim or StorageClass name Kubernetes refuses (the render wrote it and `hpc k8s validate`
+    refused it): a usage error before anything is written, whose suggested name renders manifests that validate."""
+    args = ["resnet50", "--nodes", "2", "--instance", "p4d.24xlarge", "-o", str(tmp_path / "m.yaml")]
+    res = run_hpc("k8s", "render", *args, option, value)
+    assert res.returncode == 2 and f"{option} {value!r} is not a name Kubernetes accepts" in res.stderr, res.stderr
+    assert res.stderr.strip().splitlines()[-1] == f"  fix: e.g. {option} {like}"
+    assert not (tmp_path / "m.yaml").exists()
+    assert run_hpc("k8s", "render", *args, option, like).returncode == 0
+    found = validate_text((tmp_path / "m.yaml").read_text(), str(tmp_path / "m.yaml"))
+    assert found["valid"], found["findings"]
+
+
 def test_rendering_is_byte_stable_across_processes(tmp_path):
     outputs = []
     for i in range(2):

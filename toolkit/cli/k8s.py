@@ -42,6 +42,28 @@ def render_command_line(name: str | None, nodes: int, instance: str, profile, ov
     return shlex.join(words)
 
 
+def _check_names(namespace: str, claim: str | None, storage_class: str | None) -> None:
+    """The names the user gives, as the API server checks them (k8s.io/apimachinery pkg/util/validation: a
+    namespace is a DNS-1123 label, a claim's and a StorageClass's name a DNS-1123 subdomain), before rendering:
+    `hpc k8s validate` refused them, the render wrote them."""
+    import re
+
+    from toolkit.errors import UsageError
+    from toolkit.k8s.crd import dns1123_label, dns1123_subdomain
+
+    label = "at most 63 lowercase letters, digits and '-', starting and ending with a letter or digit"
+    subdomain = ("lowercase letters, digits, '-' and '.', each part between dots starting and ending with a letter "
+                 "or digit, at most 253 characters")
+    for option, value, valid, what, kept in (("--namespace", namespace, dns1123_label, label, r"[^a-z0-9]+"),
+                                             ("--fsx-claim", claim, dns1123_subdomain, subdomain, r"[^a-z0-9.]+"),
+                                             ("--fsx-storage-class", storage_class, dns1123_subdomain, subdomain,
+                                              r"[^a-z0-9.]+")):
+        if value is not None and not valid(value):
+            like = re.sub(r"-?\.-?", ".", re.sub(kept, "-", value.lower())).strip("-.")[:63].strip("-.") or "train"
+            raise UsageError(f"{option} {value!r} is not a name Kubernetes accepts ({what})",
+                             fix=f"e.g. {option} {like}")
+
+
 @app.command()
 def render(name: Optional[str] = o.RECIPE_OR_SCRIPT,
            script_args: Optional[list[str]] = typer.Argument(None, metavar="-- SCRIPT_ARGS...",
@@ -97,6 +119,7 @@ def render(name: Optional[str] = o.RECIPE_OR_SCRIPT,
         raise UsageError("no recipe, script or module given",
                          fix="e.g. hpc k8s render resnet50 ..., hpc k8s render train.py ..., or "
                              "hpc k8s render -m mypkg.train --image IMAGE ...")
+    _check_names(namespace, claim, storage_class)
     user_code = is_user_code(name, module)
     if not user_code and script_args:
         raise UsageError(f"{name} is a recipe: arguments after it ({shlex.join(script_args)}) are for a script",

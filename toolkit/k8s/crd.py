@@ -285,6 +285,16 @@ def _qualified_name(key: str) -> bool:
             and (not slash or len(prefix) <= 253 and bool(DNS1123_SUBDOMAIN.fullmatch(prefix))))
 
 
+def dns1123_label(name: str) -> bool:
+    """An RFC 1123 label as Kubernetes checks one (IsDNS1123Label): namespaces' names."""
+    return len(name) <= 63 and bool(re.fullmatch(DNS1123_LABEL, name))
+
+
+def dns1123_subdomain(name: str) -> bool:
+    """An RFC 1123 subdomain as Kubernetes checks one (IsDNS1123Subdomain): claims' and StorageClasses' names."""
+    return len(name) <= 253 and bool(DNS1123_SUBDOMAIN.fullmatch(name))
+
+
 def dns1035_label(name: str) -> bool:
     """An RFC 1035 label as Kubernetes checks one (IsDNS1035Label): Services' and TrainJobs' names."""
     return len(name) <= 63 and bool(_DNS1035_LABEL.fullmatch(name))
@@ -308,8 +318,7 @@ def label_violations(meta: dict, parts: tuple) -> Iterator[Violation]:
             yield Violation(parts + ("annotations", key), "not a valid annotation key (a qualified name, as for "
                             "labels)")
     namespace = meta.get("namespace")
-    if isinstance(namespace, str) and namespace and (len(namespace) > 63 or not re.fullmatch(DNS1123_LABEL,
-                                                                                             namespace)):
+    if isinstance(namespace, str) and namespace and not dns1123_label(namespace):
         yield Violation(parts + ("namespace",), f"{namespace!r} is not a DNS-1123 label")
 
 
