@@ -120,6 +120,12 @@ def render(name: Optional[str] = o.RECIPE_OR_SCRIPT,
                          fix="e.g. hpc k8s render resnet50 ..., hpc k8s render train.py ..., or "
                              "hpc k8s render -m mypkg.train --image IMAGE ...")
     _check_names(namespace, claim, storage_class)
+    if image is not None:
+        from toolkit.k8s.image import FORM, image_problem
+
+        if (problem := image_problem(image)) is not None:
+            raise UsageError(f"--image {image!r} {problem}: the kubelet could not pull it (the pods would wait in "
+                             "InvalidImageName)", fix=f"give --image as {FORM}")
     user_code = is_user_code(name, module)
     if not user_code and script_args:
         raise UsageError(f"{name} is a recipe: arguments after it ({shlex.join(script_args)}) are for a script",
