@@ -55,6 +55,17 @@ def test_python_s_dash_m_names_a_module_as_k8s_render_does(tmp_path, env):
     assert res.returncode == 2 and "missing argument SCRIPT_OR_MODULE" in res.stderr
 
 
+def test_k8s_render_of_a_recipe_does_not_send_an_unknown_option_to_a_script(tmp_path, env):
+    """`hpc k8s render RECIPE --name x`: was "arguments for your script go after `--`", for a recipe (which takes
+    none: `hpc k8s render` refuses them); a script's own option still gets the corrected command."""
+    res = run_hpc("k8s", "render", "resnet50", "--nodes", "2", "--instance", "g5.xlarge", "--name", "x", env=env)
+    assert res.returncode == 2 and "No such option: --name" in res.stderr and "your script" not in res.stderr
+    (tmp_path / "train.py").write_text("print('trained')\n")
+    res = run_hpc("k8s", "render", "train.py", "--nodes", "2", "--instance", "g5.xlarge", "--epochs", "3", env=env,
+                  cwd=tmp_path)
+    assert res.returncode == 2 and shlex.split(_fix(res))[-3:] == ["--", "--epochs", "3"]
+
+
 def test_a_typo_of_hpcs_own_option_is_named_too(tmp_path, env):
     res = run_hpc("run", "train.py", "--dryrun", env=env, cwd=tmp_path)
     assert res.returncode == 2 and "(or did you mean --dry-run?)" in res.stderr

@@ -187,6 +187,8 @@ def _script_args_habit(exc, argv: list[str]) -> tuple[str, str] | None:
     if not any(p.param_type_name == "argument" and p.nargs == -1 for p in ctx.command.params):
         return None
     own = _own_words(argv)
+    if ctx.command.name == "render" and not any(w.endswith(".py") or w in ("-m", "--module") for w in own):
+        return None  # `hpc k8s render RECIPE`: no script here to give the option to (toolkit.k8s.usercode)
     node, end = _tree(argv), 0
     for i, word in enumerate(own):  # the command's path (hpc's own options before it stay where they are)
         if word.startswith("-"):
