@@ -124,12 +124,17 @@ def pyxis_script(
          f"wrote {path}\nnext: {upload}, then hpc cluster config ... --pyxis-script s3://BUCKET/KEY" if path else None)
 
 
+def _count(n: int, word: str) -> str:
+    return f"{n} {word}{'' if n == 1 else 's'}"
+
+
 def _validation_text(report: dict) -> str:
     findings = report["findings"]
     counts = {level: sum(f["level"] == level for f in findings) for level in ("error", "warning", "info")}
     judge = f" by ParallelCluster {report['parallelcluster']}'s rules" if report["parallelcluster"] else ""
     lines = [f"{report['file']}: {'valid' if report['valid'] else 'INVALID'}{judge} "
-             f"({counts['error']} errors, {counts['warning']} warnings, {counts['info']} notes)"]
+             f"({_count(counts['error'], 'error')}, {_count(counts['warning'], 'warning')}, "
+             f"{_count(counts['info'], 'note')})"]
     for f in findings:
         where = f"{f['file']}:{f['line']}" if f["line"] else f["file"]
         lines.append(f"{f['level']:<8}{where}  {f['path'] or '(file)'}")

@@ -37,7 +37,7 @@ PG_RESERVATION = (
     "InsufficientInstanceCapacity although the reservation has room"
 )
 PG_RESERVATION_FIX = (
-    "set Networking/PlacementGroup/Enabled: false on this compute resource (the reservation brings its own "
+    "set Networking/PlacementGroup/Enabled: false on this {level} (the reservation brings its own "
     "placement), or name the cluster placement group the reservation was created in"
 )
 
@@ -202,7 +202,7 @@ def placement_group_with_reservation(config: dict) -> list[Finding]:
                 "warning", where,
                 PG_RESERVATION + (f" (fine only if {named!r} is the group the reservation was created in)"
                                   if named else " (ParallelCluster would create a new, unrelated group)"),
-                PG_RESERVATION_FIX))
+                PG_RESERVATION_FIX.format(level="compute resource" if own else "queue")))
     return found
 
 

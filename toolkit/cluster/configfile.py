@@ -38,12 +38,28 @@ def read_config(path: str | Path) -> tuple[str, dict]:
         raise HpcError(f"{where}: {problem.message}", fix=problem.fix)
     assert config is not None, "yamlsource.parse reports a problem whenever it returns no config"
     for key_path, value in _scalars(config):
-        match = _VARIABLE.search(value)
-        if match:
+        variable = template_variable(value)
+        if variable is not None:
             line = lines.get(key_path)
-            raise HpcError(
-                f"{path}{f':{line}' if line else ''}: {key_path} holds the variable ${{{match.group(1)}}}, "
-                "left in for a template tool to fill in",
-                fix=f"substitute it first, e.g. `export {match.group(1) or 'VAR'}=...; envsubst < {path} > "
-                    "cluster.yaml`, and pass the result")
+            raise HpcError(f"{path}{f':{line}' if line else ''}: {key_path} {TEMPLATE_WORDS.format(variable)}",
+                           fix=template_fix(variable, path))
     return text, config
+
+
+TEMPLATE_WORDS = "holds the variable ${{{}}}, left in for a template tool to fill in"
+
+
+def template_variable(value: Any) -> str | None:
+    """The name of the first `${VAR}` in a value, or None (not a string, or none in it)."""
+    match = _VARIABLE.search(value) if isinstance(value, str) else None
+    return match.group(1) if match else None
+
+
+def template_variables(config: dict) -> dict[str, str]:
+    """Each key path whose value holds a `${VAR}`, with the variable's name."""
+    return {key_path: name for key_path, value in _scalars(config) if (name := template_variable(value)) is not None}
+
+
+def template_fix(variable: str, path: str | Path) -> str:
+    return (f"substitute it first, e.g. `export {variable or 'VAR'}=...; envsubst < {path} > cluster.yaml`, and "
+            "pass the result")

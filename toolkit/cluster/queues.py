@@ -149,6 +149,22 @@ def _tags(section: dict[str, Any]) -> dict[str, str]:
     return {str(t.get("Key")): str(t.get("Value")) for t in section.get("Tags") or [] if isinstance(t, dict)}
 
 
+def _whole(value: Any, what: str, source: str) -> int:
+    """A count the config gives (MaxCount, MinCount, a count tag) as pcluster's schema reads it (an integer, or its
+    digits as text), else one error naming the key: a template's placeholder was left in, or a typo."""
+    from toolkit.cluster.configfile import TEMPLATE_WORDS, template_fix, template_variable
+
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.strip().isdigit():
+        return int(value)
+    if (variable := template_variable(value)) is not None:
+        raise HpcError(f"{source}: {what} {TEMPLATE_WORDS.format(variable)}", fix=template_fix(variable, source))
+    raise HpcError(f"{source}: {what} is {value!r}, not a whole number",
+                   fix="write the count as a number (a template's placeholder is meant to be replaced first); "
+                       "`hpc cluster validate` checks the whole file")
+
+
 def queues_from_config(config: dict[str, Any], source: str = "<config>") -> dict[str, Queue]:
     """Queues of a ParallelCluster v3 config dict, by name (first compute resource's instance type)."""
     fsx_mount = next(
@@ -168,6 +184,10 @@ def queues_from_config(config: dict[str, Any], source: str = "<config>") -> dict
                            fix="run `hpc cluster validate` on the file")
         first = resources[0]
         itype = first.get("InstanceType") or ((first.get("Instances") or [{}])[0].get("InstanceType"))
+        from toolkit.cluster.configfile import TEMPLATE_WORDS, template_fix, template_variable
+        if (variable := template_variable(itype)) is not None:
+            raise HpcError(f"{source}: queue {name}: InstanceType {TEMPLATE_WORDS.format(variable)}",
+                           fix=template_fix(variable, source))
         tags = _tags(q)
         # a type outside the catalog: the file's word for EFA (its facts are asked for only if a job uses the queue)
         known = catalog().get(itype)
@@ -176,16 +196,21 @@ def queues_from_config(config: dict[str, Any], source: str = "<config>") -> dict
         if stack not in EFA_STACKS:
             raise HpcError(f"{source}: queue {name}: tag {TAG_EFA_STACK}={stack!r} is not one of {EFA_STACKS}",
                            fix=f"set the tag to one of: {', '.join(EFA_STACKS)}")
+        where = f"queue {name}, compute resource"
         queues[name] = Queue(
             name=name,
             instance_type=itype,
-            max_nodes=sum(int(r.get("MaxCount", 10)) for r in resources),
+            max_nodes=sum(_whole(r.get("MaxCount", 10), f"{where} {r.get('Name')}: MaxCount", source)
+                          for r in resources),
             efa_stack=stack,  # type: ignore[arg-type]
-            ranks_per_node=int(tags[TAG_RANKS_PER_NODE]) if TAG_RANKS_PER_NODE in tags else None,
-            cpus_per_task_override=int(tags[TAG_CPUS_PER_TASK]) if TAG_CPUS_PER_TASK in tags else None,
+            ranks_per_node=(_whole(tags[TAG_RANKS_PER_NODE], f"queue {name}: tag {TAG_RANKS_PER_NODE}", source)
+                            if TAG_RANKS_PER_NODE in tags else None),
+            cpus_per_task_override=(_whole(tags[TAG_CPUS_PER_TASK], f"queue {name}: tag {TAG_CPUS_PER_TASK}", source)
+                                    if TAG_CPUS_PER_TASK in tags else None),
             fsx_mount=fsx_mount,
             efa_enabled=efa_enabled,
-            static_nodes=sum(int(r.get("MinCount", 0)) for r in resources),
+            static_nodes=sum(_whole(r.get("MinCount", 0), f"{where} {r.get('Name')}: MinCount", source)
+                             for r in resources),
             # A job may land on any of the queue's compute resources: one with SMT off bounds the CPUs it may ask.
             smt_disabled=any(r.get(SMT_KEY) is True for r in resources),
             from_config=True,
@@ -276,9 +301,10 @@ def resolve_queue(cluster: str | Path | None, queue: str | None) -> tuple[Queue,
                        fix=f"point ${CLUSTER_CONFIG_ENV} at a cluster config, or unset it")
     path = Path(cluster) if cluster is not None else next((p for p in cluster_config_candidates() if p.is_file()), None)
     if path is not None:
-        queues = load_queues(path)
+        path, config = _read(path)
+        queues = queues_from_config(config, source=str(path))
         if not queues:
-            raise HpcError(f"{path} defines no Slurm queues", fix="add Scheduling/SlurmQueues to the config")
+            raise no_queues_error(path, config)
         chosen = pick_queue(queues, queue, str(path))
         how = "--cluster" if cluster is not None else "this cluster's own config"
         return chosen, f"queue {chosen.name} ({chosen.instance_type}) from {path} ({how})"
@@ -309,11 +335,24 @@ def _resource_type(resource: dict) -> str | None:
     return ",".join(str(n) for n in names) or None
 
 
+def no_queues_error(path: str | Path, config: dict[str, Any]) -> HpcError:
+    """A config without Slurm queues: an AWS Batch cluster's (a scheduler the pinned pcluster no longer has:
+    aws-parallelcluster 3.16.1 pcluster/constants.py SUPPORTED_SCHEDULERS), or one that lists none."""
+    scheduling = config.get("Scheduling")
+    scheduler = scheduling.get("Scheduler") if isinstance(scheduling, dict) else None
+    if scheduler not in (None, "slurm"):
+        return HpcError(f"{path}: Scheduling/Scheduler is {scheduler!r}, and hpc's queues are Slurm queues",
+                        fix="give the config of a Slurm cluster (Scheduler: slurm, Scheduling/SlurmQueues)")
+    return HpcError(f"{path} defines no Slurm queues", fix="add Scheduling/SlurmQueues to the config")
+
+
 def queue_summaries(path: str | Path) -> list[dict[str, Any]]:
     """What a researcher needs to pick a queue: one dict per compute resource of each queue of the config at
     `path`. A type outside the catalog is listed with known False and its facts None (unknown), not refused."""
     path, config = _read(path)
     queues = queues_from_config(config, source=str(path))
+    if not queues:
+        raise no_queues_error(path, config)
     rows = []
     for raw in (config.get("Scheduling") or {}).get("SlurmQueues") or []:
         queue = queues[raw["Name"]]
@@ -321,8 +360,10 @@ def queue_summaries(path: str | Path) -> list[dict[str, Any]]:
             itype = _resource_type(resource) or "?"
             # the compute resource as a queue of its own: the CPU and EFA rules are Queue's, applied to it alone
             alone = dataclasses.replace(
-                queue, instance_type=itype.split(",")[0], max_nodes=int(resource.get("MaxCount", 10)),
-                static_nodes=int(resource.get("MinCount", 0)), smt_disabled=resource.get(SMT_KEY) is True,
+                queue, instance_type=itype.split(",")[0], max_nodes=_whole(resource.get("MaxCount", 10), "MaxCount",
+                                                                           str(path)),
+                static_nodes=_whole(resource.get("MinCount", 0), "MinCount", str(path)),
+                smt_disabled=resource.get(SMT_KEY) is True,
                 efa_enabled=bool((resource.get("Efa") or {}).get("Enabled")))
             row: dict[str, Any] = {
                 "queue": queue.name, "compute_resource": resource.get("Name"), "instance_type": itype,

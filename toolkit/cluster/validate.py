@@ -109,7 +109,12 @@ _PATTERN_FIXES = {
 # schema's own error lists what the pinned release takes; this says why a value that worked before fails now.
 # alinux2: not in aws-parallelcluster 3.16's SUPPORTED_OSES (cli/src/pcluster/constants.py), which the schema's
 # Image/Os choice reads; 3.15 still had it (field notes, ../shared/FIELD-NOTES.md).
-DROPPED_VALUES = {"Os": {"alinux2": ("3.16", "alinux2023 (Amazon Linux 2023)")}}
+# ubuntu2004 and centos7 are in AWS's published samples and configs of 3.x clusters still running (the release
+# that dropped each is not recorded here: None).
+DROPPED_VALUES: dict[str, dict[str, tuple[str | None, str]]] = {
+    "Os": {"alinux2": ("3.16", "alinux2023 (Amazon Linux 2023)"),
+           "ubuntu2004": (None, "ubuntu2204 or ubuntu2404 (Ubuntu 22.04 or 24.04 LTS)"),
+           "centos7": (None, "rocky8, rocky9 (its successors) or alinux2023")}}
 
 
 def _dropped_value_fix(message: str, path: str) -> str | None:
@@ -119,13 +124,19 @@ def _dropped_value_fix(message: str, path: str) -> str | None:
     if got is None or dropped is None:
         return None
     release, replacement = dropped
-    return (f"{key}: {got.group(1)} was dropped in ParallelCluster {release}; use {replacement}, or "
-            f"manage a cluster that must keep it with the pcluster release it was made with")
+    went = (f"was dropped in ParallelCluster {release}" if release else
+            f"is not in ParallelCluster {parallelcluster_release()}, though earlier 3.x releases had it")
+    return (f"{key}: {got.group(1)} {went}; use {replacement}, or manage a cluster that must keep it with the "
+            "pcluster release it was made with")
 
 
 def _fix_for(source: str, message: str, path: str = "") -> str | None:
     if source == "schema" and "Must be one of" in message and (dropped := _dropped_value_fix(message, path)):
         return dropped
+    if source == "schema" and path.endswith("Scheduler") and "'awsbatch'" in message:
+        return (f"the pinned aws-parallelcluster {parallelcluster_release()} has only the slurm scheduler "
+                "(pcluster/constants.py SUPPORTED_SCHEDULERS): manage an AWS Batch cluster with the pcluster "
+                "release it was made with, or move its work to Slurm queues (Scheduling/SlurmQueues)")
     if source == "schema" and "does not match expected" in message:
         key = re.sub(r"\[[^\]]*\]$", "", path).rsplit("/", 1)[-1]
         return _PATTERN_FIXES.get(key, f"write {key or 'the value'} in the format the ParallelCluster v3 "
@@ -182,9 +193,29 @@ def validate_config(config: dict, file: str = "<config>", lines: dict[str, int] 
     ours = checks.check(config)
     theirs, not_checked, subnets_unchecked = _pcluster_findings(config)
     findings = [dataclasses.replace(f, file=file, line=_line_of(f.path, lines or {}))
-                for f in theirs + ours]
-    findings.sort(key=lambda f: _LEVEL_ORDER[f.level])
+                for f in _template_variables(config, theirs + ours, file)]
+    findings.sort(key=lambda f: (_LEVEL_ORDER[f.level], f.line or 0))
     return Report(file, findings, not_checked, subnets_unchecked)
+
+
+def _template_variables(config: dict, found: list[Finding], file: str) -> list[Finding]:
+    """A `${VAR}` left in for envsubst (AWS's samples are templates): said as such where pcluster reports the
+    value (its pattern error names the literal), and reported where pcluster takes it (Region: ${AWS_REGION})."""
+    from toolkit.cluster.configfile import TEMPLATE_WORDS, template_fix, template_variables
+
+    variables = template_variables(config)
+    said = set()
+    out = []
+    for f in found:
+        hit = next((path for path, name in variables.items()
+                    if f.path == path or f"'${{{name}}}" in f.message or f"${{{name}}}'" in f.message), None)
+        if hit is not None:
+            said.add(hit)
+            f = dataclasses.replace(f, fix=template_fix(variables[hit], file))
+        out.append(f)
+    out += [Finding("error", path, TEMPLATE_WORDS.format(name), template_fix(name, file), source="hpc")
+            for path, name in variables.items() if path not in said]
+    return out
 
 
 def validate_text(text: str, file: str = "<config>") -> Report:

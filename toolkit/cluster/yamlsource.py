@@ -6,6 +6,7 @@ A loader of our own, so pcluster's habit of changing PyYAML's global SafeLoader 
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import yaml
@@ -16,6 +17,7 @@ from toolkit.cluster.findings import Finding
 # libyaml's parser where PyYAML has it (its wheels do): the same events, marks and errors as the pure-Python one,
 # ~10x faster; a cluster config is read on every submit (0.04 s of `hpc recipes submit` here with the pure one).
 _SAFE_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+_TEMPLATE_MARKUP = re.compile(r"\{\{.*?\}\}|\{%.*?%\}")
 
 
 class _StrictLoader(_SAFE_LOADER):  # type: ignore[valid-type,misc]
@@ -69,8 +71,12 @@ def parse(text: str, file: str) -> tuple[dict | None, dict[str, int], list[Findi
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         problem = exc.problem or str(exc)
+        line = mark.line + 1 if mark else None
+        if _TEMPLATE_MARKUP.search(text):  # a template (pcluster's own test configs are Jinja), not yet rendered
+            return fail(f"not valid YAML: {problem}; the file holds template markup ({{{{ ... }}}} or {{% ... %}})",
+                        "render the template with its tool first (e.g. Jinja), then pass the result", line)
         return fail(f"not valid YAML: {problem}", "fix the YAML at that line (indentation, quotes, a missing ':')",
-                    mark.line + 1 if mark else None)
+                    line)
     except yaml.YAMLError as exc:
         return fail(f"not valid YAML: {exc}", "fix the YAML syntax")
     finally:
