@@ -9,7 +9,7 @@ from typing import List, Optional
 import typer
 
 from toolkit.cli import options as o
-from toolkit.cli.output import JSON_OPTION, emit, fail, info, output_target, table, warn
+from toolkit.cli.output import JSON_OPTION, counted, emit, fail, info, output_target, table, warn
 
 app = typer.Typer(help="Generate, validate and inspect AWS ParallelCluster v3 configs.", no_args_is_help=True,
                   rich_markup_mode=None)
@@ -124,17 +124,10 @@ def pyxis_script(
          f"wrote {path}\nnext: {upload}, then hpc cluster config ... --pyxis-script s3://BUCKET/KEY" if path else None)
 
 
-def _count(n: int, word: str) -> str:
-    return f"{n} {word}{'' if n == 1 else 's'}"
-
-
 def _validation_text(report: dict) -> str:
     findings = report["findings"]
-    counts = {level: sum(f["level"] == level for f in findings) for level in ("error", "warning", "info")}
     judge = f" by ParallelCluster {report['parallelcluster']}'s rules" if report["parallelcluster"] else ""
-    lines = [f"{report['file']}: {'valid' if report['valid'] else 'INVALID'}{judge} "
-             f"({_count(counts['error'], 'error')}, {_count(counts['warning'], 'warning')}, "
-             f"{_count(counts['info'], 'note')})"]
+    lines = [f"{report['file']}: {'valid' if report['valid'] else 'INVALID'}{judge} ({counted(findings)})"]
     for f in findings:
         where = f"{f['file']}:{f['line']}" if f["line"] else f["file"]
         lines.append(f"{f['level']:<8}{where}  {f['path'] or '(file)'}")

@@ -9,7 +9,7 @@ from typing import Optional, Sequence
 import typer
 
 from toolkit.cli import options as o
-from toolkit.cli.output import JSON_OPTION, emit, fail, info, output_target, warn, write_output
+from toolkit.cli.output import JSON_OPTION, counted, emit, fail, info, output_target, warn, write_output
 
 # A new EKS user who installs Kubeflow today gets Trainer v2 (kubeflow/trainer v2.2+, TrainJob): Kubeflow's
 # installation guide (kubeflow.org docs, components/trainer/operator-guides/installation) installs it, and lists the
@@ -167,10 +167,9 @@ def render(name: Optional[str] = o.RECIPE_OR_SCRIPT,
 
 
 def _validation_text(report: dict) -> str:
-    findings = report["findings"]
-    counts = {level: sum(f["level"] == level for f in findings) for level in ("error", "warning", "info")}
-    lines = [f"{report['file']}: {'valid' if report['valid'] else 'INVALID'} ({len(report['documents'])} documents; "
-             f"{counts['error']} errors, {counts['warning']} warnings, {counts['info']} notes)"]
+    findings, documents = report["findings"], len(report["documents"])
+    lines = [f"{report['file']}: {'valid' if report['valid'] else 'INVALID'} ({documents} "
+             f"document{'' if documents == 1 else 's'}; {counted(findings)})"]
     for f in findings:
         lines += [f"{f['level']:<8}{f['path']}", f"        {f['message']}"]
         lines += [f"        fix: {f['fix']}"] if f["fix"] else []

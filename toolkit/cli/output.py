@@ -78,6 +78,13 @@ def envelope_json(command: str, code: int, error: dict | None = None) -> str:
     return json.dumps(doc, indent=2, default=str) + "\n"
 
 
+def counted(findings: Sequence[dict]) -> str:
+    """"1 error, 2 warnings, 0 notes": a report's findings by level."""
+    words = (("error", "error"), ("warning", "warning"), ("info", "note"))
+    return ", ".join(f"{n} {word}{'' if n == 1 else 's'}"
+                     for level, word in words for n in [sum(f["level"] == level for f in findings)])
+
+
 def table(rows: Sequence[Sequence[Any]], headers: Sequence[str]) -> str:
     """A plain aligned text table (no colour: output is often piped or logged)."""
     cells = [[str(h) for h in headers]] + [["" if c is None else str(c) for c in row] for row in rows]
