@@ -66,9 +66,19 @@ def test_k8s_render_of_a_recipe_does_not_send_an_unknown_option_to_a_script(tmp_
     assert res.returncode == 2 and shlex.split(_fix(res))[-3:] == ["--", "--epochs", "3"]
 
 
-def test_a_typo_of_hpcs_own_option_is_named_too(tmp_path, env):
-    res = run_hpc("run", "train.py", "--dryrun", env=env, cwd=tmp_path)
-    assert res.returncode == 2 and "(or did you mean --dry-run?)" in res.stderr
+def test_a_typo_of_hpcs_own_option_gets_the_corrected_command_first(tmp_path, env):
+    """The fix printed first keeps the dry run: `--dryrun` moved after `--` (as a script's argument) was the fix
+    before, and run as printed it submitted a real job."""
+    (tmp_path / "train.py").write_text("print('trained')\n")
+    res = run_hpc("run", "train.py", "--nodes", "2", "--dryrun", env=env, cwd=tmp_path)
+    assert res.returncode == 2 and "--dryrun is not an option of `hpc run`: did you mean --dry-run?" in res.stderr
+    first, _, alternative = _fix(res).partition(" (or, if --dryrun is your script's: ")
+    assert shlex.split(first)[1:] == ["run", "train.py", "--nodes", "2", "--dry-run"]
+    assert shlex.split(alternative.rstrip(")"))[1:] == ["run", "train.py", "--nodes", "2", "--", "--dryrun"]
+    again = run_hpc(*shlex.split(first)[1:], env=env, cwd=tmp_path)
+    assert again.returncode == 0 and "the full plan and its scripts" in again.stdout, again.stdout
+    res = run_hpc("run", "train.py", "--clutser=c.yaml", "--dry-run", env=env, cwd=tmp_path)
+    assert shlex.split(_fix(res).partition(" (or")[0])[1:] == ["run", "train.py", "--cluster=c.yaml", "--dry-run"]
 
 
 def test_an_args_key_without_dashes_names_the_recipes_flag(env):

@@ -216,8 +216,15 @@ def _script_args_habit(exc, argv: list[str]) -> tuple[str, str] | None:
     meant = [f"--{m}" for m in difflib.get_close_matches(exc.option_name.lstrip("-"),
                                                          [n.lstrip("-") for n in options if n.startswith("--")],
                                                          cutoff=0.75)]
+    if meant:  # a typo of hpc's own is the likelier reading, and the safer command: moving `--dryrun` after `--`
+        # would have dropped the dry run (and a real job would be submitted by the command as printed)
+        at = argv.index(next(w for w in own if w.split("=", 1)[0] == exc.option_name))
+        typo, sep, value = argv[at].partition("=")
+        corrected = shlex.join([output.hpc_program(), *argv[:at], meant[0] + sep + value, *argv[at + 1:]])
+        return (f"{exc.option_name} is not an option of `{ctx.command_path}`: did you mean {meant[0]}?",
+                f"{corrected} (or, if {exc.option_name} is your script's: {fixed})")
     return (f"{exc.option_name} is not an option of `{ctx.command_path}`: arguments for your script go after `--`",
-            fixed + (f" (or did you mean {' or '.join(meant)}?)" if meant else ""))
+            fixed)
 
 
 def _end(argv: list[str], code: int, message: str | None = None, fix: str | None = None) -> None:
