@@ -225,7 +225,22 @@ def test_report_run_plot_failures_say_why_on_stderr(tmp_path):
     assert "hpc report nccl" in res.stderr and not list(run.rglob("*.png"))
     log = Path(__file__).parent / "fixtures" / "training" / "fairseq_translation.sample.txt"
     res = run_hpc("report", "run", str(log), "-o", str(tmp_path / "curves.txt"))
-    assert res.returncode == 1 and "does not end in .png" in res.stderr
+    assert res.returncode == 2 and "does not end in .png" in res.stderr and res.stdout == ""  # before the report
+
+
+def test_a_plot_file_that_exists_is_kept_unless_forced_and_said_before_the_report(tmp_path):
+    """`report run -o`, `report nccl --plot` (and every --plot) wrote over an existing file unasked, after printing
+    the report; now the file is refused first and --force writes it."""
+    log = Path(__file__).parent / "fixtures" / "training" / "fairseq_translation.sample.txt"
+    png = tmp_path / "curves.png"
+    png.write_bytes(b"the user's own picture")
+    res = run_hpc("report", "run", str(log), "-o", str(png))
+    assert res.returncode == 1 and res.stdout == "" and f"{png} already exists" in res.stderr
+    assert "--force" in res.stderr and png.read_bytes() == b"the user's own picture"
+    res = run_hpc("report", "nccl", str(NCCL / "2022_root_wrong_srun-label.sample.txt"), "--plot", str(png))
+    assert res.returncode == 1 and res.stdout == "" and png.read_bytes() == b"the user's own picture"
+    res = run_hpc("report", "run", str(log), "-o", str(png), "--force")
+    assert res.returncode == 0 and _drawn(png)[1] > 0.005
 
 
 def test_a_run_with_heartbeats_gets_the_ranks_step_times_below_its_curves(tmp_path):

@@ -9,7 +9,7 @@ from typing import List, Optional
 import typer
 
 from toolkit.cli import options as o
-from toolkit.cli.output import JSON_OPTION, counted, emit, fail, info, output_target, table, warn
+from toolkit.cli.output import JSON_OPTION, counted, emit, fail, info, output_target, plot_target, table, warn
 
 app = typer.Typer(help="Generate, validate and inspect AWS ParallelCluster v3 configs.", no_args_is_help=True,
                   rich_markup_mode=None)
@@ -361,6 +361,7 @@ def find_bad_nodes(
     cluster: Optional[Path] = o.CLUSTER,
     plot: Optional[Path] = typer.Option(None, "--plot", metavar="FILE.png", help="Per-node bus bandwidth as a PNG."),
     apply: bool = typer.Option(False, "--apply", help="Drain the bad nodes (scontrol update ... State=DRAIN)."),
+    force: bool = o.FORCE,
     as_json: bool = JSON_OPTION,
 ) -> None:
     """Find the slow or failing nodes with short all_reduce runs over groups of nodes, splitting the slow groups
@@ -374,6 +375,7 @@ def find_bad_nodes(
     from toolkit.health import nodesearch
     from toolkit.rundir import run_dir_path
 
+    plot_target(plot, force)  # before the search's jobs, not after them
     if cluster is None and not any(p.is_file() for p in cluster_config_candidates()):
         raise HpcError("no cluster config given or found: the search runs its collectives as the queue's jobs do "
                        "(GPUs per node, EFA), which the config declares",
@@ -460,6 +462,7 @@ def nodes(
                                         "per node, as a PNG."),
     apply: bool = typer.Option(False, "--apply", help="Drain the nodes the quarantine policy names (scontrol "
                                "update ... State=DRAIN, the evidence as the reason)."),
+    force: bool = o.FORCE,
     as_json: bool = JSON_OPTION,
 ) -> None:
     """Each node's record in the fleet's ledger (healthy runs, strikes, last seen, Slurm state) and the nodes the
@@ -467,6 +470,7 @@ def nodes(
     from toolkit.health import fleet
     from toolkit.node import ledger
 
+    plot_target(plot, force)
     if cluster is not None:
         from toolkit.cluster.queues import load_queues
 

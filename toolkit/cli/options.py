@@ -144,7 +144,7 @@ DRY_RUN = typer.Option(False, "--dry-run", help="Print what would be submitted; 
 VERBOSE = typer.Option(False, "--verbose", help="With --dry-run: the scripts and submitit's parameters in full "
                                                 "after the summary.")
 WAIT = typer.Option(False, "--wait", help="Show progress until the job ends; exit 1 if it fails.")
-FORCE = typer.Option(False, "--force", help="Overwrite an existing -o file.")
+FORCE = typer.Option(False, "--force", help="Overwrite an existing output file (-o, --plot).")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -85,6 +85,22 @@ def counted(findings: Sequence[dict]) -> str:
                      for level, word in words for n in [sum(f["level"] == level for f in findings)])
 
 
+def plot_target(path: Path | None, force: bool) -> Path | None:
+    """A --plot or -o PNG path, checked before any work is done or printed: *.png, and an existing file only with
+    --force (no file is written over unasked, as for every -o)."""
+    from toolkit.errors import UsageError
+    from toolkit.textfile import refuse_overwrite
+
+    if path is None:
+        return None
+    if path.suffix.lower() != ".png":
+        raise UsageError(f"plot file {path} does not end in .png", fix="name the plot file *.png")
+    if path.is_dir():
+        raise UsageError(f"plot file {path} is a directory", fix=f"name a file in it, e.g. {path / 'plot.png'}")
+    refuse_overwrite(path, force)
+    return path
+
+
 def table(rows: Sequence[Sequence[Any]], headers: Sequence[str]) -> str:
     """A plain aligned text table (no colour: output is often piped or logged)."""
     cells = [[str(h) for h in headers]] + [["" if c is None else str(c) for c in row] for row in rows]

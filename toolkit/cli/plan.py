@@ -124,9 +124,12 @@ def predict(recipe: str = o.RECIPE, nodes: str = NODE_COUNTS, cluster: Optional[
                                                       "them, else its epochs)."),
             plot: Optional[Path] = typer.Option(None, "--plot", metavar="FILE.png",
                                                 help="Also draw time and cost against the node count."),
-            as_json: bool = JSON_OPTION) -> None:
+            force: bool = o.FORCE, as_json: bool = JSON_OPTION) -> None:
     """Predict throughput, efficiency, time to the recipe's target, cost and the bound at each node count."""
+    from toolkit.cli.output import plot_target
     from toolkit.errors import UsageError
+
+    plot_target(plot, force)
     from toolkit.planner import inputs
     from toolkit.planner.predict import TARGETS, PlanRequest, predict as run_predict, recorded_runs
 

@@ -9,7 +9,7 @@ from typing import List, Optional
 import typer
 
 from toolkit.cli import options as o
-from toolkit.cli.output import JSON_OPTION, emit, fail, info, table, warn
+from toolkit.cli.output import JSON_OPTION, emit, fail, info, plot_target, table, warn
 from toolkit.reports.stragglers import DEFAULT_THRESHOLD  # standard library only
 
 app = typer.Typer(help="Reports from logs and run dirs: nccl-tests bandwidth, one run, scaling efficiency, goodput, "
@@ -75,6 +75,7 @@ def nccl(
                                                     "(default: the instance's own, efa when it has it)."),
     record: bool = typer.Option(False, "--record", help="Add the runs that did not fail to the fleet's baselines "
                                 "(the node ledger's; needs --instance and a known node count)."),
+    force: bool = o.FORCE,
 ) -> None:
     """Per-size bandwidth table, max/average bus bandwidth, wrong values and a PASS/WARN/FAIL/NO-VERDICT verdict.
 
@@ -89,6 +90,8 @@ def nccl(
     from toolkit.health.fleet import fleet_dir
     from toolkit.node import ledger
     from toolkit.reports import nccl as nccl_report
+
+    plot_target(plot, force)
     paths: list[str | Path] = list(logs)
     where = fleet_dir()
     if record and (instance is None or where is None):
@@ -172,12 +175,14 @@ def run(run_dir: Path = typer.Argument(..., help="A run directory (with metadata
                                                   metavar="FRACTION", help="Flag ranks whose own work per step (data "
                                                   "+ compute) exceeds the faster ranks' (lower quartile) by this "
                                                   "fraction in significantly many of the run's step windows (a "
-                                                  "sign test at 5% over the ranks).")) -> None:
+                                                  "sign test at 5% over the ranks)."),
+        force: bool = o.FORCE) -> None:
     """Summarise one run: throughput (warm-up excluded), loss, updates, or its nccl results; the network NCCL
     used; and the straggling ranks, from the ranks' heartbeats. Exit 1 when an nccl test fails, the queue has
     EFA but NCCL used sockets, or a rank straggles."""
     from toolkit.reports.scaling import read_run
 
+    plot_target(output, force)
     summary = read_run(run_dir, straggler_threshold)
     stragglers = summary.stragglers
     recorded = _record_stragglers(summary, run_dir)
@@ -266,10 +271,11 @@ def _plot_run(summary, run_dir: Path, output: Path | None) -> Path:
 
 @app.command("scaling")
 def scaling(run_dirs: List[Path] = typer.Argument(..., help="Run dirs of one recipe at different node counts."),
-            as_json: bool = JSON_OPTION, plot: Optional[Path] = PLOT_OPTION) -> None:
+            as_json: bool = JSON_OPTION, plot: Optional[Path] = PLOT_OPTION, force: bool = o.FORCE) -> None:
     """Throughput, speed-up and scaling efficiency against the smallest run; optional PNG vs ideal scaling."""
     from toolkit.reports.scaling import read_run, scaling as scaling_rows
 
+    plot_target(plot, force)
     runs = [read_run(d) for d in run_dirs]
     rows = scaling_rows(runs)
     unit = runs[0].unit
@@ -352,12 +358,13 @@ def _goodput_text(data: dict) -> str:
 
 @app.command("goodput")
 def goodput(runs: List[str] = typer.Argument(..., metavar="RUN_DIR|JOB_ID...", help="Run dirs, or job ids."),
-            as_json: bool = JSON_OPTION, plot: Optional[Path] = PLOT_OPTION) -> None:
+            as_json: bool = JSON_OPTION, plot: Optional[Path] = PLOT_OPTION, force: bool = o.FORCE) -> None:
     """Where each job's time went, from its submission to its end: queue, pre-flight, start-up, productive steps,
     checkpoint saves, steps lost to restarts and requeues, downtime per fault, hangs, the tail; goodput =
     productive / wall time, per GPU-hour, and in cost where the catalog has a price. Read from the run dirs only."""
     from toolkit.reports import goodput as ledger_report
 
+    plot_target(plot, force)
     found = ledger_report.ledgers(_run_dirs(runs))
     data = {"runs": [led.to_json() for led in found], "totals": ledger_report.totals(found)}
     emit(data, as_json, _goodput_text)
