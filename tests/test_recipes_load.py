@@ -39,6 +39,18 @@ def test_override_values(text, value):
     assert parse_override(text) == (("k",), value)
 
 
+@pytest.mark.parametrize("text,value", [
+    ("args.--seed=010", "010"), ("args.--seed=0x10", "0x10"), ("args.--n=1_000", "1_000"),  # not 8, 16, 1000
+    ("resources.time=1:30", "1:30"), ("args.--flag=yes", "yes"), ("args.--version=1.10", "1.10"),  # not 90, 1.1
+    ("env.RUN_NOTE=trial #3", "trial #3"), ("env.MASK=0777", "0777"), ("env.ON=yes", "yes"), ("env.V=1.10", "1.10"),
+    ("args.--lr=0.1", 0.1), ("args.--steps=12", 12), ("args.--amp=true", True), ("scaling.--lr.base=0.10", 0.1),
+    ("args.--note='a #b'", "a #b"), ("env.GONE=null", None)])
+def test_a_plain_value_is_kept_as_written_where_yaml_1_1_would_change_it(text, value):
+    """`--set args.--seed=010` ran `--seed 8` (YAML 1.1's octal), `env.RUN_NOTE=trial #3` set `trial`, `env.X=yes`
+    was refused; a plain number or true/false is still one, and quotes still give YAML's reading."""
+    assert parse_override(text)[1] == value and type(parse_override(text)[1]) is type(value)
+
+
 @pytest.mark.parametrize("bad", ["novalue", "=3", "a..b=1"])
 def test_malformed_set_is_a_usage_error(bad):
     with pytest.raises(UsageError):

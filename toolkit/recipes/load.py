@@ -6,7 +6,9 @@ Overlays (a profile, then each `--set`) are deep merges over the recipe's own YA
   - `null` removes the key: a flag (`args: {--fp16: null}`), an env variable, a scaling rule, a dir.
 `--set KEY.PATH=VALUE` addresses the same mapping with dots (`args.--lr=0.1`, `dirs.data.dir=/tmp/d`,
 `resources.nodes=2`); VALUE is read as a YAML scalar or list (`3` is a number, `null` removes, `'[1, 2]'` a
-list); text that is not valid YAML is taken as a plain string.
+list); text that is not valid YAML is taken as a plain string. A plain value is kept as written wherever YAML 1.1
+would change it (`010` is not 8, `1:30` not 90, `yes` not true, `1.10` not 1.1 in args, `a #3` keeps its `#3`),
+and an env value is always its text: quote it ('...') for YAML's reading.
 
 Every fault becomes one line naming the file, the key path, what is allowed, and where the value came from.
 """
@@ -143,7 +145,30 @@ def parse_override(item: str) -> tuple[tuple[str, ...], Any]:
         value = text
     if isinstance(value, dict):  # a mapping would bypass key-path provenance: ask for one key at a time
         value = text
-    return path, value
+    return path, _as_written(value, text, path)
+
+
+_DECIMAL_INT = re.compile(r"[-+]?(0|[1-9][0-9]*)")
+_DECIMAL_FLOAT = re.compile(r"[-+]?([0-9]+\.[0-9]*|\.[0-9]+)([eE][-+]?[0-9]+)?")
+
+
+def _as_written(value: Any, text: str, path: tuple[str, ...]) -> Any:
+    """A plain (unquoted, not a list) value as the user wrote it where YAML 1.1's reading would change it: octal
+    010 and hex 0x10, 1_000, sexagesimal 1:30, yes/on/off as booleans, a ` #` read as a comment; in args 1.10 kept
+    (a version, not 1.1); an env value is text. A number or true/false written plainly stays one."""
+    plain = text.strip()
+    if value is None or plain[:1] in ("'", '"', "[", "{") or isinstance(value, list):
+        return value
+    if path[0] == "env":
+        return plain
+    if isinstance(value, bool):
+        return value if plain.lower() in ("true", "false") else plain
+    if isinstance(value, int):
+        return value if _DECIMAL_INT.fullmatch(plain) else plain
+    if isinstance(value, float):
+        exact = _DECIMAL_FLOAT.fullmatch(plain) and (path[0] != "args" or repr(value) == plain.lstrip("+"))
+        return value if exact else plain
+    return plain if isinstance(value, str) and value != plain else value
 
 
 def merge(base: dict[str, Any], overlay: dict[str, Any], origin: str, origins: Origins,
