@@ -101,6 +101,12 @@ CASES = [
     case("set", "derived-key", ["recipes", "submit", "resnet50", "--set", "args.--lr=0.2"], 1,
          r"--set args\.--lr=0\.2: --lr is derived by the recipe's scaling rule scaling\.--lr.*\n"
          r"  fix: .*--set scaling\.--lr\.base=0\.2"),
+    # a dir's flag: the job passes dirs.data itself, and `--set args.--data=...` was replaced without a word
+    case("set", "dir-flag", ["recipes", "submit", "resnet50", "--set", "args.--data=/x/mydata"], 1,
+         r"--set args\.--data=/x/mydata: --data is the job's dirs\.data \(its arg: --data\).*\n"
+         r"  fix: --set dirs\.data\.dir=/x/mydata"),
+    case("recipes", "dir-flag-in-args", ["recipes", "submit", "{ws}/recipes/dirflag.yaml"], 1,
+         r"args\.--data is the job's dirs\.data \(its arg: --data\), which the job passes: set dirs\.data\.dir"),
     case("set", "deepspeed-config-key", ["recipes", "submit", "bert-5b",
                                          "--cluster", str(REPO / "jobs" / "dl1-cluster.yaml"),
                                          "--set", "deepspeed.config.bf16.enabld=true"], 1,
@@ -291,7 +297,8 @@ def workspace(tmp_path_factory) -> Path:
     for name, data in {"colour": {**GOOD, "colour": "red"}, "nolauncher": bad(launcher=None),
                        "badname": bad(name="Bad Name!"), "badtime": bad(resources={"time": "soon"}),
                        "badflag": bad(args={"lr": 1}), "badenv": bad(env={"1BAD": "x"}),
-                       "zeronodes": bad(resources={"nodes": 0}), "fs": FAIRSEQ}.items():
+                       "zeronodes": bad(resources={"nodes": 0}), "fs": FAIRSEQ,
+                       "dirflag": bad(args={"--data": "/x"}, dirs={"data": {"dir": "d", "arg": "--data"}})}.items():
         write_recipe(recipes, data, f"{name}.yaml")
     (ws / "dir.yaml").mkdir()
 

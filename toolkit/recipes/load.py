@@ -249,8 +249,17 @@ def _refuse_bare_flag(data: dict[str, Any], path: tuple[str, ...], item: str, op
 
 
 def _refuse_derived(data: dict[str, Any], path: tuple[str, ...], given: str) -> None:
-    """An override of a value the recipe derives (a scaling rule's flag, DeepSpeed's batch keys): name the key
-    that sets it instead."""
+    """An override of a value the recipe derives (a dir's flag, a scaling rule's flag, DeepSpeed's batch keys): name
+    the key that sets it instead."""
+    dirs = data.get("dirs")
+    dirs = dirs if isinstance(dirs, dict) else {}
+    owner = next((name for name, spec in dirs.items() if len(path) == 2 and path[0] == "args"
+                  and isinstance(spec, dict) and spec.get("arg") == path[1]), None)
+    if owner is not None:
+        text, option = given.split("=", 1)[1], given.split(" ", 1)[0]
+        raise HpcError(f"{given}: {path[1]} is the job's dirs.{owner} (its arg: {path[1]}), which the job passes "
+                       "itself: a value in args would not reach the program",
+                       fix=f"{option} dirs.{owner}.dir={text}")
     scaling, args = data.get("scaling"), data.get("args")
     if len(path) == 2 and path[0] == "args" and isinstance(scaling, dict) and isinstance(args, dict) \
             and path[1] in args:

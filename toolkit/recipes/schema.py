@@ -383,6 +383,16 @@ class Recipe(StrictModel):
         return self
 
     @model_validator(mode="after")
+    def _dirs_own_their_flags(self) -> Recipe:
+        # The job passes each dir's flag itself (toolkit.job.spec): a value in args for it was silently replaced.
+        for name in ("data", "checkpoints", "logs"):
+            spec = getattr(self.dirs, name)
+            if spec is not None and spec.arg not in (None, "positional") and spec.arg in self.args:
+                raise ValueError(f"args.{spec.arg} is the job's dirs.{name} (its arg: {spec.arg}), which the job "
+                                 f"passes: set dirs.{name}.dir instead of args.{spec.arg}")
+        return self
+
+    @model_validator(mode="after")
     def _scaling_fits_args(self) -> Recipe:
         for flag, rule in self.scaling.items():
             if flag in self.args and rule.rule != "gpu-memory-cap":
