@@ -212,8 +212,9 @@ def plan(request, sweeps: Sequence[str], parallelism: int | None = None,
         params = _flat(task.parameters)
         changed = next((k for k in sorted(shared.keys() | params.keys()) if shared.get(k) != params.get(k)), None)
         if changed is not None:
-            raise HpcError(f"{point.describe()} changes the job's {changed} ({shared.get(changed)!r} -> "
-                           f"{params.get(changed)!r}): the tasks of one job array share one batch script",
+            raise HpcError(f"{point.describe()} changes the job's {changed} "
+                           f"({_difference(shared.get(changed), params.get(changed))}): the tasks of one job array "
+                           "share one batch script",
                            fix="sweep only values that reach the command (args.*, dirs.*, launcher.*); submit "
                                "other variations as separate jobs")
     parameters = {**first.parameters, **({"array_parallelism": parallelism} if parallelism else {})}
@@ -240,6 +241,19 @@ def _own_output_dirs(request) -> tuple[str, ...]:
                          data=request.recipe_data)
     return tuple(f"dirs.{name}.under=run" for name in OUTPUT_DIRS
                  if (entry := getattr(recipe.dirs, name)) is not None and entry.under != "run")
+
+
+def _difference(before: Any, after: Any, width: int = 160) -> str:
+    """What changed, short: the lines one list has and the other has not (a batch script's set-up is hundreds of
+    lines, its node bundle 100 KB: the whole of both made a 200 KB message), else both values, cut to `width`."""
+    def cut(value: Any) -> str:
+        text = repr(value)
+        return text if len(text) <= width else text[:width - 3] + "..."
+    if isinstance(before, list) and isinstance(after, list):
+        gone, new = [x for x in before if x not in after], [x for x in after if x not in before]
+        if gone or new:
+            return f"{' '.join(map(cut, gone[:2])) or 'nothing'} -> {' '.join(map(cut, new[:2])) or 'nothing'}"
+    return f"{cut(before)} -> {cut(after)}"
 
 
 def _refuse_shared_output_dirs(tasks: Sequence[Any], points: Sequence[Point]) -> None:
