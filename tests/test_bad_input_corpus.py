@@ -127,6 +127,10 @@ CASES = [
          r"sweep point 0 \(args\.--batch-sizee=1\): unknown argument --batch-sizee .*did you mean --batch-size\?"),
     # recipes
     case("recipes", "invalid-yaml", ["recipes", "submit", "{ws}/recipes/broken.yaml"], 1, r"line \d+.*not valid YAML"),
+    # YAML lets the later of two equal keys win without a word: the recipe ran the value the reader did not see
+    case("recipes", "duplicate-key", ["recipes", "validate", "{ws}/recipes/dup.yaml"], 1,
+         r"dup\.yaml \(line \d+, column \d+\): duplicate key '--count' \(first on line \d+\)\n"
+         r"  fix: keep one of the two"),
     case("recipes", "not-a-mapping", ["recipes", "submit", "{ws}/recipes/list.yaml"], 1, r"a recipe is a YAML mapping"),
     case("recipes", "empty-file", ["recipes", "submit", "{ws}/recipes/empty.yaml"], 1, r"the file is empty"),
     case("recipes", "unknown-key", ["recipes", "submit", "{ws}/recipes/colour.yaml"], 1, r"colour: unknown key"),
@@ -292,6 +296,8 @@ def workspace(tmp_path_factory) -> Path:
     (recipes / "broken.yaml").write_text("name: probe\nargs: {--count: [1, 2\n")
     (recipes / "list.yaml").write_text("- name\n- probe\n")
     (recipes / "empty.yaml").write_text("")
+    good = yaml.safe_dump(GOOD, sort_keys=False)
+    (recipes / "dup.yaml").write_text(good.replace("args:\n", "args:\n  --count: 9\n", 1))  # then --count: 1
     (recipes / "latin1.yaml").write_bytes("name: caf\xe9\n".encode("latin-1"))
     (recipes / "dangling.yaml").symlink_to(ws / "gone.yaml")
     for name, data in {"colour": {**GOOD, "colour": "red"}, "nolauncher": bad(launcher=None),

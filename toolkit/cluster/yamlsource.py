@@ -20,7 +20,7 @@ _SAFE_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 _TEMPLATE_MARKUP = re.compile(r"\{\{.*?\}\}|\{%.*?%\}")
 
 
-class _StrictLoader(_SAFE_LOADER):  # type: ignore[valid-type,misc]
+class StrictLoader(_SAFE_LOADER):  # type: ignore[valid-type,misc]
     """SafeLoader that refuses duplicate keys (YAML allows them; the later one would silently win)."""
 
     def construct_mapping(self, node, deep=False):
@@ -64,7 +64,7 @@ def parse(text: str, file: str) -> tuple[dict | None, dict[str, int], list[Findi
     def fail(message: str, fix: str, line: int | None = None):
         return None, {}, [Finding("error", "", message, fix, file=file, line=line, source="yaml")]
 
-    loader = _StrictLoader(text)
+    loader = StrictLoader(text)
     try:
         node = loader.get_single_node()
         data = loader.construct_document(node) if node is not None else None

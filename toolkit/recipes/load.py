@@ -112,15 +112,19 @@ def find_recipe(name_or_path: str | Path) -> Path:
 def read_yaml(path: Path) -> dict[str, Any]:
     import yaml
 
+    from toolkit.cluster.yamlsource import StrictLoader  # refuses a key given twice, which YAML lets the later win
+
     text = read_text(path, "recipe", fix="pass an existing recipe file (or a recipe name: hpc recipes list)")
     try:
-        data = yaml.safe_load(text)
+        data = yaml.load(text, Loader=StrictLoader)
     except yaml.YAMLError as exc:
         where = getattr(exc, "problem_mark", None)
         line = f" (line {where.line + 1}, column {where.column + 1})" if where else ""
         problem = getattr(exc, "problem", None) or str(exc)
-        raise HpcError(f"{path}{line}: not valid YAML: {problem}",
-                       fix="fix the YAML syntax (indentation, quotes, `key: value`)") from None
+        twice = str(problem).startswith("duplicate key")
+        raise HpcError(f"{path}{line}: {'' if twice else 'not valid YAML: '}{problem}",
+                       fix="keep one of the two: YAML would take the later one without a word" if twice else
+                           "fix the YAML syntax (indentation, quotes, `key: value`)") from None
     if data is None:
         raise HpcError(f"{path}: the file is empty (or only comments)",
                        fix="write a recipe: start from one of the files in recipes/, or `hpc recipes new NAME`")
