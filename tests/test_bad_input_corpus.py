@@ -113,6 +113,13 @@ CASES = [
          r"deepspeed\.config\.bf16\.enabld: DeepSpeed \S+ has no such key .*did you mean enabled\?", training=True),
     case("set", "unknown-key-did-you-mean", [*SUBMIT, "--set", "resources.nodez=2"], 1,
          r"resources\.nodez: unknown key; did you mean resources\.nodes\?.*\n  fix: --set resources\.nodes=2"),
+    # one value from two options: the later was taken without a word (as --nodes with --set resources.nodes)
+    case("set", "time-twice", [*SUBMIT, "--time", "01:00:00", "--set", "resources.time=02:00:00"], 2,
+         r"--time 01:00:00 and --set resources\.time=02:00:00 both set resources\.time"),
+    case("set", "env-twice", [*SUBMIT, "--env", "FOO=1", "--set", "env.FOO=2"], 2,
+         r"--env FOO=1 and --set env\.FOO=2 both set env\.FOO"),
+    case("sweeps", "set-of-a-swept-key", [*SUBMIT, "--sweep", "args.--count=1,2", "--set", "args.--count=5"], 2,
+         r"--sweep args\.--count=1,2 and --set args\.--count=5 both set args\.--count"),
     case("set", "nodes-twice", [*SUBMIT, "--nodes", "1", "--set", "resources.nodes=2"], 2,
          r"--nodes 1 and --set resources\.nodes=2 both set the node count"),
     case("recipes", "name-did-you-mean", ["recipes", "submit", "robera"], 2,

@@ -181,9 +181,30 @@ class JobOptions:
 
     def recipe_overrides(self) -> tuple[str, ...]:
         """--time, --env, --venv, --hang-timeout, --spares and --preflight as the recipe values they set, then each
-        --set (the user's last word)."""
+        --set."""
+        self.refuse_twice()
         return (*_job_values(self.time, self.env, self.venv, self.hang_timeout, self.spares, self.preflight),
                 *self.overrides)
+
+    def refuse_twice(self) -> None:
+        """Two options for one value (exit 2), as --nodes with --set resources.nodes: one of them was dropped without
+        a word (`--time 01:00:00 --set resources.time=02:00:00` ran 2 h, a --set of a swept key was lost)."""
+        from toolkit.errors import UsageError
+
+        named = {"resources.time": f"--time {self.time}" if self.time else None,
+                 **{f"env.{e.partition('=')[0]}": f"--env {e}" for e in self.env},
+                 "software.venv": f"--venv {self.venv}" if self.venv else None,
+                 "resources.hang_timeout_s": f"--hang-timeout {self.hang_timeout}" if self.hang_timeout else None,
+                 "resources.spares": f"--spares {self.spares}" if self.spares is not None else None,
+                 "resources.preflight": "--preflight" if self.preflight else "--no-preflight"
+                 if self.preflight is False else None}
+        swept = {item.partition("=")[0]: item for item in self.sweeps}
+        for item in self.overrides:
+            key = item.partition("=")[0]
+            other = named.get(key) or (f"--sweep {swept[key]}" if key in swept else None)
+            if other is not None:
+                raise UsageError(f"{other} and --set {item} both set {key}", fix=f"give one of them: {other}, or "
+                                 f"--set {item}")
 
 
 _FLAGS = {"overrides": "--set", "sweeps": "--sweep"}

@@ -75,6 +75,7 @@ def run(target: Optional[str] = typer.Argument(None, metavar="SCRIPT_OR_MODULE",
 
     job = o.JobOptions(overrides, sweeps, profile, time, env, venv, account, qos, reservation, dependency)
     job.refuse("hpc run", "your script has no recipe profiles", "profile")
+    job.refuse_twice()
     o.check_time(time)
     data = user_recipe(module or target or "", script_args or [], module=module is not None, nodes=nodes,
                        style=launcher.value, time=time, max_restarts=max_restarts,
