@@ -66,6 +66,20 @@ def test_k8s_render_of_a_recipe_does_not_send_an_unknown_option_to_a_script(tmp_
     assert res.returncode == 2 and shlex.split(_fix(res))[-3:] == ["--", "--epochs", "3"]
 
 
+@pytest.mark.parametrize("name,text", [("job.sh", "echo hi\n"), ("runme", "#!/bin/bash\necho hi\n"), ("adir", None)])
+def test_hpc_run_refuses_what_python_cannot_run(tmp_path, env, name, text):
+    """A shell script (by its suffix or `#!` line) or a directory: accepted before, and each rank's python would
+    have failed on it; a directory was said not to exist."""
+    if text is None:
+        (tmp_path / name).mkdir()
+    else:
+        (tmp_path / name).write_text(text)
+    res = run_hpc("run", name, "--dry-run", env=env, cwd=tmp_path)
+    assert res.returncode == 2, res.stderr
+    assert (f"{name} is a directory, not a script" if text is None else f"{name} is not a Python script") in res.stderr
+    assert "does not exist" not in res.stderr
+
+
 def test_a_typo_of_hpcs_own_option_gets_the_corrected_command_first(tmp_path, env):
     """The fix printed first keeps the dry run: `--dryrun` moved after `--` (as a script's argument) was the fix
     before, and run as printed it submitted a real job."""

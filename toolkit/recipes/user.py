@@ -20,11 +20,37 @@ def target_launcher(target: str, module: bool = False) -> dict[str, Any]:
         raise UsageError(f"{target!r} is not a module name (pkg.module)",
                          fix="pass a dotted module name, e.g. mypkg.train; a script goes without --module")
     if not module and (target.endswith(".py") or os.sep in target or os.path.exists(target)):
+        _refuse_other_than_python(target)
         return {"kind": "python-script", "script": os.path.abspath(target)}
     if MODULE_PATTERN.match(target):
         return {"kind": "python-module", "module": target}
     raise UsageError(f"{target!r} is neither a Python script (a .py path) nor a module name (pkg.module)",
                      fix="pass SCRIPT.py or a dotted module name, e.g. `hpc run train.py` or `hpc run mypkg.train`")
+
+
+# What the ranks would start `python` on and fail at once: a shell script, a directory.
+SHELL_SUFFIXES = (".sh", ".bash", ".zsh", ".ksh", ".csh")
+
+
+def _refuse_other_than_python(target: str) -> None:
+    """A script `hpc run` would hand to python that is not Python: a directory, a shell script (by its suffix or a
+    `#!` line naming another interpreter). A missing file is the launcher's to refuse (toolkit.launchers.base)."""
+    if os.path.isdir(target):
+        raise UsageError(f"{target} is a directory, not a script",
+                         fix=f"give the .py file in it, e.g. hpc run {os.path.join(target, 'train.py')} ...")
+    first = ""
+    if os.path.isfile(target):
+        try:
+            with open(target, "rb") as file:
+                first = file.readline(200).decode("utf-8", "replace")
+        except OSError:
+            return
+    foreign = first.startswith("#!") and "python" not in first
+    if target.endswith(SHELL_SUFFIXES) or foreign:
+        raise UsageError(f"{target} is not a Python script{f' ({first.strip()})' if foreign else ''}: `hpc run` "
+                         "starts each rank with python",
+                         fix=f"run it from a recipe whose launcher is `{{kind: binary, program: "
+                             f"{os.path.abspath(target)}}}` (`hpc recipes submit FILE.yaml`)")
 
 
 def recipe_name(target: str) -> str:
