@@ -80,6 +80,22 @@ def test_hpc_run_refuses_what_python_cannot_run(tmp_path, env, name, text):
     assert "does not exist" not in res.stderr
 
 
+def test_an_option_of_one_value_given_twice_is_a_usage_error(env):
+    """Click kept the last: `--profile smoke --profile gpu-data` ran gpu-data alone without a word."""
+    res = run_hpc("recipes", "show", "resnet50", "--profile", "smoke", "--profile", "gpu-data", env=env)
+    assert res.returncode == 2 and "--profile given 2 times (smoke, gpu-data)" in res.stderr
+    res = run_hpc("recipes", "show", "resnet50", "-N", "2", "--nodes=3", env=env)
+    assert res.returncode == 2 and "--nodes given 2 times (2, 3)" in res.stderr
+    same = run_hpc("recipes", "show", "resnet50", "--nodes", "2", "--nodes=2", "--set", "args.--seed=1", "--set",
+                   "args.--seed=2", env=env)  # the same value twice, and a repeatable option: as before
+    assert same.returncode == 0, same.stderr
+
+
+def test_debug_keeps_a_usage_errors_exit_code(env):
+    res = run_hpc("--debug", "recipes", "show", "robera", env=env)
+    assert res.returncode == 2 and "Traceback" in res.stderr and "no recipe named 'robera'" in res.stderr
+
+
 def test_a_typo_of_hpcs_own_option_gets_the_corrected_command_first(tmp_path, env):
     """The fix printed first keeps the dry run: `--dryrun` moved after `--` (as a script's argument) was the fix
     before, and run as printed it submitted a real job."""

@@ -112,6 +112,32 @@ def _own_words(argv: list[str]) -> list[str]:
     return argv[:argv.index("--")] if "--" in argv else argv
 
 
+def _refuse_repeated_options(argv: list[str]) -> None:
+    """An option that takes one value, given twice with different values (`--profile smoke --profile gpu-data`):
+    Click keeps the last without a word. Repeatable options (--set, --env, ...) and flags are not counted."""
+    from toolkit.errors import UsageError
+
+    node, own = _tree(argv), _own_words(argv)
+    for word in own:
+        sub = getattr(node, "commands", {}).get(word) if not word.startswith("-") else None
+        if sub is not None:
+            node = sub
+    single = {name: param for param in getattr(node, "params", [])
+              if param.param_type_name == "option" and not param.multiple and not param.is_flag and not param.count
+              for name in param.opts}
+    given: dict[str, list[str]] = {}
+    for i, word in enumerate(own):
+        name, sep, value = word.partition("=")
+        param = single.get(name)
+        if param is not None and (sep or i + 1 < len(own)):
+            long = next((o for o in param.opts if o.startswith("--")), param.opts[0])
+            given.setdefault(long, []).append(value if sep else own[i + 1])
+    for name, values in given.items():
+        if len(set(values)) > 1:
+            raise UsageError(f"{name} given {len(values)} times ({', '.join(values)}): it takes one value, and only "
+                             "the last would be used", fix=f"give {name} once")
+
+
 def _command_name(argv: list[str]) -> str:
     """The command argv names, as the envelope's "command": "recipes submit", "cluster queue add"."""
     node, words = _tree(argv), list[str]()
@@ -251,6 +277,7 @@ def main(argv: list[str] | None = None) -> None:
     output.begin()
     _command = build(named_in(argv))
     try:
+        _refuse_repeated_options(argv)
         code = _command.main(args=argv, prog_name="hpc", standalone_mode=False)
     except typer.TyperException as exc:  # bad command-line usage (Typer's click): our error/fix form, exit 2
         ctx = getattr(exc, "ctx", None)
@@ -264,8 +291,10 @@ def main(argv: list[str] | None = None) -> None:
     except typer.Abort:
         _end(argv, 1, "aborted")
     except HpcError as exc:
-        if _debug:
-            raise
+        if _debug:  # the traceback, and still the error's own exit code (a usage error is 2 with --debug too)
+            import traceback
+
+            traceback.print_exc()
         _end(argv, exc.exit_code, exc.message, exc.fix)
     except KeyboardInterrupt:
         _end(argv, 130, "interrupted")
