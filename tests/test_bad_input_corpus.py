@@ -218,6 +218,11 @@ CASES = [
     case("cli", "every-missing-option", ["cluster", "config", "--name", "c1"], 2,
          r"missing options --region, --key-name, --queue-spec, --output"),
     case("cli", "bad-time", [*SUBMIT, "--time", "90min"], 2, r"--time '90min' is not a Slurm time limit"),
+    # went into #SBATCH --dependency and a dry run showed it; sbatch refused the job at submit
+    case("cli", "dependency-without-job", [*SUBMIT, "--dependency", "afterok", "--dry-run"], 2,
+         r"--dependency 'afterok' is not a Slurm dependency .*\n  fix: e\.g\. --dependency afterok:123"),
+    case("cli", "dependency-unknown-type", [*SUBMIT, "--dependency", "bogus:12", "--dry-run"], 2,
+         r"--dependency 'bogus:12' is not a Slurm dependency"),
     case("cli", "env-without-value", [*SUBMIT, "--env", "NOEQUALS"], 2, r"--env 'NOEQUALS' is not NAME=VALUE"),
     case("cli", "venv-not-a-venv", [*SUBMIT, "--venv", "{ws}"], 2, r"--venv .* has no bin/activate"),
     case("cli", "not-a-choice", ["cluster", "diff", "{ws}/cluster.yaml", "{ws}/cluster.yaml", "--head-node-state",

@@ -116,3 +116,19 @@ def test_each_bad_recipe_gives_one_clear_error(tmp_path, path, value, expected):
     assert "(1 fault)" in message, message
     assert expected in message, message
     assert "recipe.yaml" in message and "hpc recipes validate" in err.value.fix
+
+
+@pytest.mark.parametrize("dependency,ok", [
+    # sbatch(1)'s own examples and forms (--dependency), then what a typo gives
+    ("afterok:20:21,afterany:23", True), ("afterok:20:21?afterany:23", True), ("singleton", True), ("123", True),
+    ("after:12+5:13", True), ("afterok:123_4", True), ("afternotok:7", True), ("afterburstbuffer:7", True),
+    ("afterok", False), ("bogus:12", False), ("afterok:12+5", False), ("afterok:", False),
+    ("afterok:1,afterany:2?afterok:3", False)])
+def test_dependency_is_checked_in_sbatchs_form(dependency, ok):
+    from toolkit.cli.options import check_dependency
+
+    if ok:
+        check_dependency(dependency)
+    else:
+        with pytest.raises(UsageError):
+            check_dependency(dependency)

@@ -165,6 +165,7 @@ class JobOptions:
     preflight: Optional[bool] = None
 
     def slurm_options(self) -> dict[str, str | None]:
+        check_dependency(self.dependency)
         return {"account": self.account, "qos": self.qos, "reservation": self.reservation,
                 "dependency": self.dependency}
 
@@ -236,6 +237,36 @@ def check_time(time: str | None) -> None:
         raise UsageError(f"--time {time!r} is not a Slurm time limit",
                          fix="write MINUTES, MINUTES:SECONDS, HOURS:MINUTES:SECONDS, DAYS-HOURS, DAYS-HOURS:MINUTES "
                              "or DAYS-HOURS:MINUTES:SECONDS, e.g. --time 01:30:00")
+
+
+# sbatch(1), --dependency: TYPE:JOB_ID[:JOB_ID...] joined by "," (all) or "?" (any), or singleton; a bare job id is
+# afterany (the default type); only `after` takes +MINUTES. A job id may name an array task (123_4).
+_DEPENDENCY_TYPES = ("after", "afterany", "afterburstbuffer", "aftercorr", "afternotok", "afterok")
+
+
+def check_dependency(dependency: str | None) -> None:
+    """--dependency in sbatch's form, said in words: a typo (`afterok` alone, `bogus:12`) went into the script's
+    #SBATCH line, and sbatch refused the job only at submit (a dry run showed it)."""
+    import re
+
+    from toolkit.errors import UsageError
+
+    if dependency is None:
+        return
+    job = r"[0-9]+(?:_[0-9]+)?"
+    items = re.split(r"[,?]", dependency) if not ("," in dependency and "?" in dependency) else None
+    for item in items or []:
+        kind, ids = item.split(":", 1) if ":" in item and not item[:1].isdigit() else ("afterany", item)
+        one = job + (r"(?:\+[0-9]+)?" if kind == "after" else "")
+        if item == "singleton" or (kind in _DEPENDENCY_TYPES and re.fullmatch(f"{one}(?::{one})*", ids)):
+            continue
+        raise UsageError(f"--dependency {dependency!r} is not a Slurm dependency ({item!r}: TYPE:JOB_ID[:JOB_ID...], "
+                         f"TYPE one of {', '.join(_DEPENDENCY_TYPES)}, or singleton)",
+                         fix="e.g. --dependency afterok:123 (sbatch(1), --dependency; join several with , for all "
+                             "or ? for any)")
+    if items is None:
+        raise UsageError(f"--dependency {dependency!r} joins its parts with both , and ?: sbatch takes one of them",
+                         fix="use , (all must hold) or ? (any may hold), not both")
 
 
 def _job_values(time, env, venv, hang_timeout=None, spares=None, preflight=None) -> list[str]:
