@@ -80,6 +80,20 @@ def test_hpc_run_refuses_what_python_cannot_run(tmp_path, env, name, text):
     assert "does not exist" not in res.stderr
 
 
+def test_a_script_or_a_directory_given_as_a_recipe_is_named_so(tmp_path, env):
+    """`hpc recipes submit train.py` read the script as YAML ("expected '<document start>'"); a directory was
+    "no recipe named"; a directory named like a recipe still leaves the recipe's name to the recipe."""
+    (tmp_path / "train.py").write_text("print('trained')\n")
+    res = run_hpc("recipes", "show", "train.py", env=env, cwd=tmp_path)
+    assert res.returncode == 2 and "train.py is a Python script, not a recipe" in res.stderr
+    assert "hpc run train.py" in _fix(res) and "YAML" not in res.stderr
+    (tmp_path / "outd").mkdir()
+    res = run_hpc("recipes", "validate", "outd", env=env, cwd=tmp_path)
+    assert res.returncode == 1 and "recipe file outd is a directory" in res.stderr
+    (tmp_path / "resnet50").mkdir()
+    assert run_hpc("recipes", "validate", "resnet50", env=env, cwd=tmp_path).returncode == 0
+
+
 def test_an_option_of_one_value_given_twice_is_a_usage_error(env):
     """Click kept the last: `--profile smoke --profile gpu-data` ran gpu-data alone without a word."""
     res = run_hpc("recipes", "show", "resnet50", "--profile", "smoke", "--profile", "gpu-data", env=env)

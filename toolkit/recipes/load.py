@@ -91,6 +91,9 @@ def find_recipe(name_or_path: str | Path) -> Path:
     """A recipe by name (recipes/NAME.yaml) or a path to a recipe file."""
     text = str(name_or_path)
     path = Path(text)
+    if path.suffix == ".py":  # `hpc recipes submit train.py`: the script's own command is `hpc run`
+        raise UsageError(f"{text} is a Python script, not a recipe", fix=f"run it with `hpc run {text} ...`, or write "
+                         f"a recipe for it: hpc recipes new NAME --script {text}")
     if path.suffix in (".yaml", ".yml") or os.sep in text or path.is_file():
         if path.is_dir():
             raise HpcError(f"recipe file {path} is a directory",
@@ -104,6 +107,9 @@ def find_recipe(name_or_path: str | Path) -> Path:
     for d in recipe_dirs():
         if (d / f"{text}.yaml").is_file():
             return d / f"{text}.yaml"
+    if path.is_dir():  # no recipe of that name, and a directory here that has it (a recipe's own name wins)
+        raise HpcError(f"recipe file {path} is a directory",
+                       fix="pass a recipe .yaml file inside it, or a recipe name")
     names = [p.stem for p in list_recipe_files()]
     raise UsageError(f"no recipe named {text!r}{did_you_mean(text, names)}",
                    fix=f"use one of: {', '.join(names) or 'none'} (see `hpc recipes list`), or a file path")
