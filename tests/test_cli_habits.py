@@ -94,6 +94,15 @@ def test_a_script_or_a_directory_given_as_a_recipe_is_named_so(tmp_path, env):
     assert run_hpc("recipes", "validate", "resnet50", env=env, cwd=tmp_path).returncode == 0
 
 
+def test_recipes_new_quotes_the_commands_it_prints(tmp_path, env):
+    """A file name with a space was printed bare (`hpc recipes submit my recipe.yaml`: two words to a shell)."""
+    (tmp_path / "train.py").write_text("print('trained')\n")
+    res = run_hpc("recipes", "new", "mine", "--script", "train.py", "-o", "my recipe.yaml", env=env, cwd=tmp_path)
+    assert res.returncode == 0 and "submit it: hpc recipes submit 'my recipe.yaml'" in res.stdout + res.stderr
+    header = (tmp_path / "my recipe.yaml").read_text().splitlines()[1]
+    assert shlex.split(header.split("`")[3]) == ["hpc", "recipes", "validate", "my recipe.yaml"]
+
+
 def test_an_option_of_one_value_given_twice_is_a_usage_error(env):
     """Click kept the last: `--profile smoke --profile gpu-data` ran gpu-data alone without a word."""
     res = run_hpc("recipes", "show", "resnet50", "--profile", "smoke", "--profile", "gpu-data", env=env)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shlex
 from pathlib import Path
 from typing import Optional
 
@@ -180,13 +181,13 @@ def new(name: str = typer.Argument(..., help="Recipe name ([a-z0-9_-]); the file
     # stale. On a machine without this installation the editor finds no schema and simply does not check.
     text = (f"# yaml-language-server: $schema={SCHEMA_FILE}\n"
             f"# Written by `hpc recipes new {name}`: edit freely, check with `hpc recipes validate "
-            f"{path or name + '.yaml'}`.\n" + yaml.safe_dump(data, sort_keys=False))
+            f"{shlex.quote(str(path or name + '.yaml'))}`.\n" + yaml.safe_dump(data, sort_keys=False))
     if path is not None:
         write_output(path, text, force)
     elif not as_json:
         typer.echo(text, nl=False)
     emit({"file": str(path) if path else None, "recipe": data, "text": None if path else text}, as_json,
-         f"wrote {path} (submit it: hpc recipes submit {path})" if path else None)
+         f"wrote {path} (submit it: hpc recipes submit {shlex.quote(str(path))})" if path else None)
 
 
 @app.command()
