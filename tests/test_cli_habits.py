@@ -103,6 +103,14 @@ def test_recipes_new_quotes_the_commands_it_prints(tmp_path, env):
     assert shlex.split(header.split("`")[3]) == ["hpc", "recipes", "validate", "my recipe.yaml"]
 
 
+def test_the_script_says_an_env_value_came_from_the_command_line(env):
+    """`--env FOO=1` was labelled "set by recipe resnet50 (env.FOO)" in the rendered script."""
+    res = run_hpc("recipes", "render", "resnet50", "--nodes", "1", "--env", "FOO=1", "--set", "env.BAR=2", env=env)
+    lines = res.stdout.splitlines()
+    for name in ("FOO=1", "BAR=2"):
+        assert lines[lines.index(f"export {name}") - 1] == f"# set on the command line (env.{name.split('=')[0]})"
+
+
 def test_an_option_of_one_value_given_twice_is_a_usage_error(env):
     """Click kept the last: `--profile smoke --profile gpu-data` ran gpu-data alone without a word."""
     res = run_hpc("recipes", "show", "resnet50", "--profile", "smoke", "--profile", "gpu-data", env=env)

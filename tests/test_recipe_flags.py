@@ -85,5 +85,6 @@ def test_the_no_huge_pages_profile_exports_fi_efa_use_huge_page_0_with_its_reaso
     assert spec.environ["FI_EFA_USE_HUGE_PAGE"] == "0"
     lines = render_script(spec).splitlines()
     doc = lines[lines.index("export FI_EFA_USE_HUGE_PAGE=0") - 1]
-    assert doc.startswith("# set by recipe resnet50 (env.FI_EFA_USE_HUGE_PAGE): 0 keeps the EFA provider's buffers "
+    assert doc.startswith("# set by recipe resnet50's profile no-huge-pages (env.FI_EFA_USE_HUGE_PAGE): 0 keeps the "
+                          "EFA provider's buffers "
                           "out of huge pages") and "Cannot allocate memory" in doc

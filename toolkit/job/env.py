@@ -92,9 +92,10 @@ def heartbeat_env(run_dir: str, hang_timeout_s: int | None, bundle: str | None =
 
 def job_env(instance: InstanceType, fabric: str, *, threads_per_rank: int | None, launcher_env: Sequence[EnvVar],
             recipe_env: Mapping[str, str], recipe_name: str, library_dirs: Sequence[str] = (),
-            nccl_home: str | None = None) -> tuple[EnvVar, ...]:
+            nccl_home: str | None = None, env_origins: Mapping[str, str] | None = None) -> tuple[EnvVar, ...]:
     """The ordered variables a job exports: the loader path, communication, threads, launcher needs, then the
-    recipe's own (a recipe's env.LD_LIBRARY_PATH replaces the computed one)."""
+    recipe's own (a recipe's env.LD_LIBRARY_PATH replaces the computed one). `env_origins`: where a recipe value
+    came from when not the recipe file ("profile smoke", "--set env.X=1": --env and --set are the command line)."""
     env: list[EnvVar] = [EnvVar("PYTHONUNBUFFERED", "1", "rank logs reach the Slurm output as they happen")]
     loader = library_path(instance, fabric, recipe_dirs=library_dirs, nccl_home=nccl_home, recipe_name=recipe_name)
     if loader:
@@ -107,6 +108,8 @@ def job_env(instance: InstanceType, fabric: str, *, threads_per_rank: int | None
     merged = {var.name: var for var in env}
     for name, value in recipe_env.items():
         reason = RECIPE_ENV_REASONS.get(name)
-        merged[name] = EnvVar(name, str(value), f"set by recipe {recipe_name} (env.{name})"
-                                                + (f": {reason}" if reason else ""))
+        origin = (env_origins or {}).get(name, "")
+        by = ("set on the command line" if origin.startswith("--") else
+              f"set by recipe {recipe_name}'s {origin}" if origin else f"set by recipe {recipe_name}")
+        merged[name] = EnvVar(name, str(value), f"{by} (env.{name})" + (f": {reason}" if reason else ""))
     return tuple(merged.values())

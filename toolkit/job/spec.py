@@ -343,6 +343,7 @@ def job_spec(recipe: Recipe, target: Target, nodes: int | None = None, *, profil
         env=job_env(target.instance, target.fabric, threads_per_rank=res.threads,
                     launcher_env=launcher_of(launcher).env(),
                     recipe_env=recipe.env, recipe_name=recipe.name,
+                    env_origins={name: origin for name in recipe.env if (origin := recipe.origin(("env", name)))},
                     library_dirs=[_under(root, d) for d in recipe.software.library_path],
                     nccl_home=recipe.software.nccl_home and _under(root, recipe.software.nccl_home)),
         command=tuple(command), prepare=prepare, root=root, run_dir=where.run_dir,
