@@ -131,7 +131,12 @@ CASES = [
     case("sweeps", "range-without-step", [*SUBMIT, "--sweep", "args.--lr=0.1..0.4"], 2,
          r"the range 0\.1\.\.0\.4 has no step.*\n  fix: give the step: 0\.1\.\.0\.4:STEP \(e\.g\. 0\.1\.\.0\.4:0\.1\)"),
     case("sweeps", "point-args-checked", ["recipes", "submit", "resnet50", "--sweep", "args.--batch-sizee=1,2"], 1,
-         r"sweep point 0 \(args\.--batch-sizee=1\): unknown argument --batch-sizee .*did you mean --batch-size\?"),
+         r"sweep point 0 \(args\.--batch-sizee=1\): unknown argument --batch-sizee .*did you mean --batch-size\?\n"
+         # the fix keeps the sweep's values (it named the point's one: --sweep args.--batch-size=1)
+         r"  fix: --sweep args\.--batch-size=\.\.\. with the values of your --sweep args\.--batch-sizee=\.\.\."),
+    case("set", "top-level-key-a-letter-off", [*SUBMIT, "--set", "arg.--count=5"], 1,
+         r"arg: unknown key; did you mean args\?.*\n  fix: --set args\.--count=5"),  # was dirs.data.arg=5
+    case("set", "dashes-only", [*SUBMIT, "--set", "args.--=5"], 2, r"'--' is not a flag"),
     # recipes
     case("recipes", "invalid-yaml", ["recipes", "submit", "{ws}/recipes/broken.yaml"], 1, r"line \d+.*not valid YAML"),
     # YAML lets the later of two equal keys win without a word: the recipe ran the value the reader did not see

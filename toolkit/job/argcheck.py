@@ -108,7 +108,9 @@ def _rename_fix(recipe, key: str, flag: str, new: str) -> str:
     """A command that works: the user's own override with the flag renamed, else a rename in the recipe."""
     origin = recipe.origin(("args", flag))
     option, _, item = (origin or "").partition(" ")
-    if option in ("--set", "--sweep") and item.startswith(f"{key}="):
+    if option == "--sweep" and item.startswith(f"{key}="):  # a point holds one value of the sweep: keep them all
+        return f"--sweep args.{new}=... with the values of your --sweep {key}=..."
+    if option == "--set" and item.startswith(f"{key}="):
         return f"{option} args.{new}={item.split('=', 1)[1]} (in place of {origin})"
     value = recipe.args.get(flag)
     text = "true" if value is True else _yaml_text(value)

@@ -246,6 +246,9 @@ def _refuse_bare_flag(data: dict[str, Any], path: tuple[str, ...], item: str, op
     args = data.get("args")
     args = args if isinstance(args, dict) else {}
     word = path[1].lstrip("-")
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_-]*", word):  # no flag name in it to suggest (`args.--=5`)
+        raise UsageError(f"{option} {item}: {path[1]!r} is not a flag (--name or -n)",
+                         fix=f"{option} args.--NAME=VALUE, e.g. {option} args.--lr=0.1")
     flag = next((f for f in args if isinstance(f, str) and f.lstrip("-") in (word, word.replace("_", "-"))), None)
     value = item.split("=", 1)[1]
     if flag is not None:
@@ -365,7 +368,10 @@ def _faults(exc, origins: Origins) -> Iterable[Fault]:
             message = f"unknown key{f'; did you mean {right}?' if right else ''} (allowed here: {', '.join(allowed)})"
             given = came_from or ""
             if right and given.startswith(("--set ", "--sweep ")) and "=" in given:
-                rename = f"{given.split(' ', 1)[0]} {right}={given.split('=', 1)[1]}"
+                option, item = given.split(" ", 1)
+                keys, value = item.split("=", 1)
+                rest = keys.split(".")[len(loc):]  # `--set arg.--epochs=5`: the fault is `arg`, --epochs stays
+                rename = f"{option} {'.'.join([right, *rest])}={value}"
             elif right:
                 rename = f"write {key} as {right}" + (f" (in {came_from})" if came_from else "")
         if "[key]" in [str(p) for p in err["loc"]]:
@@ -434,12 +440,14 @@ def _key_elsewhere(model, key: str, prefix: tuple[str, ...] = ()) -> tuple[str, 
 def _suggest(model, loc: tuple[str, ...], allowed: list[str]) -> str | None:
     """The key a misplaced or misspelt `loc` most likely meant: the same name one level down from where it was
     written (`nodes` -> resources.nodes), else the closest name allowed there (difflib)."""
+    close = difflib.get_close_matches(loc[-1], allowed, n=1)
+    if close and difflib.SequenceMatcher(None, loc[-1], close[0]).ratio() >= 0.85:  # a letter off: arg -> args
+        return ".".join((*loc[:-1], close[0]))
     inner = {name: _model_of(_field_at(model, (*loc[:-1], name))) for name in allowed}
     below = next((found for name, m in inner.items() if m is not None
                   and (found := _key_elsewhere(m, loc[-1], (name,)))), None)
     if below is not None:
         return ".".join((*loc[:-1], *below))
-    close = difflib.get_close_matches(loc[-1], allowed, n=1)
     return ".".join((*loc[:-1], close[0])) if close else None
 
 
