@@ -111,6 +111,13 @@ def test_the_script_says_an_env_value_came_from_the_command_line(env):
         assert lines[lines.index(f"export {name}") - 1] == f"# set on the command line (env.{name.split('=')[0]})"
 
 
+def test_a_fault_of_a_set_value_does_not_send_the_user_to_the_recipe_file(env):
+    """Every --set fault said to run `hpc recipes validate .../recipes/resnet50.yaml`, a file that is valid."""
+    res = run_hpc("recipes", "show", "resnet50", "--nodes", "1", "--set", "resources.time=forever", env=env)
+    assert res.returncode == 1 and "(value from --set resources.time=forever)" in res.stderr
+    assert _fix(res).startswith("change the --set / --sweep values named above") and "validate" not in _fix(res)
+
+
 def test_an_option_of_one_value_given_twice_is_a_usage_error(env):
     """Click kept the last: `--profile smoke --profile gpu-data` ran gpu-data alone without a word."""
     res = run_hpc("recipes", "show", "resnet50", "--profile", "smoke", "--profile", "gpu-data", env=env)

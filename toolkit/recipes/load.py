@@ -316,8 +316,10 @@ def load_recipe(source: str | Path, profile: str | None = None, overrides: Seque
         faults = list(_faults(exc, origins))
         renames = [f.rename for f in faults if f.rename]
         check = f"`hpc recipes validate {path}`"
+        typed = all((f.came_from or "").startswith(("--set ", "--sweep ")) for f in faults)
         fix = (f"{renames[0]}" + ("" if renames[0].startswith("--") else f", then run {check}")
                if len(faults) == 1 and renames else
+               "change the --set / --sweep values named above (the recipe file itself is not at fault)" if typed else
                f"edit the named keys (or the profile / --set that supplied them), then run {check}")
         raise HpcError(f"{path}: invalid recipe ({len(faults)} fault{'s' if len(faults) > 1 else ''}):\n"
                        + "\n".join(f"  {f}" for f in faults), fix=fix) from None
@@ -351,6 +353,7 @@ class Fault(str):
     """One line of a validation error; `rename`: the fix when the fault is a misspelt key."""
 
     rename: str | None = None
+    came_from: str | None = None  # the profile or --set/--sweep that gave the value; None: the recipe file
 
 
 def _faults(exc, origins: Origins) -> Iterable[Fault]:
@@ -377,7 +380,7 @@ def _faults(exc, origins: Origins) -> Iterable[Fault]:
         if "[key]" in [str(p) for p in err["loc"]]:
             message = f"bad key {loc[-1]!r}: {message}"
         fault = Fault(f"{key}: {message}" + (f" (value from {came_from})" if came_from else ""))
-        fault.rename = rename
+        fault.rename, fault.came_from = rename, came_from
         yield fault
 
 
