@@ -118,6 +118,13 @@ def test_a_fault_of_a_set_value_does_not_send_the_user_to_the_recipe_file(env):
     assert _fix(res).startswith("change the --set / --sweep values named above") and "validate" not in _fix(res)
 
 
+def test_a_runs_dir_with_a_space_is_named_with_the_variable_that_set_it(tmp_path, env):
+    res = run_hpc("recipes", "submit", "resnet50", "--nodes", "1", "--dry-run",
+                  env={**env, "HPC_RUNS_DIR": str(tmp_path / "my runs")})
+    assert res.returncode == 1 and "cannot go into an #SBATCH line" in res.stderr
+    assert "$HPC_RUNS_DIR" in _fix(res) and "--run-dir" in _fix(res)
+
+
 def test_an_option_of_one_value_given_twice_is_a_usage_error(env):
     """Click kept the last: `--profile smoke --profile gpu-data` ran gpu-data alone without a word."""
     res = run_hpc("recipes", "show", "resnet50", "--profile", "smoke", "--profile", "gpu-data", env=env)

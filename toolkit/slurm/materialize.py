@@ -29,10 +29,16 @@ from toolkit.slurm.part import SlurmPart
 DIRECTIVE_SAFE = re.compile(r"^[A-Za-z0-9_.:,+=@%/?-]+$")
 
 
+# Where each such value comes from, for the fix: the option or variable the user set
+_GIVEN_BY = {"run dir": "give --run-dir DIR (or $HPC_RUNS_DIR, where runs go)",
+             "partition": "rename the queue in the cluster config"}
+
+
 def _check_directive(what: str, value: str | None) -> None:
     if value is not None and not DIRECTIVE_SAFE.match(value):
         raise HpcError(f"{what} {value!r} cannot go into an #SBATCH line: only letters, digits and _.:,+=@%/?- "
-                       "are allowed there", fix=f"choose a {what} without spaces, quotes or shell characters")
+                       "are allowed there",
+                       fix=f"{_GIVEN_BY.get(what, f'give --{what}')} without spaces, quotes or shell characters")
 
 
 def build_job_spec(recipe: Recipe, queue: Queue, nodes: int | None = None, *, profile: str | None = None,
