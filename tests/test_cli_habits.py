@@ -125,6 +125,12 @@ def test_a_runs_dir_with_a_space_is_named_with_the_variable_that_set_it(tmp_path
     assert "$HPC_RUNS_DIR" in _fix(res) and "--run-dir" in _fix(res)
 
 
+def test_an_empty_output_name_is_refused(tmp_path, env):
+    """`-o "$OUT"` with OUT unset wrote resnet50.sbatch into the current directory."""
+    res = run_hpc("recipes", "render", "resnet50", "--nodes", "1", "-o", "", env=env, cwd=tmp_path)
+    assert res.returncode == 2 and "-o '' names no file" in res.stderr and not list(tmp_path.iterdir())
+
+
 def test_an_option_of_one_value_given_twice_is_a_usage_error(env):
     """Click kept the last: `--profile smoke --profile gpu-data` ran gpu-data alone without a word."""
     res = run_hpc("recipes", "show", "resnet50", "--profile", "smoke", "--profile", "gpu-data", env=env)

@@ -161,7 +161,8 @@ def test_bad_input_is_one_clear_error_with_exit_2(tmp_path, args, words):
 
 
 @pytest.mark.parametrize("nodes,words", [("0,2", "--nodes 0,2: the least a node count takes is 1"),
-                                         ("two", "--nodes 'two' is not a list of node counts")])
+                                         ("two", "--nodes 'two' is not a list of node counts"),
+                                         ("1,,2", "--nodes '1,,2' is not a list of node counts")])  # was 1,2
 def test_bad_node_counts_say_what_is_wrong(tmp_path, nodes, words):
     res = run_hpc("plan", "resnet50", "--profile", "smoke", "--cluster", str(wide_cluster(tmp_path)), "--queue",
                   "wide", "--nodes", nodes, "--throughput-1node", "100")
@@ -178,3 +179,10 @@ def test_calibrating_at_one_node_count_is_refused_before_anything_is_submitted(t
 def test_plan_help_lists_predict_and_calibrate():
     res = run_hpc("plan", "--help")
     assert res.returncode == 0 and "predict" in res.stdout and "calibrate" in res.stdout
+
+
+def test_a_figure_given_by_its_own_option_is_named_by_it(tmp_path):
+    """--throughput-1node -5 was "throughput_1node='-5' must be above 0", the planner's internal key."""
+    res = run_hpc("plan", "resnet50", "--profile", "smoke", "--cluster", str(wide_cluster(tmp_path)), "--queue",
+                  "wide", "--nodes", "1,2", "--throughput-1node", "-5")
+    assert res.returncode == 2 and "--throughput-1node '-5' must be above 0" in res.stderr, res.stderr

@@ -36,6 +36,15 @@ def test_malformed_sweeps_are_usage_errors(item, words):
         sweep.parse_sweep(item)
 
 
+def test_an_empty_sweep_is_not_told_to_remove_a_comma_it_has_not():
+    with pytest.raises(UsageError) as err:
+        sweep.parse_sweep("args.--seed=")
+    assert err.value.fix == "give the values after the =: --sweep args.--seed=V1,V2,..."
+    with pytest.raises(UsageError) as err:
+        sweep.parse_sweep("args.--seed=1,,2")
+    assert "remove the extra comma" in err.value.fix
+
+
 def test_the_grid_is_the_cartesian_product_first_option_slowest():
     points = sweep.grid(["args.--a=1,2", "args.--b=x,y,z"])
     assert [p.overrides for p in points] == [

@@ -126,6 +126,10 @@ def output_target(output: str | None, default_name: str) -> Path | None:
     directory's `default_name` inside it (`-o DIR`, DIR existing or written with a trailing /), else the file."""
     if output is None or output == "-":
         return None
+    if not output.strip():  # `-o ''` (an unset shell variable): it wrote NAME in the current directory
+        from toolkit.errors import UsageError
+
+        raise UsageError("-o '' names no file", fix="give -o FILE, -o DIR or -o - (stdout)")
     path = Path(output)
     return path / default_name if path.is_dir() or output.endswith("/") else path
 

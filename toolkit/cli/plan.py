@@ -41,7 +41,7 @@ def _counts(text: str) -> list[int]:
     from toolkit.errors import UsageError
 
     try:
-        counts = [int(part) for part in text.split(",") if part.strip()]
+        counts = [int(part) for part in text.split(",")]  # an empty part (1,,2) is a typo, not nothing
     except ValueError:
         counts = []
     if not counts:

@@ -39,8 +39,17 @@ class Typed:
     text: str = ""
 
 
-def _number(key: str, text: str) -> Typed:
+def _number(key: str, text: str, option: str | None = None) -> Typed:
+    """A figure from --assume KEY=VALUE or the file, or from its own option (`option`: --throughput-1node): the
+    errors name what the user wrote."""
     raw = str(text).strip()
+    if option is not None:
+        try:
+            return _number(key, text)
+        except UsageError as exc:
+            raise UsageError(exc.message.replace(f"{key}={raw!r}", f"{option} {raw!r}", 1),
+                             fix=(exc.fix or "").replace(f"--assume {key}=", f"{option} ")
+                             .replace(f" or {key}=", " or ")) from None
     if key == "shared_host":
         if raw.lower() not in ("true", "false", "1", "0", "yes", "no"):
             raise UsageError(f"shared_host={raw!r} is not true or false", fix="write shared_host=true")
@@ -85,6 +94,7 @@ def parse(assume: Sequence[str], file: Path | None = None, **flags: str | float 
             raise UsageError(f"--assume {item!r} is not KEY=VALUE", fix="e.g. --assume parameters=25557032")
         given[key.strip()] = value
     given.update({k: v for k, v in flags.items() if v is not None})
+    options = {k: "--" + k.replace("_", "-") for k, v in flags.items() if v is not None}
     unknown = sorted(set(given) - set(KEYS))
     if unknown:
         import difflib
@@ -92,4 +102,4 @@ def parse(assume: Sequence[str], file: Path | None = None, **flags: str | float 
         close = difflib.get_close_matches(unknown[0], list(KEYS), n=1)
         raise UsageError(f"unknown input {unknown[0]!r}" + (f" (did you mean {close[0]}?)" if close else ""),
                          fix=f"the inputs: {', '.join(KEYS)}")
-    return {key: _number(key, str(value)) for key, value in given.items()}
+    return {key: _number(key, str(value), options.get(key)) for key, value in given.items()}

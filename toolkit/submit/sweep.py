@@ -88,7 +88,8 @@ def parse_sweep(item: str) -> tuple[str, list[str]]:
     for position, raw in enumerate(split_values(text), 1):
         if raw == "":
             raise UsageError(f"--sweep {item!r}: value {position} is empty",
-                             fix="remove the extra comma (an empty string is not a sweep value)")
+                             fix="remove the extra comma (an empty string is not a sweep value)" if "," in text else
+                                 f"give the values after the =: --sweep {key}=V1,V2,...")
         if RANGE_LIKE.match(raw) is None:
             values.append(raw)
             continue
