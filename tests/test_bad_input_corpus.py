@@ -118,6 +118,11 @@ CASES = [
          r"--time 01:00:00 and --set resources\.time=02:00:00 both set resources\.time"),
     case("set", "env-twice", [*SUBMIT, "--env", "FOO=1", "--set", "env.FOO=2"], 2,
          r"--env FOO=1 and --set env\.FOO=2 both set env\.FOO"),
+    # options that cannot go together are usage errors (exit 2): they exited 1
+    case("sweeps", "sweep-with-executor-sbatch", [*SUBMIT, "--sweep", "args.--count=1,2", "--executor", "sbatch",
+                                                  "--dry-run"], 2, r"a sweep is a submitit job array"),
+    case("cli", "spares-with-executor-slurm", [*SUBMIT, "--spares", "1", "--executor", "slurm", "--dry-run"], 2,
+         r"--spares 1: spare nodes are a Slurm allocation's"),
     case("sweeps", "set-of-a-swept-key", [*SUBMIT, "--sweep", "args.--count=1,2", "--set", "args.--count=5"], 2,
          r"--sweep args\.--count=1,2 and --set args\.--count=5 both set args\.--count"),
     case("set", "nodes-twice", [*SUBMIT, "--nodes", "1", "--set", "resources.nodes=2"], 2,

@@ -94,7 +94,7 @@ def choose_executor(requested: str | None, *, mpi: bool = False, spares: int = 0
             raise HpcError(f"--spares {spares}: spare nodes are a Slurm allocation's, restarted on by the rendered "
                            f"script (toolkit.node.spares){missing}",
                            fix="submit to a Slurm cluster without --executor (or with --executor sbatch), or drop "
-                               "--spares")
+                               "--spares", exit_code=2 if kind not in (None, Executor.SBATCH) else 1)
         return Executor.SBATCH, None
     if mpi:
         if kind == Executor.LOCAL or (kind is None and not on_slurm):

@@ -207,6 +207,8 @@ def plan(request, sweeps: Sequence[str], parallelism: int | None = None,
 
     refusal = target_for(first.executor).sweep_refusal(first.recipe.name)
     if refusal is not None:
+        if request.executor == first.executor.value:  # asked for by name: two options that cannot go together
+            raise UsageError(refusal.message, fix=refusal.fix)
         raise refusal
     shared = _flat(first.parameters)
     for task, point in zip(tasks[1:], points[1:], strict=True):
