@@ -260,3 +260,17 @@ def test_a_run_with_heartbeats_gets_the_ranks_step_times_below_its_curves(tmp_pa
     assert list(rate.get_lines()[0].get_xdata()) == [2, 4, 6] and rate.get_ylabel() == "throughput (images/s)"
     assert steps.get_ylabel() == "median ms per step" and len(steps.patches) >= 4 * 3  # phases stacked per rank
     assert len(training_figure(training, None).axes) == 2
+
+
+def test_a_log_given_where_a_run_dir_or_nccl_output_belongs_is_named(tmp_path):
+    """`report nccl` on a training log said it "looks like JSON but does not parse"; `report scaling` on logs said
+    to add ranks to "its metadata.json", which a log has not."""
+    from tests.test_training_logs import Attempt, write_trainer_log
+
+    log = write_trainer_log(tmp_path, [Attempt(0, [10.0, 40.0, 80.0])])
+    res = run_hpc("report", "nccl", str(log))
+    assert res.returncode == 1 and f"{log} is a training log (JSON lines of events), not nccl-tests output" in \
+        res.stderr and f"hpc report run {log}" in res.stderr
+    text_log = Path(__file__).parent / "fixtures" / "training" / "fairseq_translation.sample.txt"
+    res = run_hpc("report", "scaling", str(text_log), str(text_log))
+    assert res.returncode == 1 and "pass the run dirs" in res.stderr, res.stderr

@@ -364,6 +364,10 @@ def parse_file(path: str | Path) -> list[NcclTest]:
         raise HpcError(f"{path} is a directory, not a log file", fix="pass the log file itself") from None
     tests = parse_text(text, str(path))
     if not tests and text.lstrip().startswith("{"):  # -J output (a text log may start with `{` too)
+        first = text.lstrip().split("\n", 1)[0]
+        if '"event"' in first:  # JSON lines of a training log (toolkit.workloads.train_log), not nccl-tests -J
+            raise HpcError(f"{path} is a training log (JSON lines of events), not nccl-tests output",
+                           fix=f"read it with `hpc report run {path}`") from None
         try:
             data = json.loads(text)
         except json.JSONDecodeError as exc:

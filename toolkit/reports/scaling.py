@@ -140,7 +140,9 @@ def scaling(runs: list[RunSummary]) -> list[ScalingRow]:
         if run.throughput is None:
             raise HpcError(f"{run.run_dir} has no training throughput", fix="pass run dirs of training recipes")
         if run.ranks is None:
-            raise HpcError(f"{run.run_dir}: the number of ranks is unknown", fix=f"add ranks to its {METADATA}")
+            fix = (f"add ranks to its {METADATA}" if Path(run.run_dir).is_dir() else
+                   f"pass the run dirs (their {METADATA} says how many ranks ran), not the logs")
+            raise HpcError(f"{run.run_dir}: the number of ranks is unknown", fix=fix)
         measured.append((run, run.throughput, run.ranks))
     if len({r.unit for r in runs}) > 1 or len({(r.recipe, r.profile) for r in runs if r.recipe}) > 1:
         kinds = sorted({f"{r.recipe}{f' --profile {r.profile}' if r.profile else ''} ({r.unit})" for r in runs})
