@@ -44,7 +44,8 @@ def test_override_values(text, value):
     ("resources.time=1:30", "1:30"), ("args.--flag=yes", "yes"), ("args.--version=1.10", "1.10"),  # not 90, 1.1
     ("env.RUN_NOTE=trial #3", "trial #3"), ("env.MASK=0777", "0777"), ("env.ON=yes", "yes"), ("env.V=1.10", "1.10"),
     ("args.--lr=0.1", 0.1), ("args.--steps=12", 12), ("args.--amp=true", True), ("scaling.--lr.base=0.10", 0.1),
-    ("args.--note='a #b'", "a #b"), ("env.GONE=null", None)])
+    ("args.--note='a #b'", "a #b"), ("env.GONE=null", None),
+    ("scaling.--lr.base=1e-3", 0.001), ("args.--lr=1e-3", "1e-3")])  # YAML 1.1 read 1e-3 as a string
 def test_a_plain_value_is_kept_as_written_where_yaml_1_1_would_change_it(text, value):
     """`--set args.--seed=010` ran `--seed 8` (YAML 1.1's octal), `env.RUN_NOTE=trial #3` set `trial`, `env.X=yes`
     was refused; a plain number or true/false is still one, and quotes still give YAML's reading."""

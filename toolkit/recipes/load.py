@@ -160,6 +160,7 @@ def parse_override(item: str) -> tuple[tuple[str, ...], Any]:
 
 _DECIMAL_INT = re.compile(r"[-+]?(0|[1-9][0-9]*)")
 _DECIMAL_FLOAT = re.compile(r"[-+]?([0-9]+\.[0-9]*|\.[0-9]+)([eE][-+]?[0-9]+)?")
+_EXPONENT = re.compile(r"[-+]?[0-9]+[eE][-+]?[0-9]+")
 
 
 def _as_written(value: Any, text: str, path: tuple[str, ...]) -> Any:
@@ -178,6 +179,8 @@ def _as_written(value: Any, text: str, path: tuple[str, ...]) -> Any:
     if isinstance(value, float):
         exact = _DECIMAL_FLOAT.fullmatch(plain) and (path[0] != "args" or repr(value) == plain.lstrip("+"))
         return value if exact else plain
+    if isinstance(value, str) and path[0] in ("scaling", "deepspeed", "resources") and _EXPONENT.fullmatch(plain):
+        return float(plain)  # 1e-3: YAML 1.1's floats need a dot, so it read a string where a number is meant
     return plain if isinstance(value, str) and value != plain else value
 
 
