@@ -157,6 +157,17 @@ def test_dry_run_prints_the_diff_and_changes_nothing(tmp_path):
     assert path.read_bytes() == original
 
 
+def test_an_edit_of_a_file_with_errors_says_they_remain_not_that_it_is_valid(tmp_path):
+    """It said "validated offline" beside the warning that the file already had validation errors."""
+    path = _copy(tmp_path, EXAMPLES[0])
+    text = path.read_text()
+    os_line = next(line for line in text.splitlines() if line.strip().startswith("Os:"))
+    path.write_text(text.replace(os_line, os_line.split("Os:")[0] + "Os: alinux2", 1))  # dropped in 3.16
+    res = _ok("set", str(path), "cpu", "--max", "7", "--dry-run")
+    assert "validated offline: the edit adds no error (the 1 the file had remain); dry run" in res.stdout
+    assert "already had 1 validation error(s)" in res.stderr
+
+
 def test_json_output_of_a_real_edit(tmp_path):
     path = _copy(tmp_path, EXAMPLES[0])
     res = _ok("remove", str(path), "cpu", "--json")

@@ -513,7 +513,9 @@ def _edit_output(result, as_json: bool) -> None:
         lines += [f"{data['file']}: {note}" for note in data["notes"]]
         if not data["changes"]:
             return "\n".join(lines)
-        lines.append("validated offline; " + ("file updated" if data["written"] else "dry run: file not changed"))
+        checked = ("validated offline" if not data["errors_before"] else
+                   f"validated offline: the edit adds no error (the {data['errors_before']} the file had remain)")
+        lines.append(f"{checked}; " + ("file updated" if data["written"] else "dry run: file not changed"))
         lines.append(f"next: `hpc cluster diff OLD {data['file']}` shows what `pcluster update-cluster` would say")
         return "\n".join(lines)
     emit(result.as_dict(), as_json, text)

@@ -38,6 +38,7 @@ class EditResult:
     written: bool  # False on --dry-run, and when the file already had these values
     warnings: list[str]
     notes: list[str] = dataclasses.field(default_factory=list)  # why nothing changed; what was not checked offline
+    errors_before: int = 0  # validation errors the file had before the edit (the edit adds none)
 
     def as_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -271,7 +272,7 @@ def _edit(path: str | Path, action: str, queue: str, splice: Callable, dry_run: 
             os.replace(tmp, target)  # atomic: readers see the old file or the new one, never half of it
         finally:
             tmp.unlink(missing_ok=True)
-    return EditResult(str(path), action, queue, changes, diff, not dry_run, warnings, notes)
+    return EditResult(str(path), action, queue, changes, diff, not dry_run, warnings, notes, len(before))
 
 
 def add_queue(path: str | Path, queue: str, min_nodes: int | None = None, capacity_block: str | None = None,
