@@ -121,8 +121,12 @@ def test_resnet_resumes_exactly_after_scontrol_requeue_and_the_stop_signal(inter
     # scontrol requeue: back at most one checkpoint interval (10 steps) behind where it was.
     assert before_requeue - starts[1]["resumed_from_step"] <= 10
     # the stop signal: an agreed stop, a save and a resume at exactly that step (nothing repeated).
+    # The stop signal (no deadline: Slurm kills nothing after it) always ends an attempt at an agreed, saved step.
+    # `scontrol requeue`'s SIGTERM is followed by SIGKILL after KillWait (5 s on the local cluster, Slurm's default
+    # 30): on a loaded 2-core machine the agreed stop and its save did not always make it (2 of 4 full runs on
+    # 29 Nov), and the rerun then resumes from the periodic checkpoint, which the assertion above holds.
     stopped = [e for e in ends if e["status"] == "stopped"]
-    assert len(stopped) >= 2, "an attempt was not stopped by SIGTERM (scontrol requeue) or SIGUSR2"
+    assert stopped and stopped[-1]["step"] >= before_requeue + 10, "the stop signal's attempt did not stop and save"
     assert all(any(s["resumed_from_step"] == e["step"] for s in starts) for e in stopped)
 
     # The loss at every step equals that of an uninterrupted run with the same seed.
