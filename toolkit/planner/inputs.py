@@ -43,16 +43,10 @@ def _number(key: str, text: str, option: str | None = None) -> Typed:
     """A figure from --assume KEY=VALUE or the file, or from its own option (`option`: --throughput-1node): the
     errors name what the user wrote."""
     raw = str(text).strip()
-    if option is not None:
-        try:
-            return _number(key, text)
-        except UsageError as exc:
-            raise UsageError(exc.message.replace(f"{key}={raw!r}", f"{option} {raw!r}", 1),
-                             fix=(exc.fix or "").replace(f"--assume {key}=", f"{option} ")
-                             .replace(f" or {key}=", " or ")) from None
+    said = f"{option} {raw!r}" if option else f"{key}={raw!r}"
     if key == "shared_host":
         if raw.lower() not in ("true", "false", "1", "0", "yes", "no"):
-            raise UsageError(f"shared_host={raw!r} is not true or false", fix="write shared_host=true")
+            raise UsageError(f"{said} is not true or false", fix="write shared_host=true")
         return Typed(1.0 if raw.lower() in ("true", "1", "yes") else 0.0, text=raw)
     try:
         if ".." in raw:
@@ -64,12 +58,13 @@ def _number(key: str, text: str, option: str | None = None) -> Typed:
             return Typed(middle, (high - low) / 2 / middle, raw)
         value = float(raw.replace(",", ""))
     except ValueError:
-        raise UsageError(f"{key}={raw!r} is not a positive number or a range LOW..HIGH",
-                         fix=f"e.g. --assume {key}=1300 or {key}=1200..1400 ({KEYS[key]})") from None
+        example = f"{option} 1300 or 1200..1400" if option else f"--assume {key}=1300 or {key}=1200..1400"
+        raise UsageError(f"{said} is not a positive number or a range LOW..HIGH",
+                         fix=f"e.g. {example} ({KEYS[key]})") from None
     if value < 0 or (value == 0 and key not in ("hidden", "latency_us")):
-        raise UsageError(f"{key}={raw!r} must be above 0", fix=f"{key}: {KEYS[key]}")
+        raise UsageError(f"{said} must be above 0", fix=f"{key}: {KEYS[key]}")
     if key == "hidden" and value > 1:
-        raise UsageError(f"hidden={raw!r} is a fraction: 0..1", fix="e.g. --assume hidden=0.5")
+        raise UsageError(f"{said} is a fraction: 0..1", fix="e.g. --assume hidden=0.5")
     return Typed(value, text=raw)
 
 
