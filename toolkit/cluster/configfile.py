@@ -41,8 +41,7 @@ def read_config(path: str | Path) -> tuple[str, dict]:
         variable = template_variable(value)
         if variable is not None:
             line = lines.get(key_path)
-            raise HpcError(f"{path}{f':{line}' if line else ''}: {key_path} {TEMPLATE_WORDS.format(variable)}",
-                           fix=template_fix(variable, path))
+            raise template_error(f"{path}{f':{line}' if line else ''}: {key_path}", variable, path)
     return text, config
 
 
@@ -58,6 +57,11 @@ def template_variable(value: Any) -> str | None:
 def template_variables(config: dict) -> dict[str, str]:
     """Each key path whose value holds a `${VAR}`, with the variable's name."""
     return {key_path: name for key_path, value in _scalars(config) if (name := template_variable(value)) is not None}
+
+
+def template_error(what: str, variable: str, path: str | Path) -> HpcError:
+    """`what` (where the value is, in the user's terms) holds `${variable}`: substitute the template first."""
+    return HpcError(f"{what} {TEMPLATE_WORDS.format(variable)}", fix=template_fix(variable, path))
 
 
 def template_fix(variable: str, path: str | Path) -> str:

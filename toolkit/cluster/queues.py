@@ -152,14 +152,14 @@ def _tags(section: dict[str, Any]) -> dict[str, str]:
 def _whole(value: Any, what: str, source: str) -> int:
     """A count the config gives (MaxCount, MinCount, a count tag) as pcluster's schema reads it (an integer, or its
     digits as text), else one error naming the key: a template's placeholder was left in, or a typo."""
-    from toolkit.cluster.configfile import TEMPLATE_WORDS, template_fix, template_variable
+    from toolkit.cluster.configfile import template_error, template_variable
 
     if isinstance(value, int) and not isinstance(value, bool):
         return value
     if isinstance(value, str) and value.strip().isdigit():
         return int(value)
     if (variable := template_variable(value)) is not None:
-        raise HpcError(f"{source}: {what} {TEMPLATE_WORDS.format(variable)}", fix=template_fix(variable, source))
+        raise template_error(f"{source}: {what}", variable, source)
     raise HpcError(f"{source}: {what} is {value!r}, not a whole number",
                    fix="write the count as a number (a template's placeholder is meant to be replaced first); "
                        "`hpc cluster validate` checks the whole file")
@@ -167,6 +167,8 @@ def _whole(value: Any, what: str, source: str) -> int:
 
 def queues_from_config(config: dict[str, Any], source: str = "<config>") -> dict[str, Queue]:
     """Queues of a ParallelCluster v3 config dict, by name (first compute resource's instance type)."""
+    from toolkit.cluster.configfile import template_error, template_variable
+
     fsx_mount = next(
         (s.get("MountDir") for s in config.get("SharedStorage") or [] if s.get("StorageType") == "FsxLustre"),
         None,
@@ -184,10 +186,8 @@ def queues_from_config(config: dict[str, Any], source: str = "<config>") -> dict
                            fix="run `hpc cluster validate` on the file")
         first = resources[0]
         itype = first.get("InstanceType") or ((first.get("Instances") or [{}])[0].get("InstanceType"))
-        from toolkit.cluster.configfile import TEMPLATE_WORDS, template_fix, template_variable
         if (variable := template_variable(itype)) is not None:
-            raise HpcError(f"{source}: queue {name}: InstanceType {TEMPLATE_WORDS.format(variable)}",
-                           fix=template_fix(variable, source))
+            raise template_error(f"{source}: queue {name}: InstanceType", variable, source)
         tags = _tags(q)
         # a type outside the catalog: the file's word for EFA (its facts are asked for only if a job uses the queue)
         known = catalog().get(itype)
