@@ -117,11 +117,8 @@ def _refuse_repeated_options(argv: list[str]) -> None:
     Click keeps the last without a word. Repeatable options (--set, --env, ...) and flags are not counted."""
     from toolkit.errors import UsageError
 
-    node, own = _tree(argv), _own_words(argv)
-    for word in own:
-        sub = getattr(node, "commands", {}).get(word) if not word.startswith("-") else None
-        if sub is not None:
-            node = sub
+    node, _ = _command_named(argv)
+    own = _own_words(argv)
     single = {name: param for param in getattr(node, "params", [])
               if param.param_type_name == "option" and not param.multiple and not param.is_flag and not param.count
               for name in param.opts}
@@ -138,8 +135,8 @@ def _refuse_repeated_options(argv: list[str]) -> None:
                              "the last would be used", fix=f"give {name} once")
 
 
-def _command_name(argv: list[str]) -> str:
-    """The command argv names, as the envelope's "command": "recipes submit", "cluster queue add"."""
+def _command_named(argv: list[str]):
+    """The command argv names and the words that name it (`recipes submit`), hpc's own options skipped."""
     node, words = _tree(argv), list[str]()
     for word in _own_words(argv):
         if word.startswith("-"):
@@ -148,7 +145,12 @@ def _command_name(argv: list[str]) -> str:
         if sub is None:
             break
         node, words = sub, [*words, word]
-    return " ".join(words)
+    return node, words
+
+
+def _command_name(argv: list[str]) -> str:
+    """The command argv names, as the envelope's "command": "recipes submit", "cluster queue add"."""
+    return " ".join(_command_named(argv)[1])
 
 
 def _missing_options(exc, argv: list[str]) -> tuple[str, str] | None:
