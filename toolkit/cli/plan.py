@@ -128,11 +128,10 @@ def predict(recipe: str = o.RECIPE, nodes: str = NODE_COUNTS, cluster: Optional[
     """Predict throughput, efficiency, time to the recipe's target, cost and the bound at each node count."""
     from toolkit.cli.output import plot_target
     from toolkit.errors import UsageError
-
-    plot_target(plot, force)
     from toolkit.planner import inputs
     from toolkit.planner.predict import TARGETS, PlanRequest, predict as run_predict, recorded_runs
 
+    plot_target(plot, force)
     if target is not None and target not in TARGETS:
         raise UsageError(f"--target {target!r} is not one of {', '.join(TARGETS)}", fix="--target epochs")
     typed = inputs.parse(assume, inputs_file, throughput_1node=throughput_1node, busbw=busbw)

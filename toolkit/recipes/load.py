@@ -94,10 +94,11 @@ def find_recipe(name_or_path: str | Path) -> Path:
     if path.suffix == ".py":  # `hpc recipes submit train.py`: the script's own command is `hpc run`
         raise UsageError(f"{text} is a Python script, not a recipe", fix=f"run it with `hpc run {text} ...`, or write "
                          f"a recipe for it: hpc recipes new NAME --script {text}")
+    directory = HpcError(f"recipe file {path} is a directory",
+                         fix="pass a recipe .yaml file inside it, or a recipe name")
     if path.suffix in (".yaml", ".yml") or os.sep in text or path.is_file():
         if path.is_dir():
-            raise HpcError(f"recipe file {path} is a directory",
-                           fix="pass a recipe .yaml file inside it, or a recipe name")
+            raise directory
         if not path.exists():
             raise HpcError(f"recipe file {path} does not exist", fix="pass an existing .yaml file or a recipe name")
         if not path.is_file():  # /dev/null, a pipe from `<(...)`: a recipe is read once per profile it is checked with
@@ -108,8 +109,7 @@ def find_recipe(name_or_path: str | Path) -> Path:
         if (d / f"{text}.yaml").is_file():
             return d / f"{text}.yaml"
     if path.is_dir():  # no recipe of that name, and a directory here that has it (a recipe's own name wins)
-        raise HpcError(f"recipe file {path} is a directory",
-                       fix="pass a recipe .yaml file inside it, or a recipe name")
+        raise directory
     names = [p.stem for p in list_recipe_files()]
     raise UsageError(f"no recipe named {text!r}{did_you_mean(text, names)}",
                    fix=f"use one of: {', '.join(names) or 'none'} (see `hpc recipes list`), or a file path")
