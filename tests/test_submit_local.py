@@ -10,7 +10,8 @@ from toolkit.slurm import executors
 
 
 def test_local_executor_runs_each_rank_with_only_the_jobs_environment(tmp_path, monkeypatch):
-    recipe, cluster = probe_recipe(tmp_path), write_cluster(tmp_path)
+    # rank 1 ends 3 s after rank 0: --wait must wait for the whole job, not rank 0's result alone
+    recipe, cluster = probe_recipe(tmp_path, PROBE_SLOW_RANK="1"), write_cluster(tmp_path)
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "canary-secret-do-not-leak")
     monkeypatch.setenv("HPC_TEST_MARKER", "x")
     res = run_hpc("recipes", "submit", str(recipe), "--nodes", "1", "--cluster", str(cluster), "--queue", "cpu",

@@ -147,18 +147,15 @@ class Local:
 
     @staticmethod
     def _state(job_id: str, run: RunDir | None) -> State:
-        """Its run dir's result (rank 0's, else a failed rank's record), else whether submitit's process (job id =
-        its pid) still runs."""
+        """RUNNING while submitit's controller (job id = its pid) lives: it waits for every rank
+        (submitit/local/_local.py, Controller.wait, pinned 1.5.4), so rank 0's result alone does not end the job.
+        Once it is gone: its run dir's result (rank 0's, else a failed rank's record); none is a failure."""
+        if _controller_alive(job_id):
+            return State.RUNNING
         outcome = run.outcome() if run else None
-        if outcome is not None:
-            return State.COMPLETED if outcome else State.FAILED
-        try:
-            os.kill(int(job_id), 0)
-            return State.RUNNING
-        except (ProcessLookupError, ValueError):
+        if outcome is None:
             return State.FAILED  # gone without rank 0's result
-        except PermissionError:
-            return State.RUNNING
+        return State.COMPLETED if outcome else State.FAILED
 
     def cancel(self, job_ids: list[str]) -> None:
         """SIGTERM to submitit's process of each job (its id is that pid), as scancel's default signal."""
@@ -170,3 +167,25 @@ class Local:
 
     def logs(self, run: RunDir, job_id: str, rank: int, stream: str = "out") -> Path | None:
         return run.rank_log(job_id, rank, stream)
+
+
+def _controller_alive(job_id: str) -> bool:
+    """Whether submitit's local controller process still runs. Where this process started it (`--wait`), an
+    ended controller is our zombie until reaped, and a zombie still answers kill(pid, 0): reap it first."""
+    try:
+        pid = int(job_id)
+    except ValueError:
+        return False
+    try:
+        reaped, _status = os.waitpid(pid, os.WNOHANG)
+        return reaped == 0  # 0: our child, still running
+    except ChildProcessError:
+        pass  # not our child: another hpc process started it
+    try:
+        os.kill(pid, 0)
+    except (ProcessLookupError, PermissionError):
+        return False  # gone, or another user's process took its pid (the controller runs as its submitter)
+    try:  # Linux: a process of ours that took the pid since is not the controller
+        return b"submitit.local._local" in Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return True  # no /proc here: the pid lives
