@@ -222,6 +222,9 @@ CASES = [
          r"3 nodes requested; queue cpu has at most 2"),
     case("cli", "unknown-executor", [*SUBMIT, "--executor", "cloud"], 2, r"--executor 'cloud'"),
     case("cli", "unknown-command", ["recipes", "sumbit", "probe"], 2, r"No such command"),
+    # a name or typo as a job id: Slurm was asked (cancel: scancel said only "Invalid job id") and the answer was 1
+    case("cli", "job-id-a-word", ["jobs", "status", "abc"], 2, r"'abc' is not a job id: Slurm's are numbers"),
+    case("cli", "cancel-job-id-a-typo", ["jobs", "cancel", "12a4"], 2, r"'12a4' is not a job id.*hpc jobs list"),
     # issue 20: vocabulary and output contract
     case("cli", "queue-is-not-queue-spec", [*CONFIG, "--queue", "q=m5.xlarge:2", "-o", "{ws}/new.yaml"], 2,
          r"No such option: --queue.*--queue-spec"),
@@ -269,7 +272,7 @@ CASES = [
          SLURM_CONF="{ws}/dead/slurm.conf"),
     case("slurmctld", "status", ["jobs", "status", "987654321"], 1, r"slurmctld\) is not answering",
          SLURM_CONF="{ws}/dead/slurm.conf"),
-    case("slurmctld", "cancel", ["jobs", "cancel", "987654321"], 1, r"Unable to contact slurm controller",
+    case("slurmctld", "cancel", ["jobs", "cancel", "987654321"], 1, r"slurmctld\) is not answering",
          SLURM_CONF="{ws}/dead/slurm.conf"),
     # sbatch refusing a job
     case("sbatch", "unknown-partition", ["recipes", "submit", "probe", "--cluster", "{ws}/cluster-nopart.yaml"], 1,

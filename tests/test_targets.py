@@ -8,6 +8,7 @@ import ast
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -65,31 +66,64 @@ def _local_run(tmp_path: Path, job_id: str) -> RunDir:
     return run
 
 
+# A stand-in for submitit's local controller (`python -m submitit.local._local FOLDER`, pinned 1.5.4): a process
+# whose command line names it, as the local target checks a pid by before it believes or signals it.
+CONTROLLER = [sys.executable, "-c", "import time; time.sleep(120)", "submitit.local._local"]
+
+
 def test_cancelling_a_local_run_ends_its_process_not_a_slurm_job(tmp_path, monkeypatch):
     """A local run's id is submitit's process id: `hpc jobs cancel` ends that process (scancel would be asked to
     cancel a Slurm job of that number, someone else's or none)."""
-    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    proc = subprocess.Popen(CONTROLLER)
     try:
         _local_run(tmp_path, str(proc.pid))
-        monkeypatch.setenv("HPC_RUNS_DIR", str(tmp_path))
         env = {**os.environ, "HPC_RUNS_DIR": str(tmp_path)}
         res = cli_json(run_hpc("jobs", "cancel", str(proc.pid), "--json", env=env))
-        assert res["job_ids"] == [str(proc.pid)]
+        assert res["cancelled"] and res["job_ids"] == [str(proc.pid)]
         assert proc.wait(timeout=10) == -15  # SIGTERM, as scancel's default
         assert target_for("local").status([str(proc.pid)], RunDir(tmp_path / f"local-{proc.pid}"))[
             str(proc.pid)].state == "FAILED"  # gone without rank 0's result
+        again = run_hpc("jobs", "cancel", str(proc.pid), env=env)
+        assert again.returncode == 0 and "had already ended (FAILED): nothing to cancel" in again.stdout
     finally:
         proc.kill()
 
 
-def test_the_local_targets_status_reads_the_run_dir_then_the_process(tmp_path):
-    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+def test_a_pid_taken_by_another_process_is_neither_running_nor_signalled(tmp_path):
+    """A local run's controller has ended and its pid now belongs to some other process of the user's (here: a
+    process that is not submitit's controller): the run has ended, and `hpc jobs cancel` leaves that process be."""
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
     try:
-        run = _local_run(tmp_path, str(proc.pid))
-        assert target_for("local").status([str(proc.pid)], run)[str(proc.pid)].state == "RUNNING"
+        cmdline = Path(f"/proc/{other.pid}/cmdline")
+        for _ in range(500):  # empty until its exec is done (then the target cannot tell, and waits)
+            if cmdline.read_bytes():
+                break
+            time.sleep(0.01)
+        _local_run(tmp_path, str(other.pid))
+        env = {**os.environ, "HPC_RUNS_DIR": str(tmp_path)}
+        res = run_hpc("jobs", "cancel", str(other.pid), env=env)  # another process: not its parent
+        assert res.returncode == 0 and "had already ended (FAILED)" in res.stdout, res.stderr
+        assert other.poll() is None, "an unrelated process was signalled"
+    finally:
+        other.kill()
+        other.wait()
+
+
+def test_a_local_run_runs_while_its_controller_lives_then_its_result_says_how_it_ended(tmp_path):
+    """submitit's controller waits for every rank: rank 0's result while it still runs (another rank at work) is
+    not the job's end. Once it has gone, the result decides."""
+    from toolkit.rundir import RankRecord
+
+    proc = subprocess.Popen(CONTROLLER)
+    try:
+        job = str(proc.pid)
+        run = _local_run(tmp_path, job)
+        run.write_result(RankRecord(rank=0, exit_code=0, ok=True))
+        assert target_for("local").status([job], run)[job].state == "RUNNING"
     finally:
         proc.kill()
         proc.wait()
+    assert target_for("local").status([job], run)[job].state == "COMPLETED"
 
 
 def _stand_in_kubectl(bin_dir: Path, log: Path, context_rc: int = 0) -> None:

@@ -169,5 +169,11 @@ def cancel(job_id: str = typer.Argument(..., help="Slurm job id."), json_: bool 
     """Cancel a job (scancel; a local run's process); a sweep's id (any of its arrays') cancels all its arrays."""
     from toolkit.submit import runs
 
+    # asked first: scancel says nothing of a job that has ended or never was, and "cancelled" would be untrue
+    state = runs.status(job_id)
+    if state.done:
+        emit({"job_id": job_id, "cancelled": False, "state": state.state, "job_ids": []}, json_,
+             f"job {job_id} had already ended ({state.state}): nothing to cancel")
+        return
     ids = runs.cancel(job_id)
     emit({"job_id": job_id, "cancelled": True, "job_ids": ids}, json_, f"cancelled job {' '.join(ids)}")

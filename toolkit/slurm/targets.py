@@ -158,12 +158,15 @@ class Local:
         return State.COMPLETED if outcome else State.FAILED
 
     def cancel(self, job_ids: list[str]) -> None:
-        """SIGTERM to submitit's process of each job (its id is that pid), as scancel's default signal."""
+        """SIGTERM to submitit's process of each job (its id is that pid), as scancel's default signal; never to
+        a process that has taken the pid since the job ended."""
         for job_id in job_ids:
+            if not _controller_alive(job_id):
+                continue  # already gone
             try:
                 os.kill(int(job_id), signal.SIGTERM)
-            except (ProcessLookupError, ValueError):
-                pass  # already gone
+            except ProcessLookupError:
+                pass  # ended in between
 
     def logs(self, run: RunDir, job_id: str, rank: int, stream: str = "out") -> Path | None:
         return run.rank_log(job_id, rank, stream)
@@ -177,15 +180,17 @@ def _controller_alive(job_id: str) -> bool:
     except ValueError:
         return False
     try:
-        reaped, _status = os.waitpid(pid, os.WNOHANG)
-        return reaped == 0  # 0: our child, still running
+        if os.waitpid(pid, os.WNOHANG)[0]:
+            return False  # our child, just reaped
     except ChildProcessError:
-        pass  # not our child: another hpc process started it
+        pass  # not our child (another hpc process started it), or not one that has ended
     try:
         os.kill(pid, 0)
     except (ProcessLookupError, PermissionError):
         return False  # gone, or another user's process took its pid (the controller runs as its submitter)
     try:  # Linux: a process of ours that took the pid since is not the controller
-        return b"submitit.local._local" in Path(f"/proc/{pid}/cmdline").read_bytes()
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
     except OSError:
         return True  # no /proc here: the pid lives
+    # empty while the process is still in its exec (measured here: right after Popen returns, half the time)
+    return not cmdline or b"submitit.local._local" in cmdline

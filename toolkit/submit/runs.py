@@ -7,12 +7,13 @@ Slurm forgets finished jobs (MinJobAge, no accounting): then the run dir's resul
 from __future__ import annotations
 
 import dataclasses
+import re
 import time
 from pathlib import Path
 from typing import Any, Iterator
 
 from toolkit import rundir
-from toolkit.errors import HpcError
+from toolkit.errors import HpcError, UsageError
 from toolkit.rundir import SWEEP, Array, Executor, Metadata, RunDir
 from toolkit.slurm import status as slurm_status
 from toolkit.slurm.status import State
@@ -39,6 +40,19 @@ class RunStatus:
 
 # A running job's rank is called stalled after this long without a step (hpc jobs status --stall-after).
 STALL_AFTER_S = 120.0
+
+
+# The ids Slurm's own commands take (squeue -j, scancel): 1234, an array task 1234_5, a heterogeneous job's
+# component 1234+1. A run dir also answers to its name (a sweep's dir) and a Kubernetes run to its own id.
+SLURM_JOB_ID = re.compile(r"^\d+(_\d+)?(\+\d+)?$")
+
+
+def not_a_job_id(job_id: str, roots: list[Path]) -> UsageError:
+    """The error for an id that no run dir records and that Slurm could not know either (a typo, a name)."""
+    where = ", ".join(str(r) for r in roots)
+    return UsageError(f"{job_id!r} is not a job id: Slurm's are numbers (1234; an array task 1234_5), and no run "
+                      f"in {where} answers to it",
+                      fix="copy the id from `hpc jobs list` (or from what `hpc recipes submit` printed)")
 
 
 def progress(run: RunDir, job_id: str | None, running: bool, stall_after_s: float | None = None,
@@ -94,6 +108,8 @@ def status(job_id: str, root: Path | None = None) -> RunStatus:
         return dataclasses.replace(base, state=array_state(tasks), source=tasks[0].source,
                                    tasks=state_counts(tasks), requeues=sum(t.requeues for t in tasks))
     if run is None:
+        if not SLURM_JOB_ID.match(job_id):
+            raise not_a_job_id(job_id, [root] if root else reader_roots())
         from toolkit.slurm.commands import check_controller
 
         check_controller(f"cannot tell whether job {job_id} exists")
@@ -238,7 +254,10 @@ def cancel(job_id: str, root: Path | None = None) -> list[str]:
     machine for the local executor. Returns the ids ended."""
     from toolkit.target import target_for
 
-    ids, meta = _cancel_ids(job_id, rundir.find_run(job_id, root or reader_roots()))
+    run = rundir.find_run(job_id, root or reader_roots())
+    if run is None and not SLURM_JOB_ID.match(job_id):  # scancel would say only "Invalid job id"
+        raise not_a_job_id(job_id, [root] if root else reader_roots())
+    ids, meta = _cancel_ids(job_id, run)
     target_for(meta.executor or Executor.SLURM).cancel(ids)
     return ids
 
@@ -263,6 +282,8 @@ def rank_lines(job_id: str, rank: int, stream: str = "out", keep_following: bool
 
 def _run_of(job_id: str, root: Path | None) -> RunDir:
     run = rundir.find_run(job_id, root or reader_roots())
+    if run is None and not SLURM_JOB_ID.match(job_id):
+        raise not_a_job_id(job_id, [root] if root else reader_roots())
     if run is None:
         raise HpcError(f"no run dir records job {job_id}", fix="check the id with `hpc jobs list`")
     return run
