@@ -80,7 +80,7 @@ def test_show_render_and_dry_run_all_say_it(tmp_path):
     env_args = ("--set", f"dirs.data.dir={tmp_path}", "--set", "args.--max-epoch=2", "--nodes", "8")
     env = {"HPC_CLUSTER_CONFIG": "", "PATH": "/usr/bin:/bin", "HPC_RUNS_DIR": str(tmp_path / "runs")}
     for command in (("recipes", "show", "roberta"), ("recipes", "render", "roberta"),
-                    ("recipes", "submit", "roberta", "--dry-run", "--executor", "local")):
+                    ("recipes", "submit", "roberta", "--dry-run", "--executor", "sbatch")):
         res = run_hpc(*command, *env_args, "--json", env=env)
         assert res.returncode == 0, res.stderr
         assert "warning: --max-epoch 2 ends this run" in res.stderr

@@ -99,10 +99,15 @@ def test_the_cluster_config_of_the_environment_counts_as_given(no_slurm):
     _ok(res)
     assert cli_json(res)["executor"] == "sbatch"
     # no cluster at all: this machine is the one node (the local executor), as before
-    res = run_hpc_process("recipes", "submit", "resnet50", "--profile", "smoke", "--dry-run", "--json",
-                          env=no_slurm)
+    res = run_hpc_process("recipes", "submit", "resnet50", "--profile", "smoke", "--nodes", "1", "--dry-run",
+                          "--json", env=no_slurm)
     _ok(res)
     assert cli_json(res)["executor"] == "local" and OFF_CLUSTER in res.stderr
+    # and a plan for more nodes than this one machine is refused as its submit would be (it was shown, exit 0)
+    res = run_hpc_process("recipes", "submit", "resnet50", "--profile", "smoke", "--nodes", "2", "--dry-run",
+                          env=no_slurm)
+    assert res.returncode == 2 and "the local executor runs on this one machine; 2 nodes" in res.stderr
+    assert "--cluster FILE" in res.stderr
 
 
 def test_submitting_without_slurm_fails_with_one_line_and_leaves_nothing(no_slurm, tmp_path):

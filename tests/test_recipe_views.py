@@ -22,7 +22,7 @@ def views(tmp_path, *run_dir: str) -> dict[str, dict]:
             "--set", "args.--epochs=3", "--set", "dirs.logs.under=run", "--json")
     found = {}
     for view, command in (("show", ("recipes", "show", *run_dir)), ("render", ("recipes", "render", *run_dir)),
-                          ("dry_run", ("recipes", "submit", "--dry-run", "--executor", "local"))):
+                          ("dry_run", ("recipes", "submit", "--dry-run", "--executor", "sbatch"))):
         res = run_hpc(*command, *same, env=env)
         assert res.returncode == 0, res.stderr
         found[view] = cli_json(res)

@@ -35,8 +35,11 @@ def test_local_executor_refuses_more_than_one_node(tmp_path):
     recipe, cluster = probe_recipe(tmp_path), write_cluster(tmp_path)
     res = run_hpc("recipes", "submit", str(recipe), "--nodes", "2", "--cluster", str(cluster), "--queue", "cpu",
                   "--executor", "local", cwd=tmp_path)
-    assert res.returncode == 1
+    assert res.returncode == 2  # a usage error, and the dry run says it too (it showed the plan, exit 0)
     assert "local executor" in res.stderr and "--nodes 1" in res.stderr and "Traceback" not in res.stderr
+    dry = run_hpc("recipes", "submit", str(recipe), "--nodes", "2", "--cluster", str(cluster), "--queue", "cpu",
+                  "--executor", "local", "--dry-run", cwd=tmp_path)
+    assert dry.returncode == 2 and "2 nodes were asked for" in dry.stderr
     assert not list((tmp_path / "runs").glob("*")), "no run dir is left for a job that was not submitted"
 
 

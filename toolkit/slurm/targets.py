@@ -131,6 +131,10 @@ class Local:
                           fix="submit the sweep to a Slurm cluster (--executor slurm), or submit points one by one")
 
     def dry_run(self, spec: Any, run_dir: Path, *, array: bool = False) -> Dispatch:
+        if spec.nodes != 1:  # planned, so a dry run says it too (it showed "2 nodes x 8 GPUs ... on this machine")
+            raise UsageError(f"the local executor runs on this one machine; {spec.nodes} nodes were asked for",
+                             fix="use --nodes 1, or plan for a Slurm cluster: --cluster FILE (its config; no Slurm "
+                                 "is needed here to plan), --executor sbatch where Slurm is installed")
         return Dispatch(python=sys.executable, parameters=executors.local_parameters(spec))
 
     def describe(self, dispatch: Dispatch) -> str:
