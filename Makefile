@@ -80,8 +80,9 @@ chromium:
 
 # Two xdist workers: the Slurm tests mostly wait on Slurm, so the unit tests run beside them; each lane's tests stay
 # in order on one worker (tests/conftest.py lane_group). `pytest tests/test_x.py` alone runs in one process.
+# --durations: the slowest tests, at the end of every run (the suite's budget is 15 minutes of test time).
 test: lint venv train-env slurm-up slurm-lanes container-lane chromium
-	$(BIN)/python -m pytest -q -n 2 --dist loadgroup
+	$(BIN)/python -m pytest -q -n 2 --dist loadgroup --durations=30
 
 # Checks of third parties' behaviour we rely on (torch's restart hang, Slurm's own features): not our code, so
 # not in `make test`; run them when upgrading torch or Slurm.
