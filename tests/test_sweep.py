@@ -191,6 +191,20 @@ def test_tasks_accounting_has_not_recorded_yet_are_pending_not_failed(tmp_path, 
     assert [c[0] for c in calls] == ["sacct"]
 
 
+def test_a_task_accounting_lacks_is_not_ended_by_its_run_dirs_result(tmp_path, monkeypatch):
+    """Seen in a full run on the local Slurm: tasks 0 and 1 had ended, task 2 ran; sacct had neither the row of
+    the tasks not started (gone when task 2 started) nor task 2's own (not recorded yet), and task 2's rank 0 had
+    written its result.json. The sweep's --wait took the run dir's word and ended while Slurm still ran task 2."""
+    run, _meta = _sweep_dir(tmp_path, 3)
+    rundir.write_json(run / "task-002" / "result.json", {"ok": True})
+    _recording_slurm(monkeypatch, sacct="7_0|COMPLETED|0:0|00:00:01|c1|None\n7_1|FAILED|3:0|00:00:01|c1|None\n")
+    s = runs.status("7")
+    assert (s.state, s.tasks, s.done) == ("RUNNING", {"COMPLETED": 1, "FAILED": 1, "RUNNING": 1}, False)
+    _recording_slurm(monkeypatch, sacct="7_0|COMPLETED|0:0|00:00:01|c1|None\n7_1|FAILED|3:0|00:00:01|c1|None\n"
+                                        "7_2|COMPLETED|0:0|00:00:02|c1|None\n")
+    assert (runs.status("7").state, runs.status("7").done) == ("FAILED", True)
+
+
 # -- sweeps larger than MaxArraySize: chunks, one array each, and one Slurm call per status poll -------------------
 
 def test_chunks_keep_every_array_below_max_array_size_for_10000_tasks():

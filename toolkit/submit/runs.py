@@ -189,8 +189,10 @@ def sweep_task_statuses(run: RunDir, meta: Metadata, answer: slurm_status.Answer
         s = answer.jobs.get(job_id)
         if s is None:
             state = state_from_run_dir(task)
-            if state == State.UNKNOWN and answer.accounting:
-                state = State.PENDING  # submitted, and accounting, which forgets nothing, has not recorded it yet
+            if answer.accounting:  # accounting forgets nothing: a task it lacks is one it has not recorded yet
+                # (slurmdbd lags the controller). Not ended by Slurm's word, whatever its run dir says: rank 0's
+                # result is written before the job ends (a sweep's --wait saw all done while a task still ran).
+                state = State.PENDING if state == State.UNKNOWN else State.RUNNING
             out.append(RunStatus(job_id, state, "run-dir", str(task.path), meta.recipe, meta.nodes))
         else:
             out.append(RunStatus(job_id, s.state, s.source, str(task.path), meta.recipe, meta.nodes,
