@@ -109,6 +109,25 @@ def test_a_pid_taken_by_another_process_is_neither_running_nor_signalled(tmp_pat
         other.wait()
 
 
+def test_a_zombie_under_the_pid_is_not_a_running_controller(tmp_path):
+    """A process with an empty command line is one still in its exec (alive), or a zombie or kernel thread that
+    has the pid now: the local target tells them apart by /proc/PID/exe (here a zombie whose parent, not this
+    process, never reaps it)."""
+    parent = subprocess.Popen(["bash", "-c", "sleep 0 & echo $!; exec sleep 60"], stdout=subprocess.PIPE, text=True)
+    try:
+        zombie = parent.stdout.readline().strip()
+        state = Path(f"/proc/{zombie}/stat")
+        for _ in range(500):
+            if state.read_text().split(")")[-1].split()[0] == "Z":
+                break
+            time.sleep(0.01)
+        run = _local_run(tmp_path, zombie)
+        assert target_for("local").status([zombie], run)[zombie].state == "FAILED"  # ended, without a result
+    finally:
+        parent.kill()
+        parent.wait()
+
+
 def test_a_local_run_runs_while_its_controller_lives_then_its_result_says_how_it_ended(tmp_path):
     """submitit's controller waits for every rank: rank 0's result while it still runs (another rank at work) is
     not the job's end. Once it has gone, the result decides."""

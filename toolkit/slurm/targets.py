@@ -196,5 +196,12 @@ def _controller_alive(job_id: str) -> bool:
         cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
     except OSError:
         return True  # no /proc here: the pid lives
-    # empty while the process is still in its exec (measured here: right after Popen returns, half the time)
-    return not cmdline or b"submitit.local._local" in cmdline
+    if cmdline:
+        return b"submitit.local._local" in cmdline
+    # Empty: a process still in its exec (measured here: right after Popen returns, half the time), whose exe
+    # link is there; or a zombie or a kernel thread (which may take any pid), whose is not.
+    try:
+        os.readlink(f"/proc/{pid}/exe")
+        return True
+    except OSError:
+        return False
