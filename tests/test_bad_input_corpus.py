@@ -231,6 +231,9 @@ CASES = [
     case("cli", "every-missing-option", ["cluster", "config", "--name", "c1"], 2,
          r"missing options --region, --key-name, --queue-spec, --output"),
     case("cli", "bad-time", [*SUBMIT, "--time", "90min"], 2, r"--time '90min' is not a Slurm time limit"),
+    # the stop signal 120 s before the limit came at the start, and the job requeued itself again and again
+    case("cli", "time-inside-the-stop-signal", [*SUBMIT, "--time", "1", "--dry-run"], 1,
+         r"time limit 1 \(60 s\) is too short for the stop signal 120 s before it.*--time 4 or more"),
     # went into #SBATCH --dependency and a dry run showed it; sbatch refused the job at submit
     case("cli", "dependency-without-job", [*SUBMIT, "--dependency", "afterok", "--dry-run"], 2,
          r"--dependency 'afterok' is not a Slurm dependency .*\n  fix: e\.g\. --dependency afterok:123"),

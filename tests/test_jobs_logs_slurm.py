@@ -21,7 +21,7 @@ pytestmark = pytest.mark.slurm
 def test_the_sbatch_executors_log_is_the_jobs_log_and_the_failed_ranks(slurm_sandbox, tmp_path):
     env = dict(slurm_env(slurm_sandbox), HPC_RUNS_DIR=str(tmp_path / "runs"))
     res = run_hpc("recipes", "submit", str(probe_recipe(tmp_path)), "--cluster", str(write_cluster(tmp_path)),
-                  "--queue", "cpu", "--set", "launcher.mpi=pmix", "--set", "resources.time=00:01:00", "--wait",
+                  "--queue", "cpu", "--set", "launcher.mpi=pmix", "--set", "resources.time=00:05:00", "--wait",
                   "--json", env=env, timeout=300)
     assert res.returncode == 1, res.stdout + res.stderr
     result = cli_json(res)
@@ -43,7 +43,7 @@ def test_jobs_logs_rank_picks_one_ranks_lines_of_the_rendered_scripts_one_log(sl
     env = dict(slurm_env(slurm_sandbox), HPC_RUNS_DIR=str(tmp_path / "runs"))
     sent = time.time()
     res = run_hpc("recipes", "submit", str(probe_recipe(tmp_path)), "--cluster", str(write_cluster(tmp_path)),
-                  "--queue", "cpu", "--executor", "sbatch", "--set", "resources.time=00:01:00", "--wait", "--json",
+                  "--queue", "cpu", "--executor", "sbatch", "--set", "resources.time=00:05:00", "--wait", "--json",
                   env=env, timeout=300)
     assert res.returncode == 0, res.stdout + res.stderr
     result = cli_json(res)

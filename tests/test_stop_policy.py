@@ -276,3 +276,29 @@ def test_every_path_does_what_the_one_policy_says(tmp_path, monkeypatch, policy)
         "torchrun: ignores": next(part.strip() for part in TORCHRUN.split(";") if "SIG_IGN" in part),
     }
     assert observed == expected
+
+
+# -- a time limit the stop signal fits in --------------------------------------------------------------------------
+
+@pytest.mark.parametrize(("time", "requeue", "before_s", "refused"), [
+    ("00:01:00", True, 120, True),  # a probe found it: told to stop at its start, it requeued itself forever
+    ("00:03:00", True, 120, True),  # 180 s: Slurm may send the signal 60 s early (sbatch(1), --signal), so at the start
+    ("00:04:00", True, 120, False),
+    ("00:01:00", False, 120, False),  # no requeue: no signal asked for
+    ("00:01:00", True, 10, True),  # 60 s <= 10 + 60
+    ("00:01:30", True, 20, False),
+])
+def test_a_requeueing_job_needs_a_limit_longer_than_its_stop_signal(tmp_path, time, requeue, before_s, refused):
+    from toolkit.errors import HpcError
+
+    root = tmp_path / "root"
+    write_executable(root / "envs" / "train" / "bin" / "activate", "# stub venv\n")
+    recipe = load_recipe(REPO / "recipes" / "transformer.yaml", overrides=[
+        f"dirs.root={root}", f"resources.time={time}", f"resources.requeue={str(requeue).lower()}",
+        f"resources.signal_before_s={before_s}"])
+    if not refused:
+        assert build_job_spec(recipe, CPU, 2, run_dir=str(tmp_path / "run")).time_limit == time
+        return
+    with pytest.raises(HpcError, match="too short for the stop signal") as found:
+        build_job_spec(recipe, CPU, 2, run_dir=str(tmp_path / "run"))
+    assert "requeue itself again and again" in str(found.value) and "resources.requeue=false" in found.value.fix

@@ -141,6 +141,11 @@ class JobSpec:
 
 def time_minutes(text: str) -> int:
     """Slurm --time (MM, MM:SS, HH:MM:SS, D-HH[:MM[:SS]]) in whole minutes, rounded up."""
+    return -(-time_seconds(text) // 60)
+
+
+def time_seconds(text: str) -> int:
+    """Slurm --time (MM, MM:SS, HH:MM:SS, D-HH[:MM[:SS]]) in seconds."""
     days, dash, rest = text.partition("-")
     if not dash:
         days, rest = "0", days
@@ -149,8 +154,8 @@ def time_minutes(text: str) -> int:
         hours, minutes, seconds = (parts + [0, 0])[:3]
     else:
         hours, minutes, seconds = {1: (0, parts[0], 0), 2: (0, *parts), 3: tuple(parts)}[len(parts)]
-    total = ((int(days) * 24 + hours) * 60 + minutes) * 60 + seconds
-    return -(-total // 60)
+    return ((int(days) * 24 + hours) * 60 + minutes) * 60 + seconds
+
 
 
 @dataclasses.dataclass(frozen=True)

@@ -17,7 +17,7 @@ from toolkit.catalog import instance
 from toolkit.cluster.queues import Queue
 from toolkit.errors import HpcError
 from toolkit.job.scaling import Derived
-from toolkit.job.spec import JobSpec, job_spec, queue_target
+from toolkit.job.spec import JobSpec, job_spec, queue_target, time_seconds
 from toolkit.launchers import launcher_for
 from toolkit.job.staging import bundle_path
 from toolkit.node.ledger import FLEET_DIR_ENV, FLEET_SUBDIR, planned_fleet_dir
@@ -49,11 +49,34 @@ def build_job_spec(recipe: Recipe, queue: Queue, nodes: int | None = None, *, pr
                     slurm_options)
 
 
+# sbatch(1), --signal: "Due to the resolution of event handling by Slurm, the signal may be sent up to 60 seconds
+# earlier than specified."
+SIGNAL_RESOLUTION_S = 60
+
+
+def check_stop_signal(spec: JobSpec) -> None:
+    """A job that Slurm asks to stop before its time limit (--signal, then it requeues itself) needs a limit
+    longer than the signal's lead and Slurm's slack in sending it: else it is told to stop at its start, and
+    requeues itself again and again."""
+    if not spec.stop.requeue:
+        return  # no signal asked for
+    limit_s, lead_s = time_seconds(spec.time_limit), spec.stop.before_s
+    if limit_s <= lead_s + SIGNAL_RESOLUTION_S:
+        least = -(-(lead_s + SIGNAL_RESOLUTION_S + 1) // 60)
+        raise HpcError(f"time limit {spec.time_limit} ({limit_s} s) is too short for the stop signal {lead_s} s "
+                       f"before it (Slurm may send it up to {SIGNAL_RESOLUTION_S} s early): the job would be told to "
+                       "stop at its start and requeue itself again and again",
+                       fix=f"give --time {least} or more; or --set resources.requeue=false for a run that just ends at "
+                           f"its limit; or --set resources.signal_before_s=N with N under the limit by over "
+                           f"{SIGNAL_RESOLUTION_S} s")
+
+
 def on_slurm(spec: JobSpec, queue: Queue, slurm_options: Mapping[str, str | None] = {}) -> JobSpec:
     """What only Slurm needs of a job: values safe in #SBATCH lines, --wait-all-nodes on queues that boot
     nodes on demand, the ranks' CPU binding (their accelerator family's), and the nodes' Python where the recipe
     names no software."""
     options = {name: value for name, value in slurm_options.items() if value is not None}
+    check_stop_signal(spec)
     # one Slurm task per rank, or one torchrun per node holding the CPUs of all its node's ranks
     tasks = 1 if spec.style == "torchrun" else spec.tasks_per_node
     cpus = spec.cpus_per_task * (spec.tasks_per_node if spec.style == "torchrun" else 1)
