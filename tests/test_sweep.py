@@ -141,6 +141,18 @@ def test_pending_array_rows_count_as_pending_tasks_and_own_rows_win(monkeypatch)
     assert slurm_status.array_task_ids("9", "1,3-4%8") == ["9_1", "9_3", "9_4"]
 
 
+def test_every_earlier_start_of_a_job_is_a_requeue_and_a_running_jobs_pending_reason_is_gone(monkeypatch):
+    """sacct -D lists each start of a job. A fault probe set a node down mid-job: NODE_FAIL, then the job ran
+    again (Slurm: Restarts=1), and hpc counted no requeue, and showed 'reason: BeginTime' for the running job (the
+    reason it last pended)."""
+    _fake_slurm(monkeypatch, "12|NODE_FAIL|0:0|00:00:09|c2|None\n12|RUNNING|0:0|00:00:04|c1|BeginTime\n"
+                             "13|REQUEUED|0:0|00:00:03|c1|None\n13|PREEMPTED|0:0|00:00:02|c1|None\n"
+                             "13|PENDING|0:0|00:00:00||BeginTime\n14|COMPLETED|0:0|00:00:05|c1|None\n")
+    found = slurm_status.query(["12", "13", "14"])
+    assert {k: (s.state, s.requeues, s.reason) for k, s in found.items()} == {
+        "12": ("RUNNING", 1, None), "13": ("PENDING", 2, "BeginTime"), "14": ("COMPLETED", 0, None)}
+
+
 def _sweep_dir(tmp_path, count: int):
     meta = {"kind": "sweep", "array_job_id": "7", "arrays": [{"job_id": "7", "first": 0, "count": count}],
             "tasks": count, "recipe": "probe", "nodes": 1, "job_ids": ["7"]}

@@ -58,7 +58,6 @@ class State(enum.StrEnum):
 
 FINAL_STATES = frozenset({State.COMPLETED, State.FAILED, State.CANCELLED, State.TIMEOUT, State.OUT_OF_MEMORY,
                           State.NODE_FAIL, State.PREEMPTED, State.BOOT_FAIL, State.DEADLINE, State.REVOKED})
-REQUEUE_STATES = frozenset({State.REQUEUED, State.REQUEUE_FED, State.REQUEUE_HOLD})
 
 
 def held(state: State, reason: str | None) -> bool:
@@ -126,10 +125,14 @@ def _from_sacct(job_ids: list[str]) -> dict[str, JobStatus] | None:
             continue
         previous = None if row_id in pending else found.get(row_id)
         pending.discard(row_id)
-        requeues = (previous.requeues + (previous.state in REQUEUE_STATES or previous.state == State.PREEMPTED)
-                    if previous else 0)
-        found[row_id] = JobStatus(row_id, State.parse(state), "sacct", exit_code, nodes or None, elapsed,
-                                  None if reason in ("", "None") else reason, requeues)
+        # -D lists every start of a job, oldest first: a row before this one is a start that was requeued, whatever
+        # ended it (REQUEUED, PREEMPTED, NODE_FAIL: a node set down mid-job, which a probe counted as none)
+        requeues = previous.requeues + 1 if previous else 0
+        parsed = State.parse(state)
+        # sacct's Reason is why the job last pended, kept once it runs (BeginTime after a requeue): not a reason then
+        stale = parsed in (State.RUNNING, State.COMPLETING, State.COMPLETED)
+        found[row_id] = JobStatus(row_id, parsed, "sacct", exit_code, nodes or None, elapsed,
+                                  None if stale or reason in ("", "None") else reason, requeues)
     return found
 
 
