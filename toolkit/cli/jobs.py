@@ -9,7 +9,7 @@ from typing import Optional
 
 import typer
 
-from toolkit.cli.output import JSON_OPTION, emit, fail, table, warn
+from toolkit.cli.output import JSON_OPTION, emit, fail, info, table, warn
 
 app = typer.Typer(help="Follow and control submitted runs: list, status, logs, cancel.", no_args_is_help=True,
                   rich_markup_mode=None)
@@ -112,6 +112,13 @@ def status(job_id: str = typer.Argument(..., help="Slurm job id (an array task: 
     data["progress"] = run and runs.progress(run, slurm_id, s.state == State.RUNNING, stall_after, stacks)
     data["restarts"] = [r for r in run.restarts() if str(r.get("job_id")) == str(s.job_id)] if run else []
     data["preflight"] = run.preflights(s.job_id) if run else []
+    failure = None
+    if run and s.done and s.state != State.COMPLETED:  # the same culprit `--wait` names
+        from toolkit.submit.submission import culprit, failure_message
+
+        found = culprit(s.job_id, run)
+        data.update({key: value for key, value in found.items() if key != "preflight"})
+        failure = failure_message(s.job_id, s.state, found)
     if stacks and s.state != State.RUNNING:
         warn(f"job {s.job_id} is {s.state}, not running: no stacks to collect")
 
@@ -132,8 +139,11 @@ def status(job_id: str = typer.Argument(..., help="Slurm job id (an array task: 
         warn(data["network"]["problem"])
     hang = data["progress"] and data["progress"]["hang"]
     if s.done and s.state != State.COMPLETED:
-        raise fail(f"job {s.job_id} ended {s.state}" + (f": the hang watchdog ended it ({hang['lines'][0]})"
-                                                       if hang and hang.get("lines") else ""))
+        if hang and hang.get("lines"):
+            raise fail(f"job {s.job_id} ended {s.state}: the hang watchdog ended it ({hang['lines'][0]})")
+        if failure:
+            info(failure)
+        raise fail(failure or f"job {s.job_id} ended {s.state}")
     if data["progress"] and data["progress"]["lines"]:
         raise fail(f"job {s.job_id}: {data['progress']['lines'][0]}")
     if data["network"] and data["network"]["problem"]:

@@ -283,20 +283,7 @@ def submit_request(request, dry_run: bool, wait: bool, as_json: bool, verbose: b
             _print_outcome(result)
     emit(result, as_json, lambda r: f"{r['job_id']}" + (f" {r['state']}" if "state" in r else ""))
     if wait and result["state"] != State.COMPLETED:
-        from toolkit.slurm.batchhost import failure_line
-        from toolkit.submit.runs import failure_reason
-
-        log, rank = result.get("failed_rank_log"), result.get("failed_rank")
-        # the rendered script's one log, its ranks' lines labelled (a pre-flight's stop is no rank's failure)
-        shared = rank is not None and result.get("failed_rank_log_shared") and not result.get("preflight")
-        reason = failure_reason(log, rank if shared else None) if log else None
-        if shared:
-            reason = f"rank {rank} failed first" + (f": {reason}" if reason else "")
-        if result.get("preflight"):
-            reason = failure_line(result["preflight"])
-        lines = f"; rank {rank}'s lines: hpc jobs logs {result['job_id']} --rank {rank}" if shared else ""
-        message = (f"job {result['job_id']} ended {result['state']}" + (f": {reason}" if reason else "")
-                   + (f" (see {log}{lines})" if log else ""))
+        message = submission.failure_message(result["job_id"], result["state"], result)
         info(message)
         raise fail(message)
 

@@ -64,18 +64,42 @@ def wait(job_id: str, run: Path, progress: Callable[[str], None], poll_s: float 
     ended = RunDir(run)
     mine = ended.preflights(job_id)
     if status.state != State.COMPLETED:
-        # the first failed rank read once (the rendered script's: from its one log), then its log, as
-        # RunDir.failed_rank_log chooses it, whatever executor ran the job
-        rank = ended.first_failed_rank(job_id)
-        log = ended.rank_log(job_id, rank or 0, "err")
-        outcome["failed_rank_log"] = str(log) if log else None
-        outcome["failed_rank"] = rank
-        # the rendered script's one log (every rank's lines, labelled): the failed rank's are read out of it
-        outcome["failed_rank_log_shared"] = bool(log and ended.shares_log(job_id, log))
-        if mine and mine[-1].get("failed"):  # stopped by its pre-flight: that is the reason, not a rank's log
-            outcome["preflight"] = mine[-1]
+        outcome.update(culprit(job_id, ended))
     launches = [r for r in mine if r.get("stage") == LAUNCH]
     if launches:  # starts that never ran the batch script (toolkit.slurm.batchhost), whatever came after
         outcome["launch_failures"] = launches
     return outcome
 
+
+def culprit(job_id: str, ended: Any) -> dict[str, Any]:
+    """What a job that did not complete says of why (`ended`: its RunDir): its first failed rank, read once (the
+    rendered script's: from its one log), and that rank's log as RunDir.failed_rank_log chooses it, whatever
+    executor ran the job; or the pre-flight that stopped it."""
+    rank = ended.first_failed_rank(job_id)
+    log = ended.rank_log(job_id, rank or 0, "err")
+    found: dict[str, Any] = {"failed_rank_log": str(log) if log else None, "failed_rank": rank,
+                             # the rendered script's one log (every rank's lines, labelled): the failed rank's
+                             # are read out of it
+                             "failed_rank_log_shared": bool(log and ended.shares_log(job_id, log))}
+    mine = ended.preflights(job_id)
+    if mine and mine[-1].get("failed"):  # stopped by its pre-flight: that is the reason, not a rank's log
+        found["preflight"] = mine[-1]
+    return found
+
+
+def failure_message(job_id: str, state: str, found: dict[str, Any]) -> str:
+    """One line for a job that did not complete, from culprit()'s findings: the pre-flight's verdict, else the
+    failed rank and its own error line, the log to read and the command that prints that rank's lines."""
+    from toolkit.slurm.batchhost import failure_line
+    from toolkit.submit.runs import failure_reason
+
+    log, rank = found.get("failed_rank_log"), found.get("failed_rank")
+    # the rendered script's one log, its ranks' lines labelled (a pre-flight's stop is no rank's failure)
+    shared = rank is not None and found.get("failed_rank_log_shared") and not found.get("preflight")
+    reason = failure_reason(log, rank if shared else None) if log else None
+    if shared:
+        reason = f"rank {rank} failed first" + (f": {reason}" if reason else "")
+    if found.get("preflight"):
+        reason = failure_line(found["preflight"])
+    lines = f"; rank {rank}'s lines: hpc jobs logs {job_id} --rank {rank}" if shared else ""
+    return f"job {job_id} ended {state}" + (f": {reason}" if reason else "") + (f" (see {log}{lines})" if log else "")

@@ -1,0 +1,48 @@
+"""`hpc jobs status` of a job that failed names what `--wait` names: the rank that failed first, its log, and the
+command that prints its lines (a fault probe: status said only FAILED and exit code 15:0, the batch shell's)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+
+from tests.conftest import cli_json, run_hpc
+from toolkit.rundir import Metadata, RunDir
+
+# The job's one log as the rendered script's srun --label wrote it on the local cluster (job 1999, this session):
+# rank 1 exited 7, and srun ended the others.
+LOG = """hpc: job 4242 at 2026-11-29T19:59:40.622Z: 2 nodes x 2 ranks, rendezvous c1:16999
+hpc: pre-flight: 2 node(s) passed in 0.4 s
+1: boom on rank 1
+srun: error: c1: task 1: Exited with exit code 7
+srun: launch/slurm: _step_signal: Terminating StepId=4242.0
+0: slurmstepd-c1: error: *** STEP 4242.0 ON c1 CANCELLED AT 2026-11-29T19:59:41 ***
+srun: error: c1: task 0: Terminated
+srun: error: c2: tasks 2-3: Terminated
+"""
+
+
+def _stand_in_sacct(monkeypatch, row: str) -> None:
+    """sacct's answer for the job (a stand-in: the run dir and its log are what is read for real)."""
+    def run(args, timeout=20.0, check=True, input=None):
+        return subprocess.CompletedProcess(args, 0, row if args[0] == "sacct" else "", "")
+    monkeypatch.setattr("toolkit.slurm.commands.run", run)
+
+
+def test_a_failed_jobs_status_names_its_first_failed_rank_and_how_to_read_its_lines(tmp_path, monkeypatch):
+    run = RunDir(tmp_path / "runs" / "probe-x").create()
+    run.write_metadata(Metadata.from_json({"recipe": "probe", "executor": "sbatch", "job_ids": ["4242"], "nodes": 2,
+                                           "ranks": 4}))
+    log = run.path / "probe-4242.out"
+    log.write_text(LOG)
+    _stand_in_sacct(monkeypatch, "4242|FAILED|15:0|00:00:02|c[1-2]|None\n")
+    env = {**os.environ, "HPC_RUNS_DIR": str(tmp_path / "runs")}
+    res = run_hpc("jobs", "status", "4242", env=env)
+    assert res.returncode == 1
+    assert (f"job 4242 ended FAILED: rank 1 failed first (see {log}; rank 1's lines: hpc jobs logs 4242 --rank 1)"
+            in res.stderr)
+    data = cli_json(run_hpc("jobs", "status", "4242", "--json", env=env))
+    assert (data["failed_rank"], data["failed_rank_log"]) == (1, str(log))
+    _stand_in_sacct(monkeypatch, "4242|COMPLETED|0:0|00:00:02|c[1-2]|None\n")  # a job that completed names none
+    done = run_hpc("jobs", "status", "4242", "--json", env=env)
+    assert done.returncode == 0 and "failed_rank" not in cli_json(done)
