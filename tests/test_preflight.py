@@ -242,6 +242,21 @@ def test_a_script_run_as_the_program_is_not_traced_by_the_loader():
     assert [f["resolves"] for f in facts] == [None] and "is a script" in facts[0]["detail"]
 
 
+def test_a_missing_program_is_named_as_the_program_not_as_a_library(tmp_path):
+    """A fault probe's recipe named a program that does not exist: the pre-flight said `loader:libnccl: libnccl
+    does not resolve` and pointed at software.library_path, on a CPU queue. It is the program's own check now, and
+    every node failing it stops the job (no node fixes it)."""
+    from toolkit.node.loader_check import program_facts
+
+    missing = str(tmp_path / "nope.sh")
+    facts = program_facts(missing)
+    assert [(f["library"], f["detail"]) for f in facts] == [("program", f"{missing} does not exist on this node")]
+    [check] = preflight.loader_checks({"libraries": facts})
+    assert (check.name, check.status) == ("program", "FAIL") and "launcher.program" in check.fix
+    assert "libnccl" not in check.detail and "library_path" not in check.fix
+    assert decide({"n1": [{"name": check.name}]}, ["n1"], spares=0, requeue=True, requeues_so_far=0)[0] == "stop"
+
+
 def test_a_jobs_records_are_its_own_and_a_sweep_tasks_are_read_from_the_sweep_dir(tmp_path):
     from toolkit.rundir import RunDir
 

@@ -126,6 +126,8 @@ def is_script(path):
 def program_facts(program):
     """Every library the program needs that is NCCL or MPI, or that the loader does not find."""
     wanted_by = "ld.so trace of " + program
+    if not os.path.isfile(program):  # the job's own program, not a library: its own check (preflight.loader_checks)
+        return [entry("program", wanted_by, error="{} does not exist on this node".format(program))]
     if is_script(program):
         return [entry("libnccl", wanted_by, error="{} is a script: no loader trace".format(program),
                       applicable=False)]

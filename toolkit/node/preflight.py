@@ -114,6 +114,11 @@ def loader_checks(facts: dict | None) -> list:
     for lib in facts.get("libraries", []):
         if lib["resolves"] is None:
             continue
+        if lib["library"] == "program":  # the job's program itself is missing: no library's fault
+            checks.append(_check("program", "FAIL", lib.get("detail") or "the job's program is missing",
+                                 "the recipe's launcher.program (or the program you ran) must be a file every node "
+                                 "sees: a path on the shared file system, spelled as it is there"))
+            continue
         where = f" ({lib['path']})" if lib.get("path") else ""
         checks.append(_check(
             f"loader:{lib['library']}", "ok" if lib["resolves"] else "FAIL",
@@ -323,8 +328,9 @@ def decide(failed: dict[str, list[dict]], nodes: Sequence[str], spares: int, req
     if len(nodes) > 1 and len(failed) == len(nodes):
         # the job's environment or the queue's, which no other node fixes
         return "stop", "every node fails: the job's environment or the queue's, not a node's"
-    if len(failed) == len(nodes) and all(c["name"].startswith("loader:") for cs in failed.values() for c in cs):
-        return "stop", "what the job loads does not resolve in its environment (its set-up's doing on any node)"
+    if len(failed) == len(nodes) and all(c["name"].startswith("loader:") or c["name"] == "program"
+                                         for cs in failed.values() for c in cs):
+        return "stop", "what the job runs or loads is missing in its environment (its set-up's doing on any node)"
     if not requeue:
         return "stop", "a benchmark is not requeued"
     if room is not None and room < len(nodes):
