@@ -61,6 +61,11 @@ PREFLIGHT = {"job": "7", "time": 100.0, "nodes": ["w1", "w2", "w3"],
                                 "written"}, {"name": "loader:libnccl", "status": "FAIL", "detail": "no libnccl"}]}}
 
 
+def test_a_missing_program_is_the_jobs_doing_not_the_nodes():
+    assert [ledger.preflight_kind(c) for c in ("program", "loader:libnccl", "gpus", "report")] == [
+        ledger.SOFTWARE, ledger.SOFTWARE, ledger.HARDWARE, ledger.LOST]
+
+
 def test_a_preflight_becomes_a_pass_per_node_and_a_strike_per_failed_check():
     got = ledger.preflight_records(PREFLIGHT, "p5.48xlarge")
     assert [(r["node"], r["verdict"], r["check"], r["kind"]) for r in got] == [

@@ -137,7 +137,8 @@ def record_finding(node: str, source: str, check: str, kind: str, evidence: str,
 
 def preflight_kind(check: str) -> str:
     """What a failed pre-flight check points at: what the job loads is software, the rest is the node's own."""
-    return SOFTWARE if check.startswith("loader:") else LOST if check == "report" else HARDWARE
+    # the job's own program missing is the job's doing, as what it loads is: never a strike against the node
+    return SOFTWARE if check.startswith("loader:") or check == "program" else LOST if check == "report" else HARDWARE
 
 
 def preflight_records(record: Mapping[str, Any], instance_type: Optional[str] = None) -> List[Dict[str, Any]]:
