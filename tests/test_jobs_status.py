@@ -46,3 +46,25 @@ def test_a_failed_jobs_status_names_its_first_failed_rank_and_how_to_read_its_li
     _stand_in_sacct(monkeypatch, "4242|COMPLETED|0:0|00:00:02|c[1-2]|None\n")  # a job that completed names none
     done = run_hpc("jobs", "status", "4242", "--json", env=env)
     assert done.returncode == 0 and "failed_rank" not in cli_json(done)
+
+
+def test_ctrl_c_while_following_keeps_the_job_id_and_says_the_job_goes_on(tmp_path, monkeypatch):
+    """A fault probe pressed Ctrl-C under `--wait --json`: the envelope was `data: null`, the id of a job still
+    running lost. (Stand-ins for the submission and its wait: what is tested is the CLI's answer to the interrupt.)"""
+    from toolkit.submit import submission
+
+    submitted = {"job_id": "77", "run_dir": str(tmp_path / "run"), "executor": "sbatch", "queue": "cpu", "nodes": 2,
+                 "ranks": 4, "warnings": []}
+
+    def interrupted(*_args, **_kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(submission, "submit", lambda request, progress=None: dict(submitted))
+    monkeypatch.setattr(submission, "wait", interrupted)
+    res = run_hpc("recipes", "submit", "resnet50", "--profile", "smoke", "--wait", "--json",
+                  env={**os.environ, "HPC_RUNS_DIR": str(tmp_path / "runs")})
+    assert res.returncode == 130
+    envelope = __import__("json").loads(res.stdout)
+    assert envelope["data"]["job_id"] == "77" and envelope["data"]["run_dir"] == submitted["run_dir"]
+    assert "stopped following job 77; it goes on" in envelope["error"]["message"]
+    assert "hpc jobs cancel 77" in envelope["error"]["fix"]

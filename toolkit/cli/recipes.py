@@ -278,7 +278,7 @@ def submit_request(request, dry_run: bool, wait: bool, as_json: bool, verbose: b
     info(f"submitted job {result['job_id']} ({result['nodes']} nodes, {result['ranks']} ranks) to queue "
          f"{result['queue']}\n  run dir: {result['run_dir']}\n  follow:  {result['follow']}")
     if wait:
-        result.update(submission.wait(result["job_id"], Path(result["run_dir"]), progress=info))
+        result.update(_follow(result, Path(result["run_dir"]), as_json))
         if result["state"] == State.COMPLETED:
             _print_outcome(result)
     emit(result, as_json, lambda r: f"{r['job_id']}" + (f" {r['state']}" if "state" in r else ""))
@@ -300,7 +300,7 @@ def _submit_sweep(request, sweeps: list[str], parallelism, dry_run: bool, wait: 
                   verbose: bool) -> None:
     from toolkit.slurm.status import State
     from toolkit.rundir import RunDir
-    from toolkit.submit import runs, submission, summary, sweep
+    from toolkit.submit import runs, summary, sweep
 
     _verbose_needs_dry_run(verbose, dry_run)
     plan = sweep.plan(request, sweeps, parallelism)
@@ -324,7 +324,7 @@ def _submit_sweep(request, sweeps: list[str], parallelism, dry_run: bool, wait: 
          f"  sweep dir: {result['run_dir']}\n"
          f"  follow:    {result['follow']}")
     if wait:
-        result.update(submission.wait(array_id, plan.sweep_dir, progress=info))
+        result.update(_follow(result, plan.sweep_dir, as_json))
         if result["state"] == State.COMPLETED:
             _print_outcome(result)
         else:
@@ -334,6 +334,22 @@ def _submit_sweep(request, sweeps: list[str], parallelism, dry_run: bool, wait: 
         for task in result["failed_tasks"]:
             info(f"task {task['job_id']} ended {task['state']}" + (f": see {task['log']}" if task["log"] else ""))
         raise fail(f"sweep {result['job_id']} ended {result['state']}: {len(result['failed_tasks'])} task(s) failed")
+
+
+def _follow(result: dict, run: Path, as_json: bool) -> dict:
+    """--wait: the job's end (submission.wait). Interrupted (Ctrl-C), the job goes on: the submission's data is
+    still reported (its id, its run dir: --json kept none), and how to follow or end it."""
+    from toolkit.errors import HpcError
+    from toolkit.submit import submission
+
+    try:
+        return submission.wait(result["job_id"], run, progress=info)
+    except KeyboardInterrupt:
+        job = result["job_id"]
+        emit(result, as_json, lambda r: f"{r['job_id']}")
+        raise HpcError(f"stopped following job {job}; it goes on (run dir {result['run_dir']})",
+                       fix=f"follow it with `hpc jobs status {job}` or `hpc jobs logs {job} --follow`; end it with "
+                           f"`hpc jobs cancel {job}`", exit_code=130) from None
 
 
 def _print_outcome(result: dict) -> None:
