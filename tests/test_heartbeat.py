@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 
@@ -247,3 +248,39 @@ def test_a_hang_named_on_evidence_is_a_strike_for_its_node_and_an_undecided_one_
     assert (record["node"], record["source"], record["check"], record["kind"], record["job"]) == \
         ("c2", "hang", "frozen-rank", "lost", "88")
     assert "rank 3 on node c2: step 7" in record["evidence"]
+
+
+def test_beats_that_cannot_be_written_are_no_evidence_of_a_hang(tmp_path, monkeypatch, capsys):
+    """A fault probe made the run dir read-only mid-job: every rank's beats went stale while all trained on, rank
+    0's watchdog judged all 4 hung, and only its failing hang.json write (a traceback) kept it from ending a healthy
+    job. Rank 0 knows its own writes fail: it judges no hang then, and again only once the others have had time to
+    write. A hang seen after that still ends the job. (Ending and stack collection are recorded, not done.)"""
+    directory = tmp_path / "heartbeats"
+    directory.mkdir()
+    other = heartbeat.Heartbeat(directory, rank=1)
+    other.step, other.progress = 3, time.time() - 60  # no progress for a minute: a hang, were the files right
+    other.write()
+    ended: list = []
+    monkeypatch.setattr(heartbeat, "end_job", lambda beats, job_id: ended.append(job_id))
+    monkeypatch.setattr(heartbeat, "collect_stacks", lambda *args, **kwargs: None)
+    monkeypatch.setattr(heartbeat, "record_hang", lambda found, job_id: 0)
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    rank0 = heartbeat.Heartbeat(directory, rank=0, interval=0.1, hang_timeout=0.5)
+
+    def read_only() -> None:
+        raise PermissionError(13, "Permission denied", str(rank0.path))
+
+    monkeypatch.setattr(rank0, "write", read_only)
+    rank0._write_quietly()
+    watchdog = threading.Thread(target=rank0._watch, daemon=True)
+    watchdog.start()
+    time.sleep(1.0)
+    assert ended == [] and not (tmp_path / heartbeat.HANG_FILE).exists()
+    assert "the heartbeats cannot be written" in capsys.readouterr().err
+    monkeypatch.undo()  # writes work again (and the stand-ins go: put them back)
+    monkeypatch.setattr(heartbeat, "end_job", lambda beats, job_id: ended.append(job_id))
+    monkeypatch.setattr(heartbeat, "collect_stacks", lambda *args, **kwargs: None)
+    monkeypatch.setattr(heartbeat, "record_hang", lambda found, job_id: 0)
+    rank0._write_quietly()
+    watchdog.join(timeout=10)
+    assert ended == [None] and (tmp_path / heartbeat.HANG_FILE).exists()

@@ -143,6 +143,7 @@ class Heartbeat:
         self._wake = threading.Event()  # set by beat(): a new step to write
         self._woken = False  # beat() already woke the writer for a step it has not written yet
         self._written = time.monotonic()
+        self._write_error: str | None = None  # why this rank's last write failed; None once one succeeds
         self._stack_file: IO | None = None
 
     @classmethod
@@ -230,8 +231,10 @@ class Heartbeat:
     def _write_quietly(self) -> None:
         try:
             self.write()
-        except OSError:  # a shared file system's hiccup must not end the training
+            self._write_error = None
+        except OSError as exc:  # a shared file system's hiccup must not end the training
             self._written = time.monotonic()  # tried: the next try waits its turn, not a busy loop
+            self._write_error = f"{type(exc).__name__}: {exc}"
 
     def _watch(self) -> None:
         """Rank 0: once a rank has made no progress for the hang timeout, collect stacks, record the diagnosis in
@@ -239,7 +242,19 @@ class Heartbeat:
         hang_timeout = self.hang_timeout
         if hang_timeout is None:  # started only with a timeout
             return
+        said, judge_from = False, 0.0
         while not self._stop.wait(self.interval):
+            if self._write_error:  # this rank goes on but cannot write its beats: the files are no evidence
+                if not said:  # (a fault probe: the run dir made read-only, and every rank looked hung)
+                    sys.stderr.write(f"hpc: hang: the heartbeats cannot be written in {self.directory} "
+                                     f"({self._write_error}): no hang is judged until they can\n")
+                    said = True
+                # once they can again, the other ranks' next writes (each interval at the latest) come first
+                judge_from = time.monotonic() + 2 * self.interval
+                continue
+            said = False
+            if time.monotonic() < judge_from:
+                continue
             found = diagnose(read_beats(self.directory), time.time(), hang_timeout)
             if found.stopped:
                 break
@@ -256,7 +271,11 @@ class Heartbeat:
         found = diagnose(read_beats(self.directory), time.time(), hang_timeout, read_stacks(self.directory))
         record = {"time": time.time(), "hang_timeout_s": self.hang_timeout, "lines": found.lines(),
                   **found.to_json()}
-        (self.directory.parent / HANG_FILE).write_text(json.dumps(record, indent=1) + "\n")
+        try:
+            (self.directory.parent / HANG_FILE).write_text(json.dumps(record, indent=1) + "\n")
+        except OSError as exc:  # the job still ends: its log keeps the diagnosis
+            sys.stderr.write(f"hpc: hang: could not record the diagnosis in {self.directory.parent / HANG_FILE}: "
+                             f"{exc}\n")
         for line in found.lines():
             sys.stderr.write(f"hpc: hang: {line}\n")
         sys.stderr.write(f"hpc: hang: ending the job: no progress for {self.hang_timeout:g} s (HPC_HANG_TIMEOUT); "
