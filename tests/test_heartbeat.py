@@ -284,3 +284,21 @@ def test_beats_that_cannot_be_written_are_no_evidence_of_a_hang(tmp_path, monkey
     rank0._write_quietly()
     watchdog.join(timeout=10)
     assert ended == [None] and (tmp_path / heartbeat.HANG_FILE).exists()
+
+
+def test_a_hang_timeout_for_a_program_that_writes_no_heartbeats_is_warned_of(tmp_path):
+    """A fault probe set --hang-timeout 15 on a program that never beats and stopped a rank for 35 s: nothing
+    happened, and nothing had said it would. Our workloads that beat are listed; the list is held to their code."""
+    from toolkit.job.spec import heartbeat_warnings
+    from toolkit.launchers.trainer import BEATING_WORKLOADS
+    from toolkit.recipes.load import load_recipe
+    from tests.jobhelpers import probe_recipe
+
+    beating = {f"toolkit.workloads.{p.stem}" for p in (REPO / "toolkit" / "workloads").glob("*.py")
+               if "heartbeat.beat(" in p.read_text()}
+    assert set(BEATING_WORKLOADS) == beating
+    assert heartbeat_warnings(load_recipe("resnet50", overrides=["resources.hang_timeout_s=15"])) == []
+    probe = probe_recipe(tmp_path)
+    assert heartbeat_warnings(load_recipe(str(probe))) == []  # no timeout: nothing to warn of
+    [warning] = heartbeat_warnings(load_recipe(str(probe), overrides=["resources.hang_timeout_s=15"]))
+    assert "hang timeout (15 s) works from the ranks' heartbeats" in warning and "beat(step)" in warning

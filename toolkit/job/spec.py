@@ -322,6 +322,19 @@ def software_env(recipe: Recipe, root: str, run_dir: str) -> SoftwareEnv:
                        container=resolve(software.container, root, run_dir) if software.container else None)
 
 
+def heartbeat_warnings(recipe: Recipe) -> list[str]:
+    """A hang timeout works from the ranks' heartbeats: a program that writes none never shows a hang (a fault
+    probe stopped a rank of one for 35 s past its 15 s timeout, and nothing happened)."""
+    from toolkit.launchers.trainer import BEATING_WORKLOADS
+
+    timeout, launcher = recipe.resources.hang_timeout_s, recipe.launcher
+    if not timeout or (launcher.kind == "python-module" and launcher.module in BEATING_WORKLOADS):
+        return []
+    return [f"the hang timeout ({timeout} s) works from the ranks' heartbeats, and hpc knows of none that "
+            f"{recipe.name}'s program writes: unless it calls beat(step) each step (`from hpc_node.heartbeat "
+            "import beat`: docs/resilience.md), no hang is ever seen"]
+
+
 def job_spec(recipe: Recipe, target: Target, nodes: int | None = None, *, profile: str | None = None,
              run_dir: str | None = None) -> JobSpec:
     """The scheduler-neutral job for `recipe` on `nodes` nodes of `target`; build_job_spec adds Slurm's part."""
@@ -336,6 +349,7 @@ def job_spec(recipe: Recipe, target: Target, nodes: int | None = None, *, profil
     prepare = prepare_step(recipe, where.paths.get("data"))
     command, launch = rank_command(recipe, root, res.nodes, res.tasks, where.positional, args, res.device, res.threads)
     advice, warnings = advise(launcher_of(recipe.launcher), args, recipe.scaling, where.paths.get("data"), res.world)
+    warnings = [*warnings, *heartbeat_warnings(recipe)]
     launcher = recipe.launcher
     return JobSpec(
         job_name=job_name, recipe=recipe.name, profile=profile, partition=target.name,

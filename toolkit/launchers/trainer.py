@@ -16,6 +16,9 @@ from toolkit.launchers import torchrun
 from toolkit.launchers.base import PYTORCH_JOB, DeviceForm, Launcher
 
 OUR_TRAINERS = "toolkit.workloads."  # modules that take DEVICE_FLAGS (a user's module gets none)
+# Our workloads that beat each step (toolkit.node.heartbeat.beat): a hang timeout sees their hangs; any other
+# program's only where it calls beat() itself (tests/test_heartbeat.py holds the list to their sources).
+BEATING_WORKLOADS = ("toolkit.workloads.resnet", "toolkit.workloads.collectives")
 DEVICE_FLAGS = ("--device", "--backend", "--threads")
 # the ResNet trainer's --loader values that need CUDA (toolkit.workloads.resnet_loaders)
 GPU_LOADERS = ("gpu", "dali")
