@@ -47,12 +47,16 @@ STALL_AFTER_S = 120.0
 SLURM_JOB_ID = re.compile(r"^\d+(_\d+)?(\+\d+)?$")
 
 
-def not_a_job_id(job_id: str, roots: list[Path]) -> UsageError:
-    """The error for an id that no run dir records and that Slurm could not know either (a typo, a name)."""
-    where = ", ".join(str(r) for r in roots)
-    return UsageError(f"{job_id!r} is not a job id: Slurm's are numbers (1234; an array task 1234_5), and no run "
-                      f"in {where} answers to it",
-                      fix="copy the id from `hpc jobs list` (or from what `hpc recipes submit` printed)")
+def find_run(job_id: str, root: Path | None) -> RunDir | None:
+    """The run dir that records `job_id` (None: Slurm may still know the job); a usage error for an id that no run
+    dir records and that Slurm could not know either (a typo, a name)."""
+    roots = [root] if root else reader_roots()
+    run = rundir.find_run(job_id, roots)
+    if run is None and not SLURM_JOB_ID.match(job_id):
+        raise UsageError(f"{job_id!r} is not a job id: Slurm's are numbers (1234; an array task 1234_5), and no "
+                         f"run in {', '.join(str(r) for r in roots)} answers to it",
+                         fix="copy the id from `hpc jobs list` (or from what `hpc recipes submit` printed)")
+    return run
 
 
 def progress(run: RunDir, job_id: str | None, running: bool, stall_after_s: float | None = None,
@@ -90,7 +94,7 @@ def state_from_run_dir(run: RunDir) -> State:
 
 
 def status(job_id: str, root: Path | None = None) -> RunStatus:
-    run = rundir.find_run(job_id, root or reader_roots())
+    run = find_run(job_id, root)
     meta = (run.metadata() if run else None) or Metadata()
     if run is not None and meta.kind == SWEEP:
         return sweep_status(job_id, run, meta)
@@ -108,8 +112,6 @@ def status(job_id: str, root: Path | None = None) -> RunStatus:
         return dataclasses.replace(base, state=array_state(tasks), source=tasks[0].source,
                                    tasks=state_counts(tasks), requeues=sum(t.requeues for t in tasks))
     if run is None:
-        if not SLURM_JOB_ID.match(job_id):
-            raise not_a_job_id(job_id, [root] if root else reader_roots())
         from toolkit.slurm.commands import check_controller
 
         check_controller(f"cannot tell whether job {job_id} exists")
@@ -256,10 +258,7 @@ def cancel(job_id: str, root: Path | None = None) -> list[str]:
     machine for the local executor. Returns the ids ended."""
     from toolkit.target import target_for
 
-    run = rundir.find_run(job_id, root or reader_roots())
-    if run is None and not SLURM_JOB_ID.match(job_id):  # scancel would say only "Invalid job id"
-        raise not_a_job_id(job_id, [root] if root else reader_roots())
-    ids, meta = _cancel_ids(job_id, run)
+    ids, meta = _cancel_ids(job_id, find_run(job_id, root))  # a typo: scancel would say only "Invalid job id"
     target_for(meta.executor or Executor.SLURM).cancel(ids)
     return ids
 
@@ -283,9 +282,7 @@ def rank_lines(job_id: str, rank: int, stream: str = "out", keep_following: bool
 
 
 def _run_of(job_id: str, root: Path | None) -> RunDir:
-    run = rundir.find_run(job_id, root or reader_roots())
-    if run is None and not SLURM_JOB_ID.match(job_id):
-        raise not_a_job_id(job_id, [root] if root else reader_roots())
+    run = find_run(job_id, root)
     if run is None:
         raise HpcError(f"no run dir records job {job_id}", fix="check the id with `hpc jobs list`")
     return run
