@@ -7,12 +7,15 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from toolkit.errors import HpcError
 from toolkit.submit.plan import SubmitRequest, execute, plan
 
-__all__ = ["SubmitRequest", "submit", "wait"]
+if TYPE_CHECKING:
+    from toolkit.rundir import RunDir
+
+__all__ = ["SubmitRequest", "culprit", "failure_message", "submit", "wait"]
 
 
 def submit(request: SubmitRequest, progress: Callable[[str], None] = lambda _m: None) -> dict[str, Any]:
@@ -71,7 +74,7 @@ def wait(job_id: str, run: Path, progress: Callable[[str], None], poll_s: float 
     return outcome
 
 
-def culprit(job_id: str, ended: Any) -> dict[str, Any]:
+def culprit(job_id: str, ended: RunDir) -> dict[str, Any]:
     """What a job that did not complete says of why (`ended`: its RunDir): its first failed rank, read once (the
     rendered script's: from its one log), and that rank's log as RunDir.failed_rank_log chooses it, whatever
     executor ran the job; or the pre-flight that stopped it."""
