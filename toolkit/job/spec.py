@@ -157,7 +157,6 @@ def time_seconds(text: str) -> int:
     return ((int(days) * 24 + hours) * 60 + minutes) * 60 + seconds
 
 
-
 @dataclasses.dataclass(frozen=True)
 class Target:
     """The nodes a job runs on, as the spec needs them: a Slurm queue (queue_target) or a Kubernetes node type
