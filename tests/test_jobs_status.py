@@ -68,3 +68,14 @@ def test_ctrl_c_while_following_keeps_the_job_id_and_says_the_job_goes_on(tmp_pa
     assert envelope["data"]["job_id"] == "77" and envelope["data"]["run_dir"] == submitted["run_dir"]
     assert "stopped following job 77; it goes on" in envelope["error"]["message"]
     assert "hpc jobs cancel 77" in envelope["error"]["fix"]
+
+
+def test_a_job_slurm_knows_without_its_run_dir_here_says_what_is_not_read(tmp_path, monkeypatch):
+    """A fault probe deleted a running job's run dir: status said COMPLETED and dropped the run's lines without a
+    word."""
+    _stand_in_sacct(monkeypatch, "4243|COMPLETED|0:0|00:00:02|c1|None\n")
+    (tmp_path / "runs").mkdir()
+    res = run_hpc("jobs", "status", "4243", env={**os.environ, "HPC_RUNS_DIR": str(tmp_path / "runs")})
+    assert res.returncode == 0 and "job 4243: COMPLETED" in res.stdout
+    assert f"no run dir in {tmp_path / 'runs'} records job 4243: its logs, heartbeats and result are not read" \
+        in res.stderr

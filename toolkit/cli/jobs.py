@@ -104,6 +104,11 @@ def status(job_id: str = typer.Argument(..., help="Slurm job id (an array task: 
             s = runs.status(job_id)
             if s.done:  # accounting has not caught up with the requeue yet: the controller holds it pending
                 s = dataclasses.replace(s, state=State.PENDING, source="scontrol")
+    if s.run_dir is None:  # Slurm knows the job; its run dir is elsewhere, or was deleted (a fault probe)
+        from toolkit.submit.runsroot import reader_roots
+
+        warn(f"no run dir in {', '.join(str(r) for r in reader_roots())} records job {s.job_id}: its logs, "
+             "heartbeats and result are not read (set HPC_RUNS_DIR to where it was submitted from)")
     data = dataclasses.asdict(s)
     run = RunDir(Path(s.run_dir)) if s.run_dir and not s.tasks else None
     network = run_network(run) if run else None
