@@ -79,3 +79,17 @@ def test_a_job_slurm_knows_without_its_run_dir_here_says_what_is_not_read(tmp_pa
     assert res.returncode == 0 and "job 4243: COMPLETED" in res.stdout
     assert f"no run dir in {tmp_path / 'runs'} records job 4243: its logs, heartbeats and result are not read" \
         in res.stderr
+
+
+def test_a_python_traceback_on_the_failed_rank_is_named_by_its_exception_line(tmp_path, monkeypatch):
+    """A fault probe's rank 1 raised KeyError: the failure named the rank and the log, not the error."""
+    run = RunDir(tmp_path / "runs" / "probe-y").create()
+    run.write_metadata(Metadata.from_json({"recipe": "probe", "executor": "sbatch", "job_ids": ["4244"], "nodes": 2,
+                                           "ranks": 4}))
+    (run.path / "probe-4244.out").write_text(
+        "0: step 1\n1: Traceback (most recent call last):\n1:   File \"/fsx/train.py\", line 9, in <module>\n"
+        "1:     batch = sizes['b']\n1:             ~~~~~^^^^^\n1: KeyError: 'b'\n0: KeyError: 'not rank 1'\n"
+        "srun: error: c1: task 1: Exited with exit code 1\nsrun: error: c1: task 0: Terminated\n")
+    _stand_in_sacct(monkeypatch, "4244|FAILED|1:0|00:00:02|c[1-2]|None\n")
+    res = run_hpc("jobs", "status", "4244", env={**os.environ, "HPC_RUNS_DIR": str(tmp_path / "runs")})
+    assert res.returncode == 1 and "job 4244 ended FAILED: rank 1 failed first: KeyError: 'b' (see " in res.stderr

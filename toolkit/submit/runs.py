@@ -153,7 +153,23 @@ def failure_reason(log: str, task: int | None = None) -> str | None:
         return None
     if task is not None:
         lines = list(rundir.task_lines(lines, task))
-    return next((line.removeprefix("hpc: error: ") for line in lines if line.startswith("hpc: error: ")), None)
+    said = next((line.removeprefix("hpc: error: ") for line in lines if line.startswith("hpc: error: ")), None)
+    return said or python_error(lines)
+
+
+# The line a Python traceback ends with: the exception and its message (`KeyError: 'b'`, `torch.OutOfMemoryError:
+# CUDA out of memory ...`), after the frames' indented lines.
+EXCEPTION_LINE = re.compile(r"^(?:[A-Za-z_][\w.]*\.)?[A-Za-z_]\w*(?:Error|Exception|Interrupt|Exit)\b(?::.*)?$")
+
+
+def python_error(lines: list[str]) -> str | None:
+    """The exception line of the last Python traceback in a rank's lines, if any (a fault probe: rank 1's
+    KeyError was in its log, and --wait named the rank and the log but not the error)."""
+    start = max((i for i, line in enumerate(lines) if line.startswith("Traceback (most recent call last):")),
+                default=None)
+    if start is None:
+        return None
+    return next((line.strip() for line in lines[start + 1:] if EXCEPTION_LINE.match(line.strip())), None)
 
 
 # -- sweeps: job arrays, a run dir per task (toolkit.submit.sweep) -----------------------------------------------
