@@ -141,15 +141,16 @@ def submit_json(*args: str, env: dict[str, str], cwd: str | Path | None = None, 
     return cli_json(res)
 
 
-def wait_until(predicate, timeout: float, what: str, poll_s: float = 0.3):
-    """predicate()'s first true value, polled until `timeout` seconds; an AssertionError naming `what` after."""
+def wait_until(predicate, timeout: float, what: str, poll_s: float = 0.3, describe=None):
+    """predicate()'s first true value, polled until `timeout` seconds; an AssertionError naming `what` after
+    (and what `describe()` says of the state then: a CI failure is read from its message alone)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         value = predicate()
         if value:
             return value
         time.sleep(poll_s)
-    raise AssertionError(f"timed out waiting for {what}")
+    raise AssertionError(f"timed out waiting for {what}" + (f": {describe()}" if describe else ""))
 
 
 def free_port(span: int = 1) -> int:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import re
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -73,6 +74,7 @@ def starts(run: Path) -> int:
 def interrupted(slurm_sandbox, tmp_path_factory):
     """Both runs submitted at once, each requeued by scontrol early on, then sent the stop signal once more."""
     tmp = tmp_path_factory.mktemp("requeue")
+    began = time.monotonic()
     env = dict(slurm_env(slurm_sandbox), HPC_RUNS_DIR=str(tmp / "runs"))
     # submitit's side (--executor slurm): its checkpoint-and-requeue, and its per-rank logs, are what this reads
     # (the rendered script's trap: test_rendered_script_stops_saves_and_requeues_on_the_batch_shells_signal)
@@ -96,14 +98,31 @@ def interrupted(slurm_sandbox, tmp_path_factory):
               roberta["job_id"]: lambda: "Loaded checkpoint" in roberta_log.read_text()
               and max(fairseq_updates(roberta_log)) >= roberta_before + 40}
 
+    def slurm_state(job_id: str) -> str:
+        return subprocess.run(["squeue", "-h", "-t", "all", "-j", job_id, "-o", "%T %r %M"], env=env,
+                              capture_output=True, text=True, timeout=60).stdout.strip() or "gone from squeue"
+
     def signal_the_ready_ones() -> bool:
         for job_id, ready in list(reruns.items()):
             if ready():
                 subprocess.run(["scancel", "--signal=USR2", job_id], env=env, check=True, timeout=30)
                 del reruns[job_id]
+            elif slurm_state(job_id).split()[0] in (*ENDED, "gone"):  # said now, not after the whole wait
+                raise AssertionError(f"a job ended before its rerun was signalled: {where_they_are()}")
         return not reruns
 
-    wait_until(signal_the_ready_ones, 300, "both reruns")
+    def where_they_are() -> str:
+        said = {resnet["job_id"]: f"resnet (requeued at step {resnet_before}): {starts(resnet_run)} starts, last "
+                f"step {(train_steps(resnet_run) or [{'step': None}])[-1]['step']}",
+                roberta["job_id"]: f"roberta (requeued at update {roberta_before}): "
+                f"{roberta_log.read_text().count('Loaded checkpoint')} loads, last update "
+                f"{max(fairseq_updates(roberta_log), default=None)}"}
+        queue = subprocess.run(["squeue", "-h", "-o", "%i %j %P %T %r %N"], env=env, capture_output=True,
+                               text=True, timeout=60).stdout.strip().replace("\n", " | ")
+        return "; ".join(f"{said[job_id]}, Slurm: {slurm_state(job_id)}" for job_id in reruns) + (
+            f"; after {time.monotonic() - began:.0f} s; the queue: {queue}")
+
+    wait_until(signal_the_ready_ones, 420, "both reruns", describe=where_they_are, poll_s=1)
     statuses = {name: final_status(env, job["job_id"]) for name, job in (("resnet", resnet), ("roberta", roberta))}
     return {"env": env, "tmp": tmp, "resnet": (resnet, resnet_before), "roberta": (roberta, roberta_before),
             "roberta_log": roberta_log, "statuses": statuses, "reference": reference}
