@@ -39,10 +39,10 @@ def test_a_failed_jobs_status_names_its_first_failed_rank_and_how_to_read_its_li
     env = {**os.environ, "HPC_RUNS_DIR": str(tmp_path / "runs")}
     res = run_hpc("jobs", "status", "4242", env=env)
     assert res.returncode == 1
-    assert (f"job 4242 ended FAILED: rank 1 failed first (see {log}; rank 1's lines: hpc jobs logs 4242 --rank 1)"
-            in res.stderr)
+    assert (f"job 4242 ended FAILED: rank 1 on c1 failed first (see {log}; rank 1's lines: hpc jobs logs 4242 "
+            "--rank 1)" in res.stderr)
     data = cli_json(run_hpc("jobs", "status", "4242", "--json", env=env))
-    assert (data["failed_rank"], data["failed_rank_log"]) == (1, str(log))
+    assert (data["failed_rank"], data["failed_node"], data["failed_rank_log"]) == (1, "c1", str(log))
     _stand_in_sacct(monkeypatch, "4242|COMPLETED|0:0|00:00:02|c[1-2]|None\n")  # a job that completed names none
     done = run_hpc("jobs", "status", "4242", "--json", env=env)
     assert done.returncode == 0 and "failed_rank" not in cli_json(done)
@@ -92,4 +92,4 @@ def test_a_python_traceback_on_the_failed_rank_is_named_by_its_exception_line(tm
         "srun: error: c1: task 1: Exited with exit code 1\nsrun: error: c1: task 0: Terminated\n")
     _stand_in_sacct(monkeypatch, "4244|FAILED|1:0|00:00:02|c[1-2]|None\n")
     res = run_hpc("jobs", "status", "4244", env={**os.environ, "HPC_RUNS_DIR": str(tmp_path / "runs")})
-    assert res.returncode == 1 and "job 4244 ended FAILED: rank 1 failed first: KeyError: 'b' (see " in res.stderr
+    assert res.returncode == 1 and "job 4244 ended FAILED: rank 1 on c1 failed first: KeyError: 'b' (see " in res.stderr

@@ -72,6 +72,7 @@ def test_the_launchers_records_and_the_first_failed_rank(tmp_path):
     _write(str(tmp_path), {"rank": 3, "host": "c2", "exit_code": 1, "argv0": "x", "finished_at": "2026-01-01T00:00:02"})
     _write(str(tmp_path), {"rank": 1, "host": "c1", "exit_code": 1, "argv0": "x", "finished_at": "2026-01-01T00:00:01"})
     assert sorted(f.rank for f in run.failures()) == [1, 3] and run.first_failed_rank() == 1 and run.failed()
+    assert run.first_failure() == (1, "c1")  # the node its record names
     _write(str(tmp_path), {"rank": 0, "host": "c1", "exit_code": 0, "argv0": "x", "finished_at": "t", "ok": True})
     assert run.result() == RankRecord(0, "c1", 0, "x", "t", ok=True)
     assert json.loads((tmp_path / "result.json").read_text())["ok"] is True
@@ -140,6 +141,7 @@ def test_the_rendered_scripts_first_failed_rank_is_the_first_task_srun_saw_exit(
         "srun: error: c1: tasks 0-1: Killed\nsrun: error: c2: task 3: Exited with exit code 3\n"
         "srun: error: c2: task 2: Exited with exit code 1\n")
     assert run.first_failed_rank("55") == 3 and run.failed_rank_log("55") == run.path / "probe-55.out"
+    assert run.first_failure("55") == (3, "c2")
     assert run.first_failed_rank() is None  # which job's log: not known without its id
     assert rundir.first_failed_task(["srun: error: c1: tasks [0-1]: Terminated"]) == 0
     assert rundir.first_failed_task(["no srun error here"]) is None

@@ -426,15 +426,22 @@ class RunDir:
         return [d for d in plan.get("derived") or [] if isinstance(d, dict)]
 
     def first_failed_rank(self, job_id: str | None = None) -> int | None:
-        """The rank that failed first (ranks killed after it by srun --kill-on-bad-exit are not it). Records
-        carry whole seconds: within one, a rank that ended on its own comes before one ended by SIGTERM, which is
-        how srun ends the others once one fails (a slow rank 0 killed before it reached its own error). Without
-        records (the rendered script's ranks write none), srun's own word in the job's one log (`job_id`)."""
+        """The rank that failed first: first_failure()'s rank."""
+        found = self.first_failure(job_id)
+        return found[0] if found else None
+
+    def first_failure(self, job_id: str | None = None) -> tuple[int, str | None] | None:
+        """The rank that failed first and its node (None where unrecorded), or None. Ranks killed after it by srun
+        --kill-on-bad-exit are not it. Records carry whole seconds: within one, a rank that ended on its own
+        comes before one ended by SIGTERM, which is how srun ends the others once one fails (a slow rank 0 killed
+        before it reached its own error). Without records (the rendered script's ranks write none), srun's own
+        word in the job's one log (`job_id`)."""
         ranked = [f for f in self.failures() if isinstance(f.rank, int)]
         if not ranked:
             log = self.job_output(job_id) if job_id else None
-            return first_failed_task(_read(log).splitlines()) if log else None
-        return min(ranked, key=lambda f: (f.finished_at or "", f.exit_code == -SIGTERM, f.rank)).rank
+            return first_failed_task_on_node(_read(log).splitlines()) if log else None
+        first = min(ranked, key=lambda f: (f.finished_at or "", f.exit_code == -SIGTERM, f.rank))
+        return (first.rank, first.host) if isinstance(first.rank, int) else None
 
     # -- sweeps -----------------------------------------------------------------------------------------------
 
@@ -521,11 +528,18 @@ def task_lines(lines: Iterable[str], task: int) -> Iterator[str]:
 
 
 def first_failed_task(lines: Iterable[str]) -> int | None:
-    """The first task srun reports as ended badly in a job's log (`srun: error: c2: task 3: Exited with exit code
-    3`, toolkit.node.spares.TASK_FAILED, as Slurm 22.05 to 26.05 print it): the first that exited by itself,
-    before any that srun killed (`tasks 0-2: Killed`) once one had failed; None where srun reported none. srun
-    prints these from its _task_finish (SchedMD/slurm src/plugins/launch/slurm/launch_slurm.c): an exit as an
-    error, a signal only while the step is not being cancelled, so the first error line is the first failure."""
+    """The first task srun reports as ended badly in a job's log: first_failed_task_on_node()'s task."""
+    found = first_failed_task_on_node(lines)
+    return found[0] if found else None
+
+
+def first_failed_task_on_node(lines: Iterable[str]) -> tuple[int, str] | None:
+    """The first task srun reports as ended badly in a job's log, and its node (`srun: error: c2: task 3: Exited
+    with exit code 3`, toolkit.node.spares.TASK_FAILED, as Slurm 22.05 to 26.05 print it): the first that exited
+    by itself, before any that srun killed (`tasks 0-2: Killed`) once one had failed; None where srun reported
+    none. srun prints these from its _task_finish (SchedMD/slurm src/plugins/launch/slurm/launch_slurm.c): an exit
+    as an error, a signal only while the step is not being cancelled, so the first error line is the first
+    failure."""
     from toolkit.node.spares import TASK_EXITED, TASK_FAILED
 
     killed = None
@@ -533,7 +547,7 @@ def first_failed_task(lines: Iterable[str]) -> int | None:
         found = TASK_FAILED.match(line.strip())
         if not found:
             continue
-        task = int(re.findall(r"\d+", found["tasks"])[0])
+        task = (int(re.findall(r"\d+", found["tasks"])[0]), found["node"])
         if TASK_EXITED.match(found["what"]):
             return task
         killed = task if killed is None else killed

@@ -78,9 +78,9 @@ def culprit(job_id: str, ended: RunDir) -> dict[str, Any]:
     """What a job that did not complete says of why (`ended`: its RunDir): its first failed rank, read once (the
     rendered script's: from its one log), and that rank's log as RunDir.failed_rank_log chooses it, whatever
     executor ran the job; or the pre-flight that stopped it."""
-    rank = ended.first_failed_rank(job_id)
+    rank, node = ended.first_failure(job_id) or (None, None)
     log = ended.rank_log(job_id, rank or 0, "err")
-    found: dict[str, Any] = {"failed_rank_log": str(log) if log else None, "failed_rank": rank,
+    found: dict[str, Any] = {"failed_rank_log": str(log) if log else None, "failed_rank": rank, "failed_node": node,
                              # the rendered script's one log (every rank's lines, labelled): the failed rank's
                              # are read out of it
                              "failed_rank_log_shared": bool(log and ended.shares_log(job_id, log))}
@@ -92,17 +92,18 @@ def culprit(job_id: str, ended: RunDir) -> dict[str, Any]:
 
 def failure_message(job_id: str, state: str, found: dict[str, Any]) -> str:
     """One line for a job that did not complete, from culprit()'s findings: the pre-flight's verdict, else the
-    failed rank and its own error line, the log to read and the command that prints that rank's lines."""
+    failed rank, its node and its own error line, the log to read and the command that prints that rank's lines."""
     from toolkit.slurm.batchhost import failure_line
     from toolkit.submit.runs import failure_reason
 
-    log, rank = found.get("failed_rank_log"), found.get("failed_rank")
+    log, rank, node = found.get("failed_rank_log"), found.get("failed_rank"), found.get("failed_node")
     # the rendered script's one log, its ranks' lines labelled (a pre-flight's stop is no rank's failure)
     shared = rank is not None and found.get("failed_rank_log_shared") and not found.get("preflight")
     reason = failure_reason(log, rank if shared else None) if log else None
-    if shared:
-        reason = f"rank {rank} failed first" + (f": {reason}" if reason else "")
     if found.get("preflight"):
         reason = failure_line(found["preflight"])
+    elif rank is not None:
+        # its node too: a failure that follows a node from job to job is what the fleet ledger is for
+        reason = f"rank {rank}{f' on {node}' if node else ''} failed first" + (f": {reason}" if reason else "")
     lines = f"; rank {rank}'s lines: hpc jobs logs {job_id} --rank {rank}" if shared else ""
     return f"job {job_id} ended {state}" + (f": {reason}" if reason else "") + (f" (see {log}{lines})" if log else "")
