@@ -130,6 +130,23 @@ def test_a_failed_run_loses_its_tail_after_the_last_checkpoint(tmp_path, monkeyp
     assert found.segments[-1].kind == "downtime" and found.segments[-1].seconds == 2
 
 
+def test_a_run_whose_ranks_were_killed_is_signalled_not_failed(tmp_path, monkeypatch):
+    """A fault probe cancelled a job (scancel: SIGTERM to every rank): the ledger said "failed", Slurm CANCELLED.
+    Killed first, and no rank failed by itself: signalled (its tail still lost); one that did fail by itself, even
+    among killed ones, is still a failure."""
+    run = write_run(tmp_path, monkeypatch)
+    lines = (run.path / "logs" / "train_log.jsonl").read_text().splitlines()
+    (run.path / "logs" / "train_log.jsonl").write_text("\n".join(lines[:-1]) + "\n")
+    (run.path / "result.json").unlink()
+    for rank in (0, 1):
+        run.write_failure(RankRecord(rank=rank, host="c1", exit_code=-15, finished_at=iso(T0 + 57)))
+    found = ledger(run)
+    assert found.outcome == "signalled" and found.summary()["seconds"]["tail"] == 4
+    assert found.segments[-1].kind == "shutdown"
+    run.write_failure(RankRecord(rank=1, host="c1", exit_code=1, finished_at=iso(T0 + 57)))  # srun killed rank 0
+    assert ledger(run).outcome == "failed"
+
+
 def test_a_scripts_checkpoint_time_reaches_its_heartbeat(tmp_path):
     beat = Heartbeat(tmp_path, rank=0)
     beat.beat(1)

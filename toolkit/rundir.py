@@ -436,12 +436,16 @@ class RunDir:
         comes before one ended by SIGTERM, which is how srun ends the others once one fails (a slow rank 0 killed
         before it reached its own error). Without records (the rendered script's ranks write none), srun's own
         word in the job's one log (`job_id`)."""
-        ranked = [f for f in self.failures() if isinstance(f.rank, int)]
-        if not ranked:
+        first = self.first_failed_record()
+        if first is None or first.rank is None:
             log = self.job_output(job_id) if job_id else None
             return first_failed_task_on_node(_read(log).splitlines()) if log else None
-        first = min(ranked, key=lambda f: (f.finished_at or "", f.exit_code == -SIGTERM, f.rank))
-        return (first.rank, first.host) if isinstance(first.rank, int) else None
+        return first.rank, first.host
+
+    def first_failed_record(self) -> RankRecord | None:
+        """The record (failures/) of the rank that failed first, as first_failure() orders them; None without."""
+        ranked = [f for f in self.failures() if isinstance(f.rank, int)]
+        return min(ranked, key=lambda f: (f.finished_at or "", f.exit_code == -SIGTERM, f.rank or 0), default=None)
 
     # -- sweeps -----------------------------------------------------------------------------------------------
 

@@ -31,12 +31,13 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import re
+import signal
 from collections.abc import Iterable, Sequence
 from typing import Any
 
 from toolkit.launchers.base import number, whole_number as _int
 from toolkit.reports.training_logs import json_lines
-from toolkit.rundir import TRAINER_LOG, Metadata, RunDir, task_lines
+from toolkit.rundir import TRAINER_LOG, Metadata, RankRecord, RunDir, task_lines
 
 # The kinds of time, in the order a job meets them (the table's and the plot's order), with the plot's colour.
 KINDS: dict[str, tuple[str, str]] = {
@@ -57,6 +58,11 @@ KINDS: dict[str, tuple[str, str]] = {
 PAID_EXCLUDED = ("queue", "requeue")  # while pending the job holds no node
 COMPLETED = ("completed", "max_steps")
 STOPPED = "stopped"  # saved on a stop signal: nothing after its last step is lost
+# The rank that ended first was killed (SIGTERM, SIGKILL) and none failed by itself before it: scancel, the time
+# limit or a lost node ended the job; Slurm's state says which (`hpc jobs status`), the run dir does not. Its tail
+# is lost as a failure's is.
+SIGNALLED = "signalled"
+ENDED_BADLY = ("failed", SIGNALLED)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -130,7 +136,7 @@ class Ledger:
     end: float | None
     segments: list[Segment]
     faults: list[Fault]
-    outcome: str  # completed | stopped | failed | unknown
+    outcome: str  # completed | stopped | failed | signalled | unknown
     step_source: str | None
     missing: list[str]
     nodes_held: int | None = None
@@ -288,6 +294,13 @@ def attempts_of(events: Sequence[Event]) -> list[Attempt]:
     return attempts
 
 
+def _ended_by_a_signal(first: RankRecord | None) -> bool:
+    """Whether the rank that failed first was killed by SIGTERM or SIGKILL (a launcher's exit code: minus the
+    signal; a shell's: 128 plus it) rather than failing by itself."""
+    killed = (signal.SIGTERM, signal.SIGKILL)
+    return first is not None and first.exit_code in (*(-s for s in killed), *(128 + s for s in killed))
+
+
 def _heartbeat_checkpoints(run: RunDir) -> list[Event]:
     """A user script's saves as its heartbeat records them (beat(step, checkpoint=seconds)): its last one."""
     found = []
@@ -365,7 +378,7 @@ def _step_claims(attempts: list[Attempt], outcome: str) -> list[_Claim]:
     for index, attempt in enumerate(attempts):
         later = [r for r in resumes[index + 1:] if r is not None]
         redone_after = min(later) if later else None  # steps beyond this one were computed again later
-        tail_after = saved if index == len(attempts) - 1 and outcome == "failed" and saved is not None else None
+        tail_after = saved if index == len(attempts) - 1 and outcome in ENDED_BADLY and saved is not None else None
         previous: Event | None = None
         for step in attempt.steps:
             if previous is None:
@@ -464,6 +477,8 @@ def ledger(run: RunDir) -> Ledger:
         outcome = "completed"
     elif ends and ends[-1] == STOPPED:
         outcome = "stopped"
+    elif hang is None and _ended_by_a_signal(run.first_failed_record()):
+        outcome = SIGNALLED
     elif failures or (result is not None and not result.ok) or hang is not None or any(
             r.get("kind") == "gave_up" and not r.get("requeued") for r in restarts) or any(
             str(r.get("action", "")).startswith("stopped") for r in preflights):
@@ -542,7 +557,8 @@ def _gap(at: float, previous: _Claim | None, done: list[Segment], first_step: fl
     if not last and any(t > at for t in step_times):
         return "downtime"
     if last or not any(t > at for t in step_times):
-        return {"completed": "shutdown", STOPPED: "shutdown", "failed": "downtime"}.get(outcome, "unattributed")
+        return {"completed": "shutdown", STOPPED: "shutdown", SIGNALLED: "shutdown",
+                "failed": "downtime"}.get(outcome, "unattributed")
     return "unattributed"
 
 
