@@ -143,6 +143,10 @@ def test_a_run_whose_ranks_were_killed_is_signalled_not_failed(tmp_path, monkeyp
     found = ledger(run)
     assert found.outcome == "signalled" and found.summary()["seconds"]["tail"] == 4
     assert found.segments[-1].kind == "shutdown"
+    # our spares supervisor gave up and killed the ranks: a failure, whatever signal ended them
+    run.add_restart({"time": T0 + 56, "job_id": "9", "kind": "gave_up", "round": 2, "nodes": ["c1"]})
+    assert ledger(run).outcome == "failed"
+    (run.path / "restarts.jsonl").unlink()
     run.write_failure(RankRecord(rank=1, host="c1", exit_code=1, finished_at=iso(T0 + 57)))  # srun killed rank 0
     assert ledger(run).outcome == "failed"
 

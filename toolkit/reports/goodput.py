@@ -477,11 +477,12 @@ def ledger(run: RunDir) -> Ledger:
         outcome = "completed"
     elif ends and ends[-1] == STOPPED:
         outcome = "stopped"
-    elif hang is None and _ended_by_a_signal(run.first_failed_record()):
-        outcome = SIGNALLED
-    elif failures or (result is not None and not result.ok) or hang is not None or any(
-            r.get("kind") == "gave_up" and not r.get("requeued") for r in restarts) or any(
+    elif hang is not None or any(r.get("kind") == "gave_up" and not r.get("requeued") for r in restarts) or any(
             str(r.get("action", "")).startswith("stopped") for r in preflights):
+        outcome = "failed"  # our own watchdog, supervisor or pre-flight ended it (killing its ranks)
+    elif _ended_by_a_signal(run.first_failed_record()):
+        outcome = SIGNALLED
+    elif failures or (result is not None and not result.ok):
         outcome = "failed"
     else:
         outcome = "unknown"
