@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -188,6 +189,29 @@ def test_a_rank_writes_its_step_while_stuck_and_dumps_its_stacks_on_sigwinch_wit
     finally:
         rank.kill()
         rank.wait()
+
+
+def test_stacks_name_the_rank_that_did_not_answer(tmp_path):
+    """A fault probe stopped a rank (SIGSTOP) and asked for stacks: the others' were listed, the frozen one was
+    not named at all. (jobs status --stacks's reading: toolkit.submit.runs.progress, on real processes.)"""
+    from toolkit.rundir import RunDir
+    from toolkit.submit.runs import progress
+
+    ranks = start_ranks(tmp_path, [5, 5])
+    try:
+        wait_for(lambda: {b.rank for b in heartbeat.read_beats(tmp_path / "heartbeats") if b.step == 4} == {0, 1},
+                 20, "both ranks at step 4")
+        ranks[1].send_signal(signal.SIGSTOP)
+        found = progress(RunDir(tmp_path), None, running=True, stacks=True)
+        assert found is not None and list(found["stacks"]) == ["0"] and found["no_stack"] == [1]
+        from toolkit.cli.jobs import _progress_lines
+
+        assert any(line.startswith("  no stack from rank(s) 1: asked, they did not answer")
+                   for line in _progress_lines(found))
+    finally:
+        for rank in ranks:
+            rank.kill()
+            rank.wait()
 
 
 FREEZING_RANK = textwrap.dedent("""

@@ -40,6 +40,10 @@ def _progress_lines(progress: dict | None) -> list[str]:
                      f"newest heartbeat {progress['newest_beat_s']:.0f} s ago")
     lines += [f"  stalled: {line}" for line in progress["lines"]]
     lines += [f"  stack of rank {rank}: {path}" for rank, path in progress["stacks"].items()]
+    if progress.get("no_stack"):
+        silent = ", ".join(map(str, progress["no_stack"]))
+        lines.append(f"  no stack from rank(s) {silent}: asked, they did not answer (a process stopped, in "
+                     "uninterruptible I/O, or its node unreachable: see `ps -o stat` there, and `hpc cluster nodes`)")
     hang = progress["hang"]
     if hang:
         lines.append(f"  hang watchdog: ended the job after {hang['hang_timeout_s']:g} s without progress")

@@ -85,6 +85,9 @@ def progress(run: RunDir, job_id: str | None, running: bool, stall_after_s: floa
             "stall_after_s": after, "diagnosis": diagnosis.to_json() if diagnosis else None,
             "lines": diagnosis.lines() if diagnosis else [],
             "stacks": {str(rank): str(run.heartbeat_dir / f"rank-{rank}.stack") for rank in sorted(found or {})},
+            # asked and silent: faulthandler answers from its C signal handler even while C code holds the GIL,
+            # so such a rank is stopped (SIGSTOP), in uninterruptible I/O (D state), or its node is unreachable
+            "no_stack": sorted({b.rank for b in beats} - set(found)) if found is not None else [],
             "hang": hang}
 
 
