@@ -149,6 +149,9 @@ def test_torchrun_restarts_a_killed_worker_and_resumes_from_the_checkpoint(slurm
     assert len(resumed) == 1 and resumed[0] >= saved > 0
     restarted = [r for r in seen if r["event"] == "rank_env" and r["env"]["TORCHELASTIC_RESTART_COUNT"] == "1"]
     assert {r["host"] for r in restarted} >= {"c2"}  # the killed worker's node restarted its workers
+    # and --wait said so (torchrun itself logs it below its default level)
+    assert {"node": "c2", "restart": 1, "of": "2"} in result["torchrun_restarts"]
+    assert "torchrun restarted the workers (restart 1 of 2) after a worker on c2 failed" in err
     assert max(r["step"] for r in seen if r["event"] == "train") == 20
     assert job_gone(slurm_sandbox, result["job_id"]) and not strays(str(tmp_path))
 

@@ -487,6 +487,26 @@ class RunDir:
         output = self.job_output(job_id)
         return [p.name for p in found + ([output] if output else [])]
 
+    def torchrun_restarts(self, job_id: str) -> list[dict[str, Any]]:
+        """torchrun's restarts of a node's workers, as the job's logs say them (TORCHRUN_RESTART, written by
+        toolkit.job.user_main): {node, restart, of}, in the order they came, each once."""
+        meta = self.metadata() or Metadata()
+        logs = sorted(self.submitit_dir(meta).glob(f"{job_id}_*_log.err")) + [
+            p for p in [self.job_output(job_id)] if p]
+        found: list[dict[str, Any]] = []
+        for log in logs:
+            try:
+                with open(log, errors="replace") as lines:  # line by line: a long job's log can be large
+                    for line in lines:
+                        match = TORCHRUN_RESTART.search(line) if "hpc: torchrun restart" in line else None
+                        entry = match and {"node": match["node"], "restart": int(match["restart"]),
+                                           "of": match["of"]}
+                        if entry and entry not in found:
+                            found.append(entry)
+            except OSError:
+                continue  # a log being rotated or gone: what the others say still counts
+        return found
+
     def failed_rank_log(self, job_id: str) -> Path | None:
         """The log of the rank that failed first, rank 0's when no rank recorded a failure (stderr where the
         executor keeps it apart)."""
@@ -529,6 +549,10 @@ def task_lines(lines: Iterable[str], task: int) -> Iterator[str]:
             yield line
         elif int(label.group(1)) == task:
             yield line[label.end():]
+
+
+# toolkit.job.user_main.announce_restart's line (after srun's label in the rendered script's one log)
+TORCHRUN_RESTART = re.compile(r"hpc: torchrun restart (?P<restart>\d+) of (?P<of>\S+) on (?P<node>[^\s:]+):")
 
 
 def first_failed_task(lines: Iterable[str]) -> int | None:

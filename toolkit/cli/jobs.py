@@ -120,6 +120,7 @@ def status(job_id: str = typer.Argument(..., help="Slurm job id (an array task: 
     slurm_id = None if s.source == "local" else job_id  # a local run's id is a pid, not a Slurm job
     data["progress"] = run and runs.progress(run, slurm_id, s.state == State.RUNNING, stall_after, stacks)
     data["restarts"] = [r for r in run.restarts() if str(r.get("job_id")) == str(s.job_id)] if run else []
+    data["torchrun_restarts"] = run.torchrun_restarts(s.job_id) if run else []
     data["preflight"] = run.preflights(s.job_id) if run else []
     failure = None
     if run and s.done and s.state != State.COMPLETED:  # the same culprit `--wait` names
@@ -140,7 +141,10 @@ def status(job_id: str = typer.Argument(..., help="Slurm job id (an array task: 
             lines.append(f"  tasks: {sum(d['tasks'].values())}:{_task_counts(d)}")
         if d["network"]:
             lines.append(f"  network: {d['network']['label']} ({d['network']['evidence']})")
+        from toolkit.submit.submission import torchrun_restart_lines
+
         return "\n".join(lines + summary_lines(d["preflight"]) + _restart_lines(d["restarts"])
+                         + [f"  {line}" for line in torchrun_restart_lines(d["torchrun_restarts"])]
                          + _progress_lines(d["progress"]))
 
     emit(data, json_, human)

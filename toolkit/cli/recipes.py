@@ -343,13 +343,16 @@ def _follow(result: dict, run: Path, as_json: bool) -> dict:
     from toolkit.submit import submission
 
     try:
-        return submission.wait(result["job_id"], run, progress=info)
+        outcome = submission.wait(result["job_id"], run, progress=info)
     except KeyboardInterrupt:
         job = result["job_id"]
         emit(result, as_json, lambda r: f"{r['job_id']}")
         raise HpcError(f"stopped following job {job}; it goes on (run dir {result['run_dir']})",
                        fix=f"follow it with `hpc jobs status {job}` or `hpc jobs logs {job} --follow`; end it with "
                            f"`hpc jobs cancel {job}`", exit_code=130) from None
+    for line in submission.torchrun_restart_lines(outcome.get("torchrun_restarts") or []):
+        info(f"job {result['job_id']}: {line}")
+    return outcome
 
 
 def _print_outcome(result: dict) -> None:

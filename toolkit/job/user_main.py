@@ -19,6 +19,8 @@ The contract for user scripts (what torchrun gives a script, in both launcher st
     save and exit 75, and the job is requeued; otherwise it is ignored by the ranks, the job is requeued at
     once and the rerun resumes from the last periodic checkpoint.
   - A missing script or a module that cannot be found exits 1 with one line naming it, the node and Python.
+  - A torchrun restart of a node's workers is one line in the job's log (`hpc: torchrun restart N of M on NODE`),
+    which `hpc jobs status` and `--wait` report.
 """
 
 import os
@@ -66,6 +68,19 @@ def watch_rendezvous(timeout_s):
     dist.distributed_c10d.init_process_group = init_process_group
 
 
+def announce_restart():
+    """One line in the job's log when torchrun restarted this node's workers after one of them failed: torchrun
+    logs that only at INFO, below its default WARNING (torch/distributed/elastic/agent/server/api.py, "will
+    restart worker group"), so the job's log said nothing and the restart cost went unseen. The count is this
+    node's agent's (it goes up where the worker failed); local rank 0 speaks for the node."""
+    count = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    if count.isdigit() and int(count) > 0 and os.environ.get("LOCAL_RANK") == "0":
+        node = os.environ.get("SLURMD_NODENAME") or os.uname().nodename  # Slurm's name, where srun started it
+        sys.stderr.write(f"hpc: torchrun restart {count} of {os.environ.get('TORCHELASTIC_MAX_RESTARTS', '?')} "
+                         f"on {node}: this node's workers started again after one of them failed\n")
+        sys.stderr.flush()
+
+
 def main(argv):
     import runpy
 
@@ -86,6 +101,7 @@ def main(argv):
         script, args = target[0], target[1:]
         if not os.path.isfile(script):
             fail(f"script {script} does not exist on this node (it must be on a shared file system)")
+    announce_restart()
     watch_rendezvous(float(timeout_s))
     if target[0] == "-m":
         sys.argv = [module, *args]

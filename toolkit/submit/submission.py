@@ -15,7 +15,7 @@ from toolkit.submit.plan import SubmitRequest, execute, plan
 if TYPE_CHECKING:
     from toolkit.rundir import RunDir
 
-__all__ = ["SubmitRequest", "culprit", "failure_message", "submit", "wait"]
+__all__ = ["SubmitRequest", "culprit", "failure_message", "submit", "torchrun_restart_lines", "wait"]
 
 
 def submit(request: SubmitRequest, progress: Callable[[str], None] = lambda _m: None) -> dict[str, Any]:
@@ -68,6 +68,9 @@ def wait(job_id: str, run: Path, progress: Callable[[str], None], poll_s: float 
     mine = ended.preflights(job_id)
     if status.state != State.COMPLETED:
         outcome.update(culprit(job_id, ended))
+    restarts = ended.torchrun_restarts(job_id)
+    if restarts:
+        outcome["torchrun_restarts"] = restarts
     launches = [r for r in mine if r.get("stage") == LAUNCH]
     if launches:  # starts that never ran the batch script (toolkit.slurm.batchhost), whatever came after
         outcome["launch_failures"] = launches
@@ -107,3 +110,10 @@ def failure_message(job_id: str, state: str, found: dict[str, Any]) -> str:
         reason = f"rank {rank}{f' on {node}' if node else ''} failed first" + (f": {reason}" if reason else "")
     lines = f"; rank {rank}'s lines: hpc jobs logs {job_id} --rank {rank}" if shared else ""
     return f"job {job_id} ended {state}" + (f": {reason}" if reason else "") + (f" (see {log}{lines})" if log else "")
+
+
+def torchrun_restart_lines(restarts: list[dict[str, Any]]) -> list[str]:
+    """torchrun's restarts of the workers (RunDir.torchrun_restarts), a line each: completed or not, a job pays
+    for each in the steps it redid."""
+    return [f"torchrun restarted the workers (restart {r['restart']} of {r['of']}) after a worker on {r['node']} "
+            "failed" for r in restarts]
