@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import cli_json, REPO, free_port, run_hpc, slurm_env
+from tests.conftest import cli_json, REPO, free_port, run_hpc, slurm_env, wait_until
 from tests.test_own_code import DDP, PAYLOADS, strays
 from tests.test_plan_slurm import plan_file, same_but_run_dir
 
@@ -52,6 +52,14 @@ def job_gone(sandbox, job_id: str) -> bool:
     res = subprocess.run(["squeue", "-h", "-j", job_id, "-o", "%T"], capture_output=True, text=True,
                          env=slurm_env(sandbox), timeout=60)
     return res.stdout.strip() == ""
+
+
+def ends_cleanly(sandbox, job_id: str, tmp_path: Path) -> None:
+    """The job leaves the queue and leaves no process behind. Waited for: with accounting, sacct has the job's end
+    (what --wait reads) once its batch step ends, while squeue shows it COMPLETING until every node's processes
+    are gone (KillWait) and its epilog ran: a moment, which a loaded machine stretched past --wait's return."""
+    wait_until(lambda: job_gone(sandbox, job_id), 60, f"job {job_id} to leave the queue")
+    assert not strays(str(tmp_path))
 
 
 @pytest.mark.parametrize("launcher", ["script", "torchrun"])
@@ -153,7 +161,7 @@ def test_torchrun_restarts_a_killed_worker_and_resumes_from_the_checkpoint(slurm
     assert {"node": "c2", "restart": 1, "of": "2"} in result["torchrun_restarts"]
     assert "torchrun restarted the workers (restart 1 of 2) after a worker on c2 failed" in err
     assert max(r["step"] for r in seen if r["event"] == "train") == 20
-    assert job_gone(slurm_sandbox, result["job_id"]) and not strays(str(tmp_path))
+    ends_cleanly(slurm_sandbox, result["job_id"], tmp_path)
 
 
 def test_the_resnet_recipe_trains_under_torchrun(slurm_sandbox, tmp_path):
@@ -189,7 +197,7 @@ def test_a_module_missing_on_the_nodes_fails_wait_naming_the_ranks_log(slurm_san
     assert result["state"] == "FAILED"
     line = next(line for line in err.splitlines() if line.startswith(f"job {result['job_id']} ended FAILED"))
     assert "module 'no_such_pkg.train' cannot be imported" in line and result["failed_rank_log"] in line
-    assert job_gone(slurm_sandbox, result["job_id"]) and not strays(str(tmp_path))
+    ends_cleanly(slurm_sandbox, result["job_id"], tmp_path)
 
 
 def test_a_script_that_ignores_the_environment_ends_at_the_rendezvous_timeout(slurm_sandbox, tmp_path):
@@ -200,4 +208,4 @@ def test_a_script_that_ignores_the_environment_ends_at_the_rendezvous_timeout(sl
     assert time.monotonic() - start < 300  # not the 15-minute time limit
     result = cli_json(res)
     assert "init_process_group did not complete within 8 s" in err and result["state"] == "FAILED"
-    assert job_gone(slurm_sandbox, result["job_id"]) and not strays(str(tmp_path))
+    ends_cleanly(slurm_sandbox, result["job_id"], tmp_path)
