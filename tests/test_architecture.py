@@ -6,9 +6,11 @@ run dir (toolkit.rundir), no arrow points up a layer (UPWARD), and `hpc --help` 
 from __future__ import annotations
 
 import ast
+import functools
 import os
 import subprocess
 import sys
+from collections.abc import Mapping, Set as AbstractSet
 from pathlib import Path
 
 import pytest
@@ -48,7 +50,7 @@ def bench_imports_of(path: Path) -> set[str]:
     return {m for m in found if m == "testbench" or m.startswith("testbench.")}
 
 
-def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+def find_cycle(graph: Mapping[str, AbstractSet[str]]) -> list[str] | None:
     state: dict[str, int] = {}  # 1: on the current path, 2: done
 
     def visit(node: str, path: list[str]) -> list[str] | None:
@@ -67,13 +69,15 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
     return None
 
 
-def package_graph() -> dict[str, set[str]]:
-    """Each toolkit module -> the toolkit modules it imports (lazy imports included)."""
+@functools.lru_cache(maxsize=1)
+def package_graph() -> dict[str, frozenset[str]]:
+    """Each toolkit module -> the toolkit modules it imports (lazy imports included). Parsed once per test process
+    (every file's AST, some 200: read again by each of the ~30 layer checks, it was 100 s of the suite's time)."""
     files = {module_name(p): p for p in PACKAGE.rglob("*.py")}
-    return {name: imports_of(path, set(files)) for name, path in files.items()}
+    return {name: frozenset(imports_of(path, set(files))) for name, path in files.items()}
 
 
-def crossings(graph: dict[str, set[str]], importer: str, imported: str) -> list[str]:
+def crossings(graph: Mapping[str, AbstractSet[str]], importer: str, imported: str) -> list[str]:
     """Imports from a module of package `importer` of a module of package `imported`."""
     def inside(module: str, package: str) -> bool:
         return module == package or module.startswith(f"{package}.")

@@ -27,6 +27,7 @@ from toolkit.recipes.user import user_recipe
 DDP = REPO / "recipes" / "examples" / "ddp_train.py"
 PAYLOADS = REPO / "tests" / "payloads"
 VENV_BIN = str(Path(sys.executable).parent)
+SYSTEM_PYTHON = "/usr/bin/python3"  # this machine's own, outside the venv: it has nothing of ours (nor torch)
 
 
 def dry_run(*args: str, tmp_path: Path) -> dict:
@@ -222,32 +223,34 @@ def test_torchrun_and_its_ranks_outlive_the_time_limit_signal(tmp_path):
     assert "done 0" in out and "done 1" in out
 
 
-@pytest.mark.training
 def test_a_torchrun_restart_of_the_workers_is_one_line_in_the_log_that_status_reads(tmp_path):
     """A fault probe: torchrun restarted the workers and neither --wait nor `hpc jobs status` said so (torchrun
-    logs it at INFO, below its default level). Real torchrun on this machine, one node, a worker that fails once."""
+    logs it at INFO, below its default level). Each worker's first code (toolkit.job.user_main) under a Python with
+    nothing of ours, given the variables torchrun sets its workers (local_elastic_agent.py): a stand-in for
+    torchrun, whose real restart on the local Slurm is tests/test_own_code_slurm.py's."""
+    from toolkit.launchers.torchrun import user_main_code
     from toolkit.rundir import Metadata, RunDir
     from toolkit.submit.submission import torchrun_restart_lines
 
-    argv = rank_argv(str(PAYLOADS / "fails_once.py"), str(tmp_path / "marker"), nodes=1, style="torchrun",
-                     max_restarts=1)
-    env = dict(os.environ, PATH=VENV_BIN + os.pathsep + os.environ["PATH"],
-               PET_RDZV_ENDPOINT=f"127.0.0.1:{free_port()}", PET_RDZV_ID="restart", SLURMD_NODENAME="n7")
-    agent = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=120)
-    assert agent.returncode == 0, agent.stderr
-    assert "done 0 restart 1" in agent.stdout and "done 1 restart 1" in agent.stdout
-    node = "n7"  # Slurm's name for the node (srun sets SLURMD_NODENAME), not the host's
-    said = [line for line in agent.stderr.splitlines() if line.startswith("hpc: torchrun restart")]
-    assert said == [f"hpc: torchrun restart 1 of 1 on {node}: this node's workers started again after one of "
-                    "them failed"]  # once: local rank 0 speaks for the node
+    def worker(local_rank: int, restart: int) -> str:
+        env = {"PATH": os.environ["PATH"], "LOCAL_RANK": str(local_rank), "TORCHELASTIC_RESTART_COUNT": str(restart),
+               "TORCHELASTIC_MAX_RESTARTS": "2", "SLURMD_NODENAME": "c2"}
+        done = subprocess.run([SYSTEM_PYTHON, "-c", user_main_code(), "30", str(PAYLOADS / "print_env.py")],
+                              env=env, capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, done.stderr
+        return done.stderr
+
+    said = worker(0, 1)
+    assert said == "hpc: torchrun restart 1 of 2 on c2: this node's workers started again after one of them failed\n"
+    assert worker(1, 1) == "" and worker(0, 0) == ""  # local rank 0 speaks for its node, and only after a restart
     # as the rendered script's one log holds it (srun --label), read back for jobs status and --wait
     run = RunDir(tmp_path / "runs" / "own").create()
     run.write_metadata(Metadata(recipe="own", executor="sbatch", job_ids=["55"]))
-    (run.path / "own-55.out").write_text("".join(f"0: {line}\n" for line in agent.stderr.splitlines()))
-    assert run.torchrun_restarts("55") == [{"node": node, "restart": 1, "of": "1"}]
+    (run.path / "own-55.out").write_text(f"0: {said}1: {said}")
+    assert run.torchrun_restarts("55") == [{"node": "c2", "restart": 1, "of": "2"}]  # each restart once
     assert run.torchrun_restarts("56") == []
     assert torchrun_restart_lines(run.torchrun_restarts("55")) == [
-        f"torchrun restarted the workers (restart 1 of 1) after a worker on {node} failed"]
+        "torchrun restarted the workers (restart 1 of 2) after a worker on c2 failed"]
 
 
 # -- torchrun restarts (the torch 2.14.1 stale-store bug) ----------------------------------------------------------
