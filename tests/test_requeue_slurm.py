@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import cli_json, run_hpc, slurm_env, submit_json, wait_until
+from toolkit.rundir import RunDir
 from toolkit.workloads.train_log import read_log
 
 pytestmark = [pytest.mark.slurm, pytest.mark.training]
@@ -119,8 +120,12 @@ def interrupted(slurm_sandbox, tmp_path_factory):
                 f"{max(fairseq_updates(roberta_log), default=None)}"}
         queue = subprocess.run(["squeue", "-h", "-o", "%i %j %P %T %r %N"], env=env, capture_output=True,
                                text=True, timeout=60).stdout.strip().replace("\n", " | ")
-        return "; ".join(f"{said[job_id]}, Slurm: {slurm_state(job_id)}" for job_id in reruns) + (
-            f"; after {time.monotonic() - began:.0f} s; the queue: {queue}")
+        runs = {resnet["job_id"]: resnet_run, roberta["job_id"]: roberta_run}
+
+        def preflights(job_id: str) -> str:  # one that requeued the job without a node would leave it waiting
+            return ", ".join(str(r.get("action")) for r in RunDir(runs[job_id]).preflights(job_id)) or "none"
+        return "; ".join(f"{said[job_id]}, Slurm: {slurm_state(job_id)}, pre-flights: {preflights(job_id)}"
+                         for job_id in reruns) + f"; after {time.monotonic() - began:.0f} s; the queue: {queue}"
 
     wait_until(signal_the_ready_ones, 420, "both reruns", describe=where_they_are, poll_s=1)
     statuses = {name: final_status(env, job["job_id"]) for name, job in (("resnet", resnet), ("roberta", roberta))}
