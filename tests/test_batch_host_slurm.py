@@ -65,7 +65,10 @@ def test_jobs_status_names_the_batch_host_and_requeues_the_job_nobody_waits_for(
                                env=env, cwd=tmp_path))
         job_id = job["job_id"]
         wait_until(lambda: _squeue(slurm_sandbox, job_id) == "FAILED|JobLaunchFailure|w1", 60, "the failed launch")
-        status = run_hpc("jobs", "status", job_id, env=env)
+        # asked until it names the failed start: squeue (the controller) had the failure here while sacct (the
+        # accounting daemon, which `jobs status` asks first) still said PENDING for a moment (a full run, 29 Nov)
+        status = wait_until(lambda: (res := run_hpc("jobs", "status", job_id, env=env)).stdout.count(NAMED) and res,
+                            60, "jobs status to name the failed start")
         assert status.returncode == 0, status.stdout + status.stderr  # requeued: not ended
         assert f"  {NAMED} " in status.stdout and "then: requeued, excluding w1" in status.stdout
         assert status.stdout.split(" (from")[0] in (f"job {job_id}: REQUEUED", f"job {job_id}: PENDING")

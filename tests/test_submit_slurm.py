@@ -37,7 +37,8 @@ def test_a_failing_rank_of_the_rendered_script_is_named_from_its_one_log(slurm_s
                   cwd=tmp_path)
     assert res.returncode == 1 and "Traceback" not in res.stderr
     job_id = res.stdout.split()[0]
-    named = re.search(rf"job {job_id} ended FAILED: rank 3 failed first \(see (\S+-{job_id}\.out); rank 3's "
+    # rank 3 is the second node's second task: its node is the one srun named
+    named = re.search(rf"job {job_id} ended FAILED: rank 3 on c2 failed first \(see (\S+-{job_id}\.out); rank 3's "
                       rf"lines: hpc jobs logs {job_id} --rank 3\)", res.stderr)
     assert named, res.stderr
     lines = run_hpc("jobs", "logs", job_id, "--rank", "3", env=env)
