@@ -143,8 +143,8 @@ def test_the_rendered_scripts_first_failed_rank_is_the_first_task_srun_saw_exit(
     assert run.first_failed_rank("55") == 3 and run.failed_rank_log("55") == run.path / "probe-55.out"
     assert run.first_failure("55") == (3, "c2")
     assert run.first_failed_rank() is None  # which job's log: not known without its id
-    assert rundir.first_failed_task(["srun: error: c1: tasks [0-1]: Terminated"]) == 0
-    assert rundir.first_failed_task(["no srun error here"]) is None
+    assert rundir.first_failed_task_on_node(["srun: error: c1: tasks [0-1]: Terminated"]) == (0, "c1")
+    assert rundir.first_failed_task_on_node(["no srun error here"]) is None
     from toolkit.submit.runs import failure_reason
 
     assert failure_reason(str(run.path / "probe-55.out"), 3) == "rank 3 gave up"

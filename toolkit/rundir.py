@@ -555,12 +555,6 @@ def task_lines(lines: Iterable[str], task: int) -> Iterator[str]:
 TORCHRUN_RESTART = re.compile(r"hpc: torchrun restart (?P<restart>\d+) of (?P<of>\S+) on (?P<node>[^\s:]+):")
 
 
-def first_failed_task(lines: Iterable[str]) -> int | None:
-    """The first task srun reports as ended badly in a job's log: first_failed_task_on_node()'s task."""
-    found = first_failed_task_on_node(lines)
-    return found[0] if found else None
-
-
 def first_failed_task_on_node(lines: Iterable[str]) -> tuple[int, str] | None:
     """The first task srun reports as ended badly in a job's log, and its node (`srun: error: c2: task 3: Exited
     with exit code 3`, toolkit.node.spares.TASK_FAILED, as Slurm 22.05 to 26.05 print it): the first that exited
