@@ -480,21 +480,22 @@ class RunDir:
         """Whether `path` (a rank_log()) is the job's one log that every rank writes (srun --label lines)."""
         return path == self.job_output(job_id)
 
-    def log_names(self, job_id: str, stream: str = "out") -> list[str]:
-        """The logs there are of a job (for an error that says which ranks have one)."""
+    def job_logs(self, job_id: str, stream: str = "out") -> list[Path]:
+        """The logs there are of a job: submitit's per-rank `stream` logs, then the rendered script's one log."""
         meta = self.metadata() or Metadata()
         found = sorted(self.submitit_dir(meta).glob(f"{job_id}_*_log.{stream}"))
         output = self.job_output(job_id)
-        return [p.name for p in found + ([output] if output else [])]
+        return found + ([output] if output else [])
+
+    def log_names(self, job_id: str, stream: str = "out") -> list[str]:
+        """The logs there are of a job (for an error that says which ranks have one)."""
+        return [p.name for p in self.job_logs(job_id, stream)]
 
     def torchrun_restarts(self, job_id: str) -> list[dict[str, Any]]:
         """torchrun's restarts of a node's workers, as the job's logs say them (TORCHRUN_RESTART, written by
         toolkit.job.user_main): {node, restart, of}, in the order they came, each once."""
-        meta = self.metadata() or Metadata()
-        logs = sorted(self.submitit_dir(meta).glob(f"{job_id}_*_log.err")) + [
-            p for p in [self.job_output(job_id)] if p]
         found: list[dict[str, Any]] = []
-        for log in logs:
+        for log in self.job_logs(job_id, "err"):  # stderr, where user_main writes (the one log holds both)
             try:
                 with open(log, errors="replace") as lines:  # line by line: a long job's log can be large
                     for line in lines:
