@@ -19,6 +19,15 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 
+# The suite's own cache (toolkit.cache), not the user's ~/.cache/hpc: shared by the session's hpc processes, removed
+# with it. tests/test_cache.py points single tests at caches of their own.
+if "HPC_CACHE_DIR" not in os.environ:
+    import atexit
+    import shutil
+
+    os.environ["HPC_CACHE_DIR"] = tempfile.mkdtemp(prefix="hpc-test-cache-")
+    atexit.register(shutil.rmtree, os.environ["HPC_CACHE_DIR"], True)
+
 # The straggler line for a clean run on this bench: a rank twice its peers' own work. The default (+30%) is for nodes
 # with their own CPUs or GPUs; here 4 single-threaded ranks share the CI's 2 cores with another test's job, and a
 # clean run's rank 1 once did 1.6x its peers' work in 17 of 21 windows (stop 41's CI: 252 ms vs 155 ms).

@@ -90,12 +90,18 @@ _CHOICES = {"accelerator": ("nvidia", "gaudi", "neuron", "qualcomm", "none"), "a
 
 @functools.cache
 def _catalog_data() -> dict:
+    from toolkit.cache import cached_json
+
+    # Read on every plan: ~0.05 s even with libyaml's reader (PyYAML builds its ~4,000 objects in Python), ~1 ms
+    # from the JSON the user's cache keeps of it (toolkit.cache; keyed by the file's content).
+    return cached_json("catalog", resources.files("toolkit").joinpath("catalog.yaml").read_text(), _parse_yaml)
+
+
+def _parse_yaml(text: str) -> dict:
     import yaml
 
-    # libyaml's safe loader where PyYAML was built with it (its wheels are): the catalog is ~3,000 lines, which
-    # PyYAML's pure-Python reader takes ~0.15 s for on every plan, libyaml ~0.02 s (benchmarks/bench_submit.py)
-    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
-    return yaml.load(resources.files("toolkit").joinpath("catalog.yaml").read_text(), Loader=loader)
+    # libyaml's safe loader where PyYAML was built with it (its wheels are): PyYAML's pure-Python one is ~3x slower
+    return yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
 
 
 def user_facts_file() -> Path | None:

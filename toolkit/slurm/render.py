@@ -114,9 +114,12 @@ def array_lines(words: tuple[str, ...]) -> list[str]:
 def _template(name: str):
     import jinja2
 
+    from toolkit.cache import template_cache
+
+    # Compiled once per template version into the user's cache (toolkit.cache): ~0.05 s of every submission.
     env = jinja2.Environment(loader=jinja2.PackageLoader("toolkit.slurm", "templates"),
                              undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True,
-                             keep_trailing_newline=True, autoescape=False)
+                             keep_trailing_newline=True, autoescape=False, bytecode_cache=template_cache())
     return env.get_template(name)
 
 

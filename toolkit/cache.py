@@ -1,0 +1,85 @@
+"""A per-user cache of what hpc derives from its own packaged files on every command: the parsed instance catalog
+(toolkit/catalog.yaml) and the compiled job templates (toolkit/slurm/templates). Redoing both cost ~0.1 s of each
+`hpc recipes submit` (docs/start-up.md), which a researcher's debug loop pays on every turn.
+
+Where: $HPC_CACHE_DIR (an empty value turns the cache off), else $XDG_CACHE_HOME/hpc, else ~/.cache/hpc (the XDG
+base directory spec, as pip and uv use it). Entries are keyed by their source's content, so an upgraded or edited
+source is read afresh and a stale entry is never used. The cache is never needed: one that cannot be made, read or
+written is passed by without a word, and deleting it at any time is safe.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any, Callable
+
+CACHE_ENV = "HPC_CACHE_DIR"
+
+
+def cache_dir() -> Path | None:
+    """The cache's directory, made private to the user (0700) if new; None when it is off or cannot be made."""
+    named = os.environ.get(CACHE_ENV)
+    if named is not None:
+        if not named:
+            return None
+        base = Path(named)
+    else:
+        base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "hpc"
+    try:
+        base.mkdir(mode=0o700, parents=True, exist_ok=True)
+    except OSError:
+        return None
+    return base if os.access(base, os.W_OK | os.X_OK) else None
+
+
+def _write_atomically(path: Path, text: str) -> None:
+    """Another hpc may read or write the same entry meanwhile: it sees the old file or the whole new one."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(fd, "w") as out:
+            out.write(text)
+        os.replace(tmp, path)
+    except OSError:
+        Path(tmp).unlink(missing_ok=True)
+
+
+def cached_json(name: str, source: str, derive: Callable[[str], Any]) -> Any:
+    """derive(source), kept as JSON under NAME and the source's digest. A value JSON would not give back as it is
+    (a date, a tuple) is returned and not kept."""
+    directory = cache_dir()
+    if directory is None:
+        return derive(source)
+    path = directory / f"{name}-{hashlib.sha256(source.encode()).hexdigest()[:24]}.json"
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        pass  # not there yet, or cut short or garbled: derive it again
+    value = derive(source)
+    try:
+        text = json.dumps(value)
+        if json.loads(text) == value:
+            _write_atomically(path, text)
+    except (TypeError, ValueError):
+        pass
+    return value
+
+
+def template_cache() -> Any:
+    """jinja2's own bytecode cache for compiled templates, in this cache's directory; None when the cache is off.
+    Jinja keys each entry by the template's file and checks its source's digest before using it (jinja2/bccache.py
+    FileSystemBytecodeCache and Bucket), and writes it through a temporary file and a rename."""
+    directory = cache_dir()
+    if directory is None:
+        return None
+    import jinja2
+
+    templates = directory / "templates"
+    try:
+        templates.mkdir(mode=0o700, exist_ok=True)
+    except OSError:
+        return None
+    return jinja2.FileSystemBytecodeCache(str(templates))
