@@ -93,3 +93,33 @@ def test_a_python_traceback_on_the_failed_rank_is_named_by_its_exception_line(tm
     _stand_in_sacct(monkeypatch, "4244|FAILED|1:0|00:00:02|c[1-2]|None\n")
     res = run_hpc("jobs", "status", "4244", env={**os.environ, "HPC_RUNS_DIR": str(tmp_path / "runs")})
     assert res.returncode == 1 and "job 4244 ended FAILED: rank 1 on c1 failed first: KeyError: 'b' (see " in res.stderr
+
+
+def _stand_in_slurm(monkeypatch, sacct: str, squeue: str, calls: list | None = None) -> None:
+    """sacct's and squeue's answers (stand-ins: what is tested is which one hpc believes)."""
+    def run(args, timeout=20.0, check=True, input=None):
+        if calls is not None:
+            calls.append(args[0])
+        return subprocess.CompletedProcess(args, 0, {"sacct": sacct, "squeue": squeue}.get(args[0], ""), "")
+    monkeypatch.setattr("toolkit.slurm.commands.run", run)
+
+
+def test_the_controllers_newer_word_wins_over_accountings_lag(tmp_path, monkeypatch):
+    """slurmdbd hears of an end after slurmctld: a full run here saw `jobs status` say PENDING for a job whose
+    launch had failed (squeue: FAILED). Accounting's requeue count stays; a job it lacks (just submitted) is the
+    controller's; an end accounting has seen is not asked again."""
+    from toolkit.slurm import status
+
+    env = {**os.environ, "HPC_RUNS_DIR": str(tmp_path / "runs")}
+    (tmp_path / "runs").mkdir()
+    _stand_in_slurm(monkeypatch, "4245|FAILED|0:0|00:00:01|c1|None\n4245|PENDING|0:0|00:00:00||None\n",
+                    "4245|FAILED|c1|0:01|NonZeroExitCode\n")
+    data = cli_json(run_hpc("jobs", "status", "4245", "--json", env=env))
+    assert (data["state"], data["source"], data["requeues"]) == ("FAILED", "squeue", 1)
+    _stand_in_slurm(monkeypatch, "", "4246|RUNNING|c[1-2]|0:03|None\n")
+    assert status.query(["4246"])["4246"].state == status.State.RUNNING
+    calls: list = []
+    _stand_in_slurm(monkeypatch, "4247|COMPLETED|0:0|00:00:02|c1|None\n", "4247|COMPLETING|c1|0:02|None\n", calls)
+    assert status.query(["4247"])["4247"].state == status.State.COMPLETED and calls == ["sacct"]
+    _stand_in_slurm(monkeypatch, "4248|PENDING|0:0|00:00:00||Priority\n", "")  # the controller forgot it: as is
+    assert status.query(["4248"])["4248"].state == status.State.PENDING

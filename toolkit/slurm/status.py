@@ -1,8 +1,8 @@
 """Job state from Slurm, right with accounting and without it.
 
 ParallelCluster ships without accounting by default, so `sacct` may answer "accounting storage is disabled".
-Order: sacct (history, requeue count) -> squeue -t all (jobs the controller still holds) -> scontrol
-(restart count) -> nothing (the caller falls back to what the run dir recorded).
+Order: sacct (history, requeue count; for jobs it has not seen end, squeue's newer word) -> squeue -t all (jobs the
+controller still holds) -> scontrol (restart count) -> nothing (the caller falls back to what the run dir recorded).
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ import dataclasses
 import enum
 import re
 
+from toolkit.errors import HpcError
 from toolkit.slurm import commands
 
 
@@ -182,17 +183,42 @@ def _add_scontrol(job_ids: list[str], found: dict[str, JobStatus]) -> None:
                 found[key] = status
 
 
+def _newer_from_the_controller(job_ids: list[str], found: dict[str, JobStatus]) -> None:
+    """slurmdbd hears of a job's start and end after the controller does (slurmctld sends them as it can: a moment
+    here, longer on a busy controller), so sacct can still say PENDING for a job that ran and failed, or lack a job
+    just submitted. For the jobs sacct has not seen end (or has not seen at all), the controller's word, where it
+    still holds them, is the newer one; sacct's requeue count stays (the controller's squeue has none)."""
+    def listed(job_id: str) -> bool:
+        return job_id in found or any(key.startswith(f"{job_id}_") for key in found)
+
+    if all(status.done for status in found.values()) and all(listed(job_id) for job_id in job_ids):
+        return
+    try:
+        controller = _from_squeue(job_ids)
+    except HpcError:  # the controller is down: accounting's word is all there is
+        return
+    for key, status in controller.items():
+        known = found.get(key)
+        if known is None or known.state != status.state:
+            status.requeues = known.requeues if known else 0
+            found[key] = status
+
+
 @dataclasses.dataclass
 class Answer:
     jobs: dict[str, JobStatus]  # as query() returns them
     accounting: bool  # sacct answered: it forgets no job, so one it lacks is not recorded yet (it lags)
 
 
-def ask(job_ids: list[str], restarts: bool = True) -> Answer:
+def ask(job_ids: list[str], restarts: bool = True, newest: bool = False) -> Answer:
     """Status of any number of jobs in ONE Slurm call (sacct, else squeue -r), plus, without accounting and with
-    `restarts`, one scontrol per id for the restart counts squeue lacks (a sweep's summary goes without them)."""
+    `restarts`, one scontrol per id for the restart counts squeue lacks (a sweep's summary goes without them), and
+    with `newest`, one squeue for what accounting has not heard yet (a job's own status; a poll of a 10,000-task
+    sweep or of every run stays one call, and a task accounting lags on is right at the next poll)."""
     found = _from_sacct(job_ids)
     if found is not None:
+        if newest:
+            _newer_from_the_controller(job_ids, found)
         return Answer(found, True)
     found = _from_squeue(job_ids)
     if restarts:
@@ -201,5 +227,6 @@ def ask(job_ids: list[str], restarts: bool = True) -> Answer:
 
 
 def query(job_ids: list[str]) -> dict[str, JobStatus]:
-    """Status of each job (array jobs: each task, keyed "ID_TASK"); jobs Slurm has forgotten are absent."""
-    return ask(job_ids).jobs
+    """Status of each job (array jobs: each task, keyed "ID_TASK"), the controller's word where accounting lags it;
+    jobs Slurm has forgotten are absent."""
+    return ask(job_ids, newest=True).jobs
