@@ -70,6 +70,20 @@ def test_without_a_usable_cache_every_call_derives_and_nothing_is_written(tmp_pa
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a-file"]
 
 
+def test_a_directory_others_may_write_to_is_not_used(tmp_path, monkeypatch):
+    """Its entries are run (jinja's compiled templates) or believed (the catalog): a shared /tmp path is no cache."""
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o777)
+    monkeypatch.setenv(cache.CACHE_ENV, str(shared))
+    derive = Counted()
+    for _ in range(2):
+        cache.cached_json("thing", "src", derive)
+    assert derive.calls == 2 and list(shared.iterdir()) == [] and cache.template_cache() is None
+    shared.chmod(0o700)
+    assert cache.cache_dir() == shared
+
+
 def test_the_default_place_is_the_xdg_cache_home(tmp_path, monkeypatch):
     monkeypatch.delenv(cache.CACHE_ENV, raising=False)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))

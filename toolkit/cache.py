@@ -5,7 +5,8 @@
 Where: $HPC_CACHE_DIR (an empty value turns the cache off), else $XDG_CACHE_HOME/hpc, else ~/.cache/hpc (the XDG
 base directory spec, as pip and uv use it). Entries are keyed by their source's content, so an upgraded or edited
 source is read afresh and a stale entry is never used. The cache is never needed: one that cannot be made, read or
-written is passed by without a word, and deleting it at any time is safe.
+written is passed by without a word, and deleting it at any time is safe. A directory that others may write to
+(or another user owns) is not used.
 """
 
 from __future__ import annotations
@@ -31,7 +32,13 @@ def cache_dir() -> Path | None:
         base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "hpc"
     try:
         base.mkdir(mode=0o700, parents=True, exist_ok=True)
+        info = base.stat()
     except OSError:
+        return None
+    # What is read back here is run (jinja's compiled templates) or believed (the catalog): never from a directory
+    # someone else owns or may write to (a shared /tmp path in HPC_CACHE_DIR), as jinja2/bccache.py refuses for its
+    # own default directory.
+    if info.st_uid != os.getuid() or info.st_mode & 0o022:
         return None
     return base if os.access(base, os.W_OK | os.X_OK) else None
 
