@@ -221,6 +221,23 @@ def test_list_and_find_runs(tmp_path):
     assert find_run("a", tmp_path) is None and find_run("9", tmp_path) is None  # only a sweep goes by its name
 
 
+def test_a_job_id_two_runs_name_is_the_newer_runs_and_a_new_job_is_found_reading_one_metadata(tmp_path,
+                                                                                                monkeypatch):
+    """A rebuilt cluster's Slurm counts job ids from 1 again while the runs root (on FSx, in home) keeps the old
+    cluster's runs; and `--wait` looks its job up on every poll, which read every run's metadata, oldest first."""
+    for n in range(30):
+        run = _run(tmp_path / f"r{n:02d}", "slurm", job_ids=[str(100 + n)])
+        os.utime(run.path, (1_000_000 + n, 1_000_000 + n))
+    again = _run(tmp_path / "rebuilt", "slurm", job_ids=["101"])
+    os.utime(again.path, (2_000_000, 2_000_000))
+    reads = []
+    real = RunDir.metadata
+    monkeypatch.setattr(RunDir, "metadata", lambda self: reads.append(self.name) or real(self))
+    assert find_run("101", tmp_path) == again and reads == ["rebuilt"]
+    reads.clear()
+    assert find_run("129", tmp_path).name == "r29" and reads == ["rebuilt", "r29"]
+
+
 @pytest.mark.parametrize("executor,log", [("slurm", "submitit/55_1_log.err"), ("sbatch", "nccl-tests-55.out")])
 def test_one_network_verdict_for_jobs_status_and_report_run(tmp_path, executor, log):
     """A socket fallback in any rank's log (submitit's stderr, the sbatch log) is the run's network, the same

@@ -598,9 +598,11 @@ def list_runs(root: Path | Iterable[Path] | None = None) -> list[RunDir]:
 
 def find_run(job_id: str, root: Path | Iterable[Path] | None = None) -> RunDir | None:
     """The run dir whose metadata names this job id (an array task "ID_N" maps to its array's run); a sweep is
-    also found by its dir's name."""
+    also found by its dir's name. Newest first: the job asked about is nearly always a recent one (each metadata
+    read is a round trip on a shared file system, and `--wait` asks on every poll), and where two runs name the
+    same id (a rebuilt cluster's Slurm counts from 1 again), the newer run is this cluster's."""
     base = job_id.split("_")[0]
-    for run in list_runs(root):
+    for run in reversed(list_runs(root)):
         meta = run.metadata() or Metadata()
         if base in meta.job_ids or (run.name == job_id and meta.kind == SWEEP):
             return run
