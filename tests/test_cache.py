@@ -38,6 +38,19 @@ def test_a_value_is_derived_once_per_source_and_then_read_back(tmp_path, monkeyp
     assert oct((tmp_path / "c").stat().st_mode & 0o777) == "0o700"
 
 
+def test_old_entries_are_pruned_to_the_newest_few(tmp_path, monkeypatch):
+    """Each upgrade (or edit) of a source leaves an entry behind: a name keeps its newest KEEP."""
+    monkeypatch.setenv(cache.CACHE_ENV, str(tmp_path))
+    for n in range(cache.KEEP + 3):
+        cache.cached_json("thing", f"version {n}", Counted())
+        [newest] = [p for p in tmp_path.glob("thing-*.json") if json.loads(p.read_text())["text"] == f"version {n}"]
+        os.utime(newest, (1_000_000 + n, 1_000_000 + n))
+    cache.cached_json("other", "src", Counted())
+    kept = sorted(json.loads(p.read_text())["text"] for p in tmp_path.glob("thing-*.json"))
+    assert kept == [f"version {n}" for n in range(3, cache.KEEP + 3)]
+    assert len(list(tmp_path.glob("other-*.json"))) == 1
+
+
 def test_a_garbled_entry_is_derived_again_and_replaced(tmp_path, monkeypatch):
     monkeypatch.setenv(cache.CACHE_ENV, str(tmp_path))
     derive = Counted()

@@ -70,9 +70,19 @@ def cached_json(name: str, source: str, derive: Callable[[str], Any]) -> Any:
         text = json.dumps(value)
         if json.loads(text) == value:
             _write_atomically(path, text)
+            _keep_newest(directory, name)
     except (TypeError, ValueError):
         pass
     return value
+
+
+KEEP = 4  # entries per name: an upgrade leaves its old one behind, and two hpc versions in use each keep theirs
+
+
+def _keep_newest(directory: Path, name: str) -> None:
+    entries = sorted(directory.glob(f"{name}-*.json"), key=lambda p: p.stat().st_mtime if p.exists() else 0)
+    for old in entries[:-KEEP]:
+        old.unlink(missing_ok=True)
 
 
 def template_cache() -> Any:
