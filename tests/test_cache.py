@@ -123,3 +123,15 @@ def test_a_render_from_the_cache_is_the_render_without_it(tmp_path):
     assert "#SBATCH --nodes=2" in renders[0]
     assert renders[1] == renders[0] and renders[2] == renders[0]
     assert json.loads(catalog.read_text())["instances"]["p5.48xlarge"]["gpus"] == 8
+    # Garbled entries (jinja's header kept, the rest not: pickle's error, which jinja does not catch): rendered
+    # afresh, the same, and the entries rewritten whole.
+    from jinja2.bccache import bc_magic
+
+    for entry in (tmp_path / "cache" / "templates").iterdir():
+        entry.write_bytes(bc_magic + b"garbled")
+    catalog.write_text('{"instances": {"p5.48xl')
+    res = run_hpc_process(*args, env=dict(env, HPC_CACHE_DIR=str(tmp_path / "cache")))
+    assert res.returncode == 0 and "Traceback" not in res.stderr, res.stderr
+    assert re.sub(r"resnet50-\d{8}-\d{6}-[0-9a-f]+", "RUN", res.stdout) == renders[0]
+    assert all(len(e.read_bytes()) > 1000 for e in (tmp_path / "cache" / "templates").iterdir())
+    assert json.loads(catalog.read_text())["instances"]["p5.48xlarge"]["gpus"] == 8

@@ -80,9 +80,17 @@ KEEP = 4  # entries per name: an upgrade leaves its old one behind, and two hpc 
 
 
 def _keep_newest(directory: Path, name: str) -> None:
-    entries = sorted(directory.glob(f"{name}-*.json"), key=lambda p: p.stat().st_mtime if p.exists() else 0)
-    for old in entries[:-KEEP]:
-        old.unlink(missing_ok=True)
+    def mtime(entry: Path) -> float:
+        try:
+            return entry.stat().st_mtime
+        except OSError:  # another hpc pruned it meanwhile
+            return 0.0
+
+    try:
+        for old in sorted(directory.glob(f"{name}-*.json"), key=mtime)[:-KEEP]:
+            old.unlink(missing_ok=True)
+    except OSError:
+        pass
 
 
 def template_cache() -> Any:
@@ -94,9 +102,16 @@ def template_cache() -> Any:
         return None
     import jinja2
 
+    class TemplateCache(jinja2.FileSystemBytecodeCache):
+        def load_bytecode(self, bucket: Any) -> None:
+            try:
+                super().load_bytecode(bucket)
+            except Exception:  # noqa: BLE001 - a garbled entry (jinja catches only marshal's errors, not pickle's):
+                bucket.reset()  # the template is compiled afresh, and the entry rewritten
+
     templates = directory / "templates"
     try:
         templates.mkdir(mode=0o700, exist_ok=True)
     except OSError:
         return None
-    return jinja2.FileSystemBytecodeCache(str(templates))
+    return TemplateCache(str(templates))
