@@ -38,6 +38,13 @@ def test_a_value_is_derived_once_per_source_and_then_read_back(tmp_path, monkeyp
     assert oct((tmp_path / "c").stat().st_mode & 0o777) == "0o700"
 
 
+def test_an_edited_derive_derives_afresh(tmp_path, monkeypatch):
+    """A new hpc (or a checkout) that parses the same source differently must not get the old parse back."""
+    monkeypatch.setenv(cache.CACHE_ENV, str(tmp_path))
+    assert cache.cached_json("thing", "src", lambda text: {"v": 1}) == {"v": 1}
+    assert cache.cached_json("thing", "src", lambda text: {"v": 2, "text": text}) == {"v": 2, "text": "src"}
+
+
 def test_old_entries_are_pruned_to_the_newest_few(tmp_path, monkeypatch):
     """Each upgrade (or edit) of a source leaves an entry behind: a name keeps its newest KEEP."""
     monkeypatch.setenv(cache.CACHE_ENV, str(tmp_path))

@@ -55,12 +55,15 @@ def _write_atomically(path: Path, text: str) -> None:
 
 
 def cached_json(name: str, source: str, derive: Callable[[str], Any]) -> Any:
-    """derive(source), kept as JSON under NAME and the source's digest. A value JSON would not give back as it is
-    (a date, a tuple) is returned and not kept."""
+    """derive(source), kept as JSON under NAME and the digest of the source and of derive's own code (an edited
+    derive, in a new hpc or a checkout, derives afresh). A value JSON would not give back as it is (a date, a
+    tuple) is returned and not kept."""
     directory = cache_dir()
     if directory is None:
         return derive(source)
-    path = directory / f"{name}-{hashlib.sha256(source.encode()).hexdigest()[:24]}.json"
+    code = getattr(derive, "__code__", None)  # a plain function's (any other callable: the source alone)
+    digest = hashlib.sha256(source.encode() + b"\0" + (code.co_code if code else b""))
+    path = directory / f"{name}-{digest.hexdigest()[:24]}.json"
     try:
         return json.loads(path.read_text())
     except (OSError, ValueError):
