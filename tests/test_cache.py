@@ -111,6 +111,10 @@ def test_the_default_place_is_the_xdg_cache_home(tmp_path, monkeypatch):
     monkeypatch.delenv("XDG_CACHE_HOME")
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     assert cache.cache_dir() == tmp_path / "home" / ".cache" / "hpc"
+    monkeypatch.setenv("XDG_CACHE_HOME", "relative/cache")  # invalid by the XDG spec: ignored
+    assert cache.cache_dir() == tmp_path / "home" / ".cache" / "hpc"
+    monkeypatch.setenv(cache.CACHE_ENV, "~/hpc-cache")
+    assert cache.cache_dir() == tmp_path / "home" / "hpc-cache"
 
 
 def test_a_render_from_the_cache_is_the_render_without_it(tmp_path):

@@ -27,9 +27,11 @@ def cache_dir() -> Path | None:
     if named is not None:
         if not named:
             return None
-        base = Path(named)
+        base = Path(named).expanduser()
     else:
-        base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "hpc"
+        xdg = os.environ.get("XDG_CACHE_HOME", "")
+        # the XDG spec: a relative path there is invalid and ignored (it would put a cache in every working dir)
+        base = (Path(xdg) if os.path.isabs(xdg) else Path.home() / ".cache") / "hpc"
     try:
         base.mkdir(mode=0o700, parents=True, exist_ok=True)
         info = base.stat()
