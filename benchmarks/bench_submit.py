@@ -182,6 +182,26 @@ HAND_WAY, HPC_WAY = "hand-written sbatch + srun", "hpc recipes submit"
 BREAKDOWN = ("--no-preflight", "--executor slurm", "--executor slurm --no-preflight")
 
 
+def cli_cache(work: Path, env: dict[str, str], queue: str, nodes: int, repeats: int) -> None:
+    """The CLI alone (`--dry-run`: the plan and the rendered script, no sbatch), with the user's cache of the
+    parsed catalog and the compiled templates (toolkit.cache) and with it off, taking turns."""
+    recipe = work / "cli.yaml"
+    recipe.write_text(yaml.safe_dump({
+        "name": "joined", "description": "CLI timing", "source": "benchmarks",
+        "launcher": {"kind": "binary", "program": "/bin/true"}, "resources": {"nodes": nodes, "exclusive": False}}))
+    argv = [sys.executable, "-m", "toolkit", "recipes", "submit", str(recipe), "--nodes", str(nodes), "--queue",
+            queue, "--dry-run", "--json"]
+    ways: dict[str, list[float]] = {"no cache (HPC_CACHE_DIR=)": [], "the user's cache (toolkit.cache)": []}
+    for i in range(repeats + 1):  # the first turn fills the cache, and is not counted
+        for name, cache in zip(ways, ("", str(work / "cache")), strict=True):
+            start = time.perf_counter()
+            subprocess.run(argv, env=dict(env, HPC_CACHE_DIR=cache), capture_output=True, check=True, timeout=120)
+            if i:
+                ways[name].append(time.perf_counter() - start)
+    ratio = compare(f"hpc recipes submit --dry-run (the CLI alone), median of {repeats}:", ways, "s")
+    print(f"the cache's share of the CLI: {1 - ratio:.0%}")
+
+
 def breakdown(medians: dict[str, float]) -> None:
     """hpc's overhead over the hand-written script, in parts, from the medians of the BREAKDOWN ways (each a
     difference of medians, so noisy to +-0.2 s here: read them across runs; the CPU-s are steadier)."""
@@ -279,6 +299,7 @@ def main() -> None:
                  "--queue", args.queue, "--json", *flags], marker, env, args.queue))
         print(f"repeat {i + 1}/{args.repeats}: " + ", ".join(f"{k} {v[-1].total:.2f} s" for k, v in ways.items()),
               file=sys.stderr)
+    cli_cache(work, env, args.queue, args.nodes, args.repeats)
     totals = {k: [t.total for t in v] for k, v in ways.items()}
     ratio = compare(f"submit -> all {args.nodes * args.tasks_per_node} ranks joined, median of {args.repeats}:",
                     totals, "s")
