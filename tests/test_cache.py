@@ -115,6 +115,12 @@ def test_the_default_place_is_the_xdg_cache_home(tmp_path, monkeypatch):
     assert cache.cache_dir() == tmp_path / "home" / ".cache" / "hpc"
     monkeypatch.setenv(cache.CACHE_ENV, "~/hpc-cache")
     assert cache.cache_dir() == tmp_path / "home" / "hpc-cache"
+    # no home at all (no $HOME and a uid without a passwd entry, as in a container): no cache, no error
+    monkeypatch.delenv(cache.CACHE_ENV)
+    monkeypatch.delenv("XDG_CACHE_HOME")
+    monkeypatch.delenv("HOME")
+    monkeypatch.setattr("pwd.getpwuid", lambda uid: (_ for _ in ()).throw(KeyError(uid)))
+    assert cache.cache_dir() is None
 
 
 def test_a_render_from_the_cache_is_the_render_without_it(tmp_path):

@@ -24,18 +24,16 @@ CACHE_ENV = "HPC_CACHE_DIR"
 def cache_dir() -> Path | None:
     """The cache's directory, made private to the user (0700) if new; None when it is off or cannot be made."""
     named = os.environ.get(CACHE_ENV)
-    if named is not None:
-        if not named:
-            return None
-        base = Path(named).expanduser()
-    else:
-        xdg = os.environ.get("XDG_CACHE_HOME", "")
-        # the XDG spec: a relative path there is invalid and ignored (it would put a cache in every working dir)
-        base = (Path(xdg) if os.path.isabs(xdg) else Path.home() / ".cache") / "hpc"
+    if named == "":
+        return None
+    xdg = os.environ.get("XDG_CACHE_HOME", "")
     try:
+        # the XDG spec: a relative path in XDG_CACHE_HOME is invalid and ignored (a cache in every working dir)
+        base = Path(named).expanduser() if named else (Path(xdg) if os.path.isabs(xdg) else
+                                                       Path.home() / ".cache") / "hpc"
         base.mkdir(mode=0o700, parents=True, exist_ok=True)
         info = base.stat()
-    except OSError:
+    except (OSError, RuntimeError):  # RuntimeError: no home to be found (no $HOME, a uid without a passwd entry)
         return None
     # What is read back here is run (jinja's compiled templates) or believed (the catalog): never from a directory
     # someone else owns or may write to (a shared /tmp path in HPC_CACHE_DIR), as jinja2/bccache.py refuses for its
