@@ -104,6 +104,19 @@ def test_a_directory_others_may_write_to_is_not_used(tmp_path, monkeypatch):
     assert cache.cache_dir() == shared
 
 
+def test_an_entry_that_cannot_be_written_is_derived_next_time_without_a_word(tmp_path, monkeypatch):
+    """A full disk or a quota: mkstemp or the write fails (a stand-in raises ENOSPC from mkstemp)."""
+    monkeypatch.setenv(cache.CACHE_ENV, str(tmp_path))
+
+    def full(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+    monkeypatch.setattr("tempfile.mkstemp", full)
+    derive = Counted()
+    for _ in range(2):
+        assert cache.cached_json("thing", "src", derive)["text"] == "src"
+    assert derive.calls == 2 and list(tmp_path.iterdir()) == []
+
+
 def test_the_default_place_is_the_xdg_cache_home(tmp_path, monkeypatch):
     monkeypatch.delenv(cache.CACHE_ENV, raising=False)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))

@@ -45,7 +45,10 @@ def cache_dir() -> Path | None:
 
 def _write_atomically(path: Path, text: str) -> None:
     """Another hpc may read or write the same entry meanwhile: it sees the old file or the whole new one."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    except OSError:  # a full disk, a quota: no entry this time
+        return
     try:
         with os.fdopen(fd, "w") as out:
             out.write(text)
