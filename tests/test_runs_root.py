@@ -171,3 +171,30 @@ def test_a_cluster_config_never_gets_an_expedited_requeue(tmp_path, monkeypatch)
     assert spec.requeue and not spec.slurm.expedited_requeue
     _, _, spec, _, _ = plans.plan_job(_smoke(None), tmp_path / "run")  # self-managed Slurm: no cluster config
     assert spec.slurm.expedited_requeue
+
+
+def test_without_a_home_the_runs_need_hpc_runs_dir_and_say_so(tmp_path, monkeypatch):
+    """No $HOME and a uid without a passwd entry (a container's arbitrary uid): pathlib raises RuntimeError, which
+    reached the user as an internal error."""
+    from tests.conftest import run_hpc
+
+    monkeypatch.delenv("HOME", raising=False)
+    monkeypatch.delenv("XDG_CONFIG_HOME", raising=False)
+    monkeypatch.delenv(rundir.RUNS_DIR_ENV, raising=False)
+    monkeypatch.setattr("pwd.getpwuid", lambda uid: (_ for _ in ()).throw(KeyError(uid)))
+    with pytest.raises(RuntimeError):
+        Path.home()
+    for args in (["recipes", "submit", "resnet50", "--profile", "smoke", "--nodes", "1", "--dry-run"],
+                 ["jobs", "list"]):
+        res = run_hpc(*args)
+        assert res.returncode == 1 and "internal error" not in res.stderr, res.stderr
+        assert "there is no home directory here for the runs (~/hpc-runs)" in res.stderr
+        assert f"set {rundir.RUNS_DIR_ENV} to a directory for the run dirs" in res.stderr
+    # this cluster's FSx is still read; and with HPC_RUNS_DIR the plan is made
+    monkeypatch.setenv("HPC_CLUSTER_CONFIG", str(write_cluster(tmp_path)))
+    for name in ("USER", "LOGNAME", "LNAME", "USERNAME"):  # and no user name: the uid names the FSx dir
+        monkeypatch.delenv(name, raising=False)
+    assert runsroot.reader_roots() == [Path("/shared/hpc-runs") / str(os.getuid())]
+    monkeypatch.setenv(rundir.RUNS_DIR_ENV, str(tmp_path / "runs"))
+    res = run_hpc("--debug", "recipes", "submit", "resnet50", "--profile", "smoke", "--nodes", "1", "--dry-run")
+    assert res.returncode == 0, res.stderr

@@ -109,7 +109,10 @@ def user_facts_file() -> Path | None:
     named = os.environ.get(FACTS_ENV)
     if named:
         return Path(named)
-    default = Path(os.environ.get("XDG_CONFIG_HOME") or Path.home() / ".config") / "hpc" / "instances.yaml"
+    try:
+        default = Path(os.environ.get("XDG_CONFIG_HOME") or Path.home() / ".config") / "hpc" / "instances.yaml"
+    except RuntimeError:  # no home (no $HOME, a uid without a passwd entry): no default file
+        return None
     return default if default.is_file() else None
 
 

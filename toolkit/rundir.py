@@ -227,14 +227,29 @@ RUNS_DIR_ENV = "HPC_RUNS_DIR"
 
 def home_runs_root() -> Path:
     """~/hpc-runs: the runs root without $HPC_RUNS_DIR or a shared FSx (on the head node's root volume)."""
-    return Path.home() / "hpc-runs"
+    try:
+        return Path.home() / "hpc-runs"
+    except RuntimeError:  # pathlib: no $HOME, and a uid without a passwd entry (a container's arbitrary uid)
+        raise HpcError("there is no home directory here for the runs (~/hpc-runs): $HOME is not set and this "
+                       "user has no passwd entry",
+                       fix=f"set {RUNS_DIR_ENV} to a directory for the run dirs (on a shared file system for "
+                           "multi-node jobs), or set HOME") from None
 
 
 def shared_runs_root(mount: str) -> Path:
     """<mount>/hpc-runs/<user>: the runs root on a cluster's FSx (one dir per user: the file system is shared)."""
+    return Path(mount) / "hpc-runs" / user_name()
+
+
+def user_name() -> str:
+    """Who submits: getpass's answer ($LOGNAME, $USER, ..., else the passwd entry), else the uid (a container's
+    arbitrary uid has neither; getpass then raises KeyError, or OSError from Python 3.13)."""
     import getpass
 
-    return Path(mount) / "hpc-runs" / getpass.getuser()
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):
+        return str(os.getuid())
 
 
 def runs_root(shared_mount: str | None = None) -> Path:
@@ -260,7 +275,6 @@ def task_dir_name(index: int, count: int) -> str:
 
 def base_metadata(recipe_name: str, recipe_path: Path | None) -> dict[str, Any]:
     """Who submitted which recipe (from which commit of it), when, with which toolkit."""
-    import getpass
     import socket
 
     from toolkit import __version__
@@ -270,7 +284,7 @@ def base_metadata(recipe_name: str, recipe_path: Path | None) -> dict[str, Any]:
         "recipe": recipe_name,
         "recipe_file": str(recipe_path) if recipe_path else None,
         "recipes_git_commit": git_commit(recipe_path) if recipe_path else None,
-        "submitted_by": getpass.getuser(),
+        "submitted_by": user_name(),
         "submitted_from": socket.gethostname(),
         "submitted_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="milliseconds"),  # the ledger's start
     }

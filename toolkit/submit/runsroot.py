@@ -63,7 +63,12 @@ def reader_roots() -> list[Path]:
     if os.environ.get(rundir.RUNS_DIR_ENV):
         return [rundir.runs_root()]
     mount = this_cluster_fsx()
-    return [*([rundir.shared_runs_root(mount)] if mount else []), rundir.home_runs_root()]
+    if not mount:
+        return [rundir.home_runs_root()]
+    try:
+        return [rundir.shared_runs_root(mount), rundir.home_runs_root()]
+    except HpcError:  # no home here: the FSx root alone
+        return [rundir.shared_runs_root(mount)]
 
 
 def checkpoints_in_run_dir(spec: Any) -> bool:
